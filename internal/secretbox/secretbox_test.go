@@ -1,0 +1,73 @@
+package secretbox_test
+
+import (
+	"bytes"
+	"errors"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/vibejobs/vibejobs/internal/secretbox"
+)
+
+func TestSealOpenAndRotation(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "sub", "master.key")
+	k1, created, err := secretbox.LoadOrCreate(path)
+	if err != nil || !created {
+		t.Fatalf("create: %v %v", created, err)
+	}
+	fi, err := os.Stat(path)
+	if err != nil || fi.Mode().Perm() != 0o600 {
+		t.Fatalf("mode %v err %v", fi.Mode(), err)
+	}
+	const secret = "vjs_AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8"
+	s, err := k1.Seal(secret, "job_a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if bytes.Contains(s.Ciphertext, []byte(secret)) || bytes.Contains(s.Ciphertext, []byte("AAECAwQF")) {
+		t.Fatal("ciphertext carries the plaintext")
+	}
+	if got, err := k1.Open(s, "job_a"); err != nil || got != secret {
+		t.Fatalf("open: %q %v", got, err)
+	}
+	if _, err := k1.Open(s, "job_b"); !errors.Is(err, secretbox.ErrOpen) {
+		t.Fatalf("moved to another job: %v", err)
+	}
+	// Reloading gives the same key.
+	k1b, created, err := secretbox.LoadOrCreate(path)
+	if err != nil || created || k1b.CurrentID() != k1.CurrentID() {
+		t.Fatalf("reload: %v %v", created, err)
+	}
+	// Rotation: a new first line seals, the old line still opens.
+	old, _ := os.ReadFile(path)
+	nk, _ := secretbox.NewKey()
+	k2, err := secretbox.Parse(append([]byte(nk+"\n"), old...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if k2.CurrentID() == k1.CurrentID() || len(k2.IDs()) != 2 {
+		t.Fatalf("ids %v", k2.IDs())
+	}
+	if got, err := k2.Open(s, "job_a"); err != nil || got != secret {
+		t.Fatalf("open with old key: %v", err)
+	}
+	// A keyring without the old key refuses.
+	k3, _ := secretbox.Parse([]byte(nk))
+	if _, err := k3.Open(s, "job_a"); !errors.Is(err, secretbox.ErrUnknownKey) {
+		t.Fatalf("unknown key: %v", err)
+	}
+	// A wrong key under the same id (tampered file) does not open.
+	s.Ciphertext[len(s.Ciphertext)-1] ^= 1
+	if _, err := k1.Open(s, "job_a"); !errors.Is(err, secretbox.ErrOpen) {
+		t.Fatalf("tampered: %v", err)
+	}
+}
+
+func TestParseRejectsBadFiles(t *testing.T) {
+	for _, bad := range []string{"", "# only a comment\n", "vjmk_short", "AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8", "vjmk_AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8x"} {
+		if _, err := secretbox.Parse([]byte(bad)); err == nil {
+			t.Errorf("Parse(%q) accepted", bad)
+		}
+	}
+}

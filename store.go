@@ -1,0 +1,197 @@
+package vibejobs
+
+import (
+	"context"
+	"time"
+)
+
+// Page selects one page of a list. Cursor is opaque: the NextCursor of the
+// previous page, or "" for the first. Limit is 1–100 (0 means 50).
+type Page struct {
+	Limit  int
+	Cursor string
+}
+
+// RunFilter narrows ListRuns.
+type RunFilter struct {
+	JobID string   // "" for every job of the project
+	State RunState // "" for every state
+}
+
+// Store is the persistence of the platform. Implementations: internal/sqlite
+// and internal/postgres; internal/storetest is the conformance suite both pass.
+//
+// Every method that takes a projectID answers ENOTFOUND for a resource of
+// another project, exactly as for one that does not exist. Deleted jobs are
+// not found. Errors a user can act on are *Error; anything else is internal.
+type Store interface {
+	Reader
+
+	// Update runs fn in one write transaction: its writes commit together when
+	// fn returns nil and roll back otherwise. fn may be called again when the
+	// database asks for a retry, so it must not have side effects beyond tx.
+	Update(ctx context.Context, fn func(tx Tx) error) error
+
+	SchedulerStore
+	DispatchStore
+	MaintenanceStore
+
+	// Ping checks that the database answers (readiness).
+	Ping(ctx context.Context) error
+	Close() error
+}
+
+// Reader holds the read methods, usable on a Store or inside a Tx.
+type Reader interface {
+	GetProject(ctx context.Context, id string) (*Project, error)
+	ListProjects(ctx context.Context) ([]*Project, error)
+	// TokenByHash returns a token, revoked or not, by the SHA-256 of its value.
+	TokenByHash(ctx context.Context, hash []byte) (*Token, error)
+	ListTokens(ctx context.Context, projectID string) ([]*Token, error)
+	GetToken(ctx context.Context, id string) (*Token, error)
+
+	GetJob(ctx context.Context, projectID, id string) (*Job, error)
+	// ListJobs returns a project's jobs in id order (oldest first).
+	ListJobs(ctx context.Context, projectID string, p Page) (jobs []*Job, nextCursor string, err error)
+	CountJobs(ctx context.Context, projectID string) (int, error)
+
+	// GetRun returns a run with its attempts in order.
+	GetRun(ctx context.Context, projectID, id string) (*Run, error)
+	// ListRuns returns runs newest first (by id), without attempts.
+	ListRuns(ctx context.Context, projectID string, f RunFilter, p Page) (runs []*Run, nextCursor string, err error)
+
+	// GetIdempotencyKey returns the record of key, or ENOTFOUND; expired records
+	// (ExpiresAt ≤ now) are not found.
+	GetIdempotencyKey(ctx context.Context, projectID, key string, now time.Time) (*IdempotencyRecord, error)
+}
+
+// Tx is a write transaction. Its reads see its own writes.
+type Tx interface {
+	Reader
+
+	CreateProject(ctx context.Context, p *Project) error
+	UpdateProject(ctx context.Context, p *Project) error
+	CreateToken(ctx context.Context, t *Token) error
+	RevokeToken(ctx context.Context, id string, at time.Time) error
+
+	// CreateJob inserts j (j.ID set by the caller).
+	CreateJob(ctx context.Context, j *Job) error
+	// UpdateJob writes every mutable field of j: name, schedule, at, timezone,
+	// url, enabled, state, retry, timeout, catchUp, scheduleAnchor, nextRunAt,
+	// secret and updatedAt.
+	UpdateJob(ctx context.Context, j *Job) error
+	// DeleteJob removes the job from view and cancels (reason job_deleted)
+	// every run of it that has no attempt in flight. A run in delivering
+	// finishes its attempt; RecordOutcomes then ends it instead of retrying.
+	DeleteJob(ctx context.Context, projectID, id string, at time.Time) error
+	// DeleteFutureRuns deletes the job's schedule-triggered runs that no attempt
+	// has started and whose scheduledFor is after t: occurrences materialised
+	// ahead of time that a pause or a schedule change withdraws.
+	DeleteFutureRuns(ctx context.Context, jobID string, after time.Time) (int, error)
+	// CreateRun inserts a manual run.
+	CreateRun(ctx context.Context, r *Run) error
+
+	// InsertIdempotencyKey stores a new in-progress record. A live record with
+	// the same (project, key) gives ECONFLICT; an expired one is replaced.
+	InsertIdempotencyKey(ctx context.Context, rec *IdempotencyRecord) error
+	// CompleteIdempotencyKey stores the response of rec and marks it done.
+	CompleteIdempotencyKey(ctx context.Context, rec *IdempotencyRecord) error
+	DeleteIdempotencyKey(ctx context.Context, projectID, key string) error
+
+	// SecretsNotUnder lists jobs whose secret is sealed under another key than keyID
+	// (deleted jobs included), for master key rotation;
+	// SetJobSecret replaces one.
+	SecretsNotUnder(ctx context.Context, keyID string, limit int) ([]*Job, error)
+	SetJobSecret(ctx context.Context, jobID string, s SealedSecret) error
+}
+
+// RunPlan is what the scheduler decided for one due job: the runs to create
+// and where its schedule continues.
+type RunPlan struct {
+	JobID string
+	// From is the job's NextRunAt the plan was computed from. The plan applies
+	// only while the job still has it (so two replicas cannot both apply one).
+	From time.Time
+	// Next is the job's new NextRunAt; nil when the schedule has no more occurrences.
+	Next *time.Time
+	// Runs to create; one that already exists for (job, scheduledFor) is skipped.
+	Runs []*Run
+	// Skipped occurrences (catch-up) to add to the job's SkippedRuns.
+	Skipped int64
+	// Complete marks a one-off job completed.
+	Complete bool
+}
+
+// SchedulerStore turns due occurrences into runs.
+type SchedulerStore interface {
+	// DueJobs returns active, enabled jobs whose NextRunAt ≤ before, earliest first.
+	DueJobs(ctx context.Context, before time.Time, limit int) ([]*Job, error)
+	// ApplyRunPlans applies each plan atomically (runs inserted, job advanced),
+	// skipping a plan whose job moved on (NextRunAt ≠ From), was paused or deleted.
+	// At most one schedule-triggered run exists per (job, scheduledFor): a
+	// unique constraint, not a check-then-insert. It returns the runs created.
+	ApplyRunPlans(ctx context.Context, plans []RunPlan, now time.Time) (created int, err error)
+}
+
+// Claim is a run moved to delivering under a lease, with the job's delivery
+// settings as they are at this attempt's start.
+type Claim struct {
+	Run     *Run // Run.Attempt is the number of this attempt; Run.Late is decided
+	URL     string
+	Secret  SealedSecret
+	Timeout time.Duration
+	Retry   RetryPolicy
+}
+
+// Outcome is a finished attempt and the run's next step.
+type Outcome struct {
+	RunID   string
+	Attempt Attempt
+	Step    Step
+}
+
+// DispatchStore is the runs table used as the queue.
+type DispatchStore interface {
+	// ClaimDueRuns moves up to limit runs in scheduled or retrying with
+	// NextAttemptAt ≤ now and DeadlineAt ≥ now to delivering, in NextAttemptAt
+	// order, leased to owner until now + the job's timeout + leaseMargin. The
+	// attempt number grows by one, except for a run redelivered after an
+	// interruption or a release, which keeps its number. Late is decided at the
+	// first attempt and kept.
+	ClaimDueRuns(ctx context.Context, owner string, now time.Time, limit int, leaseMargin time.Duration) ([]*Claim, error)
+	// NextDueAt returns the earliest NextAttemptAt of a claimable run.
+	NextDueAt(ctx context.Context) (t time.Time, ok bool, err error)
+	// RecordOutcomes records each attempt and moves its run to the outcome's
+	// step, only while the run is still delivering under owner's lease (an
+	// outcome that lost its lease is dropped). A retrying step of a deleted
+	// job's run becomes cancelled (job_deleted).
+	RecordOutcomes(ctx context.Context, owner string, outcomes []Outcome) error
+	// ReleaseClaims puts runs claimed by owner and never sent back to be claimed
+	// again at once, keeping their attempt number.
+	ReleaseClaims(ctx context.Context, owner string, runIDs []string, now time.Time) error
+}
+
+// QueueStats are gauges of the queue.
+type QueueStats struct {
+	Due          int           // claimable now and not claimed
+	OldestDueAge time.Duration // now − NextAttemptAt of the oldest of them
+}
+
+// MaintenanceStore holds the background tasks; each is safe to run on every
+// replica at once.
+type MaintenanceStore interface {
+	// RecoverExpiredLeases ends the attempts of runs in delivering whose lease
+	// expired before now as interrupted and makes the runs claimable again
+	// under the same attempt number (or failed, deadline_exceeded, when their
+	// deadline passed). It returns how many runs it recovered.
+	RecoverExpiredLeases(ctx context.Context, now time.Time, limit int) (int, error)
+	// FailExpiredRuns fails (deadline_exceeded) runs waiting in scheduled or
+	// retrying whose deadline passed.
+	FailExpiredRuns(ctx context.Context, now time.Time, limit int) (int, error)
+	// PruneRuns deletes up to limit finished runs (and their attempts) that
+	// finished before cutoff; an unfinished run is never pruned.
+	PruneRuns(ctx context.Context, projectID string, cutoff time.Time, limit int) (int, error)
+	// PruneIdempotencyKeys deletes up to limit records expired before now.
+	PruneIdempotencyKeys(ctx context.Context, now time.Time, limit int) (int, error)
+	QueueStats(ctx context.Context, now time.Time) (QueueStats, error)
+}

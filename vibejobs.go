@@ -1,0 +1,254 @@
+package vibejobs
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"io"
+	"strings"
+	"time"
+)
+
+// JobState is the state a job shows.
+type JobState string
+
+const (
+	JobActive    JobState = "active"
+	JobPaused    JobState = "paused"
+	JobCompleted JobState = "completed" // a one-off job whose run exists
+)
+
+// CatchUp says what happens to occurrences missed while the platform was down.
+type CatchUp string
+
+const (
+	CatchUpAll    CatchUp = "all"
+	CatchUpLatest CatchUp = "latest"
+	CatchUpNone   CatchUp = "none"
+)
+
+// RunState is the state of a run.
+type RunState string
+
+const (
+	RunScheduled  RunState = "scheduled"
+	RunDelivering RunState = "delivering"
+	RunRetrying   RunState = "retrying"
+	RunSucceeded  RunState = "succeeded"
+	RunFailed     RunState = "failed"
+	RunCancelled  RunState = "cancelled"
+)
+
+// Finished reports whether s is terminal.
+func (s RunState) Finished() bool {
+	return s == RunSucceeded || s == RunFailed || s == RunCancelled
+}
+
+// ValidRunState reports whether s names a run state.
+func ValidRunState(s string) bool {
+	switch RunState(s) {
+	case RunScheduled, RunDelivering, RunRetrying, RunSucceeded, RunFailed, RunCancelled:
+		return true
+	}
+	return false
+}
+
+// Trigger values of a run.
+const (
+	TriggerSchedule = "schedule"
+	TriggerManual   = "manual"
+)
+
+// Failure and cancellation reasons of a run.
+const (
+	ReasonAppRejected       = "app_rejected"
+	ReasonAttemptsExhausted = "attempts_exhausted"
+	ReasonDeadlineExceeded  = "deadline_exceeded"
+	ReasonJobDeleted        = "job_deleted"
+)
+
+// ErrorCodeInterrupted marks an attempt whose process died while it was in flight.
+const ErrorCodeInterrupted = "interrupted"
+
+// Limits and defaults of the delivery rules (SEMANTICS.md sections 2–4).
+const (
+	DeliveryLifetime   = 96 * time.Hour
+	LateThreshold      = 60 * time.Second
+	DefaultMaxAttempts = 4
+	MaxMaxAttempts     = 4
+	DefaultMinBackoff  = 30 * time.Second
+	DefaultMaxBackoff  = time.Hour
+	MinMinBackoff      = time.Second
+	MaxMinBackoff      = time.Hour
+	MaxMaxBackoff      = 24 * time.Hour
+	DefaultTimeout     = 10 * time.Second
+	MinTimeout         = time.Second
+	MaxTimeout         = 30 * time.Second
+	MaxCatchUpRuns     = 100
+	MaxURLLength       = 2048
+	MaxNameLength      = 200
+	// SnippetBytes of the response body are kept with an attempt.
+	SnippetBytes = 1024
+)
+
+// RetryPolicy bounds the attempts of a run.
+type RetryPolicy struct {
+	MaxAttempts int
+	MinBackoff  time.Duration
+	MaxBackoff  time.Duration
+}
+
+// DefaultRetryPolicy is the policy of a job that sets none.
+func DefaultRetryPolicy() RetryPolicy {
+	return RetryPolicy{MaxAttempts: DefaultMaxAttempts, MinBackoff: DefaultMinBackoff, MaxBackoff: DefaultMaxBackoff}
+}
+
+// SealedSecret is a job secret encrypted under the master key KeyID. The
+// plaintext secret never reaches a Store.
+type SealedSecret struct {
+	KeyID      string
+	Ciphertext []byte
+}
+
+// Project is a tenant: every job, run, token and event belongs to one.
+type Project struct {
+	ID            string
+	Name          string
+	RetentionDays int // 0: the installation default
+	CreatedAt     time.Time
+}
+
+// Role of an API token.
+type Role string
+
+const (
+	RoleAdmin Role = "admin"
+	RoleWrite Role = "write"
+	RoleRead  Role = "read"
+)
+
+// Token is an API token. Only the SHA-256 hash of the token is stored; Prefix is
+// the readable start of the token so a leaked one can be recognised.
+type Token struct {
+	ID           string
+	ProjectID    string
+	Name         string
+	Role         Role
+	Installation bool // installation administrator: manages projects
+	Prefix       string
+	Hash         []byte
+	CreatedAt    time.Time
+	RevokedAt    *time.Time
+}
+
+// RunRef is the short form of a run shown on its job.
+type RunRef struct {
+	ID           string
+	State        RunState
+	ScheduledFor time.Time
+}
+
+// Job is a registered schedule and target.
+type Job struct {
+	ID        string
+	ProjectID string
+	Name      string
+	// Schedule is a cron expression, macro or "@every <duration>"; empty for a one-off job.
+	Schedule string
+	// At is the instant of a one-off job; nil for a recurring one.
+	At       *time.Time
+	Timezone string
+	URL      string
+	Enabled  bool
+	State    JobState
+	Retry    RetryPolicy
+	Timeout  time.Duration
+	CatchUp  CatchUp
+	// ScheduleAnchor is when the schedule was last set; "@every" fires at anchor + k·d.
+	ScheduleAnchor time.Time
+	// NextRunAt is the next occurrence not yet turned into a run; nil when none remains.
+	NextRunAt   *time.Time
+	LastRun     *RunRef // filled on read
+	SkippedRuns int64
+	Secret      SealedSecret
+	CreatedAt   time.Time
+	UpdatedAt   time.Time
+}
+
+// Attempt is one delivery attempt of a run.
+type Attempt struct {
+	Number             int
+	StartedAt          time.Time
+	FinishedAt         time.Time
+	StatusCode         int    // 0 when no response
+	ErrorCode          string // "" on success
+	SignatureTimestamp int64  // 0 when the request was never signed (interrupted before sending)
+	ResponseSnippet    string
+}
+
+// Duration of the attempt.
+func (a Attempt) Duration() time.Duration { return a.FinishedAt.Sub(a.StartedAt) }
+
+// Run is one occurrence of a job (or a manual trigger) and its delivery.
+type Run struct {
+	ID            string
+	JobID         string
+	ProjectID     string
+	Trigger       string
+	ScheduledFor  time.Time
+	DeadlineAt    time.Time
+	Late          bool // decided at the first attempt
+	State         RunState
+	Attempt       int // number of the latest attempt started; 0 before the first
+	NextAttemptAt *time.Time
+	FailureReason string
+	CreatedAt     time.Time
+	FinishedAt    *time.Time
+	Attempts      []Attempt // filled by GetRun only
+}
+
+// NewRun returns a run in state scheduled, due at scheduledFor.
+func NewRun(id string, j *Job, trigger string, scheduledFor, now time.Time) *Run {
+	due := scheduledFor
+	return &Run{
+		ID: id, JobID: j.ID, ProjectID: j.ProjectID, Trigger: trigger,
+		ScheduledFor: scheduledFor, DeadlineAt: scheduledFor.Add(DeliveryLifetime),
+		State: RunScheduled, NextAttemptAt: &due, CreatedAt: now,
+	}
+}
+
+// IdempotencyRecord is a stored Idempotency-Key of the management API.
+type IdempotencyRecord struct {
+	ProjectID   string
+	Key         string
+	RequestHash []byte // hash of method, path and body: a reuse with another request is refused
+	// Done is false while the first request is in progress.
+	Done            bool
+	ResponseStatus  int
+	ResponseHeaders map[string]string
+	ResponseBody    []byte
+	CreatedAt       time.Time
+	ExpiresAt       time.Time
+}
+
+// NewID returns an id with prefix (for example "job_") followed by the
+// creation time in milliseconds (12 hex digits, so ids sort by creation) and 16
+// random hex digits. It uses only [a-z0-9_].
+func NewID(prefix string, now time.Time, r io.Reader) string {
+	if r == nil {
+		r = rand.Reader
+	}
+	var b [14]byte
+	ms := uint64(now.UnixMilli())
+	for i := 5; i >= 0; i-- {
+		b[i] = byte(ms)
+		ms >>= 8
+	}
+	if _, err := io.ReadFull(r, b[6:]); err != nil {
+		panic("vibejobs: reading random id bytes: " + err.Error())
+	}
+	var sb strings.Builder
+	sb.Grow(len(prefix) + 28)
+	sb.WriteString(prefix)
+	sb.WriteString(hex.EncodeToString(b[:]))
+	return sb.String()
+}
