@@ -1,0 +1,332 @@
+// Package dispatcher delivers runs: it claims due runs from the Store under a
+// lease, signs and sends each attempt through the egress client, and writes
+// the outcome back in batches.
+//
+// Concurrency is bounded overall and per destination host, so a slow or
+// failing target cannot hold up other jobs' deliveries: a claimed run whose
+// host is at its limit is released at once, keeping its attempt number.
+package dispatcher
+
+import (
+	"cmp"
+	"context"
+	"log/slog"
+	"math/rand/v2"
+	"net/http"
+	"net/url"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/vibejobs/vibejobs"
+	"github.com/vibejobs/vibejobs/contract"
+	"github.com/vibejobs/vibejobs/internal/egress"
+)
+
+// Defaults of Config.
+const (
+	DefaultConcurrency  = 512
+	DefaultPerHost      = 256
+	DefaultClaimBatch   = 500
+	DefaultLeaseMargin  = 5 * time.Second
+	DefaultPollInterval = time.Second
+	DefaultFlushBatch   = 500
+)
+
+// Sender sends one attempt; *egress.Client is the production one.
+type Sender interface {
+	Post(ctx context.Context, rawURL string, header http.Header, body []byte, timeout time.Duration) egress.Result
+}
+
+// SecretOpener decrypts a job's sealed secret.
+type SecretOpener interface {
+	Open(s vibejobs.SealedSecret, jobID string) (string, error)
+}
+
+// Observer receives delivery events for metrics; every method must be cheap.
+type Observer interface {
+	AttemptFinished(errorCode string, step vibejobs.Step, firstAttemptLateness time.Duration, first bool, d time.Duration)
+}
+
+// Config of a Dispatcher.
+type Config struct {
+	Store  vibejobs.DispatchStore
+	Sender Sender
+	Opener SecretOpener
+	// Owner names this process's leases; unique per process.
+	Owner     string
+	UserAgent string
+	Logger    *slog.Logger
+	Now       func() time.Time
+	// Rand returns a uniform number in [0, 1) for retry jitter.
+	Rand         func() float64
+	Concurrency  int
+	PerHost      int
+	ClaimBatch   int
+	LeaseMargin  time.Duration
+	PollInterval time.Duration
+	Observer     Observer
+}
+
+// Dispatcher claims and delivers runs. Run loops until its context ends.
+type Dispatcher struct {
+	cfg  Config
+	wake chan struct{}
+
+	mu       sync.Mutex
+	inflight int
+	perHost  map[string]int
+
+	outcomes chan vibejobs.Outcome
+	wg       sync.WaitGroup // attempts in flight
+}
+
+// New returns a Dispatcher with the defaults filled in.
+func New(cfg Config) *Dispatcher {
+	cfg.Logger = cmp.Or(cfg.Logger, slog.Default())
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	if cfg.Rand == nil {
+		cfg.Rand = rand.Float64
+	}
+	cfg.Concurrency = cmp.Or(cfg.Concurrency, DefaultConcurrency)
+	cfg.PerHost = min(cmp.Or(cfg.PerHost, DefaultPerHost), cfg.Concurrency)
+	cfg.ClaimBatch = cmp.Or(cfg.ClaimBatch, DefaultClaimBatch)
+	cfg.LeaseMargin = cmp.Or(cfg.LeaseMargin, DefaultLeaseMargin)
+	cfg.PollInterval = cmp.Or(cfg.PollInterval, DefaultPollInterval)
+	cfg.UserAgent = cmp.Or(cfg.UserAgent, "vibejobs/dev")
+	return &Dispatcher{
+		cfg:      cfg,
+		wake:     make(chan struct{}, 1),
+		perHost:  map[string]int{},
+		outcomes: make(chan vibejobs.Outcome, cfg.Concurrency),
+	}
+}
+
+// Wake asks the dispatcher to look for due runs now.
+func (d *Dispatcher) Wake() {
+	select {
+	case d.wake <- struct{}{}:
+	default:
+	}
+}
+
+// Run claims and delivers until ctx is done. Then it stops claiming, lets the
+// attempts in flight finish within their own budget, records their outcomes
+// and returns.
+func (d *Dispatcher) Run(ctx context.Context) {
+	flushed := make(chan struct{})
+	go func() {
+		defer close(flushed)
+		d.recordLoop()
+	}()
+	defer func() {
+		d.wg.Wait()
+		close(d.outcomes)
+		<-flushed
+	}()
+
+	timer := time.NewTimer(0)
+	defer timer.Stop()
+	for {
+		wait, err := d.dispatchOnce(ctx)
+		if err != nil && ctx.Err() == nil {
+			d.cfg.Logger.Error("dispatcher.claim_failed", "error", err)
+			wait = d.cfg.PollInterval
+		}
+		if ctx.Err() != nil {
+			return
+		}
+		if wait == 0 {
+			continue
+		}
+		if !timer.Stop() {
+			select {
+			case <-timer.C:
+			default:
+			}
+		}
+		timer.Reset(wait)
+		select {
+		case <-ctx.Done():
+			return
+		case <-d.wake:
+		case <-timer.C:
+		}
+	}
+}
+
+// dispatchOnce claims what it has room for and starts the attempts. It
+// returns how long to wait before the next call: 0 to call again at once.
+func (d *Dispatcher) dispatchOnce(ctx context.Context) (time.Duration, error) {
+	d.mu.Lock()
+	free := d.cfg.Concurrency - d.inflight
+	d.mu.Unlock()
+	if free <= 0 {
+		return d.cfg.PollInterval, nil // a finishing attempt wakes us sooner
+	}
+	want := min(free, d.cfg.ClaimBatch)
+	now := d.cfg.Now()
+	claims, err := d.cfg.Store.ClaimDueRuns(ctx, d.cfg.Owner, now, want, d.cfg.LeaseMargin)
+	if err != nil {
+		return 0, err
+	}
+	var release []string
+	for _, c := range claims {
+		host := hostKey(c.URL)
+		if !d.acquire(host) {
+			release = append(release, c.Run.ID)
+			continue
+		}
+		d.wg.Add(1)
+		go d.deliver(c, host)
+	}
+	if len(release) > 0 {
+		if err := d.cfg.Store.ReleaseClaims(context.WithoutCancel(ctx), d.cfg.Owner, release, now); err != nil {
+			d.cfg.Logger.Error("dispatcher.release_failed", "error", err, "runs", len(release))
+		}
+		// Those hosts are full: wait for a finishing attempt (it wakes us).
+		return d.cfg.PollInterval, nil
+	}
+	if len(claims) == want {
+		return 0, nil
+	}
+	next, ok, err := d.cfg.Store.NextDueAt(ctx)
+	if err != nil {
+		return 0, err
+	}
+	if !ok {
+		return d.cfg.PollInterval, nil
+	}
+	wait := next.Sub(d.cfg.Now())
+	if wait <= 0 {
+		return 0, nil
+	}
+	return min(wait, d.cfg.PollInterval), nil
+}
+
+func (d *Dispatcher) acquire(host string) bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.perHost[host] >= d.cfg.PerHost {
+		return false
+	}
+	d.perHost[host]++
+	d.inflight++
+	return true
+}
+
+func (d *Dispatcher) releaseSlot(host string) {
+	d.mu.Lock()
+	if d.perHost[host]--; d.perHost[host] <= 0 {
+		delete(d.perHost, host)
+	}
+	d.inflight--
+	d.mu.Unlock()
+	d.Wake()
+}
+
+// deliver makes one attempt of a claimed run. The attempt is not cancelled by
+// shutdown: it ends within its own timeout.
+func (d *Dispatcher) deliver(c *vibejobs.Claim, host string) {
+	defer d.wg.Done()
+	defer d.releaseSlot(host)
+	r := c.Run
+	start := d.cfg.Now()
+	var res egress.Result
+	var ts int64
+	secret, err := d.cfg.Opener.Open(c.Secret, r.JobID)
+	if err != nil {
+		// Sending with a wrong key would only produce bad signatures; the
+		// attempt fails on our side and is retried like a network error.
+		d.cfg.Logger.Error("dispatcher.secret_unavailable", "run_id", r.ID, "job_id", r.JobID, "error", err)
+		res = egress.Result{ErrorCode: egress.CodeNetwork, Err: err}
+	} else {
+		body := contract.Body(contract.Payload{
+			JobID: r.JobID, RunID: r.ID, ScheduledFor: r.ScheduledFor,
+			Attempt: r.Attempt, Late: r.Late, Trigger: r.Trigger,
+		})
+		ts = d.cfg.Now().Unix()
+		h := http.Header{
+			"Content-Type":       {contract.ContentType},
+			"X-Vibe-Caller-Kind": {contract.CallerKindSchedule},
+			"Vibe-Signature":     {contract.Sign(secret, ts, body)},
+			"User-Agent":         {d.cfg.UserAgent},
+			"Idempotency-Key":    {r.ID},
+		}
+		res = d.cfg.Sender.Post(context.Background(), c.URL, h, body, c.Timeout)
+	}
+	end := d.cfg.Now()
+	step := vibejobs.NextStep(c.Retry, r.Attempt, vibejobs.AttemptResult{
+		StatusCode: res.StatusCode, ErrorCode: res.ErrorCode, RetryAfter: res.RetryAfter,
+	}, r.DeadlineAt, end, d.cfg.Rand())
+	if res.ErrorCode != "" {
+		// The cause never names the URL or the address (egress guarantees it).
+		d.cfg.Logger.Info("run.attempt_failed", "run_id", r.ID, "job_id", r.JobID, "attempt", r.Attempt,
+			"status", res.StatusCode, "error_code", res.ErrorCode, "next_state", string(step.State))
+	}
+	if d.cfg.Observer != nil {
+		d.cfg.Observer.AttemptFinished(res.ErrorCode, step, start.Sub(r.ScheduledFor), r.Attempt == 1, end.Sub(start))
+	}
+	snippet := res.Snippet
+	if len(snippet) > vibejobs.SnippetBytes {
+		snippet = snippet[:vibejobs.SnippetBytes]
+	}
+	d.outcomes <- vibejobs.Outcome{
+		RunID: r.ID,
+		Attempt: vibejobs.Attempt{
+			Number: r.Attempt, StartedAt: start, FinishedAt: end,
+			StatusCode: res.StatusCode, ErrorCode: res.ErrorCode,
+			SignatureTimestamp: ts, ResponseSnippet: strings.ToValidUTF8(string(snippet), "\uFFFD"),
+		},
+		Step: step,
+	}
+}
+
+// recordLoop writes outcomes in batches until the channel closes. A batch
+// that fails is retried: the runs stay leased to us meanwhile, and if we
+// never manage, their leases expire and another process redelivers them.
+func (d *Dispatcher) recordLoop() {
+	batch := make([]vibejobs.Outcome, 0, DefaultFlushBatch)
+	flush := func() {
+		for attempt := 0; len(batch) > 0; attempt++ {
+			err := d.cfg.Store.RecordOutcomes(context.Background(), d.cfg.Owner, batch)
+			if err == nil {
+				break
+			}
+			d.cfg.Logger.Error("dispatcher.record_failed", "error", err, "outcomes", len(batch))
+			if attempt >= 20 {
+				break
+			}
+			time.Sleep(min(time.Duration(attempt+1)*100*time.Millisecond, 2*time.Second))
+		}
+		batch = batch[:0]
+	}
+	for o := range d.outcomes {
+		batch = append(batch, o)
+	drain:
+		for len(batch) < DefaultFlushBatch {
+			select {
+			case o, ok := <-d.outcomes:
+				if !ok {
+					break drain
+				}
+				batch = append(batch, o)
+			default:
+				break drain
+			}
+		}
+		flush()
+	}
+	flush()
+}
+
+// hostKey is the concurrency bucket of a URL: its host and port.
+func hostKey(raw string) string {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return ""
+	}
+	return strings.ToLower(u.Host)
+}

@@ -1,0 +1,181 @@
+// Package maintenance runs the background upkeep of the runs table: lease
+// recovery after a crash, failing runs past their delivery lifetime, history
+// retention and queue gauges. Every task is safe on every replica at once.
+package maintenance
+
+import (
+	"cmp"
+	"context"
+	"log/slog"
+	"time"
+
+	"github.com/vibejobs/vibejobs"
+)
+
+// Defaults of Config.
+const (
+	DefaultLeaseInterval = time.Second
+	DefaultPruneInterval = 5 * time.Minute
+	DefaultRetentionDays = 90
+	MinRetentionDays     = 7
+	DefaultBatch         = 500
+	DefaultStatsInterval = 5 * time.Second
+)
+
+// Observer receives maintenance figures for metrics.
+type Observer interface {
+	LeasesRecovered(n int)
+	Queue(s vibejobs.QueueStats)
+}
+
+// Config of a Maintainer.
+type Config struct {
+	Store         vibejobs.Store
+	Logger        *slog.Logger
+	Now           func() time.Time
+	LeaseInterval time.Duration
+	PruneInterval time.Duration
+	StatsInterval time.Duration
+	// RetentionDays is the installation's history retention (≥ 7); a project's
+	// own RetentionDays overrides it.
+	RetentionDays int
+	Batch         int
+	Observer      Observer
+	// OnRecovered is called when runs became claimable again (wakes the dispatcher).
+	OnRecovered func()
+}
+
+// Maintainer runs the upkeep loops.
+type Maintainer struct{ cfg Config }
+
+// New returns a Maintainer with defaults filled in.
+func New(cfg Config) *Maintainer {
+	cfg.Logger = cmp.Or(cfg.Logger, slog.Default())
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	cfg.LeaseInterval = cmp.Or(cfg.LeaseInterval, DefaultLeaseInterval)
+	cfg.PruneInterval = cmp.Or(cfg.PruneInterval, DefaultPruneInterval)
+	cfg.StatsInterval = cmp.Or(cfg.StatsInterval, DefaultStatsInterval)
+	cfg.RetentionDays = max(cmp.Or(cfg.RetentionDays, DefaultRetentionDays), MinRetentionDays)
+	cfg.Batch = cmp.Or(cfg.Batch, DefaultBatch)
+	return &Maintainer{cfg: cfg}
+}
+
+// Run loops until ctx is done.
+func (m *Maintainer) Run(ctx context.Context) {
+	lease := time.NewTicker(m.cfg.LeaseInterval)
+	prune := time.NewTicker(m.cfg.PruneInterval)
+	stats := time.NewTicker(m.cfg.StatsInterval)
+	defer lease.Stop()
+	defer prune.Stop()
+	defer stats.Stop()
+	m.RecoverOnce(ctx)
+	m.StatsOnce(ctx)
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-lease.C:
+			m.RecoverOnce(ctx)
+		case <-stats.C:
+			m.StatsOnce(ctx)
+		case <-prune.C:
+			m.PruneOnce(ctx)
+		}
+	}
+}
+
+// RecoverOnce recovers expired leases and fails runs past their deadline.
+func (m *Maintainer) RecoverOnce(ctx context.Context) {
+	now := m.cfg.Now()
+	total := 0
+	for {
+		n, err := m.cfg.Store.RecoverExpiredLeases(ctx, now, m.cfg.Batch)
+		if err != nil {
+			m.logErr(ctx, "maintenance.recover_failed", err)
+			break
+		}
+		total += n
+		if n < m.cfg.Batch {
+			break
+		}
+	}
+	if total > 0 {
+		m.cfg.Logger.Warn("maintenance.leases_recovered", "runs", total)
+		if m.cfg.Observer != nil {
+			m.cfg.Observer.LeasesRecovered(total)
+		}
+		if m.cfg.OnRecovered != nil {
+			m.cfg.OnRecovered()
+		}
+	}
+	for {
+		n, err := m.cfg.Store.FailExpiredRuns(ctx, now, m.cfg.Batch)
+		if err != nil {
+			m.logErr(ctx, "maintenance.expire_failed", err)
+			break
+		}
+		if n < m.cfg.Batch {
+			break
+		}
+	}
+}
+
+// PruneOnce deletes finished history older than each project's retention,
+// in small batches, and expired idempotency records.
+func (m *Maintainer) PruneOnce(ctx context.Context) {
+	now := m.cfg.Now()
+	projects, err := m.cfg.Store.ListProjects(ctx)
+	if err != nil {
+		m.logErr(ctx, "maintenance.prune_failed", err)
+		return
+	}
+	for _, p := range projects {
+		days := m.cfg.RetentionDays
+		if p.RetentionDays > 0 {
+			days = max(p.RetentionDays, MinRetentionDays)
+		}
+		cutoff := now.AddDate(0, 0, -days)
+		for ctx.Err() == nil {
+			n, err := m.cfg.Store.PruneRuns(ctx, p.ID, cutoff, m.cfg.Batch)
+			if err != nil {
+				m.logErr(ctx, "maintenance.prune_failed", err)
+				break
+			}
+			if n < m.cfg.Batch {
+				break
+			}
+		}
+	}
+	for ctx.Err() == nil {
+		n, err := m.cfg.Store.PruneIdempotencyKeys(ctx, now, m.cfg.Batch)
+		if err != nil {
+			m.logErr(ctx, "maintenance.prune_failed", err)
+			break
+		}
+		if n < m.cfg.Batch {
+			break
+		}
+	}
+}
+
+// StatsOnce reports the queue gauges.
+func (m *Maintainer) StatsOnce(ctx context.Context) {
+	if m.cfg.Observer == nil {
+		return
+	}
+	s, err := m.cfg.Store.QueueStats(ctx, m.cfg.Now())
+	if err != nil {
+		m.logErr(ctx, "maintenance.stats_failed", err)
+		return
+	}
+	m.cfg.Observer.Queue(s)
+}
+
+func (m *Maintainer) logErr(ctx context.Context, msg string, err error) {
+	if ctx.Err() != nil {
+		return
+	}
+	m.cfg.Logger.Error(msg, "error", err)
+}

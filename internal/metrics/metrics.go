@@ -1,0 +1,98 @@
+// Package metrics holds the platform's Prometheus collectors. Labels carry
+// states, reasons and error codes only: never a URL, secret or body.
+package metrics
+
+import (
+	"net/http"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/vibejobs/vibejobs"
+)
+
+// Metrics implements the observers of the scheduler, dispatcher and
+// maintenance packages. The zero value is not usable; call New.
+type Metrics struct {
+	reg          *prometheus.Registry
+	runsCreated  prometheus.Counter
+	runsFinished *prometheus.CounterVec
+	attempts     *prometheus.CounterVec
+	duration     prometheus.Histogram
+	lateness     prometheus.Histogram
+	due          prometheus.Gauge
+	oldestDue    prometheus.Gauge
+	leases       prometheus.Counter
+	skipped      prometheus.Counter
+}
+
+// New registers every collector, with the Go and process collectors, on a
+// fresh registry.
+func New() *Metrics {
+	m := &Metrics{
+		reg: prometheus.NewRegistry(),
+		runsCreated: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "vibejobs_runs_created_total", Help: "Runs created from schedule occurrences."}),
+		runsFinished: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "vibejobs_runs_finished_total", Help: "Runs that reached a final state, by state and reason."},
+			[]string{"state", "reason"}),
+		attempts: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "vibejobs_attempts_total", Help: "Delivery attempts by outcome (succeeded, retrying, failed) and error code."},
+			[]string{"outcome", "error_code"}),
+		duration: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "vibejobs_delivery_duration_seconds", Help: "Duration of delivery attempts.",
+			Buckets: []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30}}),
+		lateness: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "vibejobs_first_attempt_lateness_seconds", Help: "Start of first attempts minus scheduledFor.",
+			Buckets: []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 5, 60, 600}}),
+		due: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "vibejobs_runs_due", Help: "Runs due and not yet claimed."}),
+		oldestDue: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "vibejobs_oldest_due_run_age_seconds", Help: "Age of the oldest due, unclaimed run."}),
+		leases: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "vibejobs_leases_recovered_total", Help: "Runs whose lease expired and were made claimable again."}),
+		skipped: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "vibejobs_skipped_occurrences_total", Help: "Occurrences skipped by catch-up rules."}),
+	}
+	m.reg.MustRegister(m.runsCreated, m.runsFinished, m.attempts, m.duration, m.lateness,
+		m.due, m.oldestDue, m.leases, m.skipped,
+		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return m
+}
+
+// Registry returns the registry, for other packages to add collectors.
+func (m *Metrics) Registry() *prometheus.Registry { return m.reg }
+
+// Handler serves the metrics in the Prometheus text format.
+func (m *Metrics) Handler() http.Handler {
+	return promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{})
+}
+
+// RunsCreated counts runs created by the scheduler.
+func (m *Metrics) RunsCreated(n int) { m.runsCreated.Add(float64(n)) }
+
+// Skipped counts occurrences skipped by catch-up.
+func (m *Metrics) Skipped(n int64) { m.skipped.Add(float64(n)) }
+
+// AttemptFinished records one attempt and, when it ended the run, the run.
+func (m *Metrics) AttemptFinished(errorCode string, step vibejobs.Step, lateness time.Duration, first bool, d time.Duration) {
+	m.attempts.WithLabelValues(string(step.State), errorCode).Inc()
+	m.duration.Observe(d.Seconds())
+	if first {
+		m.lateness.Observe(max(lateness, 0).Seconds())
+	}
+	if step.State.Finished() {
+		m.runsFinished.WithLabelValues(string(step.State), step.FailureReason).Inc()
+	}
+}
+
+// LeasesRecovered counts recovered leases.
+func (m *Metrics) LeasesRecovered(n int) { m.leases.Add(float64(n)) }
+
+// Queue sets the queue gauges.
+func (m *Metrics) Queue(s vibejobs.QueueStats) {
+	m.due.Set(float64(s.Due))
+	m.oldestDue.Set(s.OldestDueAge.Seconds())
+}

@@ -1,0 +1,132 @@
+package scheduler_test
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/vibejobs/vibejobs"
+	"github.com/vibejobs/vibejobs/internal/schedule"
+	"github.com/vibejobs/vibejobs/internal/scheduler"
+)
+
+var t0 = time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
+
+func everyMinuteJob(catchUp vibejobs.CatchUp, next time.Time) *vibejobs.Job {
+	return &vibejobs.Job{ID: "job_x", ProjectID: "prj_x", Schedule: "* * * * *", Timezone: "UTC", CatchUp: catchUp, NextRunAt: &next, Enabled: true, State: vibejobs.JobActive}
+}
+
+func mustSchedule(t *testing.T, j *vibejobs.Job) schedule.Schedule {
+	t.Helper()
+	s, err := scheduler.JobSchedule(j)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+func ids() func(time.Time) string {
+	n := 0
+	return func(time.Time) string { n++; return fmt.Sprintf("run_%d", n) }
+}
+
+func times(p vibejobs.RunPlan) []time.Time {
+	var out []time.Time
+	for _, r := range p.Runs {
+		out = append(out, r.ScheduledFor)
+	}
+	return out
+}
+
+func TestPlanOnTimeMaterialisesAhead(t *testing.T) {
+	j := everyMinuteJob(vibejobs.CatchUpAll, t0.Add(time.Minute))
+	// 1.5 s before the occurrence with a 2 s lookahead: the run exists ahead.
+	p := scheduler.Plan(j, mustSchedule(t, j), t0.Add(time.Minute-1500*time.Millisecond), 2*time.Second, 5*time.Second, ids())
+	if len(p.Runs) != 1 || !p.Runs[0].ScheduledFor.Equal(t0.Add(time.Minute)) || p.Skipped != 0 {
+		t.Fatalf("plan %v skipped %d", times(p), p.Skipped)
+	}
+	r := p.Runs[0]
+	if r.State != vibejobs.RunScheduled || r.Trigger != "schedule" || !r.DeadlineAt.Equal(r.ScheduledFor.Add(96*time.Hour)) || !r.NextAttemptAt.Equal(r.ScheduledFor) {
+		t.Fatalf("run %+v", r)
+	}
+	if !p.Next.Equal(t0.Add(2*time.Minute)) || !p.From.Equal(t0.Add(time.Minute)) {
+		t.Fatalf("next %v from %v", p.Next, p.From)
+	}
+	// 3 s before: nothing yet.
+	p = scheduler.Plan(j, mustSchedule(t, j), t0.Add(time.Minute-3*time.Second), 2*time.Second, 5*time.Second, ids())
+	if len(p.Runs) != 0 || !p.Next.Equal(t0.Add(time.Minute)) {
+		t.Fatalf("early plan %v next %v", times(p), p.Next)
+	}
+}
+
+func TestPlanCatchUp(t *testing.T) {
+	// The platform was down for 10 minutes: occurrences at t0+1m … t0+10m
+	// were missed; t0+11m is upcoming within the lookahead.
+	now := t0.Add(11*time.Minute - time.Second)
+	cases := []struct {
+		catchUp     vibejobs.CatchUp
+		wantRuns    []time.Duration
+		wantSkipped int64
+	}{
+		{vibejobs.CatchUpAll, []time.Duration{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11}, 0},
+		{vibejobs.CatchUpLatest, []time.Duration{10, 11}, 9},
+		{vibejobs.CatchUpNone, []time.Duration{11}, 10},
+	}
+	for _, c := range cases {
+		j := everyMinuteJob(c.catchUp, t0.Add(time.Minute))
+		p := scheduler.Plan(j, mustSchedule(t, j), now, 2*time.Second, 5*time.Second, ids())
+		got := times(p)
+		if len(got) != len(c.wantRuns) || p.Skipped != c.wantSkipped {
+			t.Fatalf("%s: runs %v skipped %d", c.catchUp, got, p.Skipped)
+		}
+		for i, m := range c.wantRuns {
+			if !got[i].Equal(t0.Add(m * time.Minute)) {
+				t.Fatalf("%s: run %d at %v, want t0+%dm", c.catchUp, i, got[i], m)
+			}
+		}
+	}
+}
+
+func TestPlanCatchUpCapAndLifetime(t *testing.T) {
+	// Down for 100 h on an every-minute schedule: 6,000 occurrences, of which
+	// those older than 96 h are never run and only the newest 100 of the rest are.
+	now := t0.Add(100 * time.Hour)
+	j := everyMinuteJob(vibejobs.CatchUpAll, t0.Add(time.Minute))
+	p := scheduler.Plan(j, mustSchedule(t, j), now, 2*time.Second, 5*time.Second, ids())
+	got := times(p)
+	// The occurrence at now is within the grace: on time. The missed ones are
+	// the 5,999 before it; 239 are older than 96 h; the newest 100 run.
+	if len(got) != 101 {
+		t.Fatalf("runs %d, want 101", len(got))
+	}
+	if !got[len(got)-1].Equal(now) || !got[0].Equal(now.Add(-100*time.Minute)) {
+		t.Fatalf("first %v last %v", got[0], got[len(got)-1])
+	}
+	total := int64(100 * 60) // occurrences t0+1m … t0+100h
+	if p.Skipped != total-101 {
+		t.Fatalf("skipped %d, want %d", p.Skipped, total-101)
+	}
+	for i := 1; i < len(got); i++ {
+		if !got[i].After(got[i-1]) {
+			t.Fatal("caught-up runs not in scheduledFor order")
+		}
+	}
+	// Everything older than 96 h, with latest: only the newest missed one.
+	j = everyMinuteJob(vibejobs.CatchUpLatest, t0.Add(time.Minute))
+	p = scheduler.Plan(j, mustSchedule(t, j), now, 2*time.Second, 5*time.Second, ids())
+	if len(p.Runs) != 2 || p.Skipped != total-2 {
+		t.Fatalf("latest: runs %v skipped %d", times(p), p.Skipped)
+	}
+	// A one-off job missed by more than 96 h is skipped and completes.
+	at := t0
+	one := &vibejobs.Job{ID: "job_o", At: &at, NextRunAt: &at, CatchUp: vibejobs.CatchUpAll}
+	p = scheduler.Plan(one, mustSchedule(t, one), t0.Add(97*time.Hour), 2*time.Second, 5*time.Second, ids())
+	if len(p.Runs) != 0 || p.Skipped != 1 || !p.Complete || p.Next != nil {
+		t.Fatalf("expired one-off: %+v", p)
+	}
+	// Missed by one hour, it runs once and completes.
+	p = scheduler.Plan(one, mustSchedule(t, one), t0.Add(time.Hour), 2*time.Second, 5*time.Second, ids())
+	if len(p.Runs) != 1 || !p.Complete || p.Next != nil {
+		t.Fatalf("one-off: %+v", p)
+	}
+}

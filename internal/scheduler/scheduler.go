@@ -1,0 +1,248 @@
+// Package scheduler turns the due occurrences of jobs into runs.
+//
+// It materialises each occurrence a little ahead of its time (Lookahead), so
+// the dispatcher can start the first attempt on the dot, and applies the
+// catch-up rules to occurrences missed while the platform was down. Every
+// replica may run it: the Store applies a plan only while the job still has
+// the NextRunAt the plan was computed from, and a unique constraint keeps one
+// run per (job, scheduledFor).
+package scheduler
+
+import (
+	"cmp"
+	"context"
+	"crypto/rand"
+	"fmt"
+	"io"
+	"log/slog"
+	"time"
+
+	"github.com/vibejobs/vibejobs"
+	"github.com/vibejobs/vibejobs/internal/schedule"
+)
+
+// Defaults of Config.
+const (
+	DefaultLookahead    = 2 * time.Second
+	DefaultInterval     = 250 * time.Millisecond
+	DefaultBatchSize    = 1000
+	DefaultCatchUpGrace = 5 * time.Second
+	// maxSteps bounds the occurrences one plan walks through; beyond it the
+	// schedule is fast-forwarded and the uncounted remainder is not added to
+	// SkippedRuns (only after years of downtime of a per-second schedule).
+	maxSteps = 2_000_000
+)
+
+// Config of a Scheduler.
+type Config struct {
+	Store  vibejobs.SchedulerStore
+	Logger *slog.Logger
+	Now    func() time.Time
+	Rand   io.Reader
+	// Lookahead is how far ahead of its time an occurrence becomes a run.
+	Lookahead time.Duration
+	// Interval between scans when nothing wakes the scheduler.
+	Interval time.Duration
+	// BatchSize is the number of due jobs planned per transaction.
+	BatchSize int
+	// CatchUpGrace: an occurrence older than now − CatchUpGrace when planned
+	// was missed (the platform was down) and follows the job's catch-up rule.
+	CatchUpGrace time.Duration
+	// OnRunsCreated is called after runs were created (wakes the dispatcher).
+	OnRunsCreated func(n int)
+	// OnSkipped is called with the number of occurrences skipped by catch-up.
+	OnSkipped func(n int64)
+}
+
+// Scheduler materialises runs. Run loops; RunOnce does one pass.
+type Scheduler struct {
+	cfg  Config
+	wake chan struct{}
+}
+
+// New returns a Scheduler with the defaults filled in.
+func New(cfg Config) *Scheduler {
+	cfg.Logger = cmp.Or(cfg.Logger, slog.Default())
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	if cfg.Rand == nil {
+		cfg.Rand = rand.Reader
+	}
+	cfg.Lookahead = cmp.Or(cfg.Lookahead, DefaultLookahead)
+	cfg.Interval = cmp.Or(cfg.Interval, DefaultInterval)
+	cfg.BatchSize = cmp.Or(cfg.BatchSize, DefaultBatchSize)
+	cfg.CatchUpGrace = cmp.Or(cfg.CatchUpGrace, DefaultCatchUpGrace)
+	return &Scheduler{cfg: cfg, wake: make(chan struct{}, 1)}
+}
+
+// Wake asks for a scan now (after a job was created or changed).
+func (s *Scheduler) Wake() {
+	select {
+	case s.wake <- struct{}{}:
+	default:
+	}
+}
+
+// Run scans until ctx is done.
+func (s *Scheduler) Run(ctx context.Context) {
+	t := time.NewTicker(s.cfg.Interval)
+	defer t.Stop()
+	for {
+		for {
+			n, full, err := s.runOnce(ctx)
+			if err != nil {
+				if ctx.Err() != nil {
+					return
+				}
+				s.cfg.Logger.Error("scheduler.scan_failed", "error", err)
+				break
+			}
+			if n > 0 && s.cfg.OnRunsCreated != nil {
+				s.cfg.OnRunsCreated(n)
+			}
+			if !full {
+				break
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		case <-s.wake:
+		}
+	}
+}
+
+// RunOnce plans and applies one batch of due jobs and returns the runs created.
+func (s *Scheduler) RunOnce(ctx context.Context) (int, error) {
+	n, _, err := s.runOnce(ctx)
+	return n, err
+}
+
+func (s *Scheduler) runOnce(ctx context.Context) (created int, full bool, err error) {
+	now := s.cfg.Now()
+	jobs, err := s.cfg.Store.DueJobs(ctx, now.Add(s.cfg.Lookahead), s.cfg.BatchSize)
+	if err != nil {
+		return 0, false, fmt.Errorf("listing due jobs: %w", err)
+	}
+	if len(jobs) == 0 {
+		return 0, false, nil
+	}
+	plans := make([]vibejobs.RunPlan, 0, len(jobs))
+	var skipped int64
+	for _, j := range jobs {
+		sch, err := JobSchedule(j)
+		if err != nil {
+			// A stored schedule was validated when it was set; one that no
+			// longer parses (a time zone gone from tzdata) stops here, loudly.
+			s.cfg.Logger.Error("scheduler.bad_schedule", "job_id", j.ID, "error", err)
+			continue
+		}
+		p := Plan(j, sch, now, s.cfg.Lookahead, s.cfg.CatchUpGrace, func(at time.Time) string {
+			return vibejobs.NewID("run_", now, s.cfg.Rand)
+		})
+		skipped += p.Skipped
+		plans = append(plans, p)
+	}
+	created, err = s.cfg.Store.ApplyRunPlans(ctx, plans, now)
+	if err != nil {
+		return 0, false, fmt.Errorf("applying run plans: %w", err)
+	}
+	if skipped > 0 && s.cfg.OnSkipped != nil {
+		s.cfg.OnSkipped(skipped)
+	}
+	return created, len(jobs) == s.cfg.BatchSize, nil
+}
+
+// JobSchedule returns the schedule of j: its one-off instant or its parsed
+// recurring schedule in its time zone, anchored at ScheduleAnchor.
+func JobSchedule(j *vibejobs.Job) (schedule.Schedule, error) {
+	if j.At != nil {
+		return schedule.At(*j.At), nil
+	}
+	return schedule.Parse(j.Schedule, j.Timezone, j.ScheduleAnchor)
+}
+
+// Plan decides the runs of job j at time now: every occurrence from
+// j.NextRunAt up to now + lookahead. Occurrences older than now − grace were
+// missed: those past the 96 h delivery lifetime are skipped, then the job's
+// catch-up rule applies (all: the newest 100 run; latest: only the newest
+// runs; none: none run). Skipped occurrences are counted in Plan.Skipped.
+// newRunID names each run.
+func Plan(j *vibejobs.Job, sch schedule.Schedule, now time.Time, lookahead, grace time.Duration, newRunID func(time.Time) string) vibejobs.RunPlan {
+	p := vibejobs.RunPlan{JobID: j.ID}
+	if j.NextRunAt == nil {
+		return p
+	}
+	p.From = *j.NextRunAt
+	horizon := now.Add(lookahead)
+	missedBefore := now.Add(-grace)
+	expiredBefore := now.Add(-vibejobs.DeliveryLifetime)
+
+	var missed ring
+	var upcoming []time.Time
+	t := p.From
+	steps := 0
+	for !t.IsZero() && !t.After(horizon) {
+		switch {
+		case t.Before(expiredBefore):
+			p.Skipped++
+		case t.Before(missedBefore):
+			if missed.push(t) {
+				p.Skipped++ // pushed out of the newest 100
+			}
+		default:
+			upcoming = append(upcoming, t)
+		}
+		if steps++; steps >= maxSteps && t.Before(expiredBefore) {
+			t = sch.Next(expiredBefore)
+			continue
+		}
+		t = sch.Next(t)
+	}
+	keep := missed.items()
+	switch j.CatchUp {
+	case vibejobs.CatchUpNone:
+		p.Skipped += int64(len(keep))
+		keep = nil
+	case vibejobs.CatchUpLatest:
+		if len(keep) > 1 {
+			p.Skipped += int64(len(keep) - 1)
+			keep = keep[len(keep)-1:]
+		}
+	}
+	for _, at := range append(keep, upcoming...) {
+		at = at.UTC().Truncate(time.Millisecond)
+		p.Runs = append(p.Runs, vibejobs.NewRun(newRunID(at), j, vibejobs.TriggerSchedule, at, now))
+	}
+	if t.IsZero() {
+		p.Complete = j.At != nil
+	} else {
+		next := t.UTC()
+		p.Next = &next
+	}
+	return p
+}
+
+// ring keeps the newest MaxCatchUpRuns times pushed into it.
+type ring struct {
+	buf [vibejobs.MaxCatchUpRuns]time.Time
+	n   int // items pushed in total
+}
+
+// push adds t and reports whether an older item was pushed out.
+func (r *ring) push(t time.Time) bool {
+	r.buf[r.n%len(r.buf)] = t
+	r.n++
+	return r.n > len(r.buf)
+}
+
+// items returns the kept items oldest first.
+func (r *ring) items() []time.Time {
+	if r.n <= len(r.buf) {
+		return append([]time.Time(nil), r.buf[:r.n]...)
+	}
+	start := r.n % len(r.buf)
+	return append(append([]time.Time(nil), r.buf[start:]...), r.buf[:start]...)
+}
