@@ -1,0 +1,599 @@
+// Package schedule parses job schedules and computes their fire times.
+//
+// A recurring schedule is one of
+//
+//   - cron with 5 fields: minute hour day-of-month month day-of-week;
+//   - cron with 6 fields, seconds first;
+//   - a macro: @yearly (= @annually), @monthly, @weekly, @daily (= @midnight), @hourly;
+//   - @every <Go duration>, at least 1s, at most 87600h (10 × 365 days), in whole
+//     milliseconds.
+//
+// A one-off schedule is an RFC 3339 instant, see [ParseAt] and [At].
+//
+// Cron fields are parsed by github.com/robfig/cron/v3 (names such as "mon" and "jan",
+// ranges, lists, steps, "?" as "*"). Day-of-month and day-of-week follow robfig's
+// rule: when neither field contains an unstepped "*" (or "?"), a day matches if
+// EITHER field matches; otherwise both must match. Fire times are computed here, not
+// by robfig, because of the daylight-saving rules below.
+//
+// # Time zones and daylight saving
+//
+// Cron schedules and macros are evaluated on the wall clock of their IANA time zone.
+// Every matching wall-clock time (a "civil occurrence") fires at most once:
+//
+//   - Repeated hour (the clock falls back): a civil occurrence that happens twice
+//     fires at its FIRST instant only; during the second pass nothing fires again
+//     for a wall-clock time that already fired.
+//   - Skipped hour (the clock springs forward): a civil occurrence inside the gap is
+//     not lost; it fires once at the first instant after the gap, the transition
+//     instant itself. Several occurrences in one gap collapse into that single fire,
+//     also with an occurrence at exactly the end of the gap.
+//   - Wildcard hours/minutes get no extra runs: when the hour field or the minute
+//     field is a wildcard (its text starts with "*" or "?", such as "*" or "*/15";
+//     @hourly counts as "0 * * * *"), occurrences inside a gap are dropped instead of
+//     shifted, because such a schedule keeps firing at its regular rate right after
+//     the gap anyway.
+//
+// Under these rules the map from civil occurrence to instant is monotonic, so fire
+// times are strictly increasing, and Next(t) is exact for every t, including a t in
+// the second pass of a repeated hour: it returns the first fire after t and never a
+// second fire of a wall-clock time that already fired in the first pass.
+//
+// @every schedules and [At] ignore time zones and daylight saving entirely: they
+// live in absolute time.
+package schedule
+
+import (
+	"errors"
+	"fmt"
+	"math/bits"
+	"strings"
+	"sync"
+	"time"
+	_ "time/tzdata" // zones must resolve even on hosts without /usr/share/zoneinfo
+
+	"github.com/robfig/cron/v3"
+)
+
+// Limits on input.
+const (
+	// MaxSpecLength is the longest schedule text Parse accepts, in bytes.
+	MaxSpecLength = 256
+	// MinEvery and MaxEvery bound the duration of an @every schedule.
+	MinEvery = time.Second
+	MaxEvery = 10 * 365 * 24 * time.Hour
+
+	// horizonYears bounds the search for the next cron occurrence. The rarest
+	// satisfiable calendar pattern is February 29, at most 8 years apart
+	// (2096 → 2104).
+	horizonYears = 10
+	maxZoneName  = 128
+	maxAtLength  = 64
+)
+
+// Error codes returned in [Error].Code.
+const (
+	CodeInvalidSchedule = "invalid_schedule"
+	CodeInvalidTimezone = "invalid_timezone"
+	CodeEveryTooShort   = "every_too_short"
+	CodeInvalidAt       = "invalid_at"
+	CodeAtInPast        = "at_in_past"
+	CodeAtTooFar        = "at_too_far"
+)
+
+// Schedule yields fire times.
+type Schedule interface {
+	// Next returns the first fire time strictly after t, or the zero time if none
+	// remains. Implementations are safe for concurrent use.
+	Next(t time.Time) time.Time
+}
+
+// Error is a bad-input error: Code is a snake_case code (one of the Code
+// constants), Field the input field it concerns ("schedule", "timezone" or "at").
+// Message is meant for the user and never contains more than a fragment of the
+// input.
+type Error struct{ Code, Field, Message string }
+
+func (e *Error) Error() string {
+	return fmt.Sprintf("%s: %s (%s)", e.Code, e.Message, e.Field)
+}
+
+func scheduleError(format string, args ...any) *Error {
+	return &Error{Code: CodeInvalidSchedule, Field: "schedule", Message: fmt.Sprintf(format, args...)}
+}
+
+// Parse parses a recurring schedule in the IANA time zone tz ("" means "UTC").
+// anchor is the moment the schedule was set: @every fires at anchor + k·d for
+// k ≥ 1, in absolute time, so restarts never drift it. The anchor is truncated to
+// whole milliseconds, so every fire time of every Schedule returned by Parse is a
+// whole millisecond (cron: whole second). Cron schedules ignore the anchor.
+//
+// Fire times returned by Next carry tz's location; compare them as instants.
+//
+// Errors are *Error:
+//   - "invalid_schedule", Field "schedule": empty, longer than MaxSpecLength, not
+//     5 or 6 cron fields or a known macro, a field out of range, a TZ=/CRON_TZ=
+//     prefix (the zone is a separate field), a bad @every duration (not positive,
+//     above MaxEvery, not whole milliseconds), or a schedule that never fires.
+//   - "every_too_short", Field "schedule": @every between 0 and MinEvery.
+//   - "invalid_timezone", Field "timezone": tz is not a known IANA zone ("Local"
+//     included).
+func Parse(spec, tz string, anchor time.Time) (Schedule, error) {
+	if len(spec) > MaxSpecLength {
+		return nil, scheduleError("schedule is longer than %d characters", MaxSpecLength)
+	}
+	fields := strings.Fields(spec)
+	if len(fields) == 0 {
+		return nil, scheduleError("schedule is empty")
+	}
+	if f := fields[0]; strings.HasPrefix(f, "TZ=") || strings.HasPrefix(f, "CRON_TZ=") {
+		return nil, scheduleError("a time zone prefix is not allowed; set the timezone field instead")
+	}
+	loc, err := LoadLocation(tz)
+	if err != nil {
+		return nil, err
+	}
+	if fields[0] == "@every" {
+		return parseEvery(fields, loc, anchor)
+	}
+	if strings.HasPrefix(fields[0], "@") {
+		if len(fields) != 1 {
+			return nil, scheduleError("a macro takes no arguments")
+		}
+		expanded, ok := macros[fields[0]]
+		if !ok {
+			return nil, scheduleError("unknown macro %q (want @yearly, @annually, @monthly, @weekly, @daily, @midnight, @hourly or @every)", clip(fields[0]))
+		}
+		fields = strings.Fields(expanded)
+	}
+	if len(fields) != 5 && len(fields) != 6 {
+		return nil, scheduleError("cron needs 5 fields (minute hour day-of-month month day-of-week) or 6 (seconds first), got %d", len(fields))
+	}
+	s, err := parseCron(fields, loc)
+	if err != nil {
+		return nil, err
+	}
+	if s.Next(anchor).IsZero() {
+		return nil, scheduleError("schedule never fires")
+	}
+	return s, nil
+}
+
+// macros maps each macro to its 6-field cron equivalent (robfig's definitions).
+var macros = map[string]string{
+	"@yearly":   "0 0 0 1 1 *",
+	"@annually": "0 0 0 1 1 *",
+	"@monthly":  "0 0 0 1 * *",
+	"@weekly":   "0 0 0 * * 0",
+	"@daily":    "0 0 0 * * *",
+	"@midnight": "0 0 0 * * *",
+	"@hourly":   "0 0 * * * *",
+}
+
+var (
+	cronParser = cron.NewParser(cron.SecondOptional | cron.Minute | cron.Hour | cron.Dom | cron.Month | cron.Dow)
+	fieldNames = [6]string{"second", "minute", "hour", "day-of-month", "month", "day-of-week"}
+)
+
+func parseCron(fields []string, loc *time.Location) (*cronSchedule, error) {
+	six := fields
+	if len(six) == 5 {
+		six = append([]string{"0"}, fields...)
+	}
+	parsed, err := cronParser.Parse(strings.Join(six, " "))
+	if err != nil {
+		return nil, cronFieldError(six, err)
+	}
+	spec, ok := parsed.(*cron.SpecSchedule)
+	if !ok {
+		return nil, scheduleError("not a cron schedule")
+	}
+	const star = 1 << 63
+	wild := func(f string) bool { return strings.HasPrefix(f, "*") || strings.HasPrefix(f, "?") }
+	return &cronSchedule{
+		second:    spec.Second &^ star,
+		minute:    spec.Minute &^ star,
+		hour:      spec.Hour &^ star,
+		dom:       spec.Dom &^ star,
+		month:     spec.Month &^ star,
+		dow:       spec.Dow &^ star,
+		dayAnd:    spec.Dom&star != 0 || spec.Dow&star != 0,
+		dropInGap: wild(six[1]) || wild(six[2]),
+		loc:       loc,
+	}, nil
+}
+
+// cronFieldError names the first field robfig rejects, so the user sees which one
+// is wrong; robfig's own error does not say.
+func cronFieldError(six []string, whole error) *Error {
+	for i := range six {
+		probe := []string{"0", "0", "0", "*", "*", "*"}
+		probe[i] = six[i]
+		if _, err := cronParser.Parse(strings.Join(probe, " ")); err != nil {
+			return scheduleError("%s field %q: %v", fieldNames[i], clip(six[i]), err)
+		}
+	}
+	return scheduleError("%v", whole)
+}
+
+func clip(s string) string {
+	const n = 32
+	if len(s) > n {
+		return s[:n] + "…"
+	}
+	return s
+}
+
+func parseEvery(fields []string, loc *time.Location, anchor time.Time) (Schedule, error) {
+	if len(fields) != 2 {
+		return nil, scheduleError("@every needs exactly one duration, such as \"@every 90s\"")
+	}
+	d, err := time.ParseDuration(fields[1])
+	switch {
+	case err != nil:
+		return nil, scheduleError("@every duration %q is not a Go duration such as 90s, 1h30m or 1500ms", clip(fields[1]))
+	case d <= 0:
+		return nil, scheduleError("@every duration must be positive")
+	case d < MinEvery:
+		return nil, &Error{Code: CodeEveryTooShort, Field: "schedule", Message: fmt.Sprintf("@every duration must be at least %v", MinEvery)}
+	case d > MaxEvery:
+		return nil, scheduleError("@every duration must be at most %v", MaxEvery)
+	case d%time.Millisecond != 0:
+		return nil, scheduleError("@every duration must be a whole number of milliseconds")
+	}
+	return &everySchedule{anchor: anchor.Round(0).Truncate(time.Millisecond), every: d, loc: loc}, nil
+}
+
+// zones caches successfully loaded locations: time.LoadLocation reads and parses
+// the zone file on every call, and Parse runs for every job the platform loads.
+var zones sync.Map // zone name → *time.Location
+
+// LoadLocation returns the IANA time zone name ("" means UTC). "Local" is refused:
+// a job's zone must not depend on the host. Locations are cached, so repeated calls
+// are cheap. The error is an *Error with Code "invalid_timezone", Field "timezone".
+func LoadLocation(name string) (*time.Location, error) {
+	if name == "" || name == "UTC" {
+		return time.UTC, nil
+	}
+	if v, ok := zones.Load(name); ok {
+		return v.(*time.Location), nil
+	}
+	bad := &Error{Code: CodeInvalidTimezone, Field: "timezone", Message: fmt.Sprintf("unknown time zone %q; use an IANA name such as Europe/Paris", clip(name))}
+	if name == "Local" || len(name) > maxZoneName {
+		return nil, bad
+	}
+	loc, err := time.LoadLocation(name)
+	if err != nil {
+		return nil, bad
+	}
+	v, _ := zones.LoadOrStore(name, loc)
+	return v.(*time.Location), nil
+}
+
+// ParseAt parses a one-off schedule: an RFC 3339 instant (any offset, fraction
+// optional) that must be strictly after now and at most one calendar year ahead
+// (now.AddDate(1, 0, 0), included). The instant is truncated to whole milliseconds,
+// the precision of the wire format, before it is checked, and returned in UTC.
+//
+// Errors are *Error with Field "at": Code "invalid_at" (not RFC 3339),
+// "at_in_past" (not after now) or "at_too_far".
+func ParseAt(s string, now time.Time) (time.Time, error) {
+	var at time.Time
+	err := errors.New("too long")
+	if len(s) <= maxAtLength {
+		at, err = time.Parse(time.RFC3339Nano, s)
+	}
+	if err != nil {
+		return time.Time{}, &Error{Code: CodeInvalidAt, Field: "at", Message: "at must be an RFC 3339 instant such as 2026-10-09T09:00:00Z"}
+	}
+	at = at.UTC().Truncate(time.Millisecond)
+	if !at.After(now) {
+		return time.Time{}, &Error{Code: CodeAtInPast, Field: "at", Message: "at must be in the future"}
+	}
+	if at.After(now.AddDate(1, 0, 0)) {
+		return time.Time{}, &Error{Code: CodeAtTooFar, Field: "at", Message: "at must be at most one year ahead"}
+	}
+	return at, nil
+}
+
+// At is a Schedule that fires once, at its instant.
+type At time.Time
+
+// Next returns the instant of a if it is strictly after t, else the zero time.
+func (a At) Next(t time.Time) time.Time {
+	if at := time.Time(a); at.After(t) {
+		return at
+	}
+	return time.Time{}
+}
+
+// NextN returns up to n fire times of s strictly after t, in increasing order;
+// fewer when the schedule runs out. It returns nil for n ≤ 0. The result has
+// length at most n, so callers bound n.
+func NextN(s Schedule, t time.Time, n int) []time.Time {
+	if n <= 0 {
+		return nil
+	}
+	out := make([]time.Time, 0, min(n, 128))
+	for range n {
+		t = s.Next(t)
+		if t.IsZero() {
+			break
+		}
+		out = append(out, t)
+	}
+	return out
+}
+
+// everySchedule fires at anchor + k·every, k ≥ 1.
+type everySchedule struct {
+	anchor time.Time
+	every  time.Duration
+	loc    *time.Location
+}
+
+func (s *everySchedule) Next(t time.Time) time.Time {
+	if t.Before(s.anchor) {
+		return s.anchor.Add(s.every).In(s.loc)
+	}
+	// elapsed = t − anchor ≥ 0 can exceed time.Duration's range (292 years), so
+	// compute elapsed mod every in 128 bits: fire = t − rem + every.
+	sec := t.Unix() - s.anchor.Unix()
+	nsec := int64(t.Nanosecond()) - int64(s.anchor.Nanosecond())
+	if nsec < 0 {
+		sec--
+		nsec += 1e9
+	}
+	hi, lo := bits.Mul64(uint64(sec), 1e9)
+	lo, carry := bits.Add64(lo, uint64(nsec), 0)
+	hi += carry
+	// Div64 needs hi < every: sec < 2^63 gives hi < 2^63·10^9/2^64 = 5·10^8 ns,
+	// below MinEvery.
+	_, rem := bits.Div64(hi, lo, uint64(s.every))
+	return t.Add(s.every - time.Duration(rem)).In(s.loc)
+}
+
+// cronSchedule is a parsed cron expression evaluated on the wall clock of loc.
+// Field masks hold bit v for each allowed value v (robfig's layout, star bit
+// removed).
+type cronSchedule struct {
+	second, minute, hour, dom, month, dow uint64
+	// dayAnd: day-of-month AND day-of-week must match (one of them has a "*");
+	// otherwise either suffices.
+	dayAnd bool
+	// dropInGap: occurrences in a spring-forward gap are dropped instead of
+	// shifted to the gap's end (hour or minute field is a wildcard).
+	dropInGap bool
+	loc       *time.Location
+}
+
+// Next implements Schedule. It walks matching civil (wall-clock) times forward from
+// the wall clock of t, skipping field by field, and maps each one to an instant with
+// the daylight-saving rules of the package comment.
+func (s *cronSchedule) Next(t time.Time) time.Time {
+	t = t.In(s.loc)
+	_, off := t.Zone()
+	start := t.Unix() + int64(off) + 1 // first whole civil second after t's wall clock
+	if s.loc != time.UTC {
+		// In the second pass of a repeated hour, the civil times up to the end of
+		// the repeated range already fired during the first pass: start after it.
+		if zs, _ := t.ZoneBounds(); !zs.IsZero() {
+			if _, prev := zs.Add(-1).Zone(); prev > off {
+				start = max(start, zs.Unix()+int64(prev))
+			}
+		}
+	}
+	c := civilOf(start)
+	limit := c.year + horizonYears
+	for {
+		var ok bool
+		if c, ok = s.nextCivil(c, limit); !ok {
+			return time.Time{}
+		}
+		at, inGap := s.resolve(c)
+		switch {
+		case inGap && at.IsZero():
+			c = civilOf(c.seconds() + 1) // gap with unknown end (bad zone data): drop
+		case inGap:
+			if !s.dropInGap && at.After(t) {
+				return at
+			}
+			// Every other occurrence in this gap maps to the same instant (or is
+			// dropped too): resume at the first civil time after the gap.
+			_, o := at.Zone()
+			c = civilOf(max(c.seconds()+1, at.Unix()+int64(o)))
+		case at.After(t):
+			return at
+		default:
+			// Unreachable with well-formed zone data (see the start above); kept
+			// so that Next never returns a time at or before t.
+			c = civilOf(c.seconds() + 1)
+		}
+	}
+}
+
+// resolve maps civil time c to the instant it fires at: its first occurrence, or,
+// when c falls in a spring-forward gap (inGap), the end of the gap, which is the
+// transition instant. That end is zero only if the zone data are inconsistent.
+func (s *cronSchedule) resolve(c civil) (at time.Time, inGap bool) {
+	t0 := time.Date(c.year, time.Month(c.month), c.day, c.hour, c.minute, c.second, 0, s.loc)
+	if s.loc == time.UTC {
+		return t0, false
+	}
+	_, off := t0.Zone()
+	cs := c.seconds()
+	if wall := t0.Unix() + int64(off); wall != cs {
+		// c does not exist. time.Date chose either the offset from before the gap
+		// (t0 is past the transition, its wall clock later than c) or the one from
+		// after it (t0 is before the transition).
+		zs, ze := t0.ZoneBounds()
+		if wall > cs {
+			return zs, true
+		}
+		return ze, true
+	}
+	// c exists. time.Date does not promise which of two occurrences it returns, so
+	// look for an earlier one in the zone period before t0's, across a fall-back.
+	if zs, _ := t0.ZoneBounds(); !zs.IsZero() {
+		if _, prev := zs.Add(-1).Zone(); prev > off {
+			if first := cs - int64(prev); first < zs.Unix() {
+				return time.Unix(first, 0).In(s.loc), false
+			}
+		}
+	}
+	return t0, false
+}
+
+// civil is a wall-clock time to the second, in the proleptic Gregorian calendar.
+type civil struct{ year, month, day, hour, minute, second int }
+
+// civilOf returns the civil time sec seconds after 1970-01-01T00:00:00 (wall clock).
+func civilOf(sec int64) civil {
+	days := floorDiv(sec, 86400)
+	rem := int(sec - days*86400)
+	y, m, d := civilFromDays(days)
+	return civil{y, m, d, rem / 3600, rem / 60 % 60, rem % 60}
+}
+
+// seconds is the inverse of civilOf.
+func (c civil) seconds() int64 {
+	return daysFromCivil(c.year, c.month, c.day)*86400 + int64(c.hour*3600+c.minute*60+c.second)
+}
+
+// nextCivil returns the first civil time ≥ c that matches every field, searching
+// no later than the end of year limit. Like robfig, it advances the largest field
+// that does not match and resets the smaller ones, so a call costs a handful of
+// steps rather than one per second.
+func (s *cronSchedule) nextCivil(c civil, limit int) (civil, bool) {
+	for c.year <= limit {
+		if m := nextBit(s.month, c.month); m != c.month {
+			if m < 0 {
+				c = civil{year: c.year + 1, month: 1, day: 1}
+				continue
+			}
+			c = civil{year: c.year, month: m, day: 1}
+		}
+		if d := s.nextDay(c.year, c.month, c.day); d != c.day {
+			if d < 0 {
+				c = civil{year: c.year, month: c.month + 1, day: 1}
+				if c.month > 12 {
+					c = civil{year: c.year + 1, month: 1, day: 1}
+				}
+				continue
+			}
+			c = civil{year: c.year, month: c.month, day: d}
+		}
+		if h := nextBit(s.hour, c.hour); h != c.hour {
+			if h < 0 {
+				c = civil{year: c.year, month: c.month, day: c.day + 1} // nextDay handles overflow
+				continue
+			}
+			c.hour, c.minute, c.second = h, 0, 0
+		}
+		if m := nextBit(s.minute, c.minute); m != c.minute {
+			if m < 0 {
+				c.hour, c.minute, c.second = c.hour+1, 0, 0
+				continue
+			}
+			c.minute, c.second = m, 0
+		}
+		if sec := nextBit(s.second, c.second); sec != c.second {
+			if sec < 0 {
+				c.minute, c.second = c.minute+1, 0
+				continue
+			}
+			c.second = sec
+		}
+		return c, true
+	}
+	return civil{}, false
+}
+
+// nextDay returns the first day ≥ d of month m in year y that matches the day
+// fields, or -1 if none is left in that month.
+func (s *cronSchedule) nextDay(y, m, d int) int {
+	last := daysIn(y, m)
+	if d > last {
+		return -1
+	}
+	wd := weekday(daysFromCivil(y, m, d))
+	for ; d <= last; d++ {
+		domOK := s.dom&(1<<d) != 0
+		dowOK := s.dow&(1<<wd) != 0
+		if s.dayAnd && domOK && dowOK || !s.dayAnd && (domOK || dowOK) {
+			return d
+		}
+		wd = (wd + 1) % 7
+	}
+	return -1
+}
+
+// nextBit returns the lowest set bit of mask at or above from, or -1.
+func nextBit(mask uint64, from int) int {
+	if from > 63 {
+		return -1
+	}
+	if m := mask >> from << from; m != 0 {
+		return bits.TrailingZeros64(m)
+	}
+	return -1
+}
+
+func daysIn(y, m int) int {
+	switch m {
+	case 2:
+		if y%4 == 0 && (y%100 != 0 || y%400 == 0) {
+			return 29
+		}
+		return 28
+	case 4, 6, 9, 11:
+		return 30
+	}
+	return 31
+}
+
+// weekday returns the day of the week (Sunday = 0) of a day counted from 1970-01-01.
+func weekday(days int64) int {
+	return int(floorMod(days+4, 7)) // 1970-01-01 was a Thursday
+}
+
+// daysFromCivil and civilFromDays convert between dates and days since 1970-01-01
+// (Howard Hinnant's algorithms).
+func daysFromCivil(y, m, d int) int64 {
+	yy := int64(y)
+	if m <= 2 {
+		yy--
+	}
+	era := floorDiv(yy, 400)
+	yoe := yy - era*400
+	mp := int64(m+9) % 12 // March = 0
+	doy := (153*mp+2)/5 + int64(d) - 1
+	doe := yoe*365 + yoe/4 - yoe/100 + doy
+	return era*146097 + doe - 719468
+}
+
+func civilFromDays(z int64) (y, m, d int) {
+	z += 719468
+	era := floorDiv(z, 146097)
+	doe := z - era*146097
+	yoe := (doe - doe/1460 + doe/36524 - doe/146096) / 365
+	doy := doe - (365*yoe + yoe/4 - yoe/100)
+	mp := (5*doy + 2) / 153
+	d = int(doy - (153*mp+2)/5 + 1)
+	m = int((mp+2)%12 + 1)
+	y = int(yoe + era*400)
+	if m <= 2 {
+		y++
+	}
+	return y, m, d
+}
+
+func floorDiv(a, b int64) int64 {
+	q := a / b
+	if a%b != 0 && (a < 0) != (b < 0) {
+		q--
+	}
+	return q
+}
+
+func floorMod(a, b int64) int64 { return a - floorDiv(a, b)*b }
