@@ -1,0 +1,18 @@
+package api
+
+import "net/http"
+
+// Routes lists "METHOD /pattern" of every route the Server registered.
+func (s *Server) Routes() []string {
+	out := make([]string, 0, len(s.routes))
+	for _, rt := range s.routes {
+		out = append(out, rt.method+" "+rt.path)
+	}
+	return out
+}
+
+// MuxPattern is the pattern the Server's mux picks for r ("" when none).
+func (s *Server) MuxPattern(r *http.Request) string {
+	_, p := s.mux.Handler(r)
+	return p
+}

@@ -1,0 +1,266 @@
+package api
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"net/http"
+	"time"
+
+	"github.com/vibejobs/vibejobs"
+)
+
+const (
+	// idempotencyTTL is how long a key is remembered (per project).
+	idempotencyTTL = 24 * time.Hour
+	// abandonedAfter is when an in-progress key is taken to belong to a
+	// request that died with its process: a new request may take it over.
+	abandonedAfter = 60 * time.Second
+	maxKeyLength   = 255
+	// sealedKeyHeader marks a stored answer whose body is sealed under the
+	// master key it names. It is never sent to a client.
+	sealedKeyHeader = "Vibejobs-Sealed-Key"
+	replayedHeader  = "Idempotent-Replayed"
+)
+
+func checkIdempotencyKey(values []string) *vibejobs.Error {
+	if len(values) == 0 {
+		return invalid("idempotency_key_required", "Idempotency-Key", "this request needs an Idempotency-Key header: a fresh random value per logical operation, reused on retries")
+	}
+	if len(values) > 1 {
+		return invalid("invalid_idempotency_key", "Idempotency-Key", "send the Idempotency-Key header once")
+	}
+	k := values[0]
+	if len(k) < 1 || len(k) > maxKeyLength {
+		return invalid("invalid_idempotency_key", "Idempotency-Key", "the Idempotency-Key must be 1 to 255 printable ASCII characters")
+	}
+	for i := 0; i < len(k); i++ {
+		if k[i] < 0x21 || k[i] > 0x7e {
+			return invalid("invalid_idempotency_key", "Idempotency-Key", "the Idempotency-Key must be 1 to 255 printable ASCII characters")
+		}
+	}
+	return nil
+}
+
+// requestHash identifies a request for key reuse: method, path with query
+// and the body bytes.
+func requestHash(r *http.Request, body []byte) []byte {
+	h := sha256.New()
+	h.Write([]byte(r.Method))
+	h.Write([]byte{' '})
+	h.Write([]byte(r.URL.EscapedPath()))
+	if r.URL.RawQuery != "" {
+		h.Write([]byte{'?'})
+		h.Write([]byte(r.URL.RawQuery))
+	}
+	h.Write([]byte{'\n'})
+	h.Write(body)
+	return h.Sum(nil)
+}
+
+// idempotent runs a creating or changing POST under its Idempotency-Key
+// (SEMANTICS.md section 5):
+//
+//   - the key is claimed in its own short transaction (in progress);
+//   - the effect and the key's completed record (status, headers, body)
+//     commit in one transaction; an error a user can act on rolls the effect
+//     back and is stored as the answer, so a retry gets the same answer;
+//   - an internal failure deletes the key so a retry may proceed;
+//   - the same key with another request is 422, while in progress 409 with
+//     Retry-After (a claim older than abandonedAfter is taken over), and
+//     after completion the stored answer byte for byte with
+//     Idempotent-Replayed: true.
+func (s *Server) idempotent(ctx context.Context, c *call, effect func(context.Context, *call, vibejobs.Tx) (*response, error)) *response {
+	values := c.r.Header.Values("Idempotency-Key")
+	if e := checkIdempotencyKey(values); e != nil {
+		return errorResponse(e)
+	}
+	key, project := values[0], c.projectID()
+	hash := requestHash(c.r, c.body)
+
+	rec, err := s.store.GetIdempotencyKey(ctx, project, key, c.now)
+	switch {
+	case err == nil:
+		if resp, err := s.answerFromRecord(rec, hash, c.now); err != nil {
+			return s.fail(c, err)
+		} else if resp != nil {
+			return resp
+		}
+	case vibejobs.ErrorKind(err) != vibejobs.ENOTFOUND:
+		return s.fail(c, err)
+	}
+
+	// Claim the key. A concurrent claim that won makes ours ECONFLICT; the
+	// loop then reads the winner's record.
+	var existing *response
+	for attempt := 0; ; attempt++ {
+		err = s.store.Update(ctx, func(tx vibejobs.Tx) error {
+			existing = nil
+			rec, err := tx.GetIdempotencyKey(ctx, project, key, c.now)
+			switch {
+			case err == nil:
+				resp, err := s.answerFromRecord(rec, hash, c.now)
+				if err != nil {
+					return err
+				}
+				if resp != nil {
+					existing = resp
+					return nil
+				}
+				if err := tx.DeleteIdempotencyKey(ctx, project, key); err != nil {
+					return err
+				}
+			case vibejobs.ErrorKind(err) != vibejobs.ENOTFOUND:
+				return err
+			}
+			return tx.InsertIdempotencyKey(ctx, &vibejobs.IdempotencyRecord{
+				ProjectID: project, Key: key, RequestHash: hash,
+				CreatedAt: c.now, ExpiresAt: c.now.Add(idempotencyTTL),
+			})
+		})
+		if vibejobs.ErrorKind(err) == vibejobs.ECONFLICT && attempt < 3 {
+			continue
+		}
+		break
+	}
+	if vibejobs.ErrorKind(err) == vibejobs.ECONFLICT {
+		return inProgress()
+	}
+	if err != nil {
+		return s.fail(c, err)
+	}
+	if existing != nil {
+		return existing
+	}
+
+	// The key is ours. If anything below panics, free it for a retry.
+	done := false
+	defer func() {
+		if !done {
+			s.releaseKey(project, key)
+		}
+	}()
+	var resp *response
+	var userErr *vibejobs.Error
+	err = s.store.Update(ctx, func(tx vibejobs.Tx) error {
+		resp, userErr, c.wake = nil, nil, false
+		r, err := effect(ctx, c, tx)
+		if err != nil {
+			if e := userError(err); e != nil {
+				userErr = e
+				return errRollback
+			}
+			return err
+		}
+		rec, err := s.completedRecord(project, key, hash, r, c.now)
+		if err != nil {
+			return err
+		}
+		if err := tx.CompleteIdempotencyKey(ctx, rec); err != nil {
+			// Not the user's doing, whatever its kind (the key may have
+			// been taken over): answer 500 and free the key.
+			return fmt.Errorf("api: completing idempotency key: %s", err)
+		}
+		resp = r
+		return nil
+	})
+	if userErr != nil && errors.Is(err, errRollback) {
+		// The effect was refused: nothing of it committed. The refusal is the
+		// answer to this key from now on.
+		resp = errorResponse(userErr)
+		c.wake = false
+		err = s.store.Update(ctx, func(tx vibejobs.Tx) error {
+			rec, err := s.completedRecord(project, key, hash, resp, c.now)
+			if err != nil {
+				return err
+			}
+			if err := tx.CompleteIdempotencyKey(ctx, rec); err != nil {
+				return fmt.Errorf("api: completing idempotency key: %s", err)
+			}
+			return nil
+		})
+	}
+	if err != nil {
+		return s.fail(c, err) // the deferred release frees the key
+	}
+	done = true
+	if c.wake {
+		s.wake()
+	}
+	return resp
+}
+
+// releaseKey deletes a claimed key whose request failed, even when the
+// request's context is gone.
+func (s *Server) releaseKey(project, key string) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	err := s.store.Update(ctx, func(tx vibejobs.Tx) error {
+		return tx.DeleteIdempotencyKey(ctx, project, key)
+	})
+	if err != nil && vibejobs.ErrorKind(err) != vibejobs.ENOTFOUND {
+		s.log.Error("api: releasing an idempotency key after a failure", "project", project, "error", err.Error())
+	}
+}
+
+func inProgress() *response {
+	return errorResponse(&vibejobs.Error{Kind: vibejobs.ECONFLICT, Code: "idempotency_key_in_progress",
+		Message: "a request with this Idempotency-Key is still in progress; retry later", Field: "Idempotency-Key"}).
+		with("Retry-After", "1")
+}
+
+// answerFromRecord decides what an existing record means for a request with
+// hash: a 422 for another request, a 409 while in progress, the stored answer
+// once done, or nil (take the key over) when the first request was abandoned.
+func (s *Server) answerFromRecord(rec *vibejobs.IdempotencyRecord, hash []byte, now time.Time) (*response, error) {
+	if !bytes.Equal(rec.RequestHash, hash) {
+		return errorResponse(&vibejobs.Error{Kind: vibejobs.EUNPROCESSABLE, Code: "idempotency_key_reuse_conflict",
+			Message: "this Idempotency-Key was used with another request", Field: "Idempotency-Key"}), nil
+	}
+	if !rec.Done {
+		if now.Sub(rec.CreatedAt) >= abandonedAfter {
+			return nil, nil
+		}
+		return inProgress(), nil
+	}
+	resp := &response{status: rec.ResponseStatus, header: map[string]string{}, body: rec.ResponseBody}
+	for k, v := range rec.ResponseHeaders {
+		if k != sealedKeyHeader {
+			resp.header[k] = v
+		}
+	}
+	if keyID, ok := rec.ResponseHeaders[sealedKeyHeader]; ok {
+		plain, err := s.sealer.Open(vibejobs.SealedSecret{KeyID: keyID, Ciphertext: rec.ResponseBody}, recordAAD(rec.ProjectID, rec.Key))
+		if err != nil {
+			return nil, err
+		}
+		resp.body = []byte(plain)
+	}
+	resp.header[replayedHeader] = "true"
+	return resp, nil
+}
+
+// completedRecord is the record of key answered by r. The body is sealed:
+// the answer that creates a job or mints a token holds its secret in clear,
+// and no secret may rest in the database unencrypted.
+func (s *Server) completedRecord(project, key string, hash []byte, r *response, now time.Time) (*vibejobs.IdempotencyRecord, error) {
+	sealed, err := s.sealer.Seal(string(r.body), recordAAD(project, key))
+	if err != nil {
+		return nil, err
+	}
+	h := make(map[string]string, len(r.header)+1)
+	for k, v := range r.header {
+		h[k] = v
+	}
+	h[sealedKeyHeader] = sealed.KeyID
+	return &vibejobs.IdempotencyRecord{
+		ProjectID: project, Key: key, RequestHash: hash, Done: true,
+		ResponseStatus: r.status, ResponseHeaders: h, ResponseBody: sealed.Ciphertext,
+		CreatedAt: now, ExpiresAt: now.Add(idempotencyTTL),
+	}, nil
+}
+
+// recordAAD binds a sealed answer to its project and key.
+func recordAAD(project, key string) string { return "idempotency\x00" + project + "\x00" + key }

@@ -1,0 +1,384 @@
+package api
+
+import (
+	"context"
+	"net/http"
+	"net/url"
+	"strconv"
+	"time"
+
+	"github.com/vibejobs/vibejobs"
+	"github.com/vibejobs/vibejobs/contract"
+	"github.com/vibejobs/vibejobs/internal/schedule"
+)
+
+// jobJSON is the wire form of a job. It never holds the secret; see jobWithSecret.
+type jobJSON struct {
+	ID          string      `json:"id"`
+	Name        string      `json:"name"`
+	Schedule    *string     `json:"schedule"`
+	At          *apiTime    `json:"at"`
+	Timezone    string      `json:"timezone"`
+	URL         string      `json:"url"`
+	Enabled     bool        `json:"enabled"`
+	State       string      `json:"state"`
+	Retry       retryJSON   `json:"retry"`
+	Timeout     string      `json:"timeout"`
+	CatchUp     string      `json:"catchUp"`
+	NextRunAt   *apiTime    `json:"nextRunAt"`
+	LastRun     *runRefJSON `json:"lastRun"`
+	SkippedRuns int64       `json:"skippedRuns"`
+	CreatedAt   apiTime     `json:"createdAt"`
+	UpdatedAt   apiTime     `json:"updatedAt"`
+}
+
+// jobWithSecret is the answer of create and rotate-secret: the only two
+// answers that carry a job's secret.
+type jobWithSecret struct {
+	jobJSON
+	Secret string `json:"secret"`
+}
+
+type retryJSON struct {
+	MaxAttempts int    `json:"maxAttempts"`
+	MinBackoff  string `json:"minBackoff"`
+	MaxBackoff  string `json:"maxBackoff"`
+}
+
+type runRefJSON struct {
+	ID           string  `json:"id"`
+	State        string  `json:"state"`
+	ScheduledFor apiTime `json:"scheduledFor"`
+}
+
+func jobView(j *vibejobs.Job) jobJSON {
+	v := jobJSON{
+		ID:       j.ID,
+		Name:     j.Name,
+		At:       timePtr(j.At),
+		Timezone: j.Timezone,
+		URL:      j.URL,
+		Enabled:  j.Enabled,
+		State:    string(j.State),
+		Retry: retryJSON{
+			MaxAttempts: j.Retry.MaxAttempts,
+			MinBackoff:  formatDuration(j.Retry.MinBackoff),
+			MaxBackoff:  formatDuration(j.Retry.MaxBackoff),
+		},
+		Timeout:     formatDuration(j.Timeout),
+		CatchUp:     string(j.CatchUp),
+		NextRunAt:   timePtr(j.NextRunAt),
+		SkippedRuns: j.SkippedRuns,
+		CreatedAt:   apiTime(j.CreatedAt),
+		UpdatedAt:   apiTime(j.UpdatedAt),
+	}
+	if j.At == nil {
+		sch := j.Schedule
+		v.Schedule = &sch
+	}
+	if j.LastRun != nil {
+		v.LastRun = &runRefJSON{ID: j.LastRun.ID, State: string(j.LastRun.State), ScheduledFor: apiTime(j.LastRun.ScheduledFor)}
+	}
+	return v
+}
+
+type jobListJSON struct {
+	Jobs       []jobJSON `json:"jobs"`
+	NextCursor *string   `json:"nextCursor"`
+}
+
+type nextJSON struct {
+	JobID string    `json:"jobId"`
+	Times []apiTime `json:"times"`
+}
+
+func errJobCompleted() *vibejobs.Error {
+	return &vibejobs.Error{Kind: vibejobs.ECONFLICT, Code: "job_completed", Field: "enabled",
+		Message: "this one-off job has run; give it a new at (or a schedule) to run it again"}
+}
+
+// jobSchedule is the schedule a job follows now.
+func jobSchedule(j *vibejobs.Job) (schedule.Schedule, error) {
+	if j.At != nil {
+		return schedule.At(*j.At), nil
+	}
+	return schedule.Parse(j.Schedule, j.Timezone, j.ScheduleAnchor)
+}
+
+// plan sets a job's state and NextRunAt after it was created or changed at
+// now. before is the job as it was (nil when creating); changed says that its
+// schedule, time zone or at changed. Runs materialised ahead of time that a
+// pause or a schedule change withdraws are deleted.
+func plan(ctx context.Context, tx vibejobs.Tx, j, before *vibejobs.Job, changed bool, now time.Time) error {
+	if changed {
+		// The change takes effect from the next occurrence after now;
+		// @every counts from here.
+		j.ScheduleAnchor = now
+	}
+	if before != nil && before.State == vibejobs.JobCompleted && !changed {
+		// A one-off job that has run stays completed; only a new at (or a
+		// schedule) revives it. Disabling it changes nothing else.
+		if j.Enabled && !before.Enabled {
+			return errJobCompleted()
+		}
+		return nil
+	}
+	withdraw := before != nil && before.Enabled && (!j.Enabled || changed)
+	if withdraw {
+		if _, err := tx.DeleteFutureRuns(ctx, j.ID, now); err != nil {
+			return err
+		}
+	}
+	if !j.Enabled {
+		j.State, j.NextRunAt = vibejobs.JobPaused, nil
+		return nil
+	}
+	if before != nil && before.Enabled && before.State == vibejobs.JobActive && !changed {
+		return nil // running on as it was
+	}
+	// Created, resumed or rescheduled: the next occurrence after now
+	// (occurrences while paused are skipped for good).
+	sch, err := jobSchedule(j)
+	if err != nil {
+		return err
+	}
+	j.State, j.NextRunAt = vibejobs.JobActive, nil
+	if next := sch.Next(now); !next.IsZero() {
+		next = next.UTC()
+		j.NextRunAt = &next
+	} else if j.At != nil {
+		// A one-off whose instant passed while it was paused.
+		j.State = vibejobs.JobCompleted
+	}
+	return nil
+}
+
+func (s *Server) createJob(ctx context.Context, c *call, tx vibejobs.Tx) (*response, error) {
+	in, e := parseJobInput(c.body)
+	if e != nil {
+		return nil, e
+	}
+	j := newJobDefaults(c.projectID())
+	if _, e := s.applyJobInput(j, in, c.now, true); e != nil {
+		return nil, e
+	}
+	n, err := tx.CountJobs(ctx, c.projectID())
+	if err != nil {
+		return nil, err
+	}
+	if n >= s.maxJobs {
+		return nil, &vibejobs.Error{Kind: vibejobs.ECONFLICT, Code: "too_many_jobs",
+			Message: "this project has reached its limit of " + strconv.Itoa(s.maxJobs) + " jobs; delete some first"}
+	}
+	j.ID = vibejobs.NewID("job_", c.now, s.rand)
+	secret, err := contract.NewSecret(s.rand)
+	if err != nil {
+		return nil, err
+	}
+	if j.Secret, err = s.sealer.Seal(secret, j.ID); err != nil {
+		return nil, err
+	}
+	j.CreatedAt, j.UpdatedAt = c.now, c.now
+	if err := plan(ctx, tx, j, nil, true, c.now); err != nil {
+		return nil, err
+	}
+	if err := tx.CreateJob(ctx, j); err != nil {
+		return nil, err
+	}
+	c.info.job, c.wake = j.ID, true
+	return jsonResponse(http.StatusCreated, jobWithSecret{jobView(j), secret}).with("Location", "/v1/jobs/"+j.ID), nil
+}
+
+func (s *Server) getJob(ctx context.Context, c *call) (*response, error) {
+	id := c.r.PathValue("id")
+	c.info.job = id
+	j, err := s.store.GetJob(ctx, c.projectID(), id)
+	if err != nil {
+		return nil, err
+	}
+	return jsonResponse(http.StatusOK, jobView(j)), nil
+}
+
+func (s *Server) listJobs(ctx context.Context, c *call) (*response, error) {
+	p, e := pageOf(c.r.URL.Query())
+	if e != nil {
+		return nil, e
+	}
+	jobs, next, err := s.store.ListJobs(ctx, c.projectID(), p)
+	if err != nil {
+		return nil, err
+	}
+	out := jobListJSON{Jobs: make([]jobJSON, 0, len(jobs)), NextCursor: cursorPtr(next)}
+	for _, j := range jobs {
+		out.Jobs = append(out.Jobs, jobView(j))
+	}
+	return jsonResponse(http.StatusOK, out), nil
+}
+
+// changeJob reads job id, lets change alter it, and writes it back with its
+// state and next run planned, in one transaction. It answers the job as
+// stored.
+func (s *Server) changeJob(ctx context.Context, c *call, tx vibejobs.Tx, change func(j *vibejobs.Job) (changed bool, e *vibejobs.Error)) (*vibejobs.Job, error) {
+	id := c.r.PathValue("id")
+	c.info.job = id
+	j, err := tx.GetJob(ctx, c.projectID(), id)
+	if err != nil {
+		return nil, err
+	}
+	before := *j
+	changed, e := change(j)
+	if e != nil {
+		return nil, e
+	}
+	if err := plan(ctx, tx, j, &before, changed, c.now); err != nil {
+		return nil, err
+	}
+	j.UpdatedAt = c.now
+	if err := tx.UpdateJob(ctx, j); err != nil {
+		return nil, err
+	}
+	c.wake = true
+	return tx.GetJob(ctx, c.projectID(), id)
+}
+
+func (s *Server) patchJob(ctx context.Context, c *call) (*response, error) {
+	in, e := parseJobInput(c.body)
+	if e != nil {
+		return nil, e
+	}
+	var out *vibejobs.Job
+	err := s.store.Update(ctx, func(tx vibejobs.Tx) error {
+		j, err := s.changeJob(ctx, c, tx, func(j *vibejobs.Job) (bool, *vibejobs.Error) {
+			wasCompleted := j.State == vibejobs.JobCompleted
+			changed, e := s.applyJobInput(j, in, c.now, false)
+			if e == nil && wasCompleted && !changed && in.enabled != nil && *in.enabled {
+				e = errJobCompleted()
+			}
+			return changed, e
+		})
+		out = j
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	return jsonResponse(http.StatusOK, jobView(out)), nil
+}
+
+func (s *Server) setEnabled(enabled bool) func(ctx context.Context, c *call, tx vibejobs.Tx) (*response, error) {
+	return func(ctx context.Context, c *call, tx vibejobs.Tx) (*response, error) {
+		if e := decodeEmpty(c.body); e != nil {
+			return nil, e
+		}
+		j, err := s.changeJob(ctx, c, tx, func(j *vibejobs.Job) (bool, *vibejobs.Error) {
+			if enabled && j.State == vibejobs.JobCompleted {
+				return false, errJobCompleted()
+			}
+			j.Enabled = enabled
+			return false, nil
+		})
+		if err != nil {
+			return nil, err
+		}
+		return jsonResponse(http.StatusOK, jobView(j)), nil
+	}
+}
+
+func (s *Server) pauseJob(ctx context.Context, c *call, tx vibejobs.Tx) (*response, error) {
+	return s.setEnabled(false)(ctx, c, tx)
+}
+
+func (s *Server) resumeJob(ctx context.Context, c *call, tx vibejobs.Tx) (*response, error) {
+	return s.setEnabled(true)(ctx, c, tx)
+}
+
+func (s *Server) deleteJob(ctx context.Context, c *call) (*response, error) {
+	id := c.r.PathValue("id")
+	c.info.job = id
+	err := s.store.Update(ctx, func(tx vibejobs.Tx) error {
+		return tx.DeleteJob(ctx, c.projectID(), id, c.now)
+	})
+	if err != nil {
+		return nil, err
+	}
+	return emptyResponse(http.StatusNoContent), nil
+}
+
+func (s *Server) rotateSecret(ctx context.Context, c *call, tx vibejobs.Tx) (*response, error) {
+	if e := decodeEmpty(c.body); e != nil {
+		return nil, e
+	}
+	id := c.r.PathValue("id")
+	c.info.job = id
+	j, err := tx.GetJob(ctx, c.projectID(), id)
+	if err != nil {
+		return nil, err
+	}
+	secret, err := contract.NewSecret(s.rand)
+	if err != nil {
+		return nil, err
+	}
+	sealed, err := s.sealer.Seal(secret, j.ID)
+	if err != nil {
+		return nil, err
+	}
+	j.Secret, j.UpdatedAt = sealed, c.now
+	if err := tx.UpdateJob(ctx, j); err != nil {
+		return nil, err
+	}
+	return jsonResponse(http.StatusOK, jobWithSecret{jobView(j), secret}), nil
+}
+
+func (s *Server) nextFireTimes(ctx context.Context, c *call) (*response, error) {
+	n := 5
+	if v, ok := c.r.URL.Query()["count"]; ok {
+		var err error
+		n, err = strconv.Atoi(v[0])
+		if err != nil || len(v) != 1 || n < 1 || n > 100 {
+			return nil, invalid("invalid_count", "count", "count must be an integer from 1 to 100")
+		}
+	}
+	id := c.r.PathValue("id")
+	c.info.job = id
+	j, err := s.store.GetJob(ctx, c.projectID(), id)
+	if err != nil {
+		return nil, err
+	}
+	out := nextJSON{JobID: j.ID, Times: []apiTime{}}
+	if j.State != vibejobs.JobCompleted {
+		sch, err := jobSchedule(j)
+		if err != nil {
+			return nil, err
+		}
+		for _, t := range schedule.NextN(sch, c.now, n) {
+			out.Times = append(out.Times, apiTime(t))
+		}
+	}
+	return jsonResponse(http.StatusOK, out), nil
+}
+
+// pageOf reads limit and cursor; the store checks the cursor itself.
+func pageOf(q url.Values) (vibejobs.Page, *vibejobs.Error) {
+	var p vibejobs.Page
+	if v, ok := q["limit"]; ok {
+		n, err := strconv.Atoi(v[0])
+		if err != nil || len(v) != 1 || n < 1 || n > 100 {
+			return p, invalid("invalid_limit", "limit", "limit must be an integer from 1 to 100")
+		}
+		p.Limit = n
+	}
+	if v, ok := q["cursor"]; ok {
+		if len(v) != 1 || v[0] == "" || len(v[0]) > 512 {
+			return p, invalid("invalid_cursor", "cursor", "cursor is not one this API returned")
+		}
+		p.Cursor = v[0]
+	}
+	return p, nil
+}
+
+func cursorPtr(c string) *string {
+	if c == "" {
+		return nil
+	}
+	return &c
+}

@@ -1,0 +1,461 @@
+// Package api is the management API of vibejobs: JSON over HTTP under /v1,
+// bearer tokens scoped to a project, Idempotency-Key on every creating or
+// changing POST, per-token rate limits and strict input decoding. It is the
+// only place where error kinds become HTTP status codes.
+package api
+
+import (
+	"bytes"
+	"cmp"
+	"context"
+	cryptorand "crypto/rand"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/url"
+	"runtime/debug"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/vibejobs/vibejobs"
+)
+
+// Defaults of Config.
+const (
+	DefaultMaxJobsPerProject = 10000
+	DefaultMaxBodyBytes      = 64 << 10
+	DefaultRatePerSecond     = 100
+	DefaultRateBurst         = 200
+)
+
+// Sealer encrypts job secrets at rest and opens what it sealed. It seals the
+// stored answers of Idempotency-Key records too, because the answer that
+// created a job (or minted a token) carries the secret in clear.
+// *secretbox.Keyring implements it.
+type Sealer interface {
+	Seal(secret, jobID string) (vibejobs.SealedSecret, error)
+	Open(s vibejobs.SealedSecret, jobID string) (string, error)
+}
+
+// URLValidator checks a job's target URL against the egress policy.
+// *egress.Policy implements it. An error that carries a code, a field and a
+// message (*egress.URLError) becomes a 400 with that code.
+type URLValidator interface {
+	ValidateURL(raw string) (*url.URL, error)
+}
+
+// RateLimit is a token bucket per API token: PerSecond requests refill the
+// bucket, which holds at most Burst. Zero values take the defaults (100/s,
+// burst 200); a negative PerSecond turns the limit off.
+type RateLimit struct {
+	PerSecond float64
+	Burst     int
+}
+
+// Config holds what a Server needs. Store and Sealer are required.
+type Config struct {
+	Store  vibejobs.Store
+	Sealer Sealer
+	// URLs checks target URLs; nil means the default egress policy (no
+	// private, loopback or link-local destination).
+	URLs   URLValidator
+	Now    func() time.Time // time.Now when nil
+	Rand   io.Reader        // crypto/rand.Reader when nil; ids, secrets and tokens
+	Logger *slog.Logger     // slog.Default() when nil
+	// Wake is called after a job was created or changed or a manual run was
+	// created, so the scheduler and dispatcher look at once.
+	Wake func()
+	// Ready is checked by /readyz besides Store.Ping.
+	Ready func(ctx context.Context) error
+	// Metrics, when set, is served at GET /metrics without a token.
+	Metrics http.Handler
+	// Extra, when set, answers every path outside the API (a dashboard).
+	Extra             http.Handler
+	MaxJobsPerProject int // 0: DefaultMaxJobsPerProject
+	RateLimit         RateLimit
+	MaxBodyBytes      int64 // 0: DefaultMaxBodyBytes
+}
+
+// Server is the management API. Its Handler is safe for concurrent use.
+type Server struct {
+	store    vibejobs.Store
+	sealer   Sealer
+	urls     URLValidator
+	now      func() time.Time
+	rand     io.Reader
+	log      *slog.Logger
+	wake     func()
+	ready    func(ctx context.Context) error
+	metrics  http.Handler
+	extra    http.Handler
+	maxJobs  int
+	maxBody  int64
+	limiter  *limiter
+	mux      *http.ServeMux
+	routes   []route
+	openapi  []byte
+}
+
+// New returns a Server for cfg. It panics when Store or Sealer is missing.
+func New(cfg Config) *Server {
+	if cfg.Store == nil || cfg.Sealer == nil {
+		panic("api: Config.Store and Config.Sealer are required")
+	}
+	s := &Server{
+		store:   cfg.Store,
+		sealer:  cfg.Sealer,
+		urls:    cfg.URLs,
+		now:     cfg.Now,
+		rand:    &lockedReader{r: cmp.Or[io.Reader](cfg.Rand, cryptoRand)},
+		log:     cmp.Or(cfg.Logger, slog.Default()),
+		wake:    cfg.Wake,
+		ready:   cfg.Ready,
+		metrics: cfg.Metrics,
+		extra:   cfg.Extra,
+		maxJobs: cmp.Or(cfg.MaxJobsPerProject, DefaultMaxJobsPerProject),
+		maxBody: cmp.Or(cfg.MaxBodyBytes, DefaultMaxBodyBytes),
+		openapi: openapiDocument,
+	}
+	if cfg.Now == nil {
+		s.now = time.Now
+	}
+	if cfg.Wake == nil {
+		s.wake = func() {}
+	}
+	rl := cfg.RateLimit
+	if rl.PerSecond >= 0 {
+		s.limiter = newLimiter(cmp.Or(rl.PerSecond, DefaultRatePerSecond), cmp.Or(rl.Burst, DefaultRateBurst))
+	}
+	s.routes = s.routeTable()
+	s.mux = http.NewServeMux()
+	for _, rt := range s.routes {
+		s.mux.Handle(rt.method+" "+rt.path, s.routeHandler(rt))
+	}
+	return s
+}
+
+// Handler returns the HTTP handler of the whole API.
+func (s *Server) Handler() http.Handler { return http.HandlerFunc(s.serveHTTP) }
+
+// access is what a route asks of the caller's token.
+type access int
+
+const (
+	accessPublic       access = iota // no token
+	accessRead                       // any role
+	accessWrite                      // admin or write
+	accessAdmin                      // admin (tokens of its own project)
+	accessInstallation               // the installation administrator
+)
+
+// route is one entry of the API. A POST route has an effect, run in one
+// transaction together with its Idempotency-Key record; other routes have a
+// serve function.
+type route struct {
+	method, path string
+	access       access
+	serve        func(ctx context.Context, c *call) (*response, error)
+	effect       func(ctx context.Context, c *call, tx vibejobs.Tx) (*response, error)
+	raw          http.Handler // served as is (metrics)
+}
+
+func (s *Server) routeTable() []route {
+	rs := []route{
+		{method: "GET", path: "/healthz", access: accessPublic, serve: s.healthz},
+		{method: "GET", path: "/readyz", access: accessPublic, serve: s.readyz},
+		{method: "GET", path: "/v1/openapi.json", access: accessPublic, serve: s.openapiJSON},
+
+		{method: "POST", path: "/v1/jobs", access: accessWrite, effect: s.createJob},
+		{method: "GET", path: "/v1/jobs", access: accessRead, serve: s.listJobs},
+		{method: "GET", path: "/v1/jobs/{id}", access: accessRead, serve: s.getJob},
+		{method: "PATCH", path: "/v1/jobs/{id}", access: accessWrite, serve: s.patchJob},
+		{method: "DELETE", path: "/v1/jobs/{id}", access: accessWrite, serve: s.deleteJob},
+		{method: "POST", path: "/v1/jobs/{id}/pause", access: accessWrite, effect: s.pauseJob},
+		{method: "POST", path: "/v1/jobs/{id}/resume", access: accessWrite, effect: s.resumeJob},
+		{method: "POST", path: "/v1/jobs/{id}/rotate-secret", access: accessWrite, effect: s.rotateSecret},
+		{method: "POST", path: "/v1/jobs/{id}/runs", access: accessWrite, effect: s.triggerRun},
+		{method: "GET", path: "/v1/jobs/{id}/runs", access: accessRead, serve: s.listJobRuns},
+		{method: "GET", path: "/v1/jobs/{id}/next", access: accessRead, serve: s.nextFireTimes},
+		{method: "GET", path: "/v1/runs", access: accessRead, serve: s.listRuns},
+		{method: "GET", path: "/v1/runs/{id}", access: accessRead, serve: s.getRun},
+
+		{method: "POST", path: "/v1/projects", access: accessInstallation, effect: s.createProject},
+		{method: "GET", path: "/v1/projects", access: accessInstallation, serve: s.listProjects},
+		{method: "POST", path: "/v1/projects/{id}/tokens", access: accessAdmin, effect: s.createToken},
+		{method: "GET", path: "/v1/projects/{id}/tokens", access: accessAdmin, serve: s.listTokens},
+		{method: "DELETE", path: "/v1/tokens/{id}", access: accessAdmin, serve: s.revokeToken},
+	}
+	if s.metrics != nil {
+		rs = append(rs, route{method: "GET", path: "/metrics", access: accessPublic, raw: s.metrics})
+	}
+	return rs
+}
+
+// call is one authenticated request on its way through a route.
+type call struct {
+	r     *http.Request
+	token *vibejobs.Token // nil on public routes
+	now   time.Time       // the request's time, in milliseconds, UTC
+	body  []byte
+	info  *logInfo
+	wake  bool // call Wake once the effect committed
+}
+
+func (c *call) projectID() string { return c.token.ProjectID }
+
+// logInfo collects what the request log line says about a request.
+type logInfo struct {
+	route, project, tokenID, job, run string
+	err                               error // an internal error, logged, never shown
+}
+
+type logInfoKey struct{}
+
+// serveHTTP is the outermost handler: it logs every request, turns a panic
+// into a logged 500 and answers unknown routes and methods with JSON errors.
+func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
+	start := time.Now()
+	info := &logInfo{}
+	sw := &statusWriter{ResponseWriter: w}
+	defer func() {
+		if p := recover(); p != nil {
+			if p == http.ErrAbortHandler {
+				panic(p)
+			}
+			s.log.Error("api: panic serving request", "method", r.Method, "route", info.route,
+				"panic", fmt.Sprint(p), "stack", string(debug.Stack()))
+			if !sw.wroteHeader {
+				internalResponse().write(sw)
+			}
+		}
+		s.logRequest(r, info, sw.status, time.Since(start))
+	}()
+	r = r.WithContext(context.WithValue(r.Context(), logInfoKey{}, info))
+
+	h, pattern := s.mux.Handler(r)
+	if pattern != "" {
+		s.mux.ServeHTTP(sw, r)
+		return
+	}
+	// The mux would answer 404 or 405 in plain text: answer in JSON instead,
+	// or hand paths outside the API to Extra.
+	cw := &captureWriter{header: http.Header{}}
+	h.ServeHTTP(cw, r)
+	switch cw.status {
+	case http.StatusMethodNotAllowed:
+		info.route = "method_not_allowed"
+		resp := errorResponse(&vibejobs.Error{Kind: kindMethodNotAllowed, Code: "method_not_allowed",
+			Message: "the method " + r.Method + " is not allowed here"})
+		if allow := cw.header.Get("Allow"); allow != "" {
+			resp.with("Allow", allow)
+		}
+		resp.write(sw)
+	default:
+		if s.extra != nil && !isAPIPath(r.URL.Path) {
+			info.route = "extra"
+			s.extra.ServeHTTP(sw, r)
+			return
+		}
+		info.route = "not_found"
+		errorResponse(&vibejobs.Error{Kind: vibejobs.ENOTFOUND, Code: "not_found", Message: "no such route"}).write(sw)
+	}
+}
+
+func isAPIPath(p string) bool {
+	return p == "/v1" || strings.HasPrefix(p, "/v1/") || p == "/healthz" || p == "/readyz" || p == "/metrics"
+}
+
+func (s *Server) logRequest(r *http.Request, info *logInfo, status int, d time.Duration) {
+	if status == 0 {
+		status = http.StatusOK
+	}
+	attrs := []slog.Attr{
+		slog.String("method", r.Method),
+		slog.String("route", info.route),
+		slog.Int("status", status),
+		slog.Float64("duration_ms", float64(d.Microseconds())/1000),
+	}
+	for _, a := range [...]struct{ k, v string }{{"project", info.project}, {"token_id", info.tokenID}, {"job", info.job}, {"run", info.run}} {
+		if a.v != "" {
+			attrs = append(attrs, slog.String(a.k, a.v))
+		}
+	}
+	level := slog.LevelInfo
+	if info.err != nil {
+		level = slog.LevelError
+		attrs = append(attrs, slog.String("error", info.err.Error()))
+	}
+	s.log.LogAttrs(r.Context(), level, "api request", attrs...)
+}
+
+// routeHandler wraps one route: token, rate limit, role, body, then the
+// route's own work.
+func (s *Server) routeHandler(rt route) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		info, _ := r.Context().Value(logInfoKey{}).(*logInfo)
+		if info == nil {
+			info = &logInfo{}
+		}
+		info.route = rt.method + " " + rt.path
+		if rt.raw != nil {
+			rt.raw.ServeHTTP(w, r)
+			return
+		}
+		s.serveRoute(r, rt, info).write(w)
+	})
+}
+
+func (s *Server) serveRoute(r *http.Request, rt route, info *logInfo) *response {
+	ctx := r.Context()
+	c := &call{r: r, now: s.now().UTC().Truncate(time.Millisecond), info: info}
+	if rt.access != accessPublic {
+		tok, err := s.authenticate(ctx, r)
+		if err != nil {
+			return s.fail(c, err).with("WWW-Authenticate", `Bearer realm="vibejobs"`)
+		}
+		c.token = tok
+		info.project, info.tokenID = tok.ProjectID, tok.ID
+		if s.limiter != nil {
+			if wait, ok := s.limiter.allow(tok.ID, c.now); !ok {
+				return errorResponse(&vibejobs.Error{Kind: vibejobs.ERATELIMIT, Code: "rate_limited",
+					Message: "too many requests for this token; retry later"}).
+					with("Retry-After", strconv.Itoa(int(wait/time.Second)))
+			}
+		}
+		if e := authorize(tok, rt.access); e != nil {
+			return errorResponse(e)
+		}
+	}
+	if r.Method == http.MethodPost || r.Method == http.MethodPatch || r.Method == http.MethodPut {
+		body, e := s.readBody(r)
+		if e != nil {
+			return errorResponse(e)
+		}
+		c.body = body
+	}
+	if rt.effect != nil {
+		return s.idempotent(ctx, c, rt.effect)
+	}
+	resp, err := rt.serve(ctx, c)
+	if err != nil {
+		return s.fail(c, err)
+	}
+	if c.wake {
+		s.wake()
+	}
+	return resp
+}
+
+// fail renders err: a user error as itself, anything else as a logged 500.
+func (s *Server) fail(c *call, err error) *response {
+	if e := userError(err); e != nil {
+		return errorResponse(e)
+	}
+	c.info.err = err
+	return internalResponse()
+}
+
+func (s *Server) readBody(r *http.Request) ([]byte, *vibejobs.Error) {
+	tooLarge := &vibejobs.Error{Kind: vibejobs.ETOOLARGE, Code: "body_too_large",
+		Message: "the request body is larger than " + strconv.FormatInt(s.maxBody, 10) + " bytes"}
+	if r.ContentLength > s.maxBody {
+		return nil, tooLarge
+	}
+	if r.Body == nil {
+		return nil, nil
+	}
+	b, err := io.ReadAll(io.LimitReader(r.Body, s.maxBody+1))
+	if err != nil {
+		return nil, invalid("invalid_json", "", "the request body could not be read")
+	}
+	if int64(len(b)) > s.maxBody {
+		return nil, tooLarge
+	}
+	return b, nil
+}
+
+func (s *Server) healthz(ctx context.Context, c *call) (*response, error) {
+	return jsonResponse(http.StatusOK, map[string]string{"status": "ok"}), nil
+}
+
+func (s *Server) readyz(ctx context.Context, c *call) (*response, error) {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	err := s.store.Ping(ctx)
+	if err == nil && s.ready != nil {
+		err = s.ready(ctx)
+	}
+	if err != nil {
+		c.info.err = err
+		return errorResponse(&vibejobs.Error{Kind: vibejobs.EUNAVAILABLE, Code: "not_ready", Message: "the platform is not ready"}), nil
+	}
+	return jsonResponse(http.StatusOK, map[string]string{"status": "ready"}), nil
+}
+
+func (s *Server) openapiJSON(ctx context.Context, c *call) (*response, error) {
+	return &response{status: http.StatusOK, header: map[string]string{"Content-Type": "application/json"}, body: s.openapi}, nil
+}
+
+// statusWriter remembers the status written through it.
+type statusWriter struct {
+	http.ResponseWriter
+	status      int
+	wroteHeader bool
+}
+
+func (w *statusWriter) WriteHeader(code int) {
+	if !w.wroteHeader {
+		w.status, w.wroteHeader = code, true
+	}
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *statusWriter) Write(b []byte) (int, error) {
+	if !w.wroteHeader {
+		w.WriteHeader(http.StatusOK)
+	}
+	return w.ResponseWriter.Write(b)
+}
+
+func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+// captureWriter records what the mux's own 404/405 handler would write.
+type captureWriter struct {
+	header http.Header
+	status int
+	body   bytes.Buffer
+}
+
+func (w *captureWriter) Header() http.Header { return w.header }
+func (w *captureWriter) WriteHeader(code int) {
+	if w.status == 0 {
+		w.status = code
+	}
+}
+func (w *captureWriter) Write(b []byte) (int, error) {
+	if w.status == 0 {
+		w.status = http.StatusOK
+	}
+	return w.body.Write(b)
+}
+
+// lockedReader serialises reads of a random source that may not be safe for
+// concurrent use (a seeded one in tests).
+type lockedReader struct {
+	mu sync.Mutex
+	r  io.Reader
+}
+
+func (l *lockedReader) Read(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.r.Read(p)
+}
+
+var errRollback = errors.New("api: roll back")
+
+var cryptoRand io.Reader = cryptorand.Reader
