@@ -1,0 +1,260 @@
+package receiver
+
+import (
+	"bytes"
+	"cmp"
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/vibejobs/vibejobs/contract"
+)
+
+// Config configures [NewHandler] and [NewMiddleware].
+type Config struct {
+	// Verifier checks signatures. Required.
+	Verifier *Verifier
+	// JobIDs, when not empty, is the set of job ids the app expects; a verified
+	// body naming another job is answered 400.
+	JobIDs []string
+	// BodyReadTimeout, when positive, bounds reading the body of one request by
+	// setting the connection's read deadline (through http.ResponseController)
+	// while the handler reads it. When zero, the server's ReadTimeout alone
+	// governs slow bodies, and a server without one waits for a stalled client
+	// for as long as the connection stays open: set ReadHeaderTimeout and
+	// ReadTimeout on the http.Server in any case.
+	BodyReadTimeout time.Duration
+	// Logger receives one line per answered delivery, with the run id once the
+	// body is verified and valid, never the secret, the signature or the body.
+	// Nil means slog.Default().
+	Logger *slog.Logger
+}
+
+// Handler answers deliveries. See [NewHandler] and [NewMiddleware].
+type Handler struct {
+	verifier    *Verifier
+	jobIDs      map[string]struct{}
+	bodyTimeout time.Duration
+	log         *slog.Logger
+	store       Store        // set by NewHandler
+	next        http.Handler // set by NewMiddleware
+}
+
+func newHandler(cfg Config) (*Handler, error) {
+	if cfg.Verifier == nil {
+		return nil, errors.New("receiver: Config.Verifier is required")
+	}
+	h := &Handler{
+		verifier:    cfg.Verifier,
+		bodyTimeout: cfg.BodyReadTimeout,
+		log:         cmp.Or(cfg.Logger, slog.Default()),
+	}
+	if len(cfg.JobIDs) > 0 {
+		h.jobIDs = make(map[string]struct{}, len(cfg.JobIDs))
+		for _, id := range cfg.JobIDs {
+			if !contract.ValidID(id, "job_") {
+				return nil, errors.New("receiver: Config.JobIDs holds a value that is not a job id")
+			}
+			h.jobIDs[id] = struct{}{}
+		}
+	}
+	return h, nil
+}
+
+// NewHandler returns the handler that receives deliveries and accepts them
+// durably through store. For each POST it, in this order:
+//
+//  1. reads the raw body through the 64 KiB bound before any parsing: 413 beyond
+//     it (at once when Content-Length announces more);
+//  2. requires exactly one physical X-Vibe-Caller-Kind line with the value
+//     "schedule" and exactly one physical Vibe-Signature line, and verifies the
+//     signature: 401 otherwise;
+//  3. validates the body with [ValidatePayload] and the job id against
+//     Config.JobIDs: 400 otherwise;
+//  4. calls store.Accept with the run id and the raw body and answers with the
+//     stored response, which is 202 {"accepted":true} for the first and every
+//     repeated delivery of a run. A store error is answered 503, a stored
+//     response that is not 2xx 500: never 2xx without a commit.
+//
+// Other methods get 405. The request's context is passed to the store, so a
+// client that disconnects cancels an acceptance that has not committed yet (the
+// platform retries, and the retry finds the receipt if the commit happened).
+func NewHandler(cfg Config, store Store) (*Handler, error) {
+	if store == nil {
+		return nil, errors.New("receiver: a Store is required")
+	}
+	h, err := newHandler(cfg)
+	if err != nil {
+		return nil, err
+	}
+	h.store = store
+	return h, nil
+}
+
+// NewMiddleware returns a handler that does steps 1–3 of [NewHandler] and then
+// calls next with the verified request: its Body rereads the exact raw bytes
+// and [PayloadFromContext] returns the parsed payload. next is responsible for
+// durable deduplication on the run id.
+func NewMiddleware(cfg Config, next http.Handler) (*Handler, error) {
+	if next == nil {
+		return nil, errors.New("receiver: a next handler is required")
+	}
+	h, err := newHandler(cfg)
+	if err != nil {
+		return nil, err
+	}
+	h.next = next
+	return h, nil
+}
+
+type payloadKey struct{}
+
+// PayloadFromContext returns the verified payload that a handler made by
+// [NewMiddleware] stored in the request's context.
+func PayloadFromContext(ctx context.Context) (contract.Payload, bool) {
+	p, ok := ctx.Value(payloadKey{}).(contract.Payload)
+	return p, ok
+}
+
+var errBodyTooLarge = errors.New("receiver: body larger than 64 KiB")
+
+// ServeHTTP implements http.Handler.
+func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if r.Method != http.MethodPost {
+		w.Header().Set("Allow", http.MethodPost)
+		h.reject(w, r, http.StatusMethodNotAllowed, "method_not_allowed", "", nil)
+		return
+	}
+	body, err := h.readBody(w, r)
+	switch {
+	case err == nil:
+	case errors.Is(err, errBodyTooLarge):
+		h.reject(w, r, http.StatusRequestEntityTooLarge, "body_too_large", "", nil)
+		return
+	case r.Context().Err() != nil:
+		// The client is gone; nobody reads an answer.
+		h.log.LogAttrs(r.Context(), slog.LevelInfo, "delivery abandoned by client while reading body", slog.String("remote", r.RemoteAddr))
+		return
+	default:
+		status, code := http.StatusBadRequest, "body_unreadable"
+		if ne, ok := errors.AsType[net.Error](err); ok && ne.Timeout() {
+			status, code = http.StatusRequestTimeout, "body_timeout"
+		}
+		h.reject(w, r, status, code, "", err)
+		return
+	}
+	if err := h.verifier.VerifyHeaders(r.Header, body); err != nil {
+		h.reject(w, r, http.StatusUnauthorized, "unauthorized", "", err)
+		return
+	}
+	p, err := ValidatePayload(body)
+	if err != nil {
+		field := ""
+		if pe, ok := errors.AsType[*PayloadError](err); ok {
+			field = pe.Field
+		}
+		h.reject(w, r, http.StatusBadRequest, "invalid_payload", field, err)
+		return
+	}
+	if h.jobIDs != nil {
+		if _, ok := h.jobIDs[p.JobID]; !ok {
+			h.reject(w, r, http.StatusBadRequest, "unexpected_job", "jobId", nil)
+			return
+		}
+	}
+	if h.next != nil {
+		r2 := r.WithContext(context.WithValue(r.Context(), payloadKey{}, p))
+		r2.Body = io.NopCloser(bytes.NewReader(body))
+		r2.ContentLength = int64(len(body))
+		h.next.ServeHTTP(w, r2)
+		return
+	}
+	h.accept(w, r, p, body)
+}
+
+func (h *Handler) accept(w http.ResponseWriter, r *http.Request, p contract.Payload, body []byte) {
+	ctx := r.Context()
+	status, resp, err := h.store.Accept(ctx, p.RunID, body)
+	if err != nil {
+		h.log.LogAttrs(ctx, slog.LevelError, "delivery not accepted: store failed",
+			slog.String("run_id", p.RunID), slog.Int("status", http.StatusServiceUnavailable), slog.String("error", err.Error()))
+		writeJSON(w, http.StatusServiceUnavailable, `{"error":"unavailable"}`)
+		return
+	}
+	if status < 200 || status > 299 {
+		h.log.LogAttrs(ctx, slog.LevelError, "delivery not accepted: stored response is not 2xx",
+			slog.String("run_id", p.RunID), slog.Int("stored_status", status))
+		writeJSON(w, http.StatusInternalServerError, `{"error":"internal"}`)
+		return
+	}
+	h.log.LogAttrs(ctx, slog.LevelInfo, "delivery accepted",
+		slog.String("run_id", p.RunID), slog.String("job_id", p.JobID), slog.Int("attempt", p.Attempt), slog.Int("status", status))
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Content-Length", strconv.Itoa(len(resp)))
+	w.WriteHeader(status)
+	w.Write(resp)
+}
+
+// readBody reads the whole body, at most contract.MaxBodyBytes.
+func (h *Handler) readBody(w http.ResponseWriter, r *http.Request) ([]byte, error) {
+	if r.ContentLength > contract.MaxBodyBytes {
+		return nil, errBodyTooLarge
+	}
+	if h.bodyTimeout > 0 {
+		rc := http.NewResponseController(w)
+		if rc.SetReadDeadline(time.Now().Add(h.bodyTimeout)) == nil {
+			// A deadline left in place would also cut the server's background
+			// read after the body and cancel the request's context.
+			defer rc.SetReadDeadline(time.Time{})
+		}
+	}
+	size := 512
+	if r.ContentLength >= 0 {
+		size = int(r.ContentLength) + 1 // +1: room to see EOF without growing
+	}
+	buf := make([]byte, 0, size)
+	body := http.MaxBytesReader(w, r.Body, contract.MaxBodyBytes)
+	for {
+		if len(buf) == cap(buf) {
+			buf = append(buf, 0)[:len(buf)]
+		}
+		n, err := body.Read(buf[len(buf):cap(buf)])
+		buf = buf[:len(buf)+n]
+		if err == io.EOF {
+			return buf, nil
+		}
+		if _, ok := errors.AsType[*http.MaxBytesError](err); ok {
+			return nil, errBodyTooLarge
+		}
+		if err != nil {
+			return nil, err
+		}
+	}
+}
+
+// reject answers a refused delivery and logs why. err must not carry request
+// data; the errors of this package and of contract do not.
+func (h *Handler) reject(w http.ResponseWriter, r *http.Request, status int, code, field string, err error) {
+	attrs := []slog.Attr{slog.Int("status", status), slog.String("reason", code), slog.String("remote", r.RemoteAddr)}
+	if err != nil {
+		attrs = append(attrs, slog.String("error", err.Error()))
+	}
+	h.log.LogAttrs(r.Context(), slog.LevelWarn, "delivery rejected", attrs...)
+	body := `{"error":"` + code + `"}`
+	if field != "" {
+		body = `{"error":"` + code + `","field":"` + field + `"}`
+	}
+	writeJSON(w, status, body)
+}
+
+func writeJSON(w http.ResponseWriter, status int, body string) {
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Content-Length", strconv.Itoa(len(body)))
+	w.WriteHeader(status)
+	io.WriteString(w, body)
+}

@@ -1,0 +1,460 @@
+package storetest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/vibejobs/vibejobs/receiver"
+)
+
+func killSelf() { syscall.Kill(os.Getpid(), syscall.SIGKILL) }
+
+func discardLogger() *slog.Logger { return slog.New(slog.DiscardHandler) }
+
+// Run runs the conformance suite against the store of h.
+func Run(t *testing.T, h Harness) {
+	t.Run("AcceptNewThenRepeat", func(t *testing.T) { testAcceptNewThenRepeat(t, h) })
+	t.Run("AcceptRollsBackOnError", func(t *testing.T) { testAcceptRollsBack(t, h) })
+	t.Run("AcceptCancelled", func(t *testing.T) { testAcceptCancelled(t, h) })
+	t.Run("ConcurrentDeliveries", func(t *testing.T) { testConcurrentDeliveries(t, h) })
+	t.Run("ClaimLeaseCompleteFail", func(t *testing.T) { testClaimLease(t, h) })
+	t.Run("WorkerRetriesWithBackoff", func(t *testing.T) { testWorkerRetries(t, h) })
+	t.Run("ConcurrentWorkers", func(t *testing.T) { testConcurrentWorkers(t, h) })
+	t.Run("Retention", func(t *testing.T) { testRetention(t, h) })
+	t.Run("CrashAfterCommitBeforeResponse", func(t *testing.T) { testCrashAfterCommit(t, h) })
+	t.Run("WorkerKilledMidItem", func(t *testing.T) { testWorkerKilled(t, h) })
+}
+
+func testAcceptNewThenRepeat(t *testing.T, h Harness) {
+	s, _ := h.New(t)
+	mustAccept(t, s, "run_a")
+	mustAccept(t, s, "run_a")
+	mustAccept(t, s, "run_b")
+	st := h.Inspect(t, s, "run_a")
+	if !st.Accepted || st.Items != 1 || st.Attempts != 0 || st.Processed {
+		t.Fatalf("run_a after two accepts: %+v", st)
+	}
+	if n := h.CountItems(t, s); n != 2 {
+		t.Fatalf("outbox has %d items, want 2", n)
+	}
+}
+
+// A failure after the receipt's insert (the payload is not JSON, which the
+// outbox column refuses) must roll the receipt back too.
+func testAcceptRollsBack(t *testing.T, h Harness) {
+	s, _ := h.New(t)
+	status, body, err := s.Accept(context.Background(), "run_x", []byte("not json"))
+	if err == nil || status != 0 || body != nil {
+		t.Fatalf("Accept(bad payload) = %d %q %v, want an error and no response", status, body, err)
+	}
+	if st := h.Inspect(t, s, "run_x"); st.Accepted || st.Items != 0 {
+		t.Fatalf("rows left after a failed accept: %+v", st)
+	}
+	mustAccept(t, s, "run_x")
+	if st := h.Inspect(t, s, "run_x"); !st.Accepted || st.Items != 1 {
+		t.Fatalf("after retry: %+v", st)
+	}
+	// The store still works on the connection used by the failed transaction.
+	mustAccept(t, s, "run_y")
+}
+
+func testAcceptCancelled(t *testing.T, h Harness) {
+	s, _ := h.New(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if status, _, err := s.Accept(ctx, "run_c", Body("run_c")); err == nil || status != 0 {
+		t.Fatalf("Accept(cancelled) = %d %v, want an error", status, err)
+	}
+	mustAccept(t, s, "run_c")
+}
+
+// 100 concurrent deliveries of one run through the real handler: one outbox
+// item and 100 identical answers.
+func testConcurrentDeliveries(t *testing.T, h Harness) {
+	s, _ := h.New(t)
+	v, err := receiver.NewVerifier(receiver.Secrets{Current: Secret}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	handler, err := receiver.NewHandler(receiver.Config{Verifier: v, Logger: discardLogger()}, s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(handler)
+	defer srv.Close()
+	client := srv.Client()
+	client.Transport.(*http.Transport).MaxIdleConnsPerHost = 100
+
+	const n = 100
+	body := Body("run_concurrent")
+	answers := make([]string, n)
+	var wg sync.WaitGroup
+	start := make(chan struct{})
+	for i := range n {
+		wg.Go(func() {
+			<-start
+			resp, err := client.Do(NewRequest(t, srv.URL, Secret, body, time.Now()))
+			if err != nil {
+				answers[i] = err.Error()
+				return
+			}
+			defer resp.Body.Close()
+			answers[i] = fmt.Sprintf("%d %s %s", resp.StatusCode, resp.Header.Get("Content-Type"), readAll(resp.Body))
+		})
+	}
+	close(start)
+	wg.Wait()
+	want := "202 application/json " + receiver.AcceptedBody
+	for i, a := range answers {
+		if a != want {
+			t.Fatalf("answer %d = %q, want %q", i, a, want)
+		}
+	}
+	if st := h.Inspect(t, s, "run_concurrent"); st.Items != 1 || h.CountItems(t, s) != 1 {
+		t.Fatalf("outbox after %d deliveries: %+v, %d items", n, st, h.CountItems(t, s))
+	}
+}
+
+func testClaimLease(t *testing.T, h Harness) {
+	s, _ := h.New(t)
+	ctx := context.Background()
+	now := time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
+	for _, id := range []string{"run_1", "run_2", "run_3"} {
+		mustAccept(t, s, id)
+	}
+	claim := func(worker string, at time.Time, limit int) []receiver.OutboxItem {
+		t.Helper()
+		items, err := s.ClaimOutbox(ctx, worker, at, at.Add(time.Minute), limit)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return items
+	}
+	a := claim("a", now, 2)
+	if len(a) != 2 || a[0].Attempt != 1 || a[1].Attempt != 1 {
+		t.Fatalf("first claim: %v", a)
+	}
+	for _, it := range a {
+		if _, err := receiver.ValidatePayload(canonical(it)); err != nil {
+			t.Fatalf("claimed payload of %s: %v", it.RunID, err)
+		}
+	}
+	b := claim("b", now.Add(time.Second), 10)
+	if len(b) != 1 || b[0].RunID == a[0].RunID || b[0].RunID == a[1].RunID {
+		t.Fatalf("second claim got %+v while a holds %s, %s", b, a[0].RunID, a[1].RunID)
+	}
+	if got := claim("c", now.Add(59*time.Second), 10); len(got) != 0 {
+		t.Fatalf("claim during leases: %+v", got)
+	}
+
+	// a completes one item, fails the other; b's lease runs out.
+	if err := s.CompleteOutbox(ctx, a[0].RunID, now.Add(2*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.FailOutbox(ctx, a[1].RunID, "a", now.Add(10*time.Minute), "boom"); err != nil {
+		t.Fatal(err)
+	}
+	// A worker that does not hold the lease cannot release it.
+	if err := s.FailOutbox(ctx, b[0].RunID, "intruder", now, "no"); err != nil {
+		t.Fatal(err)
+	}
+	if st := h.Inspect(t, s, a[0].RunID); !st.Processed || !st.RunProcessed || st.LockedBy != "" {
+		t.Fatalf("completed item: %+v", st)
+	}
+	if st := h.Inspect(t, s, a[1].RunID); st.Processed || st.LastError != "boom" || st.LockedBy != "" || st.Attempts != 1 {
+		t.Fatalf("failed item: %+v", st)
+	}
+	if st := h.Inspect(t, s, b[0].RunID); st.LockedBy != "b" || st.LastError != "" {
+		t.Fatalf("item leased by b after an intruder's release: %+v", st)
+	}
+	got := claim("c", now.Add(61*time.Second), 10)
+	if len(got) != 1 || got[0].RunID != b[0].RunID || got[0].Attempt != 2 {
+		t.Fatalf("claim after b's lease expired: %+v", got)
+	}
+	if err := s.CompleteOutbox(ctx, got[0].RunID, now.Add(62*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	got = claim("d", now.Add(10*time.Minute), 10)
+	if len(got) != 1 || got[0].RunID != a[1].RunID || got[0].Attempt != 2 {
+		t.Fatalf("claim at the retry time: %+v", got)
+	}
+	// Completing twice is harmless.
+	for range 2 {
+		if err := s.CompleteOutbox(ctx, a[0].RunID, now.Add(time.Hour)); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+func canonical(it receiver.OutboxItem) []byte {
+	var got []byte
+	w, _ := receiver.NewWorker(receiver.WorkerConfig{
+		Outbox:  staticOutbox{it},
+		Process: func(_ context.Context, _ string, p []byte) error { got = p; return nil },
+		Logger:  discardLogger(),
+	})
+	w.ProcessBatch(context.Background())
+	return got
+}
+
+// staticOutbox hands out one item, to observe what the Worker passes on.
+type staticOutbox struct{ it receiver.OutboxItem }
+
+func (o staticOutbox) ClaimOutbox(context.Context, string, time.Time, time.Time, int) ([]receiver.OutboxItem, error) {
+	return []receiver.OutboxItem{o.it}, nil
+}
+func (staticOutbox) CompleteOutbox(context.Context, string, time.Time) error { return nil }
+func (staticOutbox) FailOutbox(context.Context, string, string, time.Time, string) error {
+	return nil
+}
+
+func testWorkerRetries(t *testing.T, h Harness) {
+	s, _ := h.New(t)
+	ctx := context.Background()
+	clock := NewClock(time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC))
+	mustAccept(t, s, "run_flaky")
+	var calls atomic.Int32
+	var payload []byte
+	w, err := receiver.NewWorker(receiver.WorkerConfig{
+		Outbox:  s,
+		Now:     clock.Now,
+		Backoff: func(attempt int) time.Duration { return time.Duration(attempt) * time.Minute },
+		Logger:  discardLogger(),
+		Process: func(ctx context.Context, runID string, p []byte) error {
+			if calls.Add(1) < 3 {
+				return errors.New("downstream unavailable")
+			}
+			payload = p
+			return nil
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	batch := func(want int) {
+		t.Helper()
+		if n, err := w.ProcessBatch(ctx); err != nil || n != want {
+			t.Fatalf("ProcessBatch = %d, %v; want %d", n, err, want)
+		}
+	}
+	batch(1) // attempt 1 fails: retry after 1 min
+	if st := h.Inspect(t, s, "run_flaky"); st.LastError != "downstream unavailable" || st.Processed {
+		t.Fatalf("after a failure: %+v", st)
+	}
+	clock.Add(59 * time.Second)
+	batch(0)
+	clock.Add(time.Second)
+	batch(1) // attempt 2 fails: retry after 2 min
+	clock.Add(119 * time.Second)
+	batch(0)
+	clock.Add(time.Second)
+	batch(1) // attempt 3 succeeds
+	st := h.Inspect(t, s, "run_flaky")
+	if !st.Processed || !st.RunProcessed || st.Attempts != 3 || st.LastError != "" {
+		t.Fatalf("after success: %+v", st)
+	}
+	if string(payload) != string(Body("run_flaky")) {
+		t.Fatalf("payload = %s, want the exact delivery body", payload)
+	}
+	clock.Add(time.Hour)
+	batch(0)
+}
+
+// Workers in one process share the outbox; without failures each item runs
+// exactly once.
+func testConcurrentWorkers(t *testing.T, h Harness) {
+	s, _ := h.New(t)
+	const items, workers = 40, 4
+	for i := range items {
+		mustAccept(t, s, fmt.Sprintf("run_%02d", i))
+	}
+	var mu sync.Mutex
+	seen := map[string]int{}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var wg sync.WaitGroup
+	for i := range workers {
+		w, err := receiver.NewWorker(receiver.WorkerConfig{
+			Outbox:       s,
+			ID:           fmt.Sprintf("w%d", i),
+			Concurrency:  3,
+			PollInterval: 10 * time.Millisecond,
+			Logger:       discardLogger(),
+			Process: func(ctx context.Context, runID string, _ []byte) error {
+				mu.Lock()
+				defer mu.Unlock()
+				seen[runID]++
+				return nil
+			},
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		wg.Go(func() { w.Run(ctx) })
+	}
+	Eventually(t, 30*time.Second, "all items processed", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(seen) == items
+	})
+	cancel()
+	wg.Wait()
+	for id, n := range seen {
+		if n != 1 {
+			t.Errorf("%s processed %d times", id, n)
+		}
+	}
+	for i := range items {
+		if st := h.Inspect(t, s, fmt.Sprintf("run_%02d", i)); !st.Processed {
+			t.Errorf("run_%02d not marked processed: %+v", i, st)
+		}
+	}
+}
+
+func testRetention(t *testing.T, h Harness) {
+	s, _ := h.New(t)
+	ctx := context.Background()
+	now := time.Date(2030, 6, 1, 0, 0, 0, 0, time.UTC)
+	old := now.Add(-100 * 24 * time.Hour)
+	for i := range 5 {
+		id := fmt.Sprintf("run_old%d", i)
+		mustAccept(t, s, id)
+		if err := s.CompleteOutbox(ctx, id, old); err != nil {
+			t.Fatal(err)
+		}
+	}
+	mustAccept(t, s, "run_recent")
+	if err := s.CompleteOutbox(ctx, "run_recent", now.Add(-89*24*time.Hour)); err != nil {
+		t.Fatal(err)
+	}
+	mustAccept(t, s, "run_pending") // never processed: kept whatever its age
+
+	// An acceptance record with a processed item still present must survive
+	// the runs pass (outbox first).
+	if n, err := s.DeleteProcessedRuns(ctx, now, 100); err != nil || n != 0 {
+		t.Fatalf("DeleteProcessedRuns before the outbox pass = %d, %v; want 0", n, err)
+	}
+
+	r, err := receiver.NewRetention(receiver.RetentionConfig{Store: s, BatchSize: 2, Now: func() time.Time { return now }, Logger: discardLogger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	outbox, runs, err := r.RunOnce(ctx)
+	if err != nil || outbox != 5 || runs != 5 {
+		t.Fatalf("RunOnce = %d, %d, %v; want 5, 5", outbox, runs, err)
+	}
+	for i := range 5 {
+		if st := h.Inspect(t, s, fmt.Sprintf("run_old%d", i)); st.Accepted || st.Items != 0 {
+			t.Fatalf("old run %d kept: %+v", i, st)
+		}
+	}
+	if st := h.Inspect(t, s, "run_recent"); !st.Accepted || st.Items != 1 {
+		t.Fatalf("recent run: %+v", st)
+	}
+	if st := h.Inspect(t, s, "run_pending"); !st.Accepted || st.Items != 1 {
+		t.Fatalf("pending run: %+v", st)
+	}
+	if outbox, runs, err := r.RunOnce(ctx); err != nil || outbox+runs != 0 {
+		t.Fatalf("second RunOnce = %d, %d, %v", outbox, runs, err)
+	}
+}
+
+// A child process commits the acceptance and SIGKILLs itself before
+// answering; the platform's retry must get the same answer and no second item.
+func testCrashAfterCommit(t *testing.T, h Harness) {
+	s, dsn := h.New(t)
+	c := startChild(t, "accept-then-die", dsn)
+	url := c.next(t, "listening ", 60*time.Second)
+	body := Body("run_crash")
+	resp, err := http.DefaultClient.Do(NewRequest(t, url, Secret, body, time.Now()))
+	if err == nil {
+		resp.Body.Close()
+		t.Fatalf("the dying child answered %d", resp.StatusCode)
+	}
+	werr := c.cmd.Wait()
+	if ws, ok := c.cmd.ProcessState.Sys().(syscall.WaitStatus); !ok || !ws.Signaled() || ws.Signal() != syscall.SIGKILL {
+		t.Fatalf("child did not die of SIGKILL: %v", werr)
+	}
+	if st := h.Inspect(t, s, "run_crash"); !st.Accepted || st.Items != 1 {
+		t.Fatalf("after the crash: %+v", st)
+	}
+
+	v, _ := receiver.NewVerifier(receiver.Secrets{Current: Secret}, nil)
+	handler, _ := receiver.NewHandler(receiver.Config{Verifier: v, Logger: discardLogger()}, s)
+	srv := httptest.NewServer(handler)
+	defer srv.Close()
+	resp, err = srv.Client().Do(NewRequest(t, srv.URL, Secret, body, time.Now()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := readAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != receiver.AcceptedStatus || got != receiver.AcceptedBody {
+		t.Fatalf("retry answered %d %q", resp.StatusCode, got)
+	}
+	if n := h.CountItems(t, s); n != 1 {
+		t.Fatalf("outbox has %d items after the retry, want 1", n)
+	}
+}
+
+// Two worker processes: A claims an item and is killed while running it; B
+// processes everything else and, once A's lease has ended, A's item too.
+func testWorkerKilled(t *testing.T, h Harness) {
+	s, dsn := h.New(t)
+	const items = 8
+	const lease = time.Second
+	for i := range items {
+		mustAccept(t, s, fmt.Sprintf("run_k%d", i))
+	}
+	a := startChild(t, "worker", dsn, envID+"=A", envLease+"="+lease.String(), envHang+"=1")
+	stuck := a.next(t, "start ", 60*time.Second)
+	claimedByA := time.Now()
+
+	b := startChild(t, "worker", dsn, envID+"=B", envLease+"="+lease.String())
+	a.cmd.Process.Signal(syscall.SIGKILL)
+	a.cmd.Wait()
+
+	done := map[string]bool{}
+	var tookOverAt time.Time
+	for len(done) < items {
+		select {
+		case line, ok := <-b.lines:
+			if !ok {
+				t.Fatalf("worker B exited; done so far: %v", done)
+			}
+			if id, found := strings.CutPrefix(line, "start "); found && id == stuck && tookOverAt.IsZero() {
+				tookOverAt = time.Now()
+			}
+			if id, found := strings.CutPrefix(line, "done "); found {
+				done[id] = true
+			}
+		case <-time.After(60 * time.Second):
+			t.Fatalf("timed out; B processed %v", done)
+		}
+	}
+	if d := tookOverAt.Sub(claimedByA); d < lease/2 {
+		t.Errorf("B took over %s %v after A claimed it, before A's %v lease could end", stuck, d, lease)
+	}
+	Eventually(t, 30*time.Second, "every item marked processed", func() bool {
+		for i := range items {
+			if !h.Inspect(t, s, fmt.Sprintf("run_k%d", i)).Processed {
+				return false
+			}
+		}
+		return true
+	})
+	if st := h.Inspect(t, s, stuck); st.Attempts != 2 {
+		t.Errorf("%s: %+v, want 2 attempts (A's and B's)", stuck, st)
+	}
+}

@@ -1,0 +1,142 @@
+package pgstore_test
+
+import (
+	"context"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/vibejobs/vibejobs/receiver/internal/pgtest"
+	"github.com/vibejobs/vibejobs/receiver/internal/storetest"
+	"github.com/vibejobs/vibejobs/receiver/pgstore"
+)
+
+var harness = storetest.Harness{
+	New:        newStore,
+	Open:       openStore,
+	Inspect:    inspect,
+	CountItems: countItems,
+}
+
+func TestMain(m *testing.M) {
+	storetest.RunChild(harness)
+	os.Exit(m.Run())
+}
+
+func TestConformance(t *testing.T) { storetest.Run(t, harness) }
+
+func openStore(ctx context.Context, dsn string) (storetest.Store, func(), error) {
+	s, err := pgstore.Open(ctx, dsn)
+	if err != nil {
+		return nil, nil, err
+	}
+	return s, s.Close, nil
+}
+
+// newStore returns a migrated store in a schema of its own.
+func newStore(t *testing.T) (storetest.Store, string) {
+	t.Helper()
+	dsn := pgtest.TestSchema(t)
+	ctx := context.Background()
+	cfg, err := pgxpool.ParseConfig(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.MaxConns = 16
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	s := pgstore.New(pool)
+	if err := s.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	return s, dsn
+}
+
+func inspect(t *testing.T, s storetest.Store, runID string) storetest.ItemState {
+	t.Helper()
+	pool := s.(*pgstore.Store).Pool()
+	var st storetest.ItemState
+	err := pool.QueryRow(context.Background(), `SELECT
+			EXISTS (SELECT 1 FROM accepted_runs WHERE run_id = $1),
+			EXISTS (SELECT 1 FROM accepted_runs WHERE run_id = $1 AND processed_at IS NOT NULL),
+			(SELECT count(*) FROM job_outbox WHERE run_id = $1),
+			coalesce((SELECT attempts FROM job_outbox WHERE run_id = $1), 0),
+			EXISTS (SELECT 1 FROM job_outbox WHERE run_id = $1 AND processed_at IS NOT NULL),
+			coalesce((SELECT locked_by FROM job_outbox WHERE run_id = $1), ''),
+			coalesce((SELECT last_error FROM job_outbox WHERE run_id = $1), '')`, runID).
+		Scan(&st.Accepted, &st.RunProcessed, &st.Items, &st.Attempts, &st.Processed, &st.LockedBy, &st.LastError)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return st
+}
+
+func countItems(t *testing.T, s storetest.Store) int {
+	t.Helper()
+	var n int
+	if err := s.(*pgstore.Store).Pool().QueryRow(context.Background(), `SELECT count(*) FROM job_outbox`).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// Migrate is idempotent and upgrades tables created from the contract's
+// example, keeping their rows.
+func TestMigrateUpgradesContractTables(t *testing.T) {
+	dsn := pgtest.TestSchema(t)
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	if _, err := conn.Exec(ctx, `CREATE TABLE accepted_runs (
+			run_id text PRIMARY KEY,
+			accepted_at timestamptz NOT NULL DEFAULT now(),
+			processed_at timestamptz,
+			response_status integer NOT NULL CHECK (response_status BETWEEN 200 AND 299),
+			response_body jsonb NOT NULL);
+		CREATE TABLE job_outbox (
+			run_id text PRIMARY KEY REFERENCES accepted_runs(run_id),
+			payload jsonb NOT NULL,
+			created_at timestamptz NOT NULL DEFAULT now(),
+			processed_at timestamptz);
+		INSERT INTO accepted_runs (run_id, response_status, response_body) VALUES ('run_old', 202, '{"accepted":true}');
+		INSERT INTO job_outbox (run_id, payload) VALUES ('run_old', '{}')`); err != nil {
+		t.Fatal(err)
+	}
+	s, err := pgstore.Open(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	errs := make(chan error, 3)
+	for range 3 {
+		go func() { errs <- s.Migrate(ctx) }()
+	}
+	for range 3 {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	now := time.Now()
+	items, err := s.ClaimOutbox(ctx, "w", now, now.Add(time.Minute), 10)
+	if err != nil || len(items) != 1 || items[0].RunID != "run_old" || items[0].Attempt != 1 {
+		t.Fatalf("claim after upgrade = %+v, %v", items, err)
+	}
+}
+
+// A store whose database is gone answers with an error, never a response.
+func TestAcceptDatabaseDown(t *testing.T) {
+	s, _ := newStore(t)
+	s.(*pgstore.Store).Pool().Close()
+	if status, body, err := s.Accept(context.Background(), "run_down", storetest.Body("run_down")); err == nil || status != 0 || body != nil {
+		t.Fatalf("Accept on a closed pool = %d %q %v", status, body, err)
+	}
+}

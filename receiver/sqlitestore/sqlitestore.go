@@ -1,0 +1,286 @@
+// Package sqlitestore is the SQLite store of the receiver SDK (modernc.org/sqlite,
+// no cgo), with the same tables and semantics as pgstore: the contract's
+// accepted_runs and job_outbox tables plus lease columns.
+//
+// The database runs in WAL mode with a busy timeout and full synchronous
+// commits; every writing transaction starts with BEGIN IMMEDIATE, so it holds
+// the database's single write lock from its first statement and never fails
+// half-way on a lock upgrade. Several processes on one host may share the file.
+// Times are stored as TEXT in the contract's layout (UTC, milliseconds), which
+// sorts chronologically.
+package sqlitestore
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"net/url"
+	"time"
+
+	_ "modernc.org/sqlite" // registers the "sqlite" driver
+
+	"github.com/vibejobs/vibejobs/contract"
+	"github.com/vibejobs/vibejobs/receiver"
+)
+
+// BusyTimeout is how long a transaction waits for the write lock held by
+// another connection or process.
+const BusyTimeout = 10 * time.Second
+
+// Store implements receiver.Store, receiver.Outbox and receiver.RetentionStore.
+type Store struct {
+	db *sql.DB
+}
+
+var (
+	_ receiver.Store          = (*Store)(nil)
+	_ receiver.Outbox         = (*Store)(nil)
+	_ receiver.RetentionStore = (*Store)(nil)
+)
+
+// Open opens (creating if needed) the database file at path and migrates it.
+// path must not contain '?' or '#'.
+func Open(ctx context.Context, path string) (*Store, error) {
+	q := url.Values{}
+	q.Set("_txlock", "immediate")
+	q.Add("_pragma", fmt.Sprintf("busy_timeout(%d)", BusyTimeout.Milliseconds()))
+	q.Add("_pragma", "journal_mode(WAL)")
+	q.Add("_pragma", "synchronous(FULL)")
+	q.Add("_pragma", "foreign_keys(1)")
+	db, err := sql.Open("sqlite", "file:"+path+"?"+q.Encode())
+	if err != nil {
+		return nil, fmt.Errorf("sqlitestore: opening: %w", err)
+	}
+	// SQLite has one writer and nearly every statement here writes: one
+	// connection lets this process queue its transactions in Go instead of in
+	// SQLite's sleeping busy handler. Other processes wait in the busy handler.
+	db.SetMaxOpenConns(1)
+	s := &Store{db: db}
+	if err := s.Migrate(ctx); err != nil {
+		db.Close()
+		return nil, err
+	}
+	return s, nil
+}
+
+// DB returns the underlying database, for the app's own queries.
+func (s *Store) DB() *sql.DB { return s.db }
+
+// Close closes the database.
+func (s *Store) Close() error { return s.db.Close() }
+
+// now is SQLite's current time in the store's layout.
+const nowSQL = `(strftime('%Y-%m-%dT%H:%M:%fZ', 'now'))`
+
+// migrations are applied in order; PRAGMA user_version records how many ran.
+// Never edit one: append.
+var migrations = []string{
+	`CREATE TABLE IF NOT EXISTS accepted_runs (
+		run_id TEXT PRIMARY KEY,
+		accepted_at TEXT NOT NULL DEFAULT ` + nowSQL + `,
+		processed_at TEXT,
+		response_status INTEGER NOT NULL CHECK (response_status BETWEEN 200 AND 299),
+		response_body TEXT NOT NULL CHECK (json_valid(response_body))
+	);
+	CREATE TABLE IF NOT EXISTS job_outbox (
+		run_id TEXT PRIMARY KEY REFERENCES accepted_runs(run_id),
+		payload TEXT NOT NULL CHECK (json_valid(payload)),
+		created_at TEXT NOT NULL DEFAULT ` + nowSQL + `,
+		processed_at TEXT,
+		locked_by TEXT,
+		locked_until TEXT,
+		attempts INTEGER NOT NULL DEFAULT 0,
+		next_attempt_at TEXT,
+		last_error TEXT
+	);
+	CREATE INDEX IF NOT EXISTS job_outbox_pending ON job_outbox (created_at) WHERE processed_at IS NULL;
+	CREATE INDEX IF NOT EXISTS job_outbox_processed ON job_outbox (processed_at) WHERE processed_at IS NOT NULL;
+	CREATE INDEX IF NOT EXISTS accepted_runs_processed ON accepted_runs (processed_at) WHERE processed_at IS NOT NULL`,
+}
+
+// Migrate creates or upgrades the store's tables; Open calls it. Concurrent
+// calls from several processes are serialized by the write lock.
+func (s *Store) Migrate(ctx context.Context) error {
+	err := s.inTx(ctx, func(tx *sql.Tx) error {
+		var have int
+		if err := tx.QueryRowContext(ctx, `PRAGMA user_version`).Scan(&have); err != nil {
+			return err
+		}
+		for i := have; i < len(migrations); i++ {
+			if _, err := tx.ExecContext(ctx, migrations[i]); err != nil {
+				return fmt.Errorf("migration %d: %w", i+1, err)
+			}
+		}
+		if have < len(migrations) {
+			// PRAGMA takes no bound parameters; the value is our constant.
+			if _, err := tx.ExecContext(ctx, fmt.Sprintf(`PRAGMA user_version = %d`, len(migrations))); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("sqlitestore: migrating: %w", err)
+	}
+	return nil
+}
+
+// inTx runs fn in a BEGIN IMMEDIATE transaction and commits, or rolls back
+// when fn or the commit fails.
+func (s *Store) inTx(ctx context.Context, fn func(*sql.Tx) error) error {
+	tx, err := s.db.BeginTx(ctx, nil)
+	if err != nil {
+		return err
+	}
+	if err := fn(tx); err != nil {
+		tx.Rollback()
+		return err
+	}
+	return tx.Commit()
+}
+
+func ts(t time.Time) string { return t.UTC().Format(contract.ScheduledForLayout) }
+
+// Accept implements receiver.Store. The write lock taken by BEGIN IMMEDIATE
+// makes the insert of the receipt and of the outbox item one atomic step for
+// every process; the response is returned only after COMMIT.
+func (s *Store) Accept(ctx context.Context, runID string, payload []byte) (status int, body []byte, err error) {
+	err = s.inTx(ctx, func(tx *sql.Tx) error {
+		res, err := tx.ExecContext(ctx, `INSERT INTO accepted_runs (run_id, response_status, response_body)
+			VALUES (?, 202, '{"accepted":true}')
+			ON CONFLICT (run_id) DO NOTHING`, runID)
+		if err != nil {
+			return err
+		}
+		if n, err := res.RowsAffected(); err != nil {
+			return err
+		} else if n == 1 {
+			// string: stored as TEXT, which json_valid checks as JSON text.
+			if _, err := tx.ExecContext(ctx, `INSERT INTO job_outbox (run_id, payload) VALUES (?, ?)`, runID, string(payload)); err != nil {
+				return err
+			}
+		}
+		var b string
+		if err := tx.QueryRowContext(ctx, `SELECT response_status, response_body FROM accepted_runs WHERE run_id = ?`, runID).Scan(&status, &b); err != nil {
+			return err
+		}
+		body = []byte(b)
+		return nil
+	})
+	if err != nil {
+		return 0, nil, fmt.Errorf("sqlitestore: accepting run: %w", err)
+	}
+	return status, body, nil
+}
+
+// ClaimOutbox implements receiver.Outbox. The write lock serializes claims, so
+// a plain UPDATE … RETURNING cannot hand an item to two workers.
+func (s *Store) ClaimOutbox(ctx context.Context, worker string, now, leaseUntil time.Time, limit int) ([]receiver.OutboxItem, error) {
+	var items []receiver.OutboxItem
+	err := s.inTx(ctx, func(tx *sql.Tx) error {
+		rows, err := tx.QueryContext(ctx, `UPDATE job_outbox
+			SET locked_by = ?1, locked_until = ?3, attempts = attempts + 1
+			WHERE run_id IN (
+				SELECT run_id FROM job_outbox
+				WHERE processed_at IS NULL
+					AND (next_attempt_at IS NULL OR next_attempt_at <= ?2)
+					AND (locked_until IS NULL OR locked_until <= ?2)
+				ORDER BY created_at, run_id
+				LIMIT ?4)
+			RETURNING run_id, payload, attempts`, worker, ts(now), ts(leaseUntil), limit)
+		if err != nil {
+			return err
+		}
+		defer rows.Close()
+		for rows.Next() {
+			var it receiver.OutboxItem
+			var payload string
+			if err := rows.Scan(&it.RunID, &payload, &it.Attempt); err != nil {
+				return err
+			}
+			it.Payload = []byte(payload)
+			items = append(items, it)
+		}
+		return rows.Err()
+	})
+	if err != nil {
+		return nil, fmt.Errorf("sqlitestore: claiming outbox items: %w", err)
+	}
+	return items, nil
+}
+
+// CompleteOutbox implements receiver.Outbox.
+func (s *Store) CompleteOutbox(ctx context.Context, runID string, at time.Time) error {
+	err := s.inTx(ctx, func(tx *sql.Tx) error {
+		res, err := tx.ExecContext(ctx, `UPDATE job_outbox
+			SET processed_at = ?2, locked_by = NULL, locked_until = NULL, last_error = NULL
+			WHERE run_id = ?1 AND processed_at IS NULL`, runID, ts(at))
+		if err != nil {
+			return err
+		}
+		if n, err := res.RowsAffected(); err != nil || n == 0 {
+			return err
+		}
+		_, err = tx.ExecContext(ctx, `UPDATE accepted_runs SET processed_at = ?2 WHERE run_id = ?1`, runID, ts(at))
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("sqlitestore: completing outbox item: %w", err)
+	}
+	return nil
+}
+
+// FailOutbox implements receiver.Outbox.
+func (s *Store) FailOutbox(ctx context.Context, runID, worker string, retryAt time.Time, reason string) error {
+	err := s.inTx(ctx, func(tx *sql.Tx) error {
+		_, err := tx.ExecContext(ctx, `UPDATE job_outbox
+			SET locked_by = NULL, locked_until = NULL, next_attempt_at = ?3, last_error = ?4
+			WHERE run_id = ?1 AND locked_by = ?2 AND processed_at IS NULL`, runID, worker, ts(retryAt), reason)
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("sqlitestore: recording outbox failure: %w", err)
+	}
+	return nil
+}
+
+// DeleteProcessedOutbox implements receiver.RetentionStore.
+func (s *Store) DeleteProcessedOutbox(ctx context.Context, before time.Time, limit int) (int, error) {
+	n, err := s.deleteBatch(ctx, `DELETE FROM job_outbox WHERE run_id IN (
+		SELECT run_id FROM job_outbox
+		WHERE processed_at < ?1
+		ORDER BY processed_at
+		LIMIT ?2)`, before, limit)
+	if err != nil {
+		return n, fmt.Errorf("sqlitestore: deleting processed outbox items: %w", err)
+	}
+	return n, nil
+}
+
+// DeleteProcessedRuns implements receiver.RetentionStore.
+func (s *Store) DeleteProcessedRuns(ctx context.Context, before time.Time, limit int) (int, error) {
+	n, err := s.deleteBatch(ctx, `DELETE FROM accepted_runs WHERE run_id IN (
+		SELECT a.run_id FROM accepted_runs AS a
+		WHERE a.processed_at < ?1
+			AND NOT EXISTS (SELECT 1 FROM job_outbox AS o WHERE o.run_id = a.run_id)
+		ORDER BY a.processed_at
+		LIMIT ?2)`, before, limit)
+	if err != nil {
+		return n, fmt.Errorf("sqlitestore: deleting processed acceptance records: %w", err)
+	}
+	return n, nil
+}
+
+func (s *Store) deleteBatch(ctx context.Context, query string, before time.Time, limit int) (int, error) {
+	var n int64
+	err := s.inTx(ctx, func(tx *sql.Tx) error {
+		res, err := tx.ExecContext(ctx, query, ts(before), limit)
+		if err != nil {
+			return err
+		}
+		n, err = res.RowsAffected()
+		return err
+	})
+	return int(n), err
+}
+

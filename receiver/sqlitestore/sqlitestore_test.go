@@ -1,0 +1,101 @@
+package sqlitestore_test
+
+import (
+	"context"
+	"database/sql"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/vibejobs/vibejobs/receiver/internal/storetest"
+	"github.com/vibejobs/vibejobs/receiver/sqlitestore"
+)
+
+var harness = storetest.Harness{
+	New:        newStore,
+	Open:       openStore,
+	Inspect:    inspect,
+	CountItems: countItems,
+}
+
+func TestMain(m *testing.M) {
+	storetest.RunChild(harness)
+	os.Exit(m.Run())
+}
+
+func TestConformance(t *testing.T) { storetest.Run(t, harness) }
+
+func openStore(ctx context.Context, path string) (storetest.Store, func(), error) {
+	s, err := sqlitestore.Open(ctx, path)
+	if err != nil {
+		return nil, nil, err
+	}
+	return s, func() { s.Close() }, nil
+}
+
+func newStore(t *testing.T) (storetest.Store, string) {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "receiver.db")
+	s, err := sqlitestore.Open(context.Background(), path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s, path
+}
+
+func inspect(t *testing.T, s storetest.Store, runID string) storetest.ItemState {
+	t.Helper()
+	db := s.(*sqlitestore.Store).DB()
+	var st storetest.ItemState
+	err := db.QueryRowContext(context.Background(), `SELECT
+			EXISTS (SELECT 1 FROM accepted_runs WHERE run_id = ?1),
+			EXISTS (SELECT 1 FROM accepted_runs WHERE run_id = ?1 AND processed_at IS NOT NULL),
+			(SELECT count(*) FROM job_outbox WHERE run_id = ?1),
+			coalesce((SELECT attempts FROM job_outbox WHERE run_id = ?1), 0),
+			EXISTS (SELECT 1 FROM job_outbox WHERE run_id = ?1 AND processed_at IS NOT NULL),
+			coalesce((SELECT locked_by FROM job_outbox WHERE run_id = ?1), ''),
+			coalesce((SELECT last_error FROM job_outbox WHERE run_id = ?1), '')`, runID).
+		Scan(&st.Accepted, &st.RunProcessed, &st.Items, &st.Attempts, &st.Processed, &st.LockedBy, &st.LastError)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return st
+}
+
+func countItems(t *testing.T, s storetest.Store) int {
+	t.Helper()
+	var n int
+	if err := s.(*sqlitestore.Store).DB().QueryRowContext(context.Background(), `SELECT count(*) FROM job_outbox`).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+func TestOpenSetsWALAndBusyTimeout(t *testing.T) {
+	s, _ := newStore(t)
+	db := s.(*sqlitestore.Store).DB()
+	var mode string
+	var busy int
+	if err := db.QueryRow(`PRAGMA journal_mode`).Scan(&mode); err != nil || mode != "wal" {
+		t.Fatalf("journal_mode = %q, %v", mode, err)
+	}
+	if err := db.QueryRow(`PRAGMA busy_timeout`).Scan(&busy); err != nil || busy != int(sqlitestore.BusyTimeout.Milliseconds()) {
+		t.Fatalf("busy_timeout = %d, %v", busy, err)
+	}
+	// Reopening runs no migration twice.
+	s2, err := sqlitestore.Open(context.Background(), dbPath(t, db))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s2.Close()
+}
+
+func dbPath(t *testing.T, db *sql.DB) string {
+	var seq int
+	var name, file string
+	if err := db.QueryRow(`PRAGMA database_list`).Scan(&seq, &name, &file); err != nil {
+		t.Fatal(err)
+	}
+	return file
+}

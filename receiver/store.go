@@ -1,0 +1,63 @@
+package receiver
+
+import (
+	"context"
+	"time"
+)
+
+// AcceptedStatus and AcceptedBody are the response a store records for a newly
+// accepted run and returns for every repeat of it.
+const (
+	AcceptedStatus = 202
+	AcceptedBody   = `{"accepted":true}`
+)
+
+// Store durably accepts deliveries. All handler replicas of an app must use the
+// same database.
+type Store interface {
+	// Accept atomically records runID as accepted with the response
+	// (AcceptedStatus, AcceptedBody) and enqueues payload as an outbox item,
+	// unless runID was already accepted; then it creates nothing. Either way it
+	// returns the stored response, read after the write so that a concurrent
+	// winner's receipt is seen, and returns only after the transaction has
+	// committed. On error nothing was committed by this call, and the caller
+	// must not answer 2xx.
+	Accept(ctx context.Context, runID string, payload []byte) (status int, body []byte, err error)
+}
+
+// OutboxItem is one claimed unit of work.
+type OutboxItem struct {
+	RunID string
+	// Payload is the accepted delivery body (JSON). Stores may hand back an
+	// equivalent document (PostgreSQL's jsonb reorders keys); the Worker
+	// restores the contract's exact bytes before calling the app.
+	Payload []byte
+	// Attempt counts the claims of this item, this one included.
+	Attempt int
+}
+
+// Outbox is the work queue side of a store. Times come from the caller's clock,
+// so every process sharing a database must keep its clock synchronized.
+type Outbox interface {
+	// ClaimOutbox leases up to limit unprocessed items that are due at now (no
+	// retry pending after now) and not leased by a live lease (locked_until
+	// after now) to worker until leaseUntil, and counts the attempt. An item is
+	// never handed to two callers for overlapping leases.
+	ClaimOutbox(ctx context.Context, worker string, now, leaseUntil time.Time, limit int) ([]OutboxItem, error)
+	// CompleteOutbox marks the item and its acceptance record processed at at.
+	// Completing an already processed item is a no-op.
+	CompleteOutbox(ctx context.Context, runID string, at time.Time) error
+	// FailOutbox releases the item leased by worker for a new claim at retryAt
+	// and records reason. It does nothing when worker no longer holds the item.
+	FailOutbox(ctx context.Context, runID, worker string, retryAt time.Time, reason string) error
+}
+
+// RetentionStore deletes processed records.
+type RetentionStore interface {
+	// DeleteProcessedOutbox deletes up to limit outbox items processed before
+	// before and returns how many it deleted.
+	DeleteProcessedOutbox(ctx context.Context, before time.Time, limit int) (int, error)
+	// DeleteProcessedRuns deletes up to limit acceptance records processed before
+	// before that have no outbox item left, and returns how many it deleted.
+	DeleteProcessedRuns(ctx context.Context, before time.Time, limit int) (int, error)
+}

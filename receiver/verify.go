@@ -1,0 +1,148 @@
+// Package receiver is the SDK for apps that receive vibejobs deliveries. It does
+// what the wire contract asks of a receiver so that an app does not have to get
+// it right by hand:
+//
+//   - [Verifier] checks the Vibe-Signature header (exact form, freshness, HMAC in
+//     constant time) against the current job secret and, during a rotation, the
+//     previous one until its expiry.
+//   - [NewHandler] is an http.Handler that reads the raw body through the 64 KiB
+//     bound, counts physical header lines, verifies, validates the body against the
+//     contract's schema ([ValidatePayload]) and durably accepts the run through a
+//     [Store], answering with the stored response only after commit.
+//     [NewMiddleware] does the same checks and hands the request to the app's own
+//     handler instead.
+//   - [Worker] drains the outbox: it claims items under a lease, runs the app's
+//     function with the run id as idempotency key, retries with backoff and takes
+//     over items whose worker died.
+//   - [Retention] deletes processed receipts after the retention period.
+//
+// The package imports only the standard library and the contract package; the
+// stores live in the subpackages pgstore (PostgreSQL, pgx) and sqlitestore
+// (SQLite, modernc.org/sqlite).
+//
+// Nothing in this package logs or returns in an error the secret, the signature
+// header or the body.
+package receiver
+
+import (
+	"errors"
+	"net/http"
+	"sync/atomic"
+	"time"
+
+	"github.com/vibejobs/vibejobs/contract"
+)
+
+// Errors of request verification, in addition to contract.ErrMalformedSignature,
+// contract.ErrStaleSignature and contract.ErrBadSignature. None of them carries a
+// header value.
+var (
+	// ErrCallerKind means the X-Vibe-Caller-Kind header is missing, repeated or
+	// not "schedule".
+	ErrCallerKind = errors.New("receiver: caller kind is not a single \"schedule\" header")
+	// ErrSignatureHeader means the Vibe-Signature header is missing or appears on
+	// more than one physical line.
+	ErrSignatureHeader = errors.New("receiver: not exactly one Vibe-Signature header")
+	// ErrInvalidSecret means a configured secret does not have the job secret
+	// format ("vjs_" and 43 base64url characters).
+	ErrInvalidSecret = errors.New("receiver: secret does not have the job secret format")
+)
+
+// DefaultRotationWindow is how long [Verifier.Rotate] keeps accepting the
+// replaced secret: the platform may have signed an attempt with it just before
+// the rotation, and such a signature stays fresh for at most 5 minutes.
+const DefaultRotationWindow = contract.FreshnessSeconds * time.Second
+
+// Secrets are the keys a [Verifier] accepts: the current job secret and,
+// during a rotation, the previous one until PreviousExpiresAt (exclusive).
+type Secrets struct {
+	Current           string
+	Previous          string
+	PreviousExpiresAt time.Time
+}
+
+func (s Secrets) validate() error {
+	if !contract.ValidSecret(s.Current) {
+		return ErrInvalidSecret
+	}
+	if s.Previous != "" && !contract.ValidSecret(s.Previous) {
+		return ErrInvalidSecret
+	}
+	return nil
+}
+
+// Verifier verifies delivery signatures. It is safe for concurrent use; the
+// secrets can be replaced at any time with [Verifier.SetSecrets] or
+// [Verifier.Rotate] while requests are being verified.
+type Verifier struct {
+	now     func() time.Time
+	secrets atomic.Pointer[Secrets]
+}
+
+// NewVerifier returns a Verifier for s. now is the clock used for freshness and
+// for the previous secret's expiry; nil means time.Now. Secrets that do not have
+// the job secret format (for example with a trailing newline from a file) are
+// rejected with ErrInvalidSecret.
+func NewVerifier(s Secrets, now func() time.Time) (*Verifier, error) {
+	if now == nil {
+		now = time.Now
+	}
+	v := &Verifier{now: now}
+	if err := v.SetSecrets(s); err != nil {
+		return nil, err
+	}
+	return v, nil
+}
+
+// SetSecrets replaces the accepted secrets. On error the old ones stay.
+func (v *Verifier) SetSecrets(s Secrets) error {
+	if err := s.validate(); err != nil {
+		return err
+	}
+	v.secrets.Store(&s)
+	return nil
+}
+
+// Secrets returns the secrets in force.
+func (v *Verifier) Secrets() Secrets { return *v.secrets.Load() }
+
+// Rotate makes next the current secret and keeps accepting the one it replaces
+// for window (DefaultRotationWindow when window ≤ 0) from now.
+func (v *Verifier) Rotate(next string, window time.Duration) error {
+	if window <= 0 {
+		window = DefaultRotationWindow
+	}
+	old := v.secrets.Load()
+	return v.SetSecrets(Secrets{Current: next, Previous: old.Current, PreviousExpiresAt: v.now().Add(window)})
+}
+
+// Verify checks one Vibe-Signature header value against the raw body: the exact
+// form t=<T>,v1=<64 lowercase hex>, |now − T| ≤ 300 s and the HMAC-SHA256 under
+// the current secret or, before its expiry, the previous one. It returns nil or
+// one of the contract's errors.
+func (v *Verifier) Verify(signature string, body []byte) error {
+	now := v.now()
+	s := v.secrets.Load()
+	keys := [2]string{s.Current}
+	if s.Previous != "" && now.Before(s.PreviousExpiresAt) {
+		keys[1] = s.Previous
+	}
+	// VerifyAny skips the empty second key.
+	return contract.VerifyAny(keys[:], signature, body, now.Unix())
+}
+
+// VerifyHeaders checks the headers of a delivery as received by a net/http
+// server, whose Header map holds one entry per physical header line: exactly
+// one X-Vibe-Caller-Kind line with the value "schedule" and exactly one
+// Vibe-Signature line, which must verify against body.
+func (v *Verifier) VerifyHeaders(h http.Header, body []byte) error {
+	caller := h[contract.HeaderCallerKind]
+	if len(caller) != 1 || caller[0] != contract.CallerKindSchedule {
+		return ErrCallerKind
+	}
+	sig := h[contract.HeaderSignature]
+	if len(sig) != 1 {
+		return ErrSignatureHeader
+	}
+	return v.Verify(sig[0], body)
+}

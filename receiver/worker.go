@@ -1,0 +1,246 @@
+package receiver
+
+import (
+	"cmp"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/vibejobs/vibejobs/contract"
+)
+
+// ProcessFunc does the app's work for one accepted run. runID is the
+// idempotency key for every external effect: an item can run more than once
+// (a worker that dies after the effect and before recording success, a lease
+// that expires while the function still runs), and an outbox cannot prevent
+// that. payload is the delivery body, byte for byte as the platform signed it.
+// ctx ends when the item's lease ends or the worker stops.
+type ProcessFunc func(ctx context.Context, runID string, payload []byte) error
+
+// Worker defaults.
+const (
+	DefaultLease        = time.Minute
+	DefaultPollInterval = time.Second
+	DefaultConcurrency  = 1
+)
+
+// storeCallTimeout bounds recording an outcome after the worker's context
+// ended, so that work done during a shutdown is not lost for want of a context.
+const storeCallTimeout = 10 * time.Second
+
+// DefaultBackoff is the delay before retrying an item whose attempt-th run
+// failed: 5 s doubling per attempt, at most 1 h.
+func DefaultBackoff(attempt int) time.Duration {
+	const base, limit = 5 * time.Second, time.Hour
+	if attempt < 1 {
+		attempt = 1
+	}
+	if attempt > 20 {
+		return limit
+	}
+	return min(base<<(attempt-1), limit)
+}
+
+// WorkerConfig configures [NewWorker].
+type WorkerConfig struct {
+	// Outbox is the queue to drain. Required.
+	Outbox Outbox
+	// Process is the app's work. Required.
+	Process ProcessFunc
+	// ID names this worker in lease columns; unique per process. Default:
+	// host name, process id and random bytes.
+	ID string
+	// Lease is how long a claimed item stays reserved for this worker; after it
+	// any worker may claim the item again. Process must finish within it.
+	Lease time.Duration
+	// Concurrency is how many items one batch claims and runs in parallel.
+	Concurrency int
+	// PollInterval is the wait between batches when the outbox had less work
+	// than Concurrency.
+	PollInterval time.Duration
+	// Backoff gives the delay before the next claim of an item whose attempt-th
+	// run failed. Default DefaultBackoff. Items are retried until they succeed.
+	Backoff func(attempt int) time.Duration
+	// Now is the clock for leases and retries. Default time.Now.
+	Now func() time.Time
+	// Logger gets one line per item outcome, with the run id only.
+	Logger *slog.Logger
+}
+
+// Worker claims outbox items and runs the app's ProcessFunc on them. Several
+// workers, in one or many processes, may share one database.
+type Worker struct {
+	outbox      Outbox
+	process     ProcessFunc
+	id          string
+	lease       time.Duration
+	concurrency int
+	poll        time.Duration
+	backoff     func(int) time.Duration
+	now         func() time.Time
+	log         *slog.Logger
+}
+
+// NewWorker returns a Worker for cfg, filling defaults.
+func NewWorker(cfg WorkerConfig) (*Worker, error) {
+	if cfg.Outbox == nil || cfg.Process == nil {
+		return nil, errors.New("receiver: WorkerConfig.Outbox and Process are required")
+	}
+	if cfg.Lease < 0 || cfg.Concurrency < 0 || cfg.PollInterval < 0 {
+		return nil, errors.New("receiver: negative WorkerConfig value")
+	}
+	id := cfg.ID
+	if id == "" {
+		host, _ := os.Hostname()
+		var b [4]byte
+		rand.Read(b[:])
+		id = fmt.Sprintf("%s-%d-%s", host, os.Getpid(), hex.EncodeToString(b[:]))
+	}
+	if cfg.Backoff == nil {
+		cfg.Backoff = DefaultBackoff
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	return &Worker{
+		outbox:      cfg.Outbox,
+		process:     cfg.Process,
+		id:          id,
+		lease:       cmp.Or(cfg.Lease, DefaultLease),
+		concurrency: cmp.Or(cfg.Concurrency, DefaultConcurrency),
+		poll:        cmp.Or(cfg.PollInterval, DefaultPollInterval),
+		backoff:     cfg.Backoff,
+		now:         cfg.Now,
+		log:         cmp.Or(cfg.Logger, slog.Default()),
+	}, nil
+}
+
+// ID returns the worker's id as recorded in the lease columns.
+func (w *Worker) ID() string { return w.id }
+
+// ProcessBatch claims up to Concurrency due items, runs them in parallel and
+// records each outcome: processed on success, a retry after Backoff on failure,
+// an immediate retry when ctx ended during the run. It returns how many items
+// it claimed and the errors of claiming or recording (not the app's errors,
+// which are recorded on the item and logged).
+func (w *Worker) ProcessBatch(ctx context.Context) (int, error) {
+	now := w.now()
+	items, err := w.outbox.ClaimOutbox(ctx, w.id, now, now.Add(w.lease), w.concurrency)
+	if err != nil {
+		return 0, fmt.Errorf("claiming outbox items: %w", err)
+	}
+	errs := make([]error, len(items))
+	var wg sync.WaitGroup
+	for i, it := range items {
+		wg.Go(func() { errs[i] = w.runItem(ctx, it) })
+	}
+	wg.Wait()
+	return len(items), errors.Join(errs...)
+}
+
+func (w *Worker) runItem(ctx context.Context, it OutboxItem) error {
+	pctx, cancel := context.WithTimeout(ctx, w.lease)
+	err := w.call(pctx, it.RunID, canonicalPayload(it.RunID, it.Payload))
+	cancel()
+
+	sctx, scancel := context.WithTimeout(context.WithoutCancel(ctx), storeCallTimeout)
+	defer scancel()
+	if err == nil {
+		if err := w.outbox.CompleteOutbox(sctx, it.RunID, w.now()); err != nil {
+			return fmt.Errorf("recording run %s as processed: %w", it.RunID, err)
+		}
+		w.log.LogAttrs(ctx, slog.LevelInfo, "outbox item processed", slog.String("run_id", it.RunID), slog.Int("attempt", it.Attempt))
+		return nil
+	}
+	retryAt := w.now()
+	if ctx.Err() == nil {
+		retryAt = retryAt.Add(w.backoff(it.Attempt))
+	}
+	w.log.LogAttrs(ctx, slog.LevelWarn, "outbox item failed", slog.String("run_id", it.RunID),
+		slog.Int("attempt", it.Attempt), slog.Time("retry_at", retryAt), slog.String("error", err.Error()))
+	if ferr := w.outbox.FailOutbox(sctx, it.RunID, w.id, retryAt, truncate(err.Error(), 1024)); ferr != nil {
+		return fmt.Errorf("recording failure of run %s: %w", it.RunID, ferr)
+	}
+	return nil
+}
+
+// call runs the app's function, turning a panic into an error so that one bad
+// item cannot stop the worker.
+func (w *Worker) call(ctx context.Context, runID string, payload []byte) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("panic: %v", r)
+		}
+	}()
+	return w.process(ctx, runID, payload)
+}
+
+// Run processes batches until ctx ends, then waits for the items in flight,
+// whose contexts end too, and returns nil. Errors of the store are logged and
+// retried after PollInterval.
+func (w *Worker) Run(ctx context.Context) error {
+	timer := time.NewTimer(0)
+	defer timer.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-timer.C:
+		}
+		n, err := w.ProcessBatch(ctx)
+		if err != nil && ctx.Err() == nil {
+			w.log.LogAttrs(ctx, slog.LevelError, "outbox worker", slog.String("error", err.Error()))
+		}
+		wait := w.poll
+		if err == nil && n == w.concurrency {
+			wait = 0 // a full batch: there may be more
+		}
+		timer.Reset(wait)
+	}
+}
+
+// canonicalPayload returns the contract's exact bytes for a stored payload
+// that a store handed back reformatted (jsonb), or b unchanged.
+func canonicalPayload(runID string, b []byte) []byte {
+	if _, err := ValidatePayload(b); err == nil {
+		return b
+	}
+	var v struct {
+		Type         string `json:"type"`
+		JobID        string `json:"jobId"`
+		RunID        string `json:"runId"`
+		ScheduledFor string `json:"scheduledFor"`
+		Attempt      int    `json:"attempt"`
+		Late         bool   `json:"late"`
+		Trigger      string `json:"trigger"`
+	}
+	if json.Unmarshal(b, &v) != nil || v.RunID != runID || v.Type != contract.BodyType {
+		return b
+	}
+	at, ok := parseScheduledFor(v.ScheduledFor)
+	if !ok {
+		return b
+	}
+	c := contract.Body(contract.Payload{JobID: v.JobID, RunID: v.RunID, ScheduledFor: at, Attempt: v.Attempt, Late: v.Late, Trigger: v.Trigger})
+	if p, err := ValidatePayload(c); err != nil || p.RunID != runID {
+		return b
+	}
+	return c
+}
+
+// truncate shortens s to at most n bytes of valid UTF-8 (text columns reject
+// anything else).
+func truncate(s string, n int) string {
+	if len(s) > n {
+		s = s[:n]
+	}
+	return strings.ToValidUTF8(s, "")
+}
