@@ -283,4 +283,3 @@ func (s *Store) deleteBatch(ctx context.Context, query string, before time.Time,
 	})
 	return int(n), err
 }
-
