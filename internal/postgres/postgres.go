@@ -1,0 +1,398 @@
+// Package postgres is the vibejobs.Store on PostgreSQL, for one or many
+// replicas sharing one database.
+//
+// The database coordinates the replicas: runs are claimed with FOR UPDATE
+// SKIP LOCKED under a lease, a unique constraint keeps one run per (job,
+// scheduledFor), a job's schedule advances only from the NextRunAt a plan was
+// computed from, and maintenance statements skip rows another replica holds.
+// Runs that become claimable are announced with NOTIFY on the channel
+// vibejobs_runs (see Store.Wakeups).
+//
+// Job.LastRun is, as in the SQLite store, the job's run with the latest
+// scheduledFor (ties by id) among those that started an attempt or finished:
+// occurrences materialised ahead of time do not show until they start. It is
+// read with the job (one index probe) rather than kept on the job row, so it
+// is never stale and a pruned run simply falls out of it.
+package postgres
+
+import (
+	"cmp"
+	"context"
+	"embed"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"io"
+	"io/fs"
+	"log/slog"
+	"net"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgtype"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/jackc/pgx/v5/stdlib"
+	"github.com/pressly/goose/v3"
+	"github.com/pressly/goose/v3/lock"
+
+	"github.com/vibejobs/vibejobs"
+)
+
+//go:embed migrations/*.sql
+var migrations embed.FS
+
+// NotifyChannel is the LISTEN/NOTIFY channel on which a Store announces runs
+// that became claimable. The payload is the Store's schema ("" for none), so
+// installations in different schemas of one database do not wake each other.
+const NotifyChannel = "vibejobs_runs"
+
+// updateAttempts bounds how often Update runs fn when PostgreSQL reports a
+// serialization failure or a deadlock.
+const updateAttempts = 5
+
+// Options configure Open.
+type Options struct {
+	// Logger receives migration and reconnection messages; slog.Default() when nil.
+	Logger *slog.Logger
+	// Now is the clock for the few reads that need one without taking a
+	// time (NextDueAt); time.Now when nil.
+	Now func() time.Time
+	// Schema, when set, is created if missing and is the search_path of every
+	// connection: the tables live there. "" uses the server's search_path.
+	Schema string
+	// MaxConns is the pool size; 0 keeps pgx's default (pool_max_conns in the
+	// URL, else max(4, GOMAXPROCS)).
+	MaxConns int
+}
+
+// Store is the PostgreSQL vibejobs.Store. It is safe for concurrent use.
+type Store struct {
+	reader
+	pool   *pgxpool.Pool
+	logger *slog.Logger
+	now    func() time.Time
+	schema string
+	// connConfig makes the dedicated connections of Wakeups.
+	connConfig *pgx.ConnConfig
+
+	// closing stops the Wakeups listeners when Close is called.
+	closing   context.Context
+	stop      context.CancelFunc
+	listeners sync.WaitGroup
+}
+
+var _ vibejobs.Store = (*Store)(nil)
+
+// Open connects to the database at url (a postgres:// URL or a key=value
+// DSN), creates opts.Schema if it is set and missing, and applies the pending
+// migrations. Several replicas may Open at once: migrations run under a
+// session advisory lock.
+func Open(ctx context.Context, url string, opts Options) (*Store, error) {
+	cfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		// The parse error can quote the URL, password included: keep it out.
+		return nil, errors.New("postgres: cannot parse the database URL")
+	}
+	if opts.MaxConns > 0 {
+		cfg.MaxConns = int32(opts.MaxConns)
+	}
+	if opts.Schema != "" {
+		cfg.ConnConfig.RuntimeParams["search_path"] = pgx.Identifier{opts.Schema}.Sanitize()
+	}
+	cfg.AfterConnect = func(ctx context.Context, c *pgx.Conn) error {
+		registerUTC(c.TypeMap())
+		return nil
+	}
+	if opts.Schema != "" {
+		if err := createSchema(ctx, cfg.ConnConfig, opts.Schema); err != nil {
+			return nil, err
+		}
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, mapError(err, "opening the pool")
+	}
+	closing, stop := context.WithCancel(context.Background())
+	s := &Store{
+		reader:     reader{q: pool},
+		pool:       pool,
+		logger:     cmp.Or(opts.Logger, slog.Default()),
+		now:        opts.Now,
+		schema:     opts.Schema,
+		connConfig: cfg.ConnConfig.Copy(),
+		closing:    closing,
+		stop:       stop,
+	}
+	if s.now == nil {
+		s.now = time.Now
+	}
+	s.reader.now = s.now
+	if err := s.Migrate(ctx); err != nil {
+		s.Close()
+		return nil, err
+	}
+	return s, nil
+}
+
+// registerUTC makes timestamptz values scan in UTC (the domain's promise),
+// whatever the process's local zone.
+func registerUTC(m *pgtype.Map) {
+	m.RegisterType(&pgtype.Type{
+		Name:  "timestamptz",
+		OID:   pgtype.TimestamptzOID,
+		Codec: &pgtype.TimestamptzCodec{ScanLocation: time.UTC},
+	})
+}
+
+// createSchema creates schema unless it exists. Replicas racing to create it
+// all succeed.
+func createSchema(ctx context.Context, cc *pgx.ConnConfig, schema string) error {
+	cc = cc.Copy()
+	delete(cc.RuntimeParams, "search_path")
+	conn, err := pgx.ConnectConfig(ctx, cc)
+	if err != nil {
+		return mapError(err, "connecting to create the schema")
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	_, err = conn.Exec(ctx, "CREATE SCHEMA IF NOT EXISTS "+pgx.Identifier{schema}.Sanitize())
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && (pgErr.Code == "23505" || pgErr.Code == "42P06") {
+		// Another replica created it between the existence check and the insert.
+		return nil
+	}
+	if err != nil {
+		return mapError(err, "creating the schema")
+	}
+	return nil
+}
+
+// Migrate applies the pending embedded migrations. It holds a PostgreSQL
+// session advisory lock (one per schema) while it runs, so replicas that
+// start together apply each migration once; the others wait for it.
+func (s *Store) Migrate(ctx context.Context) error {
+	fsys, err := fs.Sub(migrations, "migrations")
+	if err != nil {
+		return fmt.Errorf("postgres: embedded migrations: %w", err)
+	}
+	lockID := lock.DefaultLockID
+	if s.schema != "" {
+		h := fnv.New64a()
+		io.WriteString(h, "vibejobs migrations in schema "+s.schema)
+		lockID = int64(h.Sum64() >> 1)
+	}
+	locker, err := lock.NewPostgresSessionLocker(
+		lock.WithLockID(lockID),
+		lock.WithLockTimeout(1, 300), // poll every second, for up to 5 minutes
+	)
+	if err != nil {
+		return fmt.Errorf("postgres: migration lock: %w", err)
+	}
+	db := stdlib.OpenDBFromPool(s.pool)
+	defer db.Close()
+	p, err := goose.NewProvider(goose.DialectPostgres, db, fsys,
+		goose.WithSessionLocker(locker),
+		goose.WithDisableGlobalRegistry(true),
+	)
+	if err != nil {
+		return fmt.Errorf("postgres: preparing migrations: %w", err)
+	}
+	results, err := p.Up(ctx)
+	if err != nil {
+		return mapError(err, "migrating")
+	}
+	for _, r := range results {
+		s.logger.Info("postgres.migrated", "version", r.Source.Version, "duration", r.Duration)
+	}
+	return nil
+}
+
+// Schema returns the schema the Store was opened on ("" for the server's
+// search_path).
+func (s *Store) Schema() string { return s.schema }
+
+// Pool returns the connection pool, for tests and tools that need raw SQL.
+func (s *Store) Pool() *pgxpool.Pool { return s.pool }
+
+// Ping checks that the database answers.
+func (s *Store) Ping(ctx context.Context) error {
+	if err := s.pool.Ping(ctx); err != nil {
+		return mapError(err, "ping")
+	}
+	return nil
+}
+
+// Close stops the Wakeups listeners and closes the pool. It waits for
+// queries in progress to finish.
+func (s *Store) Close() error {
+	s.stop()
+	s.listeners.Wait()
+	s.pool.Close()
+	return nil
+}
+
+// Update runs fn in one READ COMMITTED transaction. fn runs again (at most
+// updateAttempts times in all) when PostgreSQL aborts the transaction with a
+// serialization failure or a deadlock.
+func (s *Store) Update(ctx context.Context, fn func(tx vibejobs.Tx) error) error {
+	var err error
+	for range updateAttempts {
+		err = s.update(ctx, fn)
+		if !retryable(err) || ctx.Err() != nil {
+			return err
+		}
+	}
+	return err
+}
+
+func (s *Store) update(ctx context.Context, fn func(tx vibejobs.Tx) error) error {
+	ptx, err := s.pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
+	if err != nil {
+		return mapError(err, "beginning a transaction")
+	}
+	defer ptx.Rollback(context.WithoutCancel(ctx))
+	t := &tx{reader: reader{q: ptx, now: s.now}, s: s}
+	if err := fn(t); err != nil {
+		return err
+	}
+	if err := ptx.Commit(ctx); err != nil {
+		return mapError(err, "committing")
+	}
+	return nil
+}
+
+// retryable reports whether a transaction failed only because it raced
+// another one and may simply run again.
+func retryable(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && (pgErr.Code == "40001" || pgErr.Code == "40P01")
+}
+
+// errUnavailable is the kind of error a lost or refused database connection
+// becomes: the caller answers "unavailable" and tries again later.
+func errUnavailable() *vibejobs.Error {
+	return vibejobs.Errorf(vibejobs.EUNAVAILABLE, "database_unavailable", "database unavailable")
+}
+
+// mapError turns a driver error into what the domain expects: an
+// *vibejobs.Error stays as it is, a lost connection becomes EUNAVAILABLE
+// (wrapping the cause too), and anything else is wrapped with what was being
+// done. Constraint violations a user can cause are mapped where they occur.
+func mapError(err error, doing string) error {
+	if err == nil {
+		return nil
+	}
+	var vErr *vibejobs.Error
+	if errors.As(err, &vErr) {
+		return err
+	}
+	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		return fmt.Errorf("postgres: %s: %w", doing, err)
+	}
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		switch {
+		case retryable(err):
+			return fmt.Errorf("postgres: %s: %w", doing, err) // Update retries on it; keep the code visible
+		case connectionLost(pgErr):
+			return fmt.Errorf("%w: %s: %w", errUnavailable(), doing, err)
+		}
+		return fmt.Errorf("postgres: %s: %w", doing, err)
+	}
+	if isConnectionError(err) {
+		return fmt.Errorf("%w: %s: %w", errUnavailable(), doing, err)
+	}
+	return fmt.Errorf("postgres: %s: %w", doing, err)
+}
+
+// pgCode returns the SQLSTATE of a server error, or "".
+func pgCode(err error) string {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		return pgErr.Code
+	}
+	return ""
+}
+
+const (
+	uniqueViolation     = "23505"
+	foreignKeyViolation = "23503"
+)
+
+// connectionLost reports server errors that mean the session is gone or
+// cannot start: connection exceptions (class 08), an administrator or crash
+// shutdown, a server starting or shutting down, too many connections.
+func connectionLost(e *pgconn.PgError) bool {
+	switch {
+	case strings.HasPrefix(e.Code, "08"):
+		return true
+	case e.Code == "57P01", e.Code == "57P02", e.Code == "57P03", e.Code == "53300":
+		return true
+	}
+	return false
+}
+
+// isConnectionError reports errors of the transport rather than of a
+// statement: refused or reset connections, EOF mid-message, a closed pool.
+func isConnectionError(err error) bool {
+	var connectErr *pgconn.ConnectError
+	var netErr net.Error
+	switch {
+	case errors.As(err, &connectErr), errors.As(err, &netErr):
+		return true
+	case errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF), errors.Is(err, net.ErrClosed):
+		return true
+	case pgconn.SafeToRetry(err):
+		return true
+	}
+	msg := err.Error()
+	return strings.Contains(msg, "closed pool") || strings.Contains(msg, "conn closed")
+}
+
+// Page limits.
+const (
+	defaultLimit = 50
+	maxLimit     = 100
+)
+
+// pageLimit validates p.Limit: 0 means defaultLimit.
+func pageLimit(p vibejobs.Page) (int, error) {
+	switch {
+	case p.Limit == 0:
+		return defaultLimit, nil
+	case p.Limit < 1 || p.Limit > maxLimit:
+		return 0, vibejobs.FieldError("invalid_limit", "limit", "limit must be between 1 and %d", maxLimit)
+	}
+	return p.Limit, nil
+}
+
+// A cursor is the unpadded base64url of the last id of the previous page
+// (the same encoding as the SQLite store, so cursors behave alike).
+func encodeCursor(id string) string {
+	return base64.RawURLEncoding.EncodeToString([]byte(id))
+}
+
+// decodeCursor returns the id cursor points after ("" for the first page).
+func decodeCursor(cursor string) (string, error) {
+	if cursor == "" {
+		return "", nil
+	}
+	b, err := base64.RawURLEncoding.Strict().DecodeString(cursor)
+	if err != nil || len(b) == 0 || !validID(string(b)) {
+		return "", vibejobs.FieldError("invalid_cursor", "cursor", "cursor is not one this API returned")
+	}
+	return string(b), nil
+}
+
+// validID reports whether id uses only the characters ids are made of.
+func validID(id string) bool {
+	for _, c := range id {
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '_' || c == '-') {
+			return false
+		}
+	}
+	return len(id) <= 128
+}

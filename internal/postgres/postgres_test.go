@@ -1,0 +1,678 @@
+package postgres_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/vibejobs/vibejobs"
+	"github.com/vibejobs/vibejobs/internal/postgres"
+)
+
+// t0 is the tests' clock: the stores are given it so nothing depends on the
+// wall clock.
+var t0 = time.Date(2026, 10, 9, 9, 0, 0, 0, time.UTC)
+
+var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
+
+func open(t testing.TB, schema string) *postgres.Store {
+	t.Helper()
+	return postgres.MustOpenTestWith(t, postgres.Options{Schema: schema, Logger: quiet, Now: func() time.Time { return t0 }})
+}
+
+var idSeq atomic.Int64
+
+// id returns a unique id with prefix that sorts by creation.
+func id(prefix string) string {
+	return fmt.Sprintf("%s%012x%016x", prefix, t0.UnixMilli(), idSeq.Add(1))
+}
+
+func mustUpdate(t testing.TB, s *postgres.Store, fn func(tx vibejobs.Tx) error) {
+	t.Helper()
+	if err := s.Update(context.Background(), fn); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func newProject(t testing.TB, s *postgres.Store) string {
+	t.Helper()
+	p := &vibejobs.Project{ID: id("prj_"), Name: "test", CreatedAt: t0}
+	mustUpdate(t, s, func(tx vibejobs.Tx) error { return tx.CreateProject(context.Background(), p) })
+	return p.ID
+}
+
+func jobFor(projectID string) *vibejobs.Job {
+	next := t0
+	return &vibejobs.Job{
+		ID: id("job_"), ProjectID: projectID, Name: "every second", Schedule: "@every 1s", Timezone: "UTC",
+		URL: "https://example.com/hook", Enabled: true, State: vibejobs.JobActive,
+		Retry: vibejobs.DefaultRetryPolicy(), Timeout: 10 * time.Second, CatchUp: vibejobs.CatchUpAll,
+		ScheduleAnchor: t0, NextRunAt: &next,
+		Secret:    vibejobs.SealedSecret{KeyID: "k1", Ciphertext: []byte("sealed")},
+		CreatedAt: t0, UpdatedAt: t0,
+	}
+}
+
+func newJobs(t testing.TB, s *postgres.Store, projectID string, n int) []*vibejobs.Job {
+	t.Helper()
+	jobs := make([]*vibejobs.Job, n)
+	mustUpdate(t, s, func(tx vibejobs.Tx) error {
+		for i := range jobs {
+			jobs[i] = jobFor(projectID)
+			if err := tx.CreateJob(context.Background(), jobs[i]); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	return jobs
+}
+
+// planFor makes the plan of job j: a run per occurrence in ats, the schedule
+// continuing after the last.
+func planFor(j *vibejobs.Job, ats ...time.Time) vibejobs.RunPlan {
+	p := vibejobs.RunPlan{JobID: j.ID, From: *j.NextRunAt}
+	for _, at := range ats {
+		p.Runs = append(p.Runs, vibejobs.NewRun(id("run_"), j, vibejobs.TriggerSchedule, at, t0))
+	}
+	next := ats[len(ats)-1].Add(time.Second)
+	p.Next = &next
+	return p
+}
+
+func wantKind(t *testing.T, err error, kind, code string) {
+	t.Helper()
+	var e *vibejobs.Error
+	if !errors.As(err, &e) || e.Kind != kind || (code != "" && e.Code != code) {
+		t.Fatalf("error = %v, want kind %s code %s", err, kind, code)
+	}
+}
+
+func TestRunLifecycle(t *testing.T) {
+	ctx := context.Background()
+	s := open(t, "")
+	prj := newProject(t, s)
+	j := newJobs(t, s, prj, 1)[0]
+
+	// Two occurrences: the first is 2 min old when claimed (late), the second on time.
+	late, onTime := t0.Add(-2*time.Minute), t0
+	plan := planFor(j, late, onTime)
+	plan.From = *j.NextRunAt
+	n, err := s.ApplyRunPlans(ctx, []vibejobs.RunPlan{plan}, t0)
+	if err != nil || n != 2 {
+		t.Fatalf("ApplyRunPlans = %d, %v; want 2", n, err)
+	}
+	// The same plan again: the job moved on, nothing happens.
+	if n, err := s.ApplyRunPlans(ctx, []vibejobs.RunPlan{plan}, t0); err != nil || n != 0 {
+		t.Fatalf("ApplyRunPlans again = %d, %v; want 0", n, err)
+	}
+	got, err := s.GetJob(ctx, prj, j.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !got.NextRunAt.Equal(*plan.Next) || got.LastRun != nil {
+		t.Fatalf("job after plan: next %v last %v", got.NextRunAt, got.LastRun)
+	}
+	if at, ok, err := s.NextDueAt(ctx); err != nil || !ok || !at.Equal(late) {
+		t.Fatalf("NextDueAt = %v %v %v, want %v", at, ok, err, late)
+	}
+
+	claims, err := s.ClaimDueRuns(ctx, "a", t0, 10, 5*time.Second)
+	if err != nil || len(claims) != 2 {
+		t.Fatalf("ClaimDueRuns = %d, %v", len(claims), err)
+	}
+	c := claims[0]
+	if c.Run.ID != plan.Runs[0].ID || c.Run.Attempt != 1 || !c.Run.Late || c.Run.State != vibejobs.RunDelivering ||
+		c.URL != j.URL || c.Timeout != j.Timeout || c.Retry != j.Retry || string(c.Secret.Ciphertext) != "sealed" {
+		t.Fatalf("first claim = %+v %+v", c, c.Run)
+	}
+	if claims[1].Run.Late || c.Run.ScheduledFor.Location() != time.UTC {
+		t.Fatalf("second claim late = %v, location %v", claims[1].Run.Late, c.Run.ScheduledFor.Location())
+	}
+	if more, _ := s.ClaimDueRuns(ctx, "b", t0, 10, time.Second); len(more) != 0 {
+		t.Fatalf("claimed twice: %d", len(more))
+	}
+
+	// Attempt 1 of the first run fails and retries in 30 s; the second succeeds.
+	retryAt := t0.Add(30 * time.Second)
+	out := []vibejobs.Outcome{
+		{RunID: c.Run.ID, Attempt: vibejobs.Attempt{Number: 1, StartedAt: t0, FinishedAt: t0.Add(time.Second),
+			StatusCode: 500, ErrorCode: "http_5xx", SignatureTimestamp: t0.Unix(), ResponseSnippet: "oops\x00\xff"},
+			Step: vibejobs.Step{State: vibejobs.RunRetrying, NextAttemptAt: &retryAt}},
+		{RunID: claims[1].Run.ID, Attempt: vibejobs.Attempt{Number: 1, StartedAt: t0, FinishedAt: t0.Add(time.Second),
+			StatusCode: 200, SignatureTimestamp: t0.Unix()},
+			Step: vibejobs.Step{State: vibejobs.RunSucceeded}},
+	}
+	if err := s.RecordOutcomes(ctx, "a", out); err != nil {
+		t.Fatal(err)
+	}
+	// A stale copy of the same outcome (the lease is gone) changes nothing.
+	if err := s.RecordOutcomes(ctx, "a", out[:1]); err != nil {
+		t.Fatal(err)
+	}
+	r1, err := s.GetRun(ctx, prj, c.Run.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r1.State != vibejobs.RunRetrying || !r1.NextAttemptAt.Equal(retryAt) || len(r1.Attempts) != 1 ||
+		r1.Attempts[0].ResponseSnippet != "oops\x00\xff" || r1.Attempts[0].ErrorCode != "http_5xx" {
+		t.Fatalf("run after retry = %+v", r1)
+	}
+	r2, _ := s.GetRun(ctx, prj, claims[1].Run.ID)
+	if r2.State != vibejobs.RunSucceeded || r2.FinishedAt == nil || !r2.FinishedAt.Equal(t0.Add(time.Second)) {
+		t.Fatalf("second run = %+v", r2)
+	}
+	got, _ = s.GetJob(ctx, prj, j.ID)
+	if got.LastRun == nil || got.LastRun.ID != r2.ID || got.LastRun.State != vibejobs.RunSucceeded {
+		t.Fatalf("LastRun = %+v, want %s", got.LastRun, r2.ID)
+	}
+
+	// Attempt 2 is claimed and its process dies: the lease expires, the attempt
+	// is recorded interrupted and sent again as attempt 2.
+	now := retryAt
+	claims, err = s.ClaimDueRuns(ctx, "a", now, 10, 5*time.Second)
+	if err != nil || len(claims) != 1 || claims[0].Run.Attempt != 2 || !claims[0].Run.Late {
+		t.Fatalf("claim of attempt 2 = %v %v", claims, err)
+	}
+	if n, err := s.RecoverExpiredLeases(ctx, now.Add(15*time.Second), 10); err != nil || n != 0 {
+		t.Fatalf("recovered a live lease: %d %v", n, err)
+	}
+	now = now.Add(16 * time.Second)
+	if n, err := s.RecoverExpiredLeases(ctx, now, 10); err != nil || n != 1 {
+		t.Fatalf("RecoverExpiredLeases = %d, %v", n, err)
+	}
+	claims, err = s.ClaimDueRuns(ctx, "b", now, 10, 5*time.Second)
+	if err != nil || len(claims) != 1 || claims[0].Run.Attempt != 2 {
+		t.Fatalf("redelivery claim = %v %v", claims, err)
+	}
+	// The dead process's outcome arrives late: dropped.
+	stale := vibejobs.Outcome{RunID: c.Run.ID, Attempt: vibejobs.Attempt{Number: 2, StartedAt: retryAt, FinishedAt: now},
+		Step: vibejobs.Step{State: vibejobs.RunSucceeded}}
+	if err := s.RecordOutcomes(ctx, "a", []vibejobs.Outcome{stale}); err != nil {
+		t.Fatal(err)
+	}
+	fresh := vibejobs.Outcome{RunID: c.Run.ID, Attempt: vibejobs.Attempt{Number: 2, StartedAt: now, FinishedAt: now.Add(time.Second), StatusCode: 204},
+		Step: vibejobs.Step{State: vibejobs.RunSucceeded}}
+	if err := s.RecordOutcomes(ctx, "b", []vibejobs.Outcome{fresh}); err != nil {
+		t.Fatal(err)
+	}
+	r1, _ = s.GetRun(ctx, prj, c.Run.ID)
+	var codes []string
+	for _, a := range r1.Attempts {
+		codes = append(codes, fmt.Sprintf("%d:%s:%d", a.Number, a.ErrorCode, a.StatusCode))
+	}
+	if r1.State != vibejobs.RunSucceeded || fmt.Sprint(codes) != "[1:http_5xx:500 2:interrupted:0 2::204]" {
+		t.Fatalf("run = %s attempts %v", r1.State, codes)
+	}
+	if r1.Attempts[1].StartedAt != retryAt || r1.Attempts[1].SignatureTimestamp != 0 {
+		t.Fatalf("interrupted attempt = %+v", r1.Attempts[1])
+	}
+	if _, ok, _ := s.NextDueAt(ctx); ok {
+		t.Fatal("NextDueAt found a run in an empty queue")
+	}
+}
+
+func TestReleaseClaimsKeepsNumberAndRedecidesLate(t *testing.T) {
+	ctx := context.Background()
+	s := open(t, "")
+	prj := newProject(t, s)
+	j := newJobs(t, s, prj, 1)[0]
+	if _, err := s.ApplyRunPlans(ctx, []vibejobs.RunPlan{planFor(j, t0)}, t0); err != nil {
+		t.Fatal(err)
+	}
+	claims, err := s.ClaimDueRuns(ctx, "a", t0, 1, time.Second)
+	if err != nil || len(claims) != 1 || claims[0].Run.Late {
+		t.Fatalf("claim = %v %v", claims, err)
+	}
+	if err := s.ReleaseClaims(ctx, "b", []string{claims[0].Run.ID}, t0); err != nil {
+		t.Fatal(err) // another owner's release does nothing
+	}
+	if more, _ := s.ClaimDueRuns(ctx, "b", t0, 1, time.Second); len(more) != 0 {
+		t.Fatal("a release by another owner freed the run")
+	}
+	later := t0.Add(2 * time.Minute)
+	if err := s.ReleaseClaims(ctx, "a", []string{claims[0].Run.ID}, later); err != nil {
+		t.Fatal(err)
+	}
+	r, _ := s.GetRun(ctx, prj, claims[0].Run.ID)
+	if r.State != vibejobs.RunScheduled || !r.NextAttemptAt.Equal(later) || len(r.Attempts) != 0 {
+		t.Fatalf("released run = %+v", r)
+	}
+	claims, err = s.ClaimDueRuns(ctx, "b", later, 1, time.Second)
+	if err != nil || len(claims) != 1 || claims[0].Run.Attempt != 1 || !claims[0].Run.Late {
+		t.Fatalf("claim after release = %+v %v", claims[0].Run, err)
+	}
+}
+
+func TestDeleteJob(t *testing.T) {
+	ctx := context.Background()
+	s := open(t, "")
+	prj := newProject(t, s)
+	j := newJobs(t, s, prj, 1)[0]
+	if _, err := s.ApplyRunPlans(ctx, []vibejobs.RunPlan{planFor(j, t0, t0.Add(time.Second))}, t0); err != nil {
+		t.Fatal(err)
+	}
+	claims, _ := s.ClaimDueRuns(ctx, "a", t0, 1, time.Second)
+	if len(claims) != 1 {
+		t.Fatal("no claim")
+	}
+	mustUpdate(t, s, func(tx vibejobs.Tx) error { return tx.DeleteJob(ctx, prj, j.ID, t0) })
+	if _, err := s.GetJob(ctx, prj, j.ID); vibejobs.ErrorKind(err) != vibejobs.ENOTFOUND {
+		t.Fatalf("GetJob of a deleted job: %v", err)
+	}
+	if n, _ := s.CountJobs(ctx, prj); n != 0 {
+		t.Fatalf("CountJobs = %d", n)
+	}
+	err := s.Update(ctx, func(tx vibejobs.Tx) error {
+		return tx.CreateRun(ctx, vibejobs.NewRun(id("run_"), j, vibejobs.TriggerManual, t0, t0))
+	})
+	wantKind(t, err, vibejobs.ENOTFOUND, "job_not_found")
+	runs, _, err := s.ListRuns(ctx, prj, vibejobs.RunFilter{JobID: j.ID}, vibejobs.Page{})
+	if err != nil || len(runs) != 2 {
+		t.Fatalf("ListRuns = %d %v", len(runs), err)
+	}
+	for _, r := range runs {
+		if r.ID != claims[0].Run.ID && (r.State != vibejobs.RunCancelled || r.FailureReason != vibejobs.ReasonJobDeleted || r.FinishedAt == nil) {
+			t.Fatalf("waiting run after delete = %+v", r)
+		}
+	}
+	// The attempt in flight finishes; its retry becomes a cancellation.
+	next := t0.Add(time.Minute)
+	err = s.RecordOutcomes(ctx, "a", []vibejobs.Outcome{{RunID: claims[0].Run.ID,
+		Attempt: vibejobs.Attempt{Number: 1, StartedAt: t0, FinishedAt: t0.Add(time.Second), StatusCode: 503, ErrorCode: "http_5xx"},
+		Step:    vibejobs.Step{State: vibejobs.RunRetrying, NextAttemptAt: &next}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, _ := s.GetRun(ctx, prj, claims[0].Run.ID)
+	if r.State != vibejobs.RunCancelled || r.FailureReason != vibejobs.ReasonJobDeleted || r.NextAttemptAt != nil || len(r.Attempts) != 1 {
+		t.Fatalf("run after its retry on a deleted job = %+v", r)
+	}
+}
+
+func TestPagesAndErrors(t *testing.T) {
+	ctx := context.Background()
+	s := open(t, "")
+	prj := newProject(t, s)
+	jobs := newJobs(t, s, prj, 5)
+	var seen []string
+	cursor := ""
+	for {
+		page, next, err := s.ListJobs(ctx, prj, vibejobs.Page{Limit: 2, Cursor: cursor})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, j := range page {
+			seen = append(seen, j.ID)
+		}
+		if next == "" {
+			break
+		}
+		cursor = next
+	}
+	if len(seen) != 5 || seen[0] != jobs[0].ID || seen[4] != jobs[4].ID {
+		t.Fatalf("pages = %v", seen)
+	}
+	_, _, err := s.ListJobs(ctx, prj, vibejobs.Page{Limit: 101})
+	wantKind(t, err, vibejobs.EINVALID, "invalid_limit")
+	_, _, err = s.ListRuns(ctx, prj, vibejobs.RunFilter{}, vibejobs.Page{Limit: -1})
+	wantKind(t, err, vibejobs.EINVALID, "invalid_limit")
+	_, _, err = s.ListJobs(ctx, prj, vibejobs.Page{Cursor: "not a cursor!"})
+	wantKind(t, err, vibejobs.EINVALID, "invalid_cursor")
+	_, err = s.GetJob(ctx, "prj_other", jobs[0].ID)
+	wantKind(t, err, vibejobs.ENOTFOUND, "job_not_found")
+	_, err = s.GetRun(ctx, prj, "run_nope")
+	wantKind(t, err, vibejobs.ENOTFOUND, "run_not_found")
+	err = s.Update(ctx, func(tx vibejobs.Tx) error { return tx.CreateJob(ctx, jobs[0]) })
+	wantKind(t, err, vibejobs.ECONFLICT, "job_exists")
+
+	// Runs list newest first.
+	var plans []vibejobs.RunPlan
+	for _, j := range jobs {
+		plans = append(plans, planFor(j, t0))
+	}
+	if n, err := s.ApplyRunPlans(ctx, plans, t0); err != nil || n != 5 {
+		t.Fatalf("ApplyRunPlans = %d %v", n, err)
+	}
+	runs, next, err := s.ListRuns(ctx, prj, vibejobs.RunFilter{State: vibejobs.RunScheduled}, vibejobs.Page{Limit: 3})
+	if err != nil || len(runs) != 3 || next == "" || runs[0].ID != plans[4].Runs[0].ID {
+		t.Fatalf("ListRuns = %d %q %v", len(runs), next, err)
+	}
+	runs, next, err = s.ListRuns(ctx, prj, vibejobs.RunFilter{State: vibejobs.RunScheduled}, vibejobs.Page{Limit: 3, Cursor: next})
+	if err != nil || len(runs) != 2 || next != "" || runs[1].ID != plans[0].Runs[0].ID {
+		t.Fatalf("ListRuns page 2 = %d %q %v", len(runs), next, err)
+	}
+}
+
+func TestIdempotencyKeys(t *testing.T) {
+	ctx := context.Background()
+	s := open(t, "")
+	prj := newProject(t, s)
+	rec := &vibejobs.IdempotencyRecord{ProjectID: prj, Key: "k", RequestHash: []byte{1}, CreatedAt: t0, ExpiresAt: t0.Add(24 * time.Hour)}
+	mustUpdate(t, s, func(tx vibejobs.Tx) error { return tx.InsertIdempotencyKey(ctx, rec) })
+	err := s.Update(ctx, func(tx vibejobs.Tx) error {
+		if err := tx.InsertIdempotencyKey(ctx, rec); err != nil {
+			return err
+		}
+		return errors.New("unreachable")
+	})
+	wantKind(t, err, vibejobs.ECONFLICT, "idempotency_key_exists")
+	rec.ResponseStatus, rec.ResponseHeaders, rec.ResponseBody = 201, map[string]string{"Location": "/v1/jobs/x\u0000"}, []byte("{}")
+	mustUpdate(t, s, func(tx vibejobs.Tx) error { return tx.CompleteIdempotencyKey(ctx, rec) })
+	got, err := s.GetIdempotencyKey(ctx, prj, "k", t0)
+	if err != nil || !got.Done || got.ResponseStatus != 201 || got.ResponseHeaders["Location"] != "/v1/jobs/x\u0000" {
+		t.Fatalf("GetIdempotencyKey = %+v %v", got, err)
+	}
+	_, err = s.GetIdempotencyKey(ctx, prj, "k", t0.Add(24*time.Hour))
+	wantKind(t, err, vibejobs.ENOTFOUND, "")
+	// Expired: replaced by a new record.
+	rec2 := &vibejobs.IdempotencyRecord{ProjectID: prj, Key: "k", RequestHash: []byte{2}, CreatedAt: t0.Add(25 * time.Hour), ExpiresAt: t0.Add(49 * time.Hour)}
+	mustUpdate(t, s, func(tx vibejobs.Tx) error { return tx.InsertIdempotencyKey(ctx, rec2) })
+	got, err = s.GetIdempotencyKey(ctx, prj, "k", rec2.CreatedAt)
+	if err != nil || got.Done || got.RequestHash[0] != 2 {
+		t.Fatalf("replaced record = %+v %v", got, err)
+	}
+	if n, err := s.PruneIdempotencyKeys(ctx, t0.Add(50*time.Hour), 10); err != nil || n != 1 {
+		t.Fatalf("PruneIdempotencyKeys = %d %v", n, err)
+	}
+}
+
+// TestClaimExclusive: 8 claimers on two Stores (replicas) share 3,000 due
+// runs; SKIP LOCKED hands each run to exactly one of them.
+func TestClaimExclusive(t *testing.T) {
+	ctx := context.Background()
+	schema := postgres.NewTestSchema(t)
+	a, b := open(t, schema), open(t, schema)
+	prj := newProject(t, a)
+	jobs := newJobs(t, a, prj, 30)
+	var plans []vibejobs.RunPlan
+	for _, j := range jobs {
+		var ats []time.Time
+		for i := range 100 {
+			ats = append(ats, t0.Add(time.Duration(i-100)*time.Second))
+		}
+		plans = append(plans, planFor(j, ats...))
+	}
+	if n, err := a.ApplyRunPlans(ctx, plans, t0); err != nil || n != 3000 {
+		t.Fatalf("ApplyRunPlans = %d %v", n, err)
+	}
+	var (
+		mu      sync.Mutex
+		claimed = map[string]string{}
+		wg      sync.WaitGroup
+	)
+	for w := range 8 {
+		s := []*postgres.Store{a, b}[w%2]
+		owner := fmt.Sprintf("w%d", w)
+		wg.Go(func() {
+			for {
+				claims, err := s.ClaimDueRuns(ctx, owner, t0, 37, time.Second)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				if len(claims) == 0 {
+					return
+				}
+				mu.Lock()
+				for _, c := range claims {
+					if prev, ok := claimed[c.Run.ID]; ok {
+						t.Errorf("run %s claimed by %s and %s", c.Run.ID, prev, owner)
+					}
+					claimed[c.Run.ID] = owner
+				}
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	if len(claimed) != 3000 {
+		t.Fatalf("claimed %d runs, want 3000", len(claimed))
+	}
+}
+
+// TestApplyRunPlansConcurrent: two Stores plan the same due jobs at once,
+// over and over, with different run ids; every occurrence gets exactly one run.
+func TestApplyRunPlansConcurrent(t *testing.T) {
+	ctx := context.Background()
+	schema := postgres.NewTestSchema(t)
+	stores := []*postgres.Store{open(t, schema), open(t, schema)}
+	prj := newProject(t, stores[0])
+	newJobs(t, stores[0], prj, 50)
+	const rounds = 20
+	var (
+		wg      sync.WaitGroup
+		created atomic.Int64
+	)
+	for w := range 4 {
+		s := stores[w%2]
+		wg.Go(func() {
+			for range rounds * 3 {
+				due, err := s.DueJobs(ctx, t0.Add(rounds*time.Second), 100)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				if len(due) == 0 {
+					return
+				}
+				var plans []vibejobs.RunPlan
+				for _, j := range due {
+					plans = append(plans, planFor(j, *j.NextRunAt))
+				}
+				n, err := s.ApplyRunPlans(ctx, plans, t0)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				created.Add(int64(n))
+			}
+		})
+	}
+	wg.Wait()
+	var total, distinct int
+	err := stores[0].Pool().QueryRow(ctx, `SELECT count(*), count(DISTINCT (job_id, scheduled_for)) FROM runs`).Scan(&total, &distinct)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := 50 * (rounds + 1)
+	if total != want || distinct != want || created.Load() != int64(want) {
+		t.Fatalf("runs %d, distinct occurrences %d, reported created %d; want %d", total, distinct, created.Load(), want)
+	}
+
+	// The unique constraint, not the From check, stops a second run of an
+	// occurrence: rewind a job and apply its plan again.
+	j := jobFor(prj)
+	mustUpdate(t, stores[0], func(tx vibejobs.Tx) error { return tx.CreateJob(ctx, j) })
+	if n, _ := stores[0].ApplyRunPlans(ctx, []vibejobs.RunPlan{planFor(j, t0)}, t0); n != 1 {
+		t.Fatalf("first plan created %d", n)
+	}
+	mustUpdate(t, stores[0], func(tx vibejobs.Tx) error { return tx.UpdateJob(ctx, j) }) // NextRunAt back to t0
+	p := planFor(j, t0, t0.Add(time.Second))
+	if n, err := stores[1].ApplyRunPlans(ctx, []vibejobs.RunPlan{p}, t0); err != nil || n != 1 {
+		t.Fatalf("rewound plan created %d, %v; want 1 (the existing occurrence skipped)", n, err)
+	}
+	err = stores[0].Update(ctx, func(tx vibejobs.Tx) error {
+		return tx.CreateRun(ctx, vibejobs.NewRun(id("run_"), j, vibejobs.TriggerSchedule, t0, t0))
+	})
+	wantKind(t, err, vibejobs.ECONFLICT, "run_exists")
+	for range 2 { // manual runs are never merged
+		mustUpdate(t, stores[0], func(tx vibejobs.Tx) error {
+			return tx.CreateRun(ctx, vibejobs.NewRun(id("run_"), j, vibejobs.TriggerManual, t0, t0))
+		})
+	}
+}
+
+// TestConcurrentMigrate: four replicas start at once on an empty schema.
+func TestConcurrentMigrate(t *testing.T) {
+	schema := postgres.NewTestSchema(t)
+	url := postgres.TestURL(t)
+	var wg sync.WaitGroup
+	stores := make([]*postgres.Store, 4)
+	for i := range stores {
+		wg.Go(func() {
+			s, err := postgres.Open(context.Background(), url, postgres.Options{Schema: schema, Logger: quiet})
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			stores[i] = s
+			if err := s.Migrate(context.Background()); err != nil {
+				t.Error(err)
+			}
+		})
+	}
+	wg.Wait()
+	for _, s := range stores {
+		if s != nil {
+			defer s.Close()
+		}
+	}
+	if t.Failed() {
+		return
+	}
+	var applied, distinct int
+	err := stores[0].Pool().QueryRow(context.Background(),
+		`SELECT count(*), count(DISTINCT version_id) FROM goose_db_version WHERE version_id > 0`).Scan(&applied, &distinct)
+	if err != nil || applied != distinct || applied == 0 {
+		t.Fatalf("goose_db_version: %d rows, %d versions, %v", applied, distinct, err)
+	}
+}
+
+func waitSignal(t *testing.T, ch <-chan struct{}, what string) {
+	t.Helper()
+	select {
+	case _, ok := <-ch:
+		if !ok {
+			t.Fatalf("%s: wakeups closed", what)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatalf("%s: no wakeup", what)
+	}
+}
+
+func noSignal(t *testing.T, ch <-chan struct{}, what string) {
+	t.Helper()
+	select {
+	case <-ch:
+		t.Fatalf("%s: unexpected wakeup", what)
+	case <-time.After(300 * time.Millisecond):
+	}
+}
+
+func TestWakeups(t *testing.T) {
+	ctx := context.Background()
+	schema := postgres.NewTestSchema(t)
+	a, b := open(t, schema), open(t, schema)
+	other := open(t, "")
+	prj := newProject(t, b)
+	j := newJobs(t, b, prj, 1)[0]
+	oprj := newProject(t, other)
+	oj := newJobs(t, other, oprj, 1)[0]
+
+	listener := "vibejobs listener " + schema
+	wctx, cancel := context.WithCancel(ctx)
+	wake := a.Wakeups(wctx)
+	// Listening starts asynchronously: wait until the session is there.
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		var n int
+		err := a.Pool().QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE application_name = $1`, listener).Scan(&n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n > 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("listener never started")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	noSignal(t, wake, "idle")
+
+	if _, err := b.ApplyRunPlans(ctx, []vibejobs.RunPlan{planFor(j, t0)}, t0); err != nil {
+		t.Fatal(err)
+	}
+	waitSignal(t, wake, "after ApplyRunPlans on another replica")
+
+	if _, err := other.ApplyRunPlans(ctx, []vibejobs.RunPlan{planFor(oj, t0)}, t0); err != nil {
+		t.Fatal(err)
+	}
+	noSignal(t, wake, "runs created in another schema")
+
+	mustUpdate(t, b, func(tx vibejobs.Tx) error {
+		for range 3 {
+			if err := tx.CreateRun(ctx, vibejobs.NewRun(id("run_"), j, vibejobs.TriggerManual, t0, t0)); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	waitSignal(t, wake, "after CreateRun")
+	noSignal(t, wake, "coalesced")
+
+	// Cut the listener's connection: it reconnects, signals, and listens again.
+	_, err := b.Pool().Exec(ctx, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = $1`, listener)
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitSignal(t, wake, "after reconnecting")
+	claims, err := b.ClaimDueRuns(ctx, "b", t0, 10, time.Second)
+	if err != nil || len(claims) == 0 {
+		t.Fatalf("claim: %v %v", claims, err)
+	}
+	noSignal(t, wake, "claims wake nobody")
+	if err := b.ReleaseClaims(ctx, "b", []string{claims[0].Run.ID}, t0); err != nil {
+		t.Fatal(err)
+	}
+	waitSignal(t, wake, "after ReleaseClaims")
+
+	cancel()
+	for range wake {
+	}
+}
+
+// TestConnectionLossIsUnavailable: a server that refuses connections, and
+// sessions cut under the pool, give EUNAVAILABLE, never an internal error.
+func TestConnectionLossIsUnavailable(t *testing.T) {
+	ctx := context.Background()
+	postgres.TestURL(t)
+	_, err := postgres.Open(ctx, "postgres://postgres@127.0.0.1:1/test?sslmode=disable&connect_timeout=2", postgres.Options{Logger: quiet})
+	wantKind(t, err, vibejobs.EUNAVAILABLE, "database_unavailable")
+
+	s := open(t, "")
+	prj := newProject(t, s)
+	// Cut every session of s's pool from another connection.
+	conns := s.Pool().AcquireAllIdle(ctx)
+	var pids []uint32
+	for _, c := range conns {
+		pids = append(pids, c.Conn().PgConn().PID())
+		c.Release()
+	}
+	killer, err := pgx.Connect(ctx, postgres.TestURL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer killer.Close(ctx)
+	if _, err := killer.Exec(ctx, `SELECT pg_terminate_backend(pid) FROM unnest($1::int[]) AS pid`, pids); err != nil {
+		t.Fatal(err)
+	}
+	for range 3 {
+		_, err := s.GetProject(ctx, prj)
+		if err != nil && vibejobs.ErrorKind(err) != vibejobs.EUNAVAILABLE {
+			t.Fatalf("after the connections were cut: %v (kind %s)", err, vibejobs.ErrorKind(err))
+		}
+	}
+	if _, err := s.GetProject(ctx, prj); err != nil {
+		t.Fatalf("the pool did not recover: %v", err)
+	}
+}

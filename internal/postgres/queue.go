@@ -1,0 +1,496 @@
+package postgres
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/vibejobs/vibejobs"
+)
+
+// DueJobs returns up to limit active, enabled, live jobs whose NextRunAt ≤
+// before, earliest first (without LastRun).
+func (s *Store) DueJobs(ctx context.Context, before time.Time, limit int) ([]*vibejobs.Job, error) {
+	rows, err := s.pool.Query(ctx, `SELECT `+jobColumns+` FROM jobs j`+noLastRun+`
+		WHERE j.state = 'active' AND j.enabled AND j.deleted_at IS NULL
+			AND j.next_run_at IS NOT NULL AND j.next_run_at <= $1
+		ORDER BY j.next_run_at, j.id LIMIT $2`, before, limit)
+	if err != nil {
+		return nil, mapError(err, "listing due jobs")
+	}
+	jobs, err := collect(rows, scanJob)
+	return jobs, mapError(err, "listing due jobs")
+}
+
+// applyPlansSQL applies a batch of plans in one statement. A job advances
+// only while it still has the plan's From, is enabled and not deleted. Its
+// row is locked with SKIP LOCKED: a job another replica is advancing right
+// now is skipped rather than waited for (that plan is stale once the other
+// commits, and if it rolls back the next scan plans the job again), so
+// replicas applying overlapping batches neither wait nor deadlock. Runs are
+// inserted only for the jobs that advanced, and the unique (job_id,
+// occurrence_at) skips an occurrence that already has its run. The NOTIFY
+// goes out at commit when runs were created.
+const applyPlansSQL = `WITH plan AS (
+	SELECT * FROM unnest($1::text[], $2::timestamptz[], $3::timestamptz[], $4::bigint[], $5::boolean[])
+		AS p(job_id, from_at, next_at, skipped, complete)
+), locked AS (
+	SELECT j.id, plan.next_at, plan.skipped, plan.complete
+	FROM jobs j JOIN plan ON j.id = plan.job_id
+	WHERE j.next_run_at = plan.from_at AND j.enabled AND j.deleted_at IS NULL
+	FOR UPDATE OF j SKIP LOCKED
+), advanced AS (
+	UPDATE jobs j SET next_run_at = locked.next_at, skipped_runs = j.skipped_runs + locked.skipped,
+		state = CASE WHEN locked.complete THEN 'completed' ELSE j.state END
+	FROM locked
+	WHERE j.id = locked.id
+	RETURNING j.id
+), created AS (
+	INSERT INTO runs (id, job_id, project_id, trigger, scheduled_for, occurrence_at, deadline_at, state,
+		next_attempt_at, created_at)
+	SELECT n.id, n.job_id, n.project_id, n.trigger, n.scheduled_for,
+		CASE WHEN n.trigger = 'schedule' THEN n.scheduled_for END, n.deadline_at, n.state,
+		n.next_attempt_at, n.created_at
+	FROM unnest($6::text[], $7::text[], $8::text[], $9::text[], $10::timestamptz[], $11::timestamptz[],
+			$12::text[], $13::timestamptz[], $14::timestamptz[])
+		AS n(id, job_id, project_id, trigger, scheduled_for, deadline_at, state, next_attempt_at, created_at)
+	WHERE n.job_id IN (SELECT id FROM advanced)
+	ON CONFLICT (job_id, occurrence_at) DO NOTHING
+	RETURNING 1
+)
+SELECT count(*), CASE WHEN count(*) > 0 THEN pg_notify($15, $16) END FROM created`
+
+// ApplyRunPlans applies plans in one transaction and returns the runs
+// created. Each plan applies only while its job still has NextRunAt = From
+// and is enabled and live, and not while another transaction holds the job
+// (see applyPlansSQL); at most one schedule-triggered run exists per (job,
+// scheduledFor), enforced by a unique constraint.
+func (s *Store) ApplyRunPlans(ctx context.Context, plans []vibejobs.RunPlan, now time.Time) (int, error) {
+	// One statement takes each job at most once (an UPDATE … FROM changes a
+	// row once however many plan rows match), so plans for a job already in
+	// the batch start the next statement, in the order given.
+	var batches [][]vibejobs.RunPlan
+	seen := map[string]bool{}
+	start := 0
+	for i, p := range plans {
+		if seen[p.JobID] {
+			batches = append(batches, plans[start:i])
+			clear(seen)
+			start = i
+		}
+		seen[p.JobID] = true
+	}
+	if start < len(plans) {
+		batches = append(batches, plans[start:])
+	}
+	switch len(batches) {
+	case 0:
+		return 0, nil
+	case 1:
+		return s.applyPlans(ctx, s.pool, batches[0])
+	}
+	created := 0
+	err := pgx.BeginTxFunc(ctx, s.pool, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, func(tx pgx.Tx) error {
+		for _, b := range batches {
+			n, err := s.applyPlans(ctx, tx, b)
+			if err != nil {
+				return err
+			}
+			created += n
+		}
+		return nil
+	})
+	if err != nil {
+		return 0, mapError(err, "applying run plans")
+	}
+	return created, nil
+}
+
+func (s *Store) applyPlans(ctx context.Context, q querier, plans []vibejobs.RunPlan) (int, error) {
+	nRuns := 0
+	for _, p := range plans {
+		nRuns += len(p.Runs)
+	}
+	var (
+		jobIDs   = make([]string, len(plans))
+		froms    = make([]time.Time, len(plans))
+		nexts    = make([]*time.Time, len(plans))
+		skipped  = make([]int64, len(plans))
+		complete = make([]bool, len(plans))
+
+		ids        = make([]string, 0, nRuns)
+		runJobs    = make([]string, 0, nRuns)
+		projects   = make([]string, 0, nRuns)
+		triggers   = make([]string, 0, nRuns)
+		scheduled  = make([]time.Time, 0, nRuns)
+		deadlines  = make([]time.Time, 0, nRuns)
+		states     = make([]string, 0, nRuns)
+		nextTries  = make([]*time.Time, 0, nRuns)
+		createdAts = make([]time.Time, 0, nRuns)
+	)
+	for i, p := range plans {
+		jobIDs[i], froms[i], nexts[i], skipped[i], complete[i] = p.JobID, p.From, p.Next, p.Skipped, p.Complete
+		for _, r := range p.Runs {
+			ids = append(ids, r.ID)
+			runJobs = append(runJobs, p.JobID) // a plan's runs belong to its job
+			projects = append(projects, r.ProjectID)
+			triggers = append(triggers, r.Trigger)
+			scheduled = append(scheduled, r.ScheduledFor)
+			deadlines = append(deadlines, r.DeadlineAt)
+			states = append(states, string(r.State))
+			nextTries = append(nextTries, r.NextAttemptAt)
+			createdAts = append(createdAts, r.CreatedAt)
+		}
+	}
+	var created int
+	err := q.QueryRow(ctx, applyPlansSQL, jobIDs, froms, nexts, skipped, complete,
+		ids, runJobs, projects, triggers, scheduled, deadlines, states, nextTries, createdAts,
+		NotifyChannel, s.schema).Scan(&created, nil)
+	if err != nil {
+		return 0, mapError(err, "applying run plans")
+	}
+	return created, nil
+}
+
+// claimSQL moves due runs to delivering. SKIP LOCKED lets replicas claim at
+// once without waiting for each other or taking the same run; the job's
+// delivery settings are read at claim time.
+const claimSQL = `WITH due AS (
+	SELECT id, next_attempt_at FROM runs
+	WHERE state IN ('scheduled', 'retrying') AND next_attempt_at <= $1 AND deadline_at >= $1
+	ORDER BY next_attempt_at, id
+	LIMIT $3
+	FOR UPDATE SKIP LOCKED
+)
+UPDATE runs r SET
+	state = 'delivering',
+	attempt = CASE WHEN r.redeliver THEN r.attempt ELSE r.attempt + 1 END,
+	redeliver = false,
+	late = CASE WHEN r.late_decided THEN r.late ELSE r.scheduled_for + interval '60 seconds' < $1 END,
+	late_decided = true,
+	next_attempt_at = NULL,
+	attempt_started_at = $1,
+	lease_owner = $2,
+	lease_expires_at = $1::timestamptz + ((j.timeout_ns + $4::bigint) / 1000) * interval '1 microsecond'
+FROM due, jobs j
+WHERE r.id = due.id AND j.id = r.job_id
+RETURNING ` + runColumns + `, due.next_attempt_at,
+	j.url, j.secret_key_id, j.secret_ciphertext, j.timeout_ns, j.max_attempts, j.min_backoff_ns, j.max_backoff_ns`
+
+// ClaimDueRuns moves up to limit due runs (scheduled or retrying, NextAttemptAt
+// ≤ now ≤ DeadlineAt) to delivering, leased to owner until now + the job's
+// timeout + leaseMargin, and returns them in NextAttemptAt order with the
+// job's delivery settings. The attempt number grows by one unless the run is
+// redelivered; Late is decided at the first claim and kept. Run.NextAttemptAt
+// is nil while delivering.
+func (s *Store) ClaimDueRuns(ctx context.Context, owner string, now time.Time, limit int, leaseMargin time.Duration) ([]*vibejobs.Claim, error) {
+	if limit <= 0 {
+		return nil, nil
+	}
+	type claimed struct {
+		c   *vibejobs.Claim
+		due time.Time
+	}
+	rows, err := s.pool.Query(ctx, claimSQL, now, owner, limit, int64(leaseMargin))
+	if err != nil {
+		return nil, mapError(err, "claiming runs")
+	}
+	out, err := collect(rows, func(row rowScanner) (claimed, error) {
+		var (
+			c                               vibejobs.Claim
+			due                             time.Time
+			timeout, minBackoff, maxBackoff int64
+		)
+		run, err := scanRun(row, &due, &c.URL, &c.Secret.KeyID, &c.Secret.Ciphertext, &timeout,
+			&c.Retry.MaxAttempts, &minBackoff, &maxBackoff)
+		if err != nil {
+			return claimed{}, err
+		}
+		c.Run = run
+		c.Timeout = time.Duration(timeout)
+		c.Retry.MinBackoff = time.Duration(minBackoff)
+		c.Retry.MaxBackoff = time.Duration(maxBackoff)
+		return claimed{&c, due}, nil
+	})
+	if err != nil {
+		return nil, mapError(err, "claiming runs")
+	}
+	slices.SortFunc(out, func(a, b claimed) int {
+		if c := a.due.Compare(b.due); c != 0 {
+			return c
+		}
+		return cmpString(a.c.Run.ID, b.c.Run.ID)
+	})
+	claims := make([]*vibejobs.Claim, len(out))
+	for i, c := range out {
+		claims[i] = c.c
+	}
+	return claims, nil
+}
+
+func cmpString(a, b string) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}
+
+// NextDueAt returns the earliest NextAttemptAt of a run waiting in scheduled
+// or retrying whose deadline has not passed (by the Store's clock).
+func (s *Store) NextDueAt(ctx context.Context) (time.Time, bool, error) {
+	var t time.Time
+	err := s.pool.QueryRow(ctx, `SELECT next_attempt_at FROM runs
+		WHERE state IN ('scheduled', 'retrying') AND next_attempt_at IS NOT NULL AND deadline_at >= $1
+		ORDER BY next_attempt_at LIMIT 1`, s.now()).Scan(&t)
+	if err == pgx.ErrNoRows {
+		return time.Time{}, false, nil
+	}
+	if err != nil {
+		return time.Time{}, false, mapError(err, "reading the next due time")
+	}
+	return t, true, nil
+}
+
+// recordSQL records a batch of outcomes in one statement: a run moves, and
+// its attempt is inserted, only while it is still delivering under owner's
+// lease for that attempt number; any other outcome lost its lease and is
+// dropped with its attempt. A retrying step of a deleted job's run becomes
+// cancelled (job_deleted).
+const recordSQL = `WITH o AS (
+	SELECT * FROM unnest($2::text[], $3::integer[], $4::timestamptz[], $5::timestamptz[], $6::integer[],
+			$7::text[], $8::bigint[], $9::bytea[], $10::text[], $11::text[], $12::timestamptz[])
+		AS o(run_id, number, started_at, finished_at, status_code, error_code, signature_timestamp,
+			response_snippet, step_state, step_reason, step_next)
+), moved AS (
+	UPDATE runs r SET
+		state = CASE WHEN o.step_state = 'retrying' AND j.deleted_at IS NOT NULL THEN 'cancelled' ELSE o.step_state END,
+		failure_reason = CASE WHEN o.step_state = 'retrying' AND j.deleted_at IS NOT NULL THEN $13 ELSE o.step_reason END,
+		next_attempt_at = CASE WHEN o.step_state = 'retrying' AND j.deleted_at IS NULL
+			THEN COALESCE(o.step_next, o.finished_at) END,
+		finished_at = CASE WHEN o.step_state = 'retrying' AND j.deleted_at IS NULL THEN NULL ELSE o.finished_at END,
+		lease_owner = NULL,
+		lease_expires_at = NULL
+	FROM o, jobs j
+	WHERE r.id = o.run_id AND j.id = r.job_id
+		AND r.state = 'delivering' AND r.lease_owner = $1 AND r.attempt = o.number
+	RETURNING o.*
+)
+INSERT INTO attempts (run_id, number, started_at, finished_at, status_code, error_code, signature_timestamp,
+	response_snippet)
+SELECT run_id, number, started_at, finished_at, status_code, error_code, signature_timestamp, response_snippet
+FROM moved`
+
+// RecordOutcomes records each outcome's attempt and moves its run to the
+// outcome's step, in one transaction, for the runs still delivering under
+// owner's lease at that attempt number; the others are dropped. Terminal
+// steps set FinishedAt to the attempt's end.
+func (s *Store) RecordOutcomes(ctx context.Context, owner string, outcomes []vibejobs.Outcome) error {
+	// One UPDATE changes a run once: a run's second outcome in one batch
+	// (which cannot be current anyway) goes in a later statement.
+	var batches [][]vibejobs.Outcome
+	seen := map[string]bool{}
+	start := 0
+	for i, o := range outcomes {
+		if seen[o.RunID] {
+			batches = append(batches, outcomes[start:i])
+			clear(seen)
+			start = i
+		}
+		seen[o.RunID] = true
+	}
+	if start < len(outcomes) {
+		batches = append(batches, outcomes[start:])
+	}
+	switch len(batches) {
+	case 0:
+		return nil
+	case 1:
+		return s.recordOutcomes(ctx, s.pool, owner, batches[0])
+	}
+	err := pgx.BeginTxFunc(ctx, s.pool, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, func(tx pgx.Tx) error {
+		for _, b := range batches {
+			if err := s.recordOutcomes(ctx, tx, owner, b); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	return mapError(err, "recording outcomes")
+}
+
+func (s *Store) recordOutcomes(ctx context.Context, q querier, owner string, outcomes []vibejobs.Outcome) error {
+	n := len(outcomes)
+	var (
+		runIDs     = make([]string, n)
+		numbers    = make([]int32, n)
+		starts     = make([]time.Time, n)
+		ends       = make([]time.Time, n)
+		statuses   = make([]int32, n)
+		errCodes   = make([]string, n)
+		sigTimes   = make([]int64, n)
+		snippets   = make([][]byte, n)
+		stepStates = make([]string, n)
+		reasons    = make([]string, n)
+		stepNexts  = make([]*time.Time, n)
+	)
+	for i, o := range outcomes {
+		a := o.Attempt
+		runIDs[i], numbers[i], starts[i], ends[i] = o.RunID, int32(a.Number), a.StartedAt, a.FinishedAt
+		statuses[i], errCodes[i], sigTimes[i], snippets[i] = int32(a.StatusCode), a.ErrorCode, a.SignatureTimestamp, []byte(a.ResponseSnippet)
+		stepStates[i], reasons[i], stepNexts[i] = string(o.Step.State), o.Step.FailureReason, o.Step.NextAttemptAt
+		if snippets[i] == nil {
+			snippets[i] = []byte{}
+		}
+		switch o.Step.State {
+		case vibejobs.RunSucceeded, vibejobs.RunFailed, vibejobs.RunCancelled, vibejobs.RunRetrying:
+		default:
+			return fmt.Errorf("postgres: recording outcomes: run %s: step to %q is not an outcome", o.RunID, o.Step.State)
+		}
+	}
+	_, err := q.Exec(ctx, recordSQL, owner, runIDs, numbers, starts, ends, statuses, errCodes, sigTimes,
+		snippets, stepStates, reasons, stepNexts, vibejobs.ReasonJobDeleted)
+	return mapError(err, "recording outcomes")
+}
+
+// ReleaseClaims puts owner's delivering runs among runIDs back to be claimed
+// at once (NextAttemptAt = now) under the same attempt number: no attempt is
+// recorded since none was sent, and a first attempt decides Late again. A
+// released run of a deleted job is cancelled (job_deleted) instead.
+func (s *Store) ReleaseClaims(ctx context.Context, owner string, runIDs []string, now time.Time) error {
+	if len(runIDs) == 0 {
+		return nil
+	}
+	_, err := s.pool.Exec(ctx, `WITH released AS (
+		UPDATE runs r SET
+			state = CASE WHEN j.deleted_at IS NOT NULL THEN 'cancelled'
+				WHEN r.attempt <= 1 THEN 'scheduled' ELSE 'retrying' END,
+			failure_reason = CASE WHEN j.deleted_at IS NOT NULL THEN $4 ELSE r.failure_reason END,
+			finished_at = CASE WHEN j.deleted_at IS NOT NULL THEN $3::timestamptz END,
+			next_attempt_at = CASE WHEN j.deleted_at IS NULL THEN $3::timestamptz END,
+			redeliver = j.deleted_at IS NULL,
+			late = CASE WHEN r.attempt <= 1 THEN false ELSE r.late END,
+			late_decided = CASE WHEN r.attempt <= 1 THEN false ELSE r.late_decided END,
+			attempt_started_at = NULL,
+			lease_owner = NULL,
+			lease_expires_at = NULL
+		FROM jobs j
+		WHERE j.id = r.job_id AND r.id = ANY($2) AND r.state = 'delivering' AND r.lease_owner = $1
+		RETURNING j.deleted_at IS NULL AS claimable
+	)
+	SELECT CASE WHEN bool_or(claimable) THEN pg_notify($5, $6) END FROM released`,
+		owner, runIDs, now, vibejobs.ReasonJobDeleted, NotifyChannel, s.schema)
+	return mapError(err, "releasing claims")
+}
+
+// RecoverExpiredLeases ends, as interrupted, the attempts of up to limit runs
+// whose lease expired before now and makes them claimable at once under the
+// same attempt number (back to scheduled for a first attempt, retrying
+// otherwise); a run past its deadline fails (deadline_exceeded) and a run of
+// a deleted job is cancelled (job_deleted). Replicas running it at once skip
+// each other's rows.
+func (s *Store) RecoverExpiredLeases(ctx context.Context, now time.Time, limit int) (int, error) {
+	var n int
+	err := s.pool.QueryRow(ctx, `WITH expired AS (
+		SELECT id FROM runs
+		WHERE state = 'delivering' AND lease_expires_at < $1
+		ORDER BY lease_expires_at
+		LIMIT $2
+		FOR UPDATE SKIP LOCKED
+	), recovered AS (
+		UPDATE runs r SET
+			state = CASE WHEN j.deleted_at IS NOT NULL THEN 'cancelled'
+				WHEN $1 > r.deadline_at THEN 'failed'
+				WHEN r.attempt <= 1 THEN 'scheduled' ELSE 'retrying' END,
+			failure_reason = CASE WHEN j.deleted_at IS NOT NULL THEN $3
+				WHEN $1 > r.deadline_at THEN $4 ELSE r.failure_reason END,
+			finished_at = CASE WHEN j.deleted_at IS NOT NULL OR $1 > r.deadline_at THEN $1::timestamptz END,
+			next_attempt_at = CASE WHEN j.deleted_at IS NULL AND $1 <= r.deadline_at THEN $1::timestamptz END,
+			redeliver = j.deleted_at IS NULL AND $1 <= r.deadline_at,
+			lease_owner = NULL,
+			lease_expires_at = NULL
+		FROM expired, jobs j
+		WHERE r.id = expired.id AND j.id = r.job_id
+		RETURNING r.id, r.attempt, COALESCE(r.attempt_started_at, $1) AS started_at, r.redeliver AS claimable
+	), interrupted AS (
+		INSERT INTO attempts (run_id, number, started_at, finished_at, status_code, error_code, signature_timestamp)
+		SELECT id, attempt, started_at, $1, 0, $5, 0 FROM recovered
+	)
+	SELECT count(*), CASE WHEN bool_or(claimable) THEN pg_notify($6, $7) END FROM recovered`,
+		now, limit, vibejobs.ReasonJobDeleted, vibejobs.ReasonDeadlineExceeded, vibejobs.ErrorCodeInterrupted,
+		NotifyChannel, s.schema).Scan(&n, nil)
+	if err != nil {
+		return 0, mapError(err, "recovering expired leases")
+	}
+	return n, nil
+}
+
+// FailExpiredRuns fails (deadline_exceeded, finished at now) up to limit runs
+// waiting in scheduled or retrying whose deadline passed.
+func (s *Store) FailExpiredRuns(ctx context.Context, now time.Time, limit int) (int, error) {
+	tag, err := s.pool.Exec(ctx, `WITH expired AS (
+		SELECT id FROM runs
+		WHERE state IN ('scheduled', 'retrying') AND deadline_at < $1
+		ORDER BY deadline_at
+		LIMIT $2
+		FOR UPDATE SKIP LOCKED
+	)
+	UPDATE runs r SET state = 'failed', failure_reason = $3, finished_at = $1, next_attempt_at = NULL,
+		redeliver = false
+	FROM expired WHERE r.id = expired.id`, now, limit, vibejobs.ReasonDeadlineExceeded)
+	if err != nil {
+		return 0, mapError(err, "failing expired runs")
+	}
+	return int(tag.RowsAffected()), nil
+}
+
+// PruneRuns deletes up to limit of projectID's finished runs (with their
+// attempts) that finished before cutoff.
+func (s *Store) PruneRuns(ctx context.Context, projectID string, cutoff time.Time, limit int) (int, error) {
+	tag, err := s.pool.Exec(ctx, `DELETE FROM runs WHERE id IN (
+		SELECT id FROM runs
+		WHERE project_id = $1 AND finished_at IS NOT NULL AND finished_at < $2
+			AND state IN ('succeeded', 'failed', 'cancelled')
+		LIMIT $3
+		FOR UPDATE SKIP LOCKED)`, projectID, cutoff, limit)
+	if err != nil {
+		return 0, mapError(err, "pruning runs")
+	}
+	return int(tag.RowsAffected()), nil
+}
+
+// PruneIdempotencyKeys deletes up to limit records expired at now.
+func (s *Store) PruneIdempotencyKeys(ctx context.Context, now time.Time, limit int) (int, error) {
+	tag, err := s.pool.Exec(ctx, `DELETE FROM idempotency_keys WHERE (project_id, key) IN (
+		SELECT project_id, key FROM idempotency_keys
+		WHERE expires_at <= $1
+		LIMIT $2
+		FOR UPDATE SKIP LOCKED)`, now, limit)
+	if err != nil {
+		return 0, mapError(err, "pruning idempotency keys")
+	}
+	return int(tag.RowsAffected()), nil
+}
+
+// QueueStats counts the runs claimable at now and the age of the oldest.
+func (s *Store) QueueStats(ctx context.Context, now time.Time) (vibejobs.QueueStats, error) {
+	var (
+		st     vibejobs.QueueStats
+		oldest *time.Time
+	)
+	err := s.pool.QueryRow(ctx, `SELECT count(*), min(next_attempt_at) FROM runs
+		WHERE state IN ('scheduled', 'retrying') AND next_attempt_at <= $1 AND deadline_at >= $1`, now).
+		Scan(&st.Due, &oldest)
+	if err != nil {
+		return st, mapError(err, "reading queue stats")
+	}
+	if oldest != nil {
+		st.OldestDueAge = now.Sub(*oldest)
+	}
+	return st, nil
+}

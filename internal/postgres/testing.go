@@ -1,0 +1,82 @@
+package postgres
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// TestURLEnv names the environment variable holding the database URL tests
+// use, for example postgres://postgres@127.0.0.1:5432/test?sslmode=disable.
+const TestURLEnv = "VIBEJOBS_TEST_POSTGRES_URL"
+
+// TestURL returns the URL of the test database. When TestURLEnv is unset it
+// skips the test, or fails it when the CI environment variable is set (CI
+// must not silently skip the PostgreSQL tests).
+func TestURL(t testing.TB) string {
+	t.Helper()
+	url := os.Getenv(TestURLEnv)
+	if url == "" {
+		if os.Getenv("CI") != "" {
+			t.Fatalf("%s is not set: the PostgreSQL tests need a server in CI", TestURLEnv)
+		}
+		t.Skipf("%s is not set: skipping the PostgreSQL tests (set it to a database URL to run them)", TestURLEnv)
+	}
+	return url
+}
+
+// NewTestSchema returns the name of a fresh schema for one test and drops
+// it, with everything in it, when the test ends. Stores opened on it with
+// Options.Schema share its tables.
+func NewTestSchema(t testing.TB) string {
+	t.Helper()
+	url := TestURL(t)
+	var b [8]byte
+	rand.Read(b[:])
+	schema := "vjtest_" + hex.EncodeToString(b[:])
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		conn, err := pgx.Connect(ctx, url)
+		if err != nil {
+			t.Errorf("dropping test schema %s: %v", schema, err)
+			return
+		}
+		defer conn.Close(ctx)
+		if _, err := conn.Exec(ctx, "DROP SCHEMA IF EXISTS "+pgx.Identifier{schema}.Sanitize()+" CASCADE"); err != nil {
+			t.Errorf("dropping test schema %s: %v", schema, err)
+		}
+	})
+	return schema
+}
+
+// MustOpenTest opens a Store on a fresh schema of the test database (see
+// TestURL), closed and dropped when the test ends.
+func MustOpenTest(t testing.TB) *Store {
+	t.Helper()
+	return MustOpenTestWith(t, Options{})
+}
+
+// MustOpenTestWith is MustOpenTest with options. An empty opts.Schema gets a
+// fresh schema dropped at the end of the test; a set one (from
+// NewTestSchema) is shared, so several Stores act as replicas.
+func MustOpenTestWith(t testing.TB, opts Options) *Store {
+	t.Helper()
+	url := TestURL(t)
+	if opts.Schema == "" {
+		opts.Schema = NewTestSchema(t)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	s, err := Open(ctx, url, opts)
+	if err != nil {
+		t.Fatalf("opening the test store: %v", err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s
+}

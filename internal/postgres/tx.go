@@ -1,0 +1,293 @@
+package postgres
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"time"
+
+	"github.com/vibejobs/vibejobs"
+)
+
+// tx is the vibejobs.Tx of Store.Update.
+type tx struct {
+	reader
+	s *Store
+	// notified is set once this transaction queued its NOTIFY.
+	notified bool
+}
+
+var _ vibejobs.Tx = (*tx)(nil)
+
+// notify announces, at commit, that runs became claimable. PostgreSQL folds
+// identical notifications of one transaction; notified saves the round trip.
+func (t *tx) notify(ctx context.Context) error {
+	if t.notified {
+		return nil
+	}
+	if _, err := t.q.Exec(ctx, `SELECT pg_notify($1, $2)`, NotifyChannel, t.s.schema); err != nil {
+		return mapError(err, "notifying")
+	}
+	t.notified = true
+	return nil
+}
+
+// CreateProject inserts p; an existing id gives ECONFLICT.
+func (t *tx) CreateProject(ctx context.Context, p *vibejobs.Project) error {
+	_, err := t.q.Exec(ctx, `INSERT INTO projects (id, name, retention_days, created_at) VALUES ($1, $2, $3, $4)`,
+		p.ID, p.Name, p.RetentionDays, p.CreatedAt)
+	if pgCode(err) == uniqueViolation {
+		return vibejobs.Errorf(vibejobs.ECONFLICT, "project_exists", "a project with this id exists")
+	}
+	return mapError(err, "creating a project")
+}
+
+// UpdateProject writes p's name and retention.
+func (t *tx) UpdateProject(ctx context.Context, p *vibejobs.Project) error {
+	tag, err := t.q.Exec(ctx, `UPDATE projects SET name = $2, retention_days = $3 WHERE id = $1`, p.ID, p.Name, p.RetentionDays)
+	if err != nil {
+		return mapError(err, "updating a project")
+	}
+	if tag.RowsAffected() == 0 {
+		return vibejobs.ErrNotFound("project")
+	}
+	return nil
+}
+
+// CreateToken inserts tok; an existing id or hash gives ECONFLICT, a missing
+// project ENOTFOUND.
+func (t *tx) CreateToken(ctx context.Context, tok *vibejobs.Token) error {
+	_, err := t.q.Exec(ctx, `INSERT INTO tokens (id, project_id, name, role, installation, prefix, hash, created_at, revoked_at)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)`,
+		tok.ID, tok.ProjectID, tok.Name, string(tok.Role), tok.Installation, tok.Prefix, nonNil(tok.Hash), tok.CreatedAt, tok.RevokedAt)
+	switch pgCode(err) {
+	case uniqueViolation:
+		return vibejobs.Errorf(vibejobs.ECONFLICT, "token_exists", "a token with this id or hash exists")
+	case foreignKeyViolation:
+		return vibejobs.ErrNotFound("project")
+	}
+	return mapError(err, "creating a token")
+}
+
+// RevokeToken marks the token revoked at at; a token revoked earlier keeps
+// its first revocation time.
+func (t *tx) RevokeToken(ctx context.Context, id string, at time.Time) error {
+	tag, err := t.q.Exec(ctx, `UPDATE tokens SET revoked_at = COALESCE(revoked_at, $2) WHERE id = $1`, id, at)
+	if err != nil {
+		return mapError(err, "revoking a token")
+	}
+	if tag.RowsAffected() == 0 {
+		return vibejobs.ErrNotFound("token")
+	}
+	return nil
+}
+
+// CreateJob inserts j; an existing id gives ECONFLICT, a missing project
+// ENOTFOUND.
+func (t *tx) CreateJob(ctx context.Context, j *vibejobs.Job) error {
+	_, err := t.q.Exec(ctx, `INSERT INTO jobs (id, project_id, name, schedule, at, timezone, url, enabled, state,
+			max_attempts, min_backoff_ns, max_backoff_ns, timeout_ns, catch_up, schedule_anchor, next_run_at,
+			skipped_runs, secret_key_id, secret_ciphertext, created_at, updated_at)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21)`,
+		j.ID, j.ProjectID, j.Name, j.Schedule, j.At, j.Timezone, j.URL, j.Enabled, string(j.State),
+		j.Retry.MaxAttempts, int64(j.Retry.MinBackoff), int64(j.Retry.MaxBackoff), int64(j.Timeout),
+		string(j.CatchUp), j.ScheduleAnchor, j.NextRunAt, j.SkippedRuns, j.Secret.KeyID, nonNil(j.Secret.Ciphertext),
+		j.CreatedAt, j.UpdatedAt)
+	switch pgCode(err) {
+	case uniqueViolation:
+		return vibejobs.Errorf(vibejobs.ECONFLICT, "job_exists", "a job with this id exists")
+	case foreignKeyViolation:
+		return vibejobs.ErrNotFound("project")
+	}
+	return mapError(err, "creating a job")
+}
+
+// UpdateJob writes every mutable field of the live job j.
+func (t *tx) UpdateJob(ctx context.Context, j *vibejobs.Job) error {
+	tag, err := t.q.Exec(ctx, `UPDATE jobs SET name = $3, schedule = $4, at = $5, timezone = $6, url = $7,
+			enabled = $8, state = $9, max_attempts = $10, min_backoff_ns = $11, max_backoff_ns = $12,
+			timeout_ns = $13, catch_up = $14, schedule_anchor = $15, next_run_at = $16,
+			secret_key_id = $17, secret_ciphertext = $18, updated_at = $19
+		WHERE id = $1 AND project_id = $2 AND deleted_at IS NULL`,
+		j.ID, j.ProjectID, j.Name, j.Schedule, j.At, j.Timezone, j.URL, j.Enabled, string(j.State),
+		j.Retry.MaxAttempts, int64(j.Retry.MinBackoff), int64(j.Retry.MaxBackoff), int64(j.Timeout),
+		string(j.CatchUp), j.ScheduleAnchor, j.NextRunAt, j.Secret.KeyID, nonNil(j.Secret.Ciphertext), j.UpdatedAt)
+	if err != nil {
+		return mapError(err, "updating a job")
+	}
+	if tag.RowsAffected() == 0 {
+		return vibejobs.ErrNotFound("job")
+	}
+	return nil
+}
+
+// DeleteJob marks the job deleted and cancels its waiting runs. The job row
+// is updated first: its row lock orders DeleteJob after (or before) a
+// concurrent ApplyRunPlans or CreateRun, and the cancelling statement, with
+// a fresh READ COMMITTED snapshot, then sees every run they committed.
+func (t *tx) DeleteJob(ctx context.Context, projectID, id string, at time.Time) error {
+	tag, err := t.q.Exec(ctx, `UPDATE jobs SET deleted_at = $3 WHERE id = $1 AND project_id = $2 AND deleted_at IS NULL`,
+		id, projectID, at)
+	if err != nil {
+		return mapError(err, "deleting a job")
+	}
+	if tag.RowsAffected() == 0 {
+		return vibejobs.ErrNotFound("job")
+	}
+	_, err = t.q.Exec(ctx, `UPDATE runs SET state = 'cancelled', failure_reason = $2, finished_at = $3,
+			next_attempt_at = NULL, redeliver = false
+		WHERE job_id = $1 AND state IN ('scheduled', 'retrying')`, id, vibejobs.ReasonJobDeleted, at)
+	return mapError(err, "cancelling the runs of a deleted job")
+}
+
+// DeleteFutureRuns deletes the job's schedule-triggered runs in scheduled,
+// scheduled after after, that have no recorded attempt (never claimed, or
+// claimed and released without being sent).
+func (t *tx) DeleteFutureRuns(ctx context.Context, jobID string, after time.Time) (int, error) {
+	tag, err := t.q.Exec(ctx, `DELETE FROM runs
+		WHERE job_id = $1 AND trigger = $2 AND scheduled_for > $3 AND state = 'scheduled'
+			AND NOT EXISTS (SELECT 1 FROM attempts a WHERE a.run_id = runs.id)`,
+		jobID, vibejobs.TriggerSchedule, after)
+	if err != nil {
+		return 0, mapError(err, "deleting future runs")
+	}
+	return int(tag.RowsAffected()), nil
+}
+
+// CreateRun inserts run for its live job: ENOTFOUND when the job is deleted
+// or of another project, ECONFLICT for a second schedule-triggered run of one
+// occurrence (a manual run is never merged). It share-locks the job row, so
+// a concurrent DeleteJob either sees this run and cancels it or is seen here
+// first. Late is decided by the first claim unless run already has an attempt.
+func (t *tx) CreateRun(ctx context.Context, run *vibejobs.Run) error {
+	tag, err := t.q.Exec(ctx, `WITH job AS (
+			SELECT id FROM jobs WHERE id = $2 AND project_id = $3 AND deleted_at IS NULL FOR SHARE
+		)
+		INSERT INTO runs (id, job_id, project_id, trigger, scheduled_for, occurrence_at, deadline_at, late,
+			late_decided, state, attempt, next_attempt_at, failure_reason, created_at, finished_at)
+		SELECT $1, job.id, $3, $4, $5, CASE WHEN $4 = 'schedule' THEN $5::timestamptz END, $6, $7,
+			$8, $9, $10, $11, $12, $13, $14
+		FROM job`,
+		run.ID, run.JobID, run.ProjectID, run.Trigger, run.ScheduledFor, run.DeadlineAt, run.Late,
+		run.Attempt > 0, string(run.State), run.Attempt, run.NextAttemptAt, run.FailureReason, run.CreatedAt, run.FinishedAt)
+	if pgCode(err) == uniqueViolation {
+		return vibejobs.Errorf(vibejobs.ECONFLICT, "run_exists", "a run with this id or occurrence exists")
+	}
+	if err != nil {
+		return mapError(err, "creating a run")
+	}
+	if tag.RowsAffected() == 0 {
+		return vibejobs.ErrNotFound("job")
+	}
+	if run.State == vibejobs.RunScheduled || run.State == vibejobs.RunRetrying {
+		return t.notify(ctx)
+	}
+	return nil
+}
+
+// InsertIdempotencyKey stores rec, replacing an expired record of the same
+// key (expired as of rec.CreatedAt); a live one gives ECONFLICT and leaves
+// the transaction usable.
+func (t *tx) InsertIdempotencyKey(ctx context.Context, rec *vibejobs.IdempotencyRecord) error {
+	headers, err := encodeHeaders(rec.ResponseHeaders)
+	if err != nil {
+		return err
+	}
+	tag, err := t.q.Exec(ctx, `INSERT INTO idempotency_keys AS k (project_id, key, request_hash, done, response_status,
+			response_headers, response_body, created_at, expires_at)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
+		ON CONFLICT (project_id, key) DO UPDATE SET request_hash = EXCLUDED.request_hash, done = EXCLUDED.done,
+			response_status = EXCLUDED.response_status, response_headers = EXCLUDED.response_headers,
+			response_body = EXCLUDED.response_body, created_at = EXCLUDED.created_at, expires_at = EXCLUDED.expires_at
+		WHERE k.expires_at <= EXCLUDED.created_at`,
+		rec.ProjectID, rec.Key, nonNil(rec.RequestHash), rec.Done, rec.ResponseStatus, headers, rec.ResponseBody,
+		rec.CreatedAt, rec.ExpiresAt)
+	if pgCode(err) == foreignKeyViolation {
+		return vibejobs.ErrNotFound("project")
+	}
+	if err != nil {
+		return mapError(err, "inserting an idempotency key")
+	}
+	if tag.RowsAffected() == 0 {
+		return vibejobs.Errorf(vibejobs.ECONFLICT, "idempotency_key_exists", "a live record of this idempotency key exists")
+	}
+	return nil
+}
+
+// CompleteIdempotencyKey stores rec's response and marks it done.
+func (t *tx) CompleteIdempotencyKey(ctx context.Context, rec *vibejobs.IdempotencyRecord) error {
+	headers, err := encodeHeaders(rec.ResponseHeaders)
+	if err != nil {
+		return err
+	}
+	tag, err := t.q.Exec(ctx, `UPDATE idempotency_keys SET done = true, response_status = $3, response_headers = $4,
+			response_body = $5
+		WHERE project_id = $1 AND key = $2`,
+		rec.ProjectID, rec.Key, rec.ResponseStatus, headers, rec.ResponseBody)
+	if err != nil {
+		return mapError(err, "completing an idempotency key")
+	}
+	if tag.RowsAffected() == 0 {
+		return vibejobs.ErrNotFound("idempotency_key")
+	}
+	rec.Done = true
+	return nil
+}
+
+// DeleteIdempotencyKey deletes the record of key, or answers ENOTFOUND.
+func (t *tx) DeleteIdempotencyKey(ctx context.Context, projectID, key string) error {
+	tag, err := t.q.Exec(ctx, `DELETE FROM idempotency_keys WHERE project_id = $1 AND key = $2`, projectID, key)
+	if err != nil {
+		return mapError(err, "deleting an idempotency key")
+	}
+	if tag.RowsAffected() == 0 {
+		return vibejobs.ErrNotFound("idempotency_key")
+	}
+	return nil
+}
+
+// encodeHeaders stores nil as {} (read back as an empty map, like SQLite).
+func encodeHeaders(h map[string]string) ([]byte, error) {
+	if h == nil {
+		return []byte("{}"), nil
+	}
+	b, err := json.Marshal(h)
+	if err != nil {
+		return nil, fmt.Errorf("postgres: encoding response headers: %w", err)
+	}
+	return b, nil
+}
+
+// SecretsNotUnder lists up to limit jobs, deleted ones included, whose
+// secret is sealed under another key than keyID, in id order (without
+// LastRun).
+func (t *tx) SecretsNotUnder(ctx context.Context, keyID string, limit int) ([]*vibejobs.Job, error) {
+	rows, err := t.q.Query(ctx, `SELECT `+jobColumns+` FROM jobs j`+noLastRun+`
+		WHERE j.secret_key_id <> $1 ORDER BY j.id LIMIT $2`, keyID, limit)
+	if err != nil {
+		return nil, mapError(err, "listing secrets to re-seal")
+	}
+	jobs, err := collect(rows, scanJob)
+	return jobs, mapError(err, "listing secrets to re-seal")
+}
+
+// SetJobSecret replaces the sealed secret of the job, deleted or not.
+func (t *tx) SetJobSecret(ctx context.Context, jobID string, s vibejobs.SealedSecret) error {
+	tag, err := t.q.Exec(ctx, `UPDATE jobs SET secret_key_id = $2, secret_ciphertext = $3 WHERE id = $1`,
+		jobID, s.KeyID, nonNil(s.Ciphertext))
+	if err != nil {
+		return mapError(err, "setting a job secret")
+	}
+	if tag.RowsAffected() == 0 {
+		return vibejobs.ErrNotFound("job")
+	}
+	return nil
+}
+
+// nonNil makes a nil slice an empty bytea (pgx sends a nil slice as NULL).
+func nonNil(b []byte) []byte {
+	if b == nil {
+		return []byte{}
+	}
+	return b
+}

@@ -1,0 +1,127 @@
+package postgres
+
+import (
+	"context"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// Backoff between reconnections of a Wakeups listener.
+const (
+	listenMinBackoff = 100 * time.Millisecond
+	listenMaxBackoff = 5 * time.Second
+	// listenKeepalive is how long a listener waits quietly before checking
+	// that its connection is alive.
+	listenKeepalive = 15 * time.Second
+)
+
+// Wakeups listens on NotifyChannel on a dedicated connection and signals on
+// the returned channel when runs became claimable in this Store's schema, by
+// any replica. Signals coalesce: the channel holds at most one, so a slow
+// reader sees one signal for many notifications. A lost connection is
+// re-established with backoff, and a signal is sent once listening again
+// (notifications sent meanwhile are lost; the caller's polling is the
+// fallback in between). The channel is closed when ctx is done or the Store
+// is closed.
+func (s *Store) Wakeups(ctx context.Context) <-chan struct{} {
+	out := make(chan struct{}, 1)
+	ctx, cancel := context.WithCancel(ctx)
+	stop := context.AfterFunc(s.closing, cancel)
+	s.listeners.Add(1)
+	go func() {
+		defer s.listeners.Done()
+		defer close(out)
+		defer stop()
+		defer cancel()
+		s.listen(ctx, out)
+	}()
+	return out
+}
+
+func signal(out chan<- struct{}) {
+	select {
+	case out <- struct{}{}:
+	default:
+	}
+}
+
+// listen runs listening sessions until ctx is done.
+func (s *Store) listen(ctx context.Context, out chan<- struct{}) {
+	backoff := listenMinBackoff
+	first := true
+	for ctx.Err() == nil {
+		listening, err := s.listenOnce(ctx, out, func() {
+			if !first {
+				signal(out) // wake the reader: notifications may have been missed
+			}
+			first = false
+			backoff = listenMinBackoff
+		})
+		if ctx.Err() != nil {
+			return
+		}
+		if listening {
+			s.logger.Warn("postgres.listen_lost", "channel", NotifyChannel, "error", err)
+		} else {
+			s.logger.Warn("postgres.listen_failed", "channel", NotifyChannel, "error", err, "retry_in", backoff)
+		}
+		t := time.NewTimer(backoff)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return
+		case <-t.C:
+		}
+		backoff = min(2*backoff, listenMaxBackoff)
+	}
+}
+
+// listenOnce connects, LISTENs, calls ready, and forwards this schema's
+// notifications until the connection fails or ctx is done. listening reports
+// whether it got as far as ready.
+func (s *Store) listenOnce(ctx context.Context, out chan<- struct{}, ready func()) (listening bool, err error) {
+	conn, err := pgx.ConnectConfig(ctx, s.listenConfig())
+	if err != nil {
+		return false, mapError(err, "connecting to listen")
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{NotifyChannel}.Sanitize()); err != nil {
+		return false, mapError(err, "listening")
+	}
+	ready()
+	for {
+		waitCtx, cancel := context.WithTimeout(ctx, listenKeepalive)
+		n, err := conn.WaitForNotification(waitCtx)
+		cancel()
+		if err != nil && ctx.Err() == nil && pgconn.Timeout(err) {
+			// Quiet for a while: make sure the session is still there, since a
+			// connection lost without a reset would otherwise wait forever.
+			pingCtx, cancel := context.WithTimeout(ctx, listenKeepalive)
+			err = conn.Ping(pingCtx)
+			cancel()
+			if err == nil {
+				continue
+			}
+		}
+		if err != nil {
+			return true, mapError(err, "waiting for notifications")
+		}
+		if n.Payload == s.schema {
+			signal(out)
+		}
+	}
+}
+
+// listenConfig is the configuration of a listener connection: the pool's,
+// named in pg_stat_activity (unless the URL names its connections) so an
+// operator can tell listeners from pooled sessions.
+func (s *Store) listenConfig() *pgx.ConnConfig {
+	cc := s.connConfig.Copy()
+	if cc.RuntimeParams["application_name"] == "" {
+		cc.RuntimeParams["application_name"] = strings.TrimSpace("vibejobs listener " + s.schema)
+	}
+	return cc
+}
