@@ -136,11 +136,9 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	case errors.Is(err, errBodyTooLarge):
 		h.reject(w, r, http.StatusRequestEntityTooLarge, "body_too_large", "", nil)
 		return
-	case r.Context().Err() != nil:
-		// The client is gone; nobody reads an answer.
-		h.log.LogAttrs(r.Context(), slog.LevelInfo, "delivery abandoned by client while reading body", slog.String("remote", r.RemoteAddr))
-		return
 	default:
+		// Always answer, even when the client seems gone: returning without a
+		// status would make net/http send 200.
 		status, code := http.StatusBadRequest, "body_unreadable"
 		if ne, ok := errors.AsType[net.Error](err); ok && ne.Timeout() {
 			status, code = http.StatusRequestTimeout, "body_timeout"
@@ -201,16 +199,22 @@ func (h *Handler) accept(w http.ResponseWriter, r *http.Request, p contract.Payl
 }
 
 // readBody reads the whole body, at most contract.MaxBodyBytes.
-func (h *Handler) readBody(w http.ResponseWriter, r *http.Request) ([]byte, error) {
+func (h *Handler) readBody(w http.ResponseWriter, r *http.Request) (_ []byte, err error) {
 	if r.ContentLength > contract.MaxBodyBytes {
 		return nil, errBodyTooLarge
 	}
 	if h.bodyTimeout > 0 {
 		rc := http.NewResponseController(w)
 		if rc.SetReadDeadline(time.Now().Add(h.bodyTimeout)) == nil {
-			// A deadline left in place would also cut the server's background
-			// read after the body and cancel the request's context.
-			defer rc.SetReadDeadline(time.Time{})
+			// Once the body is in, lift the deadline: left in place it would
+			// cut the server's background read and cancel the request's
+			// context. After a failed read it must stay, or the server would
+			// wait for the unread rest of the body before answering.
+			defer func() {
+				if err == nil {
+					rc.SetReadDeadline(time.Time{})
+				}
+			}()
 		}
 	}
 	size := 512
@@ -223,7 +227,8 @@ func (h *Handler) readBody(w http.ResponseWriter, r *http.Request) ([]byte, erro
 		if len(buf) == cap(buf) {
 			buf = append(buf, 0)[:len(buf)]
 		}
-		n, err := body.Read(buf[len(buf):cap(buf)])
+		var n int
+		n, err = body.Read(buf[len(buf):cap(buf)])
 		buf = buf[:len(buf)+n]
 		if err == io.EOF {
 			return buf, nil

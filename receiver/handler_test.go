@@ -1,0 +1,535 @@
+package receiver_test
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/vibejobs/vibejobs/contract"
+	"github.com/vibejobs/vibejobs/receiver"
+)
+
+// memStore is an in-memory receiver.Store for handler tests.
+type memStore struct {
+	mu      sync.Mutex
+	runs    map[string][]byte
+	calls   atomic.Int32
+	err     error
+	status  int
+	entered chan struct{} // when set, Accept announces itself and waits for ctx
+}
+
+func (m *memStore) Accept(ctx context.Context, runID string, payload []byte) (int, []byte, error) {
+	m.calls.Add(1)
+	if m.entered != nil {
+		m.entered <- struct{}{}
+		<-ctx.Done()
+		return 0, nil, ctx.Err()
+	}
+	if m.err != nil {
+		return 0, nil, m.err
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.runs == nil {
+		m.runs = map[string][]byte{}
+	}
+	if _, ok := m.runs[runID]; !ok {
+		m.runs[runID] = bytes.Clone(payload)
+	}
+	return cmpOr(m.status, receiver.AcceptedStatus), []byte(receiver.AcceptedBody), nil
+}
+
+func cmpOr(a, b int) int {
+	if a != 0 {
+		return a
+	}
+	return b
+}
+
+// testServer runs h behind a real net/http server and reports each return of
+// ServeHTTP on done.
+type testServer struct {
+	*httptest.Server
+	done chan struct{}
+}
+
+func startServer(t *testing.T, h http.Handler, configure func(*http.Server)) *testServer {
+	t.Helper()
+	ts := &testServer{done: make(chan struct{}, 100)}
+	ts.Server = httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		defer func() { ts.done <- struct{}{} }()
+		h.ServeHTTP(w, r)
+	}))
+	if configure != nil {
+		configure(ts.Config)
+	}
+	ts.Start()
+	t.Cleanup(ts.Close)
+	return ts
+}
+
+func (ts *testServer) addr() string { return strings.TrimPrefix(ts.URL, "http://") }
+
+// waitReturn fails unless ServeHTTP returned within d.
+func (ts *testServer) waitReturn(t *testing.T, d time.Duration) {
+	t.Helper()
+	select {
+	case <-ts.done:
+	case <-time.After(d):
+		t.Fatalf("handler still running after %v", d)
+	}
+}
+
+func newTestHandler(t *testing.T, store receiver.Store, mutate func(*receiver.Config)) *receiver.Handler {
+	t.Helper()
+	cfg := receiver.Config{
+		Verifier: mustVerifier(t, receiver.Secrets{Current: vectorSecret}, fixedClock(vectorT)),
+		Logger:   slog.New(slog.DiscardHandler),
+	}
+	if mutate != nil {
+		mutate(&cfg)
+	}
+	h, err := receiver.NewHandler(cfg, store)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return h
+}
+
+// rawRequest writes a POST with exactly the given header lines over a new TCP
+// connection, so that repeated lines reach the server as separate lines.
+func rawRequest(t *testing.T, addr string, lines []string, body []byte) *http.Response {
+	t.Helper()
+	conn, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	conn.SetDeadline(time.Now().Add(10 * time.Second))
+	var b bytes.Buffer
+	fmt.Fprintf(&b, "POST / HTTP/1.1\r\nHost: %s\r\nContent-Length: %d\r\nConnection: close\r\n", addr, len(body))
+	for _, l := range lines {
+		b.WriteString(l + "\r\n")
+	}
+	b.WriteString("\r\n")
+	b.Write(body)
+	if _, err := conn.Write(b.Bytes()); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp
+}
+
+func readBody(t *testing.T, resp *http.Response) string {
+	t.Helper()
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
+
+func signedLines(body string) []string {
+	return []string{
+		"Content-Type: application/json",
+		"X-Vibe-Caller-Kind: schedule",
+		"Vibe-Signature: " + contract.Sign(vectorSecret, vectorT, []byte(body)),
+	}
+}
+
+// Go's server keeps one r.Header entry per physical line of a header after
+// canonicalising the name: the property the handler's line count rests on.
+func TestNetHTTPKeepsOnePhysicalLinePerHeaderValue(t *testing.T) {
+	got := make(chan [2]int, 1)
+	ts := startServer(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		got <- [2]int{len(r.Header["Vibe-Signature"]), len(r.Header["X-Vibe-Caller-Kind"])}
+	}), nil)
+	resp := rawRequest(t, ts.addr(), []string{
+		"vibe-signature: a", "VIBE-SIGNATURE: b",
+		"X-Vibe-Caller-Kind: schedule", "x-vibe-caller-kind: schedule", "X-VIBE-CALLER-KIND: schedule",
+	}, nil)
+	resp.Body.Close()
+	if n := <-got; n != [2]int{2, 3} {
+		t.Fatalf("header entries = %v, want [2 3]", n)
+	}
+}
+
+func TestHandlerDuplicateHeaderLines(t *testing.T) {
+	store := &memStore{}
+	ts := startServer(t, newTestHandler(t, store, nil), nil)
+	sig := "Vibe-Signature: " + vectorHeader
+	cases := []struct {
+		name  string
+		lines []string
+		want  int
+	}{
+		{"single lines", []string{"X-Vibe-Caller-Kind: schedule", sig}, 202},
+		{"optional whitespace is not part of the value", []string{"X-Vibe-Caller-Kind:   schedule  ", "Vibe-Signature:\t" + vectorHeader + " "}, 202},
+		{"signature twice", []string{"X-Vibe-Caller-Kind: schedule", sig, sig}, 401},
+		{"signature twice, other case", []string{"X-Vibe-Caller-Kind: schedule", sig, "vibe-signature: " + vectorHeader}, 401},
+		{"signature twice, one empty", []string{"X-Vibe-Caller-Kind: schedule", sig, "Vibe-Signature:"}, 401},
+		{"caller twice", []string{"X-Vibe-Caller-Kind: schedule", "X-Vibe-Caller-Kind: schedule", sig}, 401},
+		{"caller twice, other case", []string{"x-vibe-caller-kind: schedule", "X-VIBE-CALLER-KIND: schedule", sig}, 401},
+		{"caller missing", []string{sig}, 401},
+		{"signature missing", []string{"X-Vibe-Caller-Kind: schedule"}, 401},
+		{"both joined on one line", []string{"X-Vibe-Caller-Kind: schedule", "Vibe-Signature: " + vectorHeader + "," + vectorHeader}, 401},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			resp := rawRequest(t, ts.addr(), c.lines, []byte(vectorBody))
+			body := readBody(t, resp)
+			if resp.StatusCode != c.want {
+				t.Fatalf("status %d %s, want %d", resp.StatusCode, body, c.want)
+			}
+		})
+	}
+}
+
+func TestHandlerStatusCodes(t *testing.T) {
+	post := func(body string) *http.Request {
+		req, _ := http.NewRequest(http.MethodPost, "/", strings.NewReader(body))
+		req.Header.Set(contract.HeaderCallerKind, contract.CallerKindSchedule)
+		req.Header.Set(contract.HeaderSignature, contract.Sign(vectorSecret, vectorT, []byte(body)))
+		return req
+	}
+	invalid := strings.Replace(vectorBody, `"attempt":1`, `"attempt":5`, 1)
+	cases := []struct {
+		name   string
+		store  *memStore
+		cfg    func(*receiver.Config)
+		req    func() *http.Request
+		status int
+		body   string
+	}{
+		{"accepted", &memStore{}, nil, func() *http.Request { return post(vectorBody) }, 202, `{"accepted":true}`},
+		{"store's 2xx passed through", &memStore{status: 200}, nil, func() *http.Request { return post(vectorBody) }, 200, `{"accepted":true}`},
+		{"GET", &memStore{}, nil, func() *http.Request { r := post(vectorBody); r.Method = http.MethodGet; return r }, 405, `{"error":"method_not_allowed"}`},
+		{"bad signature", &memStore{}, nil, func() *http.Request {
+			r := post(vectorBody)
+			r.Header.Set(contract.HeaderSignature, contract.Sign(otherSecret, vectorT, []byte(vectorBody)))
+			return r
+		}, 401, `{"error":"unauthorized"}`},
+		{"stale signature", &memStore{}, nil, func() *http.Request {
+			r := post(vectorBody)
+			r.Header.Set(contract.HeaderSignature, contract.Sign(vectorSecret, vectorT-301, []byte(vectorBody)))
+			return r
+		}, 401, `{"error":"unauthorized"}`},
+		{"wrong caller", &memStore{}, nil, func() *http.Request {
+			r := post(vectorBody)
+			r.Header.Set(contract.HeaderCallerKind, "user")
+			return r
+		}, 401, `{"error":"unauthorized"}`},
+		{"signed invalid payload", &memStore{}, nil, func() *http.Request { return post(invalid) }, 400, `{"error":"invalid_payload","field":"attempt"}`},
+		{"signed non-JSON", &memStore{}, nil, func() *http.Request { return post("hello") }, 400, `{"error":"invalid_payload"}`},
+		{"unexpected job", &memStore{}, func(c *receiver.Config) { c.JobIDs = []string{"job_digest"} }, func() *http.Request { return post(vectorBody) }, 400, `{"error":"unexpected_job","field":"jobId"}`},
+		{"expected job", &memStore{}, func(c *receiver.Config) { c.JobIDs = []string{"job_digest", "job_vector"} }, func() *http.Request { return post(vectorBody) }, 202, `{"accepted":true}`},
+		{"store error", &memStore{err: errors.New("connection refused")}, nil, func() *http.Request { return post(vectorBody) }, 503, `{"error":"unavailable"}`},
+		{"stored response not 2xx", &memStore{status: 500}, nil, func() *http.Request { return post(vectorBody) }, 500, `{"error":"internal"}`},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			h := newTestHandler(t, c.store, c.cfg)
+			rec := httptest.NewRecorder()
+			h.ServeHTTP(rec, c.req())
+			if rec.Code != c.status || rec.Body.String() != c.body {
+				t.Fatalf("got %d %s, want %d %s", rec.Code, rec.Body, c.status, c.body)
+			}
+			if ct := rec.Header().Get("Content-Type"); ct != "application/json" {
+				t.Fatalf("Content-Type %q", ct)
+			}
+			if wantCalls := int32(0); c.status < 300 || c.status >= 500 {
+				wantCalls = 1
+				if got := c.store.calls.Load(); got != wantCalls {
+					t.Fatalf("store called %d times", got)
+				}
+			} else if got := c.store.calls.Load(); got != wantCalls {
+				t.Fatalf("store called %d times for a rejected delivery", got)
+			}
+		})
+	}
+	if _, err := receiver.NewHandler(receiver.Config{Verifier: mustVerifier(t, receiver.Secrets{Current: vectorSecret}, nil), JobIDs: []string{"digest"}}, &memStore{}); err == nil {
+		t.Fatal("NewHandler accepted an invalid job id")
+	}
+	if _, err := receiver.NewHandler(receiver.Config{}, &memStore{}); err == nil {
+		t.Fatal("NewHandler accepted a nil Verifier")
+	}
+}
+
+// paddedBody returns a body of exactly n bytes, validly signed at vectorT:
+// it passes the bound and the signature and fails only the schema.
+func paddedBody(n int) []byte {
+	return append([]byte(vectorBody), bytes.Repeat([]byte(" "), n-len(vectorBody))...)
+}
+
+// hideLength makes the client send the body chunked, without Content-Length.
+type hideLength struct{ io.Reader }
+
+func TestHandlerBodyBound(t *testing.T) {
+	store := &memStore{}
+	h := newTestHandler(t, store, nil)
+	var sawChunked atomic.Bool
+	ts := startServer(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		sawChunked.Store(r.ContentLength == -1 && len(r.TransferEncoding) == 1 && r.TransferEncoding[0] == "chunked")
+		h.ServeHTTP(w, r)
+	}), nil)
+	send := func(body []byte, chunked bool) (int, string) {
+		t.Helper()
+		var r io.Reader = bytes.NewReader(body)
+		if chunked {
+			r = hideLength{r}
+		}
+		req, _ := http.NewRequest(http.MethodPost, ts.URL, r)
+		req.Header.Set(contract.HeaderCallerKind, contract.CallerKindSchedule)
+		req.Header.Set(contract.HeaderSignature, contract.Sign(vectorSecret, vectorT, body))
+		resp, err := ts.Client().Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if chunked != sawChunked.Load() {
+			t.Fatalf("sent chunked=%v, server saw otherwise", chunked)
+		}
+		return resp.StatusCode, readBody(t, resp)
+	}
+	for _, chunked := range []bool{false, true} {
+		if code, body := send(paddedBody(contract.MaxBodyBytes+1), chunked); code != 413 || body != `{"error":"body_too_large"}` {
+			t.Errorf("64 KiB + 1 (chunked %v): %d %s", chunked, code, body)
+		}
+		if code, body := send(paddedBody(contract.MaxBodyBytes), chunked); code != 400 || body != `{"error":"invalid_payload"}` {
+			t.Errorf("exactly 64 KiB (chunked %v): %d %s, want the schema's 400", chunked, code, body)
+		}
+		if code, _ := send([]byte(vectorBody), chunked); code != 202 {
+			t.Errorf("reference body (chunked %v): %d", chunked, code)
+		}
+	}
+	if n := store.calls.Load(); n != 2 {
+		t.Fatalf("store called %d times, want 2", n)
+	}
+}
+
+// A body that trickles in is read whole and verified.
+func TestHandlerSlowBody(t *testing.T) {
+	ts := startServer(t, newTestHandler(t, &memStore{}, nil), nil)
+	conn, err := net.Dial("tcp", ts.addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	conn.SetDeadline(time.Now().Add(20 * time.Second))
+	body := []byte(vectorBody)
+	fmt.Fprintf(conn, "POST / HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n%s\r\n\r\n", len(body), strings.Join(signedLines(vectorBody), "\r\n"))
+	tick := time.NewTicker(15 * time.Millisecond) // the slowness under test
+	defer tick.Stop()
+	for chunk := range slices(body, 16) {
+		<-tick.C
+		if _, err := conn.Write(chunk); err != nil {
+			t.Fatal(err)
+		}
+	}
+	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b := readBody(t, resp); resp.StatusCode != 202 || b != receiver.AcceptedBody {
+		t.Fatalf("slow body: %d %s", resp.StatusCode, b)
+	}
+}
+
+func slices(b []byte, n int) func(func([]byte) bool) {
+	return func(yield func([]byte) bool) {
+		for len(b) > 0 {
+			k := min(n, len(b))
+			if !yield(b[:k]) {
+				return
+			}
+			b = b[k:]
+		}
+	}
+}
+
+// A client that stops sending the body is cut off by the server's ReadTimeout
+// or by Config.BodyReadTimeout; the handler returns and never reaches the store.
+func TestHandlerStalledBody(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		cfg  func(*receiver.Config)
+		srv  func(*http.Server)
+	}{
+		{"server ReadTimeout", nil, func(s *http.Server) { s.ReadTimeout = 300 * time.Millisecond }},
+		{"Config.BodyReadTimeout", func(c *receiver.Config) { c.BodyReadTimeout = 300 * time.Millisecond }, nil},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			store := &memStore{}
+			ts := startServer(t, newTestHandler(t, store, c.cfg), c.srv)
+			conn, err := net.Dial("tcp", ts.addr())
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer conn.Close()
+			conn.SetDeadline(time.Now().Add(10 * time.Second))
+			fmt.Fprintf(conn, "POST / HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n%s\r\n\r\n%s",
+				len(vectorBody), strings.Join(signedLines(vectorBody), "\r\n"), vectorBody[:50])
+			// The client now waits for an answer that can only come from a timeout.
+			resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+			if err == nil {
+				if b := readBody(t, resp); resp.StatusCode != http.StatusRequestTimeout {
+					t.Fatalf("stalled body answered %d %s", resp.StatusCode, b)
+				}
+			} else if ne, ok := errors.AsType[net.Error](err); ok && ne.Timeout() {
+				t.Fatalf("no answer and no close: %v", err)
+			}
+			ts.waitReturn(t, 5*time.Second)
+			if store.calls.Load() != 0 {
+				t.Fatal("a partial body reached the store")
+			}
+		})
+	}
+}
+
+func TestHandlerClientDisconnects(t *testing.T) {
+	t.Run("during the body", func(t *testing.T) {
+		store := &memStore{}
+		ts := startServer(t, newTestHandler(t, store, nil), nil)
+		conn, err := net.Dial("tcp", ts.addr())
+		if err != nil {
+			t.Fatal(err)
+		}
+		fmt.Fprintf(conn, "POST / HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n%s\r\n\r\n%s",
+			len(vectorBody), strings.Join(signedLines(vectorBody), "\r\n"), vectorBody[:50])
+		conn.Close()
+		ts.waitReturn(t, 5*time.Second)
+		if store.calls.Load() != 0 {
+			t.Fatal("a partial body reached the store")
+		}
+	})
+	t.Run("during acceptance", func(t *testing.T) {
+		store := &memStore{entered: make(chan struct{}, 1)}
+		ts := startServer(t, newTestHandler(t, store, nil), nil)
+		conn, err := net.Dial("tcp", ts.addr())
+		if err != nil {
+			t.Fatal(err)
+		}
+		fmt.Fprintf(conn, "POST / HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n%s\r\n\r\n%s",
+			len(vectorBody), strings.Join(signedLines(vectorBody), "\r\n"), vectorBody)
+		select {
+		case <-store.entered:
+		case <-time.After(5 * time.Second):
+			t.Fatal("the store was not reached")
+		}
+		conn.Close() // the store only returns once the request's context ends
+		ts.waitReturn(t, 5*time.Second)
+	})
+}
+
+// Whatever happens, the logs hold neither the secret, nor the signature, nor
+// the body.
+func TestHandlerNeverLogsSecretSignatureOrBody(t *testing.T) {
+	var logs syncBuffer
+	logger := slog.New(slog.NewJSONHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	for _, store := range []*memStore{{}, {err: errors.New("db down")}} {
+		h := newTestHandler(t, store, func(c *receiver.Config) { c.Logger = logger; c.JobIDs = []string{"job_other"} })
+		h2 := newTestHandler(t, store, func(c *receiver.Config) { c.Logger = logger })
+		for _, req := range []struct {
+			sig, body string
+		}{
+			{vectorHeader, vectorBody},
+			{vectorHeader, vectorBody + " "},
+			{contract.Sign(vectorSecret, vectorT, []byte(vectorBody+" ")), vectorBody + " "},
+			{"t=1,v1=" + vectorMAC, vectorBody},
+		} {
+			for _, hh := range []*receiver.Handler{h, h2} {
+				r := httptest.NewRequest(http.MethodPost, "/", strings.NewReader(req.body))
+				r.Header.Set(contract.HeaderCallerKind, "schedule")
+				r.Header.Set(contract.HeaderSignature, req.sig)
+				hh.ServeHTTP(httptest.NewRecorder(), r)
+			}
+		}
+	}
+	out := logs.String()
+	if !strings.Contains(out, `"run_id":"run_vector"`) {
+		t.Fatalf("expected the run id in the logs:\n%s", out)
+	}
+	for _, secret := range []string{vectorSecret, vectorSecret[4:], vectorMAC, vectorMAC[:16], vectorBody, `"scheduledFor"`, "2026-10-09T09:00:00.000Z", "scheduled_job.run"} {
+		if strings.Contains(out, secret) {
+			t.Fatalf("logs contain %q:\n%s", secret, out)
+		}
+	}
+}
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+func TestMiddlewarePassesTheVerifiedRequest(t *testing.T) {
+	var gotBody string
+	var gotPayload contract.Payload
+	next := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		gotBody = string(b)
+		gotPayload, _ = receiver.PayloadFromContext(r.Context())
+		w.WriteHeader(http.StatusNoContent)
+	})
+	mw, err := receiver.NewMiddleware(receiver.Config{
+		Verifier: mustVerifier(t, receiver.Secrets{Current: vectorSecret}, fixedClock(vectorT)),
+		Logger:   slog.New(slog.DiscardHandler),
+	}, next)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ts := startServer(t, mw, nil)
+	resp := rawRequest(t, ts.addr(), signedLines(vectorBody), []byte(vectorBody))
+	readBody(t, resp)
+	if resp.StatusCode != http.StatusNoContent || gotBody != vectorBody || gotPayload.RunID != "run_vector" {
+		t.Fatalf("next saw status %d body %q payload %+v", resp.StatusCode, gotBody, gotPayload)
+	}
+	resp = rawRequest(t, ts.addr(), []string{"X-Vibe-Caller-Kind: schedule", "Vibe-Signature: t=1,v1=" + vectorMAC}, []byte(vectorBody))
+	if readBody(t, resp); resp.StatusCode != 401 {
+		t.Fatalf("unsigned request reached %d", resp.StatusCode)
+	}
+}
+
+func BenchmarkHandlerInMemory(b *testing.B) {
+	v, _ := receiver.NewVerifier(receiver.Secrets{Current: vectorSecret}, fixedClock(vectorT))
+	h, _ := receiver.NewHandler(receiver.Config{Verifier: v, Logger: slog.New(slog.DiscardHandler)}, &memStore{})
+	body := []byte(vectorBody)
+	b.ReportAllocs()
+	for b.Loop() {
+		r := httptest.NewRequest(http.MethodPost, "/", bytes.NewReader(body))
+		r.Header.Set(contract.HeaderCallerKind, "schedule")
+		r.Header.Set(contract.HeaderSignature, vectorHeader)
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, r)
+		if w.Code != 202 {
+			b.Fatal(w.Code)
+		}
+	}
+}
