@@ -1,0 +1,127 @@
+package receiver_test
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/vibejobs/vibejobs/receiver"
+)
+
+// fakeOutbox records what a Worker does with the items it hands out.
+type fakeOutbox struct {
+	mu        sync.Mutex
+	items     []receiver.OutboxItem
+	completed []string
+	failed    map[string]time.Time
+	reasons   map[string]string
+}
+
+func (o *fakeOutbox) ClaimOutbox(_ context.Context, _ string, _, _ time.Time, limit int) ([]receiver.OutboxItem, error) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	n := min(limit, len(o.items))
+	got := o.items[:n]
+	o.items = o.items[n:]
+	return got, nil
+}
+
+func (o *fakeOutbox) CompleteOutbox(_ context.Context, runID string, _ time.Time) error {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.completed = append(o.completed, runID)
+	return nil
+}
+
+func (o *fakeOutbox) FailOutbox(_ context.Context, runID, _ string, retryAt time.Time, reason string) error {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.failed == nil {
+		o.failed, o.reasons = map[string]time.Time{}, map[string]string{}
+	}
+	o.failed[runID], o.reasons[runID] = retryAt, reason
+	return nil
+}
+
+func TestWorkerOutcomes(t *testing.T) {
+	now := time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
+	o := &fakeOutbox{items: []receiver.OutboxItem{
+		{RunID: "run_ok", Payload: []byte(vectorBody), Attempt: 1},
+		{RunID: "run_err", Payload: []byte(vectorBody), Attempt: 3},
+		{RunID: "run_panic", Payload: []byte(vectorBody), Attempt: 1},
+	}}
+	w, err := receiver.NewWorker(receiver.WorkerConfig{
+		Outbox:      o,
+		Concurrency: 3,
+		Now:         func() time.Time { return now },
+		Logger:      slog.New(slog.DiscardHandler),
+		Process: func(ctx context.Context, runID string, _ []byte) error {
+			switch runID {
+			case "run_err":
+				return errors.New("smtp 451")
+			case "run_panic":
+				panic("nil map")
+			}
+			if _, ok := ctx.Deadline(); !ok {
+				return errors.New("no lease deadline on ctx")
+			}
+			return nil
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n, err := w.ProcessBatch(context.Background()); n != 3 || err != nil {
+		t.Fatalf("ProcessBatch = %d, %v", n, err)
+	}
+	if len(o.completed) != 1 || o.completed[0] != "run_ok" {
+		t.Fatalf("completed %v", o.completed)
+	}
+	if got := o.failed["run_err"]; !got.Equal(now.Add(receiver.DefaultBackoff(3))) {
+		t.Fatalf("run_err retry at %v", got)
+	}
+	if o.reasons["run_err"] != "smtp 451" || o.reasons["run_panic"] != "panic: nil map" {
+		t.Fatalf("reasons %v", o.reasons)
+	}
+}
+
+// Stopping the worker cancels the running item and releases it for an
+// immediate retry instead of a backoff.
+func TestWorkerStopReleasesItem(t *testing.T) {
+	now := time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
+	o := &fakeOutbox{items: []receiver.OutboxItem{{RunID: "run_long", Payload: []byte(vectorBody), Attempt: 1}}}
+	started := make(chan struct{})
+	w, _ := receiver.NewWorker(receiver.WorkerConfig{
+		Outbox: o,
+		Now:    func() time.Time { return now },
+		Logger: slog.New(slog.DiscardHandler),
+		Process: func(ctx context.Context, runID string, _ []byte) error {
+			close(started)
+			<-ctx.Done()
+			return ctx.Err()
+		},
+	})
+	ctx, cancel := context.WithCancel(context.Background())
+	stopped := make(chan error)
+	go func() { stopped <- w.Run(ctx) }()
+	<-started
+	cancel()
+	if err := <-stopped; err != nil {
+		t.Fatalf("Run = %v", err)
+	}
+	if got, ok := o.failed["run_long"]; !ok || !got.Equal(now) {
+		t.Fatalf("released for %v (%v), want now", got, ok)
+	}
+}
+
+func TestDefaultBackoff(t *testing.T) {
+	want := map[int]time.Duration{0: 5 * time.Second, 1: 5 * time.Second, 2: 10 * time.Second, 3: 20 * time.Second, 10: 2560 * time.Second, 11: time.Hour, 1000: time.Hour}
+	for attempt, d := range want {
+		if got := receiver.DefaultBackoff(attempt); got != d {
+			t.Errorf("DefaultBackoff(%d) = %v, want %v", attempt, got, d)
+		}
+	}
+}
