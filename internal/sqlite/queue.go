@@ -1,0 +1,474 @@
+package sqlite
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"fmt"
+	"time"
+	"unicode/utf8"
+
+	"github.com/vibejobs/vibejobs"
+)
+
+// DueJobs returns active, enabled, undeleted jobs whose NextRunAt ≤ before,
+// earliest first (ties by id). LastRun is not filled.
+func (s *Store) DueJobs(ctx context.Context, before time.Time, limit int) ([]*vibejobs.Job, error) {
+	rows, err := s.r.QueryContext(ctx, `SELECT `+jobColumns+` FROM jobs j
+		WHERE j.enabled = 1 AND j.state = 'active' AND j.deleted_at IS NULL AND j.next_run_at <= ?
+		ORDER BY j.next_run_at, j.id LIMIT ?`, ms(before), limit)
+	if err != nil {
+		return nil, fmt.Errorf("listing due jobs: %w", err)
+	}
+	defer rows.Close()
+	var jobs []*vibejobs.Job
+	for rows.Next() {
+		j, err := scanJob(rows, false)
+		if err != nil {
+			return nil, fmt.Errorf("listing due jobs: %w", err)
+		}
+		jobs = append(jobs, j)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("listing due jobs: %w", err)
+	}
+	return jobs, nil
+}
+
+// ApplyRunPlans applies all plans in one transaction. A plan advances its job
+// only while the job is enabled, active, undeleted and still at plan.From; its
+// runs are inserted only then, each skipped when its (job, scheduledFor)
+// exists.
+func (s *Store) ApplyRunPlans(ctx context.Context, plans []vibejobs.RunPlan, now time.Time) (int, error) {
+	if len(plans) == 0 {
+		return 0, nil
+	}
+	created := 0
+	err := s.write(ctx, func(t *sql.Tx) error {
+		created = 0
+		advance, err := t.PrepareContext(ctx, `UPDATE jobs SET next_run_at = ?, skipped_runs = skipped_runs + ?,
+			state = CASE WHEN ? THEN 'completed' ELSE state END
+			WHERE id = ? AND next_run_at = ? AND enabled = 1 AND state = 'active' AND deleted_at IS NULL`)
+		if err != nil {
+			return err
+		}
+		defer advance.Close()
+		insert, err := t.PrepareContext(ctx, insertRunSQL+` ON CONFLICT (job_id, occurrence_at) DO NOTHING`)
+		if err != nil {
+			return err
+		}
+		defer insert.Close()
+		for _, p := range plans {
+			n, err := changed(advance.ExecContext(ctx, msPtr(p.Next), p.Skipped, p.Complete, p.JobID, ms(p.From)))
+			if err != nil {
+				return err
+			}
+			if n == 0 {
+				continue // the job moved on, was paused or deleted
+			}
+			for _, r := range p.Runs {
+				n, err := changed(insert.ExecContext(ctx, insertRunArgs(r)...))
+				if err != nil {
+					return fmt.Errorf("run %s: %w", r.ID, err)
+				}
+				created += int(n)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return 0, fmt.Errorf("applying run plans: %w", err)
+	}
+	return created, nil
+}
+
+// ClaimDueRuns claims the earliest due runs (ties by id) for owner and returns
+// them in that order. See vibejobs.DispatchStore.
+func (s *Store) ClaimDueRuns(ctx context.Context, owner string, now time.Time, limit int, leaseMargin time.Duration) ([]*vibejobs.Claim, error) {
+	if limit <= 0 {
+		return nil, nil
+	}
+	var claims []*vibejobs.Claim
+	err := s.write(ctx, func(t *sql.Tx) error {
+		claims = nil
+		nowMS := ms(now)
+		// Pick in due order first: UPDATE … RETURNING returns rows in no
+		// particular order, and the claim clears next_attempt_at.
+		rows, err := t.QueryContext(ctx, `SELECT rowid, id FROM runs
+			WHERE state IN ('scheduled', 'retrying') AND next_attempt_at <= ?1 AND deadline_at >= ?1
+			ORDER BY next_attempt_at, id LIMIT ?2`, nowMS, limit)
+		if err != nil {
+			return err
+		}
+		var ids []string
+		var rowids []int64
+		for rows.Next() {
+			var rowid int64
+			var id string
+			if err := rows.Scan(&rowid, &id); err != nil {
+				rows.Close()
+				return err
+			}
+			rowids = append(rowids, rowid)
+			ids = append(ids, id)
+		}
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			return err
+		}
+		if len(ids) == 0 {
+			return nil
+		}
+
+		// Attempt numbering: a redelivery keeps the number of the attempt it
+		// sends again. Late is decided by the run's first claim that sends.
+		rows, err = t.QueryContext(ctx, `UPDATE runs SET
+				state = 'delivering',
+				attempt = CASE WHEN redeliver = 1 THEN attempt ELSE attempt + 1 END,
+				redeliver = 0,
+				late = coalesce(late, ?1 - scheduled_for > ?2),
+				next_attempt_at = NULL,
+				attempt_started_at = ?1,
+				lease_owner = ?3,
+				lease_expires_at = ?1 + ?4 + (SELECT j.timeout_ns / 1000000 FROM jobs j WHERE j.id = runs.job_id)
+			WHERE rowid IN (SELECT value FROM json_each(?5))
+			RETURNING `+runColumns,
+			nowMS, vibejobs.LateThreshold.Milliseconds(), owner, leaseMargin.Milliseconds(), jsonArray(rowids))
+		if err != nil {
+			return err
+		}
+		byID := make(map[string]*vibejobs.Run, len(ids))
+		var jobIDs []string
+		for rows.Next() {
+			r, err := scanRun(rows)
+			if err != nil {
+				rows.Close()
+				return err
+			}
+			byID[r.ID] = r
+			jobIDs = append(jobIDs, r.JobID)
+		}
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			return err
+		}
+
+		// The delivery settings of each job as they are now.
+		rows, err = t.QueryContext(ctx, `SELECT j.id, j.url, j.secret_key_id, j.secret_ciphertext, j.timeout_ns,
+				j.max_attempts, j.min_backoff_ns, j.max_backoff_ns
+			FROM jobs j WHERE j.id IN (SELECT value FROM json_each(?))`, jsonArray(jobIDs))
+		if err != nil {
+			return err
+		}
+		settings := make(map[string]*vibejobs.Claim)
+		for rows.Next() {
+			var id string
+			var c vibejobs.Claim
+			var timeout, minB, maxB int64
+			if err := rows.Scan(&id, &c.URL, &c.Secret.KeyID, &c.Secret.Ciphertext, &timeout,
+				&c.Retry.MaxAttempts, &minB, &maxB); err != nil {
+				rows.Close()
+				return err
+			}
+			c.Timeout = time.Duration(timeout)
+			c.Retry.MinBackoff = time.Duration(minB)
+			c.Retry.MaxBackoff = time.Duration(maxB)
+			settings[id] = &c
+		}
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			return err
+		}
+
+		claims = make([]*vibejobs.Claim, 0, len(ids))
+		for _, id := range ids {
+			r := byID[id]
+			if r == nil {
+				return fmt.Errorf("run %s vanished while claimed", id)
+			}
+			set := settings[r.JobID]
+			if set == nil {
+				return fmt.Errorf("job %s of run %s missing", r.JobID, id)
+			}
+			c := *set
+			c.Run = r
+			claims = append(claims, &c)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("claiming due runs: %w", err)
+	}
+	return claims, nil
+}
+
+// NextDueAt returns the earliest NextAttemptAt of a run in scheduled or
+// retrying. A run whose deadline passed counts until FailExpiredRuns ends it.
+func (s *Store) NextDueAt(ctx context.Context) (time.Time, bool, error) {
+	var next sql.NullInt64
+	err := s.r.QueryRowContext(ctx,
+		`SELECT min(next_attempt_at) FROM runs WHERE state IN ('scheduled', 'retrying')`).Scan(&next)
+	if err != nil {
+		return time.Time{}, false, fmt.Errorf("finding next due run: %w", err)
+	}
+	if !next.Valid {
+		return time.Time{}, false, nil
+	}
+	return fromMS(next.Int64), true, nil
+}
+
+// RecordOutcomes records the outcomes in one transaction. An outcome counts
+// only while its run is delivering under owner's lease at the outcome's
+// attempt number; any other is dropped with its attempt.
+func (s *Store) RecordOutcomes(ctx context.Context, owner string, outcomes []vibejobs.Outcome) error {
+	if len(outcomes) == 0 {
+		return nil
+	}
+	for _, o := range outcomes {
+		switch o.Step.State {
+		case vibejobs.RunSucceeded, vibejobs.RunFailed, vibejobs.RunRetrying, vibejobs.RunCancelled:
+		default:
+			return fmt.Errorf("recording outcomes: run %s: step to %q", o.RunID, o.Step.State)
+		}
+	}
+	err := s.write(ctx, func(t *sql.Tx) error {
+		move, err := t.PrepareContext(ctx, `UPDATE runs SET state = ?, failure_reason = ?, next_attempt_at = ?,
+				finished_at = ?, lease_owner = NULL, lease_expires_at = NULL, attempt_started_at = NULL
+			WHERE id = ? AND state = 'delivering' AND lease_owner = ? AND attempt = ?`)
+		if err != nil {
+			return err
+		}
+		defer move.Close()
+		insert, err := t.PrepareContext(ctx, `INSERT INTO attempts (run_id, number, started_at, finished_at,
+			status_code, error_code, signature_timestamp, response_snippet) VALUES (?, ?, ?, ?, ?, ?, ?, ?)`)
+		if err != nil {
+			return err
+		}
+		defer insert.Close()
+		var cancel *sql.Stmt
+		for _, o := range outcomes {
+			a := o.Attempt
+			var next, finished any
+			if o.Step.State == vibejobs.RunRetrying {
+				next = ms(a.FinishedAt)
+				if o.Step.NextAttemptAt != nil {
+					next = ms(*o.Step.NextAttemptAt)
+				}
+			} else {
+				finished = ms(a.FinishedAt)
+			}
+			n, err := changed(move.ExecContext(ctx, string(o.Step.State), o.Step.FailureReason, next, finished,
+				o.RunID, owner, a.Number))
+			if err != nil {
+				return fmt.Errorf("run %s: %w", o.RunID, err)
+			}
+			if n == 0 {
+				continue // lease lost: the attempt belongs to whoever holds the run now
+			}
+			if _, err := insert.ExecContext(ctx, o.RunID, a.Number, ms(a.StartedAt), ms(a.FinishedAt),
+				a.StatusCode, a.ErrorCode, a.SignatureTimestamp, snippet(a.ResponseSnippet)); err != nil {
+				return fmt.Errorf("run %s: recording attempt: %w", o.RunID, err)
+			}
+			if o.Step.State != vibejobs.RunRetrying {
+				continue
+			}
+			// No further attempt of a deleted job's run.
+			if cancel == nil {
+				cancel, err = t.PrepareContext(ctx, `UPDATE runs SET state = 'cancelled', failure_reason = ?,
+						finished_at = ?, next_attempt_at = NULL
+					WHERE id = ? AND job_id IN (SELECT id FROM jobs WHERE deleted_at IS NOT NULL)`)
+				if err != nil {
+					return err
+				}
+				defer cancel.Close()
+			}
+			if _, err := cancel.ExecContext(ctx, vibejobs.ReasonJobDeleted, ms(a.FinishedAt), o.RunID); err != nil {
+				return fmt.Errorf("run %s: cancelling: %w", o.RunID, err)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("recording outcomes: %w", err)
+	}
+	return nil
+}
+
+// jsonArray encodes ids for json_each: one bound parameter however many.
+func jsonArray[T any](ids []T) string {
+	b, err := json.Marshal(ids)
+	if err != nil {
+		panic(err) // strings and integers always encode
+	}
+	return string(b)
+}
+
+// snippet cuts s to at most vibejobs.SnippetBytes without splitting a UTF-8
+// sequence.
+func snippet(s string) string {
+	if len(s) <= vibejobs.SnippetBytes {
+		return s
+	}
+	cut := vibejobs.SnippetBytes
+	for cut > 0 && cut > vibejobs.SnippetBytes-utf8.UTFMax && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut]
+}
+
+// ReleaseClaims puts the named runs owner still holds back in the queue, due
+// now, to be sent under the same attempt number. A first attempt gets its
+// late flag decided again, since it was never sent.
+func (s *Store) ReleaseClaims(ctx context.Context, owner string, runIDs []string, now time.Time) error {
+	if len(runIDs) == 0 {
+		return nil
+	}
+	err := s.write(ctx, func(t *sql.Tx) error {
+		_, err := t.ExecContext(ctx, `UPDATE runs SET
+				state = CASE WHEN attempt <= 1 THEN 'scheduled' ELSE 'retrying' END,
+				late = CASE WHEN attempt <= 1 THEN NULL ELSE late END,
+				redeliver = 1, next_attempt_at = ?, attempt_started_at = NULL,
+				lease_owner = NULL, lease_expires_at = NULL
+			WHERE id IN (SELECT value FROM json_each(?)) AND state = 'delivering' AND lease_owner = ?`,
+			ms(now), jsonArray(runIDs), owner)
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("releasing claims: %w", err)
+	}
+	return nil
+}
+
+// expiredLeases selects up to ?2 delivering runs whose lease expired before ?1,
+// oldest lease first. Both statements of RecoverExpiredLeases use it in one
+// transaction, so they see the same runs.
+const expiredLeases = `SELECT rowid FROM runs WHERE state = 'delivering' AND lease_expires_at < ?1
+	ORDER BY lease_expires_at, id LIMIT ?2`
+
+// RecoverExpiredLeases records the in-flight attempt of each run whose lease
+// expired as interrupted (started when it was claimed, finished now, never
+// signed as far as the store knows) and makes the run due now under the same
+// attempt number: back to scheduled for a first attempt, retrying otherwise.
+// A run past its deadline fails (deadline_exceeded); a deleted job's run is
+// cancelled (job_deleted).
+func (s *Store) RecoverExpiredLeases(ctx context.Context, now time.Time, limit int) (int, error) {
+	if limit <= 0 {
+		return 0, nil
+	}
+	var n int64
+	err := s.write(ctx, func(t *sql.Tx) error {
+		nowMS := ms(now)
+		_, err := t.ExecContext(ctx, `INSERT INTO attempts (run_id, number, started_at, finished_at, status_code,
+				error_code, signature_timestamp, response_snippet)
+			SELECT id, attempt, coalesce(attempt_started_at, ?1), ?1, 0, ?3, 0, ''
+			FROM runs WHERE rowid IN (`+expiredLeases+`)
+			ORDER BY lease_expires_at, id`, nowMS, limit, vibejobs.ErrorCodeInterrupted)
+		if err != nil {
+			return err
+		}
+		// The expressions all see the row as it was before the update.
+		const deleted = `EXISTS (SELECT 1 FROM jobs j WHERE j.id = runs.job_id AND j.deleted_at IS NOT NULL)`
+		const ends = `(` + deleted + ` OR deadline_at < ?1)`
+		n, err = changed(t.ExecContext(ctx, `UPDATE runs SET
+				state = CASE
+					WHEN `+deleted+` THEN 'cancelled'
+					WHEN deadline_at < ?1 THEN 'failed'
+					WHEN attempt <= 1 THEN 'scheduled'
+					ELSE 'retrying' END,
+				failure_reason = CASE
+					WHEN `+deleted+` THEN ?3
+					WHEN deadline_at < ?1 THEN ?4
+					ELSE '' END,
+				redeliver = CASE WHEN `+ends+` THEN 0 ELSE 1 END,
+				next_attempt_at = CASE WHEN `+ends+` THEN NULL ELSE ?1 END,
+				finished_at = CASE WHEN `+ends+` THEN ?1 ELSE NULL END,
+				attempt_started_at = NULL, lease_owner = NULL, lease_expires_at = NULL
+			WHERE rowid IN (`+expiredLeases+`)`,
+			nowMS, limit, vibejobs.ReasonJobDeleted, vibejobs.ReasonDeadlineExceeded))
+		return err
+	})
+	if err != nil {
+		return 0, fmt.Errorf("recovering expired leases: %w", err)
+	}
+	return int(n), nil
+}
+
+// FailExpiredRuns fails (deadline_exceeded, finished now) up to limit runs
+// waiting in scheduled or retrying whose deadline is before now.
+func (s *Store) FailExpiredRuns(ctx context.Context, now time.Time, limit int) (int, error) {
+	if limit <= 0 {
+		return 0, nil
+	}
+	var n int64
+	err := s.write(ctx, func(t *sql.Tx) error {
+		var err error
+		n, err = changed(t.ExecContext(ctx, `UPDATE runs SET state = 'failed', failure_reason = ?3,
+				finished_at = ?1, next_attempt_at = NULL, redeliver = 0
+			WHERE rowid IN (SELECT rowid FROM runs
+				WHERE state IN ('scheduled', 'retrying') AND deadline_at < ?1
+				ORDER BY next_attempt_at, id LIMIT ?2)`, ms(now), limit, vibejobs.ReasonDeadlineExceeded))
+		if err != nil {
+			return err
+		}
+		return nil
+	})
+	if err != nil {
+		return 0, fmt.Errorf("failing expired runs: %w", err)
+	}
+	return int(n), nil
+}
+
+// PruneRuns deletes up to limit of the project's finished runs, oldest
+// first, that finished before cutoff; their attempts go with them.
+func (s *Store) PruneRuns(ctx context.Context, projectID string, cutoff time.Time, limit int) (int, error) {
+	if limit <= 0 {
+		return 0, nil
+	}
+	var n int64
+	err := s.write(ctx, func(t *sql.Tx) error {
+		var err error
+		n, err = changed(t.ExecContext(ctx, `DELETE FROM runs WHERE rowid IN (SELECT rowid FROM runs
+			WHERE project_id = ? AND finished_at IS NOT NULL AND finished_at < ?
+				AND state IN ('succeeded', 'failed', 'cancelled')
+			ORDER BY finished_at LIMIT ?)`, projectID, ms(cutoff), limit))
+		return err
+	})
+	if err != nil {
+		return 0, fmt.Errorf("pruning runs: %w", err)
+	}
+	return int(n), nil
+}
+
+// PruneIdempotencyKeys deletes up to limit records with ExpiresAt ≤ now.
+func (s *Store) PruneIdempotencyKeys(ctx context.Context, now time.Time, limit int) (int, error) {
+	if limit <= 0 {
+		return 0, nil
+	}
+	var n int64
+	err := s.write(ctx, func(t *sql.Tx) error {
+		var err error
+		n, err = changed(t.ExecContext(ctx, `DELETE FROM idempotency_keys WHERE rowid IN (
+			SELECT rowid FROM idempotency_keys WHERE expires_at <= ? ORDER BY expires_at LIMIT ?)`, ms(now), limit))
+		return err
+	})
+	if err != nil {
+		return 0, fmt.Errorf("pruning idempotency keys: %w", err)
+	}
+	return int(n), nil
+}
+
+// QueueStats counts the runs claimable at now.
+func (s *Store) QueueStats(ctx context.Context, now time.Time) (vibejobs.QueueStats, error) {
+	var st vibejobs.QueueStats
+	var oldest sql.NullInt64
+	err := s.r.QueryRowContext(ctx, `SELECT count(*), min(next_attempt_at) FROM runs
+		WHERE state IN ('scheduled', 'retrying') AND next_attempt_at <= ?1 AND deadline_at >= ?1`, ms(now)).
+		Scan(&st.Due, &oldest)
+	if err != nil {
+		return st, fmt.Errorf("reading queue stats: %w", err)
+	}
+	if oldest.Valid {
+		st.OldestDueAge = now.Sub(fromMS(oldest.Int64))
+	}
+	return st, nil
+}

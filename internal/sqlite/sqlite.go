@@ -1,0 +1,247 @@
+// Package sqlite is the embedded default vibejobs.Store: one SQLite database
+// file, opened with the pure Go driver modernc.org/sqlite in WAL mode.
+//
+// Writes go through a pool of exactly one connection whose transactions begin
+// IMMEDIATE, so writers queue in the process instead of failing with
+// SQLITE_BUSY; reads use a separate pool and never wait for a writer. Times
+// are stored as Unix milliseconds (UTC): callers pass millisecond-precision
+// times and get them back in UTC.
+package sqlite
+
+import (
+	"cmp"
+	"context"
+	"database/sql"
+	"embed"
+	"errors"
+	"fmt"
+	"io/fs"
+	"log/slog"
+	"runtime"
+	"strings"
+	"time"
+
+	"github.com/pressly/goose/v3"
+	"modernc.org/sqlite"
+	sqlite3 "modernc.org/sqlite/lib"
+
+	"github.com/vibejobs/vibejobs"
+)
+
+//go:embed migrations/*.sql
+var migrations embed.FS
+
+// busyTimeout is how long a statement waits for another process's lock.
+const busyTimeout = 10 * time.Second
+
+// Options configure a Store. The zero value is usable.
+type Options struct {
+	Logger *slog.Logger     // default: slog.Default()
+	Now    func() time.Time // default: time.Now
+}
+
+// Store is a vibejobs.Store on a SQLite file. It is safe for concurrent use.
+type Store struct {
+	reader // reads on the reader pool
+
+	path   string
+	w      *sql.DB // one connection, BEGIN IMMEDIATE
+	r      *sql.DB // readers, query_only
+	logger *slog.Logger
+	now    func() time.Time
+}
+
+var _ vibejobs.Store = (*Store)(nil)
+
+// Open opens (creating it if needed) the database at path and applies the
+// pending migrations. path is a file name; ":memory:" is not supported since
+// the reader and writer pools must share one database.
+func Open(ctx context.Context, path string, opts Options) (*Store, error) {
+	if path == "" || path == ":memory:" || strings.ContainsRune(path, '?') || strings.HasPrefix(path, "file:") {
+		return nil, fmt.Errorf("sqlite: opening %q: need a plain file path", path)
+	}
+	s := &Store{
+		path:   path,
+		logger: cmp.Or(opts.Logger, slog.Default()),
+		now:    opts.Now,
+	}
+	if s.now == nil {
+		s.now = time.Now
+	}
+
+	var err error
+	s.w, err = sql.Open("sqlite", writerDSN(path))
+	if err != nil {
+		return nil, fmt.Errorf("sqlite: opening %s: %w", path, err)
+	}
+	s.w.SetMaxOpenConns(1)
+	s.w.SetMaxIdleConns(1)
+	s.w.SetConnMaxLifetime(0)
+	s.w.SetConnMaxIdleTime(0)
+	if err := s.w.PingContext(ctx); err != nil {
+		s.w.Close()
+		return nil, fmt.Errorf("sqlite: opening %s: %w", path, err)
+	}
+	if err := s.Migrate(ctx); err != nil {
+		s.w.Close()
+		return nil, err
+	}
+
+	s.r, err = sql.Open("sqlite", readerDSN(path))
+	if err != nil {
+		s.w.Close()
+		return nil, fmt.Errorf("sqlite: opening %s for reading: %w", path, err)
+	}
+	n := max(4, runtime.GOMAXPROCS(0))
+	s.r.SetMaxOpenConns(n)
+	s.r.SetMaxIdleConns(n)
+	s.r.SetConnMaxLifetime(0)
+	s.r.SetConnMaxIdleTime(0)
+	s.reader = reader{q: s.r}
+	return s, nil
+}
+
+func writerDSN(path string) string {
+	return path + "?_txlock=immediate" +
+		fmt.Sprintf("&_pragma=busy_timeout(%d)", busyTimeout.Milliseconds()) +
+		"&_pragma=journal_mode(WAL)" +
+		"&_pragma=synchronous(NORMAL)" +
+		"&_pragma=foreign_keys(1)"
+}
+
+func readerDSN(path string) string {
+	return path + "?" +
+		fmt.Sprintf("_pragma=busy_timeout(%d)", busyTimeout.Milliseconds()) +
+		"&_pragma=foreign_keys(1)" +
+		"&_pragma=query_only(1)"
+}
+
+// Migrate applies the embedded migrations not yet applied. Open calls it; it
+// is safe to call again.
+func (s *Store) Migrate(ctx context.Context) error {
+	sub, err := fs.Sub(migrations, "migrations")
+	if err != nil {
+		return fmt.Errorf("sqlite: migrations: %w", err)
+	}
+	// Goose takes a connection for its bookkeeping and, for a migration marked
+	// NO TRANSACTION, another one; the writer pool has a single connection, so
+	// migrations run on a short-lived handle of their own.
+	db, err := sql.Open("sqlite", writerDSN(s.path))
+	if err != nil {
+		return fmt.Errorf("sqlite: migrating %s: %w", s.path, err)
+	}
+	defer db.Close()
+	p, err := goose.NewProvider(goose.DialectSQLite3, db, sub, goose.WithDisableGlobalRegistry(true))
+	if err != nil {
+		return fmt.Errorf("sqlite: migrating %s: %w", s.path, err)
+	}
+	results, err := p.Up(ctx)
+	if err != nil {
+		return fmt.Errorf("sqlite: migrating %s: %w", s.path, err)
+	}
+	for _, r := range results {
+		s.logger.Info("sqlite: applied migration", "version", r.Source.Version, "file", r.Source.Path, "duration", r.Duration)
+	}
+	return nil
+}
+
+// Ping checks that both pools answer.
+func (s *Store) Ping(ctx context.Context) error {
+	if err := s.r.PingContext(ctx); err != nil {
+		return fmt.Errorf("sqlite: ping: %w", err)
+	}
+	var one int
+	if err := s.r.QueryRowContext(ctx, "SELECT 1").Scan(&one); err != nil {
+		return fmt.Errorf("sqlite: ping: %w", err)
+	}
+	return nil
+}
+
+// Close closes both pools. It checkpoints the WAL when it is the last
+// connection to the database.
+func (s *Store) Close() error {
+	return errors.Join(s.r.Close(), s.w.Close())
+}
+
+// Update runs fn in a write transaction. fn must do its writes (and the reads
+// they depend on) through tx: the Store's own write methods would wait for the
+// one write connection that fn holds. fn is called again when the database
+// stayed locked by another process beyond the busy timeout.
+func (s *Store) Update(ctx context.Context, fn func(tx vibejobs.Tx) error) error {
+	var err error
+	for range 3 {
+		err = s.write(ctx, func(t *sql.Tx) error { return fn(&tx{reader: reader{q: t}, t: t}) })
+		if !isBusy(err) {
+			return err
+		}
+	}
+	return err
+}
+
+// write runs fn in one IMMEDIATE transaction on the write connection.
+func (s *Store) write(ctx context.Context, fn func(*sql.Tx) error) error {
+	t, err := s.w.BeginTx(ctx, nil)
+	if err != nil {
+		return fmt.Errorf("sqlite: beginning transaction: %w", err)
+	}
+	if err := fn(t); err != nil {
+		_ = t.Rollback()
+		return err
+	}
+	if err := t.Commit(); err != nil {
+		return fmt.Errorf("sqlite: committing: %w", err)
+	}
+	return nil
+}
+
+// querier is what reads need: the reader pool or a transaction.
+type querier interface {
+	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
+	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
+	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
+}
+
+func isBusy(err error) bool {
+	var e *sqlite.Error
+	return errors.As(err, &e) && e.Code()&0xff == sqlite3.SQLITE_BUSY
+}
+
+// constraint returns the SQLite extended result code of a constraint
+// violation, or 0.
+func constraint(err error) int {
+	var e *sqlite.Error
+	if errors.As(err, &e) && e.Code()&0xff == sqlite3.SQLITE_CONSTRAINT {
+		return e.Code()
+	}
+	return 0
+}
+
+func isUniqueViolation(err error) bool {
+	c := constraint(err)
+	return c == sqlite3.SQLITE_CONSTRAINT_UNIQUE || c == sqlite3.SQLITE_CONSTRAINT_PRIMARYKEY
+}
+
+func isForeignKeyViolation(err error) bool {
+	return constraint(err) == sqlite3.SQLITE_CONSTRAINT_FOREIGNKEY
+}
+
+// ms is the stored form of a time.
+func ms(t time.Time) int64 { return t.UnixMilli() }
+
+// msPtr is the stored form of an optional time.
+func msPtr(t *time.Time) any {
+	if t == nil {
+		return nil
+	}
+	return t.UnixMilli()
+}
+
+func fromMS(v int64) time.Time { return time.UnixMilli(v).UTC() }
+
+func fromNullMS(v sql.NullInt64) *time.Time {
+	if !v.Valid {
+		return nil
+	}
+	t := fromMS(v.Int64)
+	return &t
+}

@@ -1,0 +1,296 @@
+package sqlite
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"fmt"
+	"time"
+
+	"github.com/vibejobs/vibejobs"
+)
+
+// tx is a vibejobs.Tx: a write transaction on the write connection.
+type tx struct {
+	reader
+	t *sql.Tx
+}
+
+// changed returns the rows res changed.
+func changed(res sql.Result, err error) (int64, error) {
+	if err != nil {
+		return 0, err
+	}
+	return res.RowsAffected()
+}
+
+func (t *tx) CreateProject(ctx context.Context, p *vibejobs.Project) error {
+	_, err := t.t.ExecContext(ctx, `INSERT INTO projects (id, name, retention_days, created_at) VALUES (?, ?, ?, ?)`,
+		p.ID, p.Name, p.RetentionDays, ms(p.CreatedAt))
+	if isUniqueViolation(err) {
+		return vibejobs.Errorf(vibejobs.ECONFLICT, "project_exists", "a project with this id exists")
+	}
+	if err != nil {
+		return fmt.Errorf("creating project: %w", err)
+	}
+	return nil
+}
+
+func (t *tx) UpdateProject(ctx context.Context, p *vibejobs.Project) error {
+	n, err := changed(t.t.ExecContext(ctx, `UPDATE projects SET name = ?, retention_days = ? WHERE id = ?`,
+		p.Name, p.RetentionDays, p.ID))
+	if err != nil {
+		return fmt.Errorf("updating project: %w", err)
+	}
+	if n == 0 {
+		return vibejobs.ErrNotFound("project")
+	}
+	return nil
+}
+
+func (t *tx) CreateToken(ctx context.Context, tok *vibejobs.Token) error {
+	_, err := t.t.ExecContext(ctx, `INSERT INTO tokens (`+tokenColumns+`) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+		tok.ID, tok.ProjectID, tok.Name, string(tok.Role), tok.Installation, tok.Prefix, nonNil(tok.Hash),
+		ms(tok.CreatedAt), msPtr(tok.RevokedAt))
+	switch {
+	case isUniqueViolation(err):
+		return vibejobs.Errorf(vibejobs.ECONFLICT, "token_exists", "a token with this id or hash exists")
+	case isForeignKeyViolation(err):
+		return vibejobs.ErrNotFound("project")
+	case err != nil:
+		return fmt.Errorf("creating token: %w", err)
+	}
+	return nil
+}
+
+// RevokeToken sets the token's RevokedAt; a token already revoked keeps its
+// first revocation time.
+func (t *tx) RevokeToken(ctx context.Context, id string, at time.Time) error {
+	n, err := changed(t.t.ExecContext(ctx, `UPDATE tokens SET revoked_at = coalesce(revoked_at, ?) WHERE id = ?`, ms(at), id))
+	if err != nil {
+		return fmt.Errorf("revoking token: %w", err)
+	}
+	if n == 0 {
+		return vibejobs.ErrNotFound("token")
+	}
+	return nil
+}
+
+func (t *tx) CreateJob(ctx context.Context, j *vibejobs.Job) error {
+	_, err := t.t.ExecContext(ctx, `INSERT INTO jobs (id, project_id, name, schedule, at, timezone, url, enabled, state,
+		max_attempts, min_backoff_ns, max_backoff_ns, timeout_ns, catch_up, schedule_anchor, next_run_at, skipped_runs,
+		secret_key_id, secret_ciphertext, created_at, updated_at)
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+		j.ID, j.ProjectID, j.Name, j.Schedule, msPtr(j.At), j.Timezone, j.URL, j.Enabled, string(j.State),
+		j.Retry.MaxAttempts, int64(j.Retry.MinBackoff), int64(j.Retry.MaxBackoff), int64(j.Timeout), string(j.CatchUp),
+		ms(j.ScheduleAnchor), msPtr(j.NextRunAt), j.SkippedRuns, j.Secret.KeyID, nonNil(j.Secret.Ciphertext),
+		ms(j.CreatedAt), ms(j.UpdatedAt))
+	switch {
+	case isUniqueViolation(err):
+		return vibejobs.Errorf(vibejobs.ECONFLICT, "job_exists", "a job with this id exists")
+	case isForeignKeyViolation(err):
+		return vibejobs.ErrNotFound("project")
+	case err != nil:
+		return fmt.Errorf("creating job: %w", err)
+	}
+	return nil
+}
+
+func (t *tx) UpdateJob(ctx context.Context, j *vibejobs.Job) error {
+	n, err := changed(t.t.ExecContext(ctx, `UPDATE jobs SET name = ?, schedule = ?, at = ?, timezone = ?, url = ?,
+		enabled = ?, state = ?, max_attempts = ?, min_backoff_ns = ?, max_backoff_ns = ?, timeout_ns = ?, catch_up = ?,
+		schedule_anchor = ?, next_run_at = ?, secret_key_id = ?, secret_ciphertext = ?, updated_at = ?
+		WHERE id = ? AND project_id = ? AND deleted_at IS NULL`,
+		j.Name, j.Schedule, msPtr(j.At), j.Timezone, j.URL,
+		j.Enabled, string(j.State), j.Retry.MaxAttempts, int64(j.Retry.MinBackoff), int64(j.Retry.MaxBackoff), int64(j.Timeout), string(j.CatchUp),
+		ms(j.ScheduleAnchor), msPtr(j.NextRunAt), j.Secret.KeyID, nonNil(j.Secret.Ciphertext), ms(j.UpdatedAt),
+		j.ID, j.ProjectID))
+	if err != nil {
+		return fmt.Errorf("updating job: %w", err)
+	}
+	if n == 0 {
+		return vibejobs.ErrNotFound("job")
+	}
+	return nil
+}
+
+// DeleteJob marks the job deleted (its row stays, so its runs remain visible)
+// and cancels its runs waiting in scheduled or retrying, finished at at.
+func (t *tx) DeleteJob(ctx context.Context, projectID, id string, at time.Time) error {
+	n, err := changed(t.t.ExecContext(ctx,
+		`UPDATE jobs SET deleted_at = ? WHERE id = ? AND project_id = ? AND deleted_at IS NULL`, ms(at), id, projectID))
+	if err != nil {
+		return fmt.Errorf("deleting job: %w", err)
+	}
+	if n == 0 {
+		return vibejobs.ErrNotFound("job")
+	}
+	_, err = t.t.ExecContext(ctx, `UPDATE runs SET state = 'cancelled', failure_reason = ?, finished_at = ?,
+		next_attempt_at = NULL, redeliver = 0
+		WHERE job_id = ? AND state IN ('scheduled', 'retrying')`, vibejobs.ReasonJobDeleted, ms(at), id)
+	if err != nil {
+		return fmt.Errorf("deleting job: cancelling its runs: %w", err)
+	}
+	return nil
+}
+
+// DeleteFutureRuns deletes the job's schedule-triggered runs in scheduled
+// after t that have no recorded attempt (never claimed, or claimed and
+// released without being sent).
+func (t *tx) DeleteFutureRuns(ctx context.Context, jobID string, after time.Time) (int, error) {
+	n, err := changed(t.t.ExecContext(ctx, `DELETE FROM runs
+		WHERE job_id = ? AND scheduled_for > ? AND trigger = ? AND state = 'scheduled'
+		AND NOT EXISTS (SELECT 1 FROM attempts a WHERE a.run_id = runs.id)`,
+		jobID, ms(after), vibejobs.TriggerSchedule))
+	if err != nil {
+		return 0, fmt.Errorf("deleting future runs: %w", err)
+	}
+	return int(n), nil
+}
+
+// insertRunSQL inserts a run; a schedule-triggered run that exists for its
+// (job, scheduledFor) is skipped.
+const insertRunSQL = `INSERT INTO runs (id, job_id, project_id, trigger, scheduled_for, occurrence_at, deadline_at,
+	late, state, attempt, next_attempt_at, failure_reason, created_at, finished_at)
+	VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`
+
+func insertRunArgs(r *vibejobs.Run) []any {
+	var occurrence, late any
+	if r.Trigger == vibejobs.TriggerSchedule {
+		occurrence = ms(r.ScheduledFor)
+	}
+	if r.Attempt > 0 {
+		late = r.Late // decided already; otherwise the first claim decides
+	}
+	return []any{r.ID, r.JobID, r.ProjectID, r.Trigger, ms(r.ScheduledFor), occurrence, ms(r.DeadlineAt),
+		late, string(r.State), r.Attempt, msPtr(r.NextAttemptAt), r.FailureReason, ms(r.CreatedAt), msPtr(r.FinishedAt)}
+}
+
+// CreateRun inserts r. A manual run is never merged; a schedule-triggered one
+// that exists for its (job, scheduledFor) gives ECONFLICT. Late is decided by
+// the first claim unless r already has an attempt.
+func (t *tx) CreateRun(ctx context.Context, r *vibejobs.Run) error {
+	_, err := t.t.ExecContext(ctx, insertRunSQL, insertRunArgs(r)...)
+	switch {
+	case isUniqueViolation(err):
+		return vibejobs.Errorf(vibejobs.ECONFLICT, "run_exists", "a run with this id or occurrence exists")
+	case isForeignKeyViolation(err):
+		return vibejobs.ErrNotFound("job")
+	case err != nil:
+		return fmt.Errorf("creating run: %w", err)
+	}
+	return nil
+}
+
+func (t *tx) InsertIdempotencyKey(ctx context.Context, rec *vibejobs.IdempotencyRecord) error {
+	headers, err := encodeHeaders(rec.ResponseHeaders)
+	if err != nil {
+		return err
+	}
+	// An expired record (expires_at ≤ the new record's creation) is replaced;
+	// a live one makes the upsert change nothing.
+	n, err := changed(t.t.ExecContext(ctx, `INSERT INTO idempotency_keys (project_id, key, request_hash, done,
+		response_status, response_headers, response_body, created_at, expires_at)
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)
+		ON CONFLICT (project_id, key) DO UPDATE SET request_hash = excluded.request_hash, done = excluded.done,
+			response_status = excluded.response_status, response_headers = excluded.response_headers,
+			response_body = excluded.response_body, created_at = excluded.created_at, expires_at = excluded.expires_at
+		WHERE idempotency_keys.expires_at <= excluded.created_at`,
+		rec.ProjectID, rec.Key, nonNil(rec.RequestHash), rec.Done, rec.ResponseStatus, headers, rec.ResponseBody,
+		ms(rec.CreatedAt), ms(rec.ExpiresAt)))
+	switch {
+	case isForeignKeyViolation(err):
+		return vibejobs.ErrNotFound("project")
+	case err != nil:
+		return fmt.Errorf("inserting idempotency key: %w", err)
+	case n == 0:
+		return vibejobs.Errorf(vibejobs.ECONFLICT, "idempotency_key_exists", "a live record of this idempotency key exists")
+	}
+	return nil
+}
+
+func (t *tx) CompleteIdempotencyKey(ctx context.Context, rec *vibejobs.IdempotencyRecord) error {
+	headers, err := encodeHeaders(rec.ResponseHeaders)
+	if err != nil {
+		return err
+	}
+	n, err := changed(t.t.ExecContext(ctx, `UPDATE idempotency_keys SET done = 1, response_status = ?,
+		response_headers = ?, response_body = ? WHERE project_id = ? AND key = ?`,
+		rec.ResponseStatus, headers, rec.ResponseBody, rec.ProjectID, rec.Key))
+	if err != nil {
+		return fmt.Errorf("completing idempotency key: %w", err)
+	}
+	if n == 0 {
+		return vibejobs.ErrNotFound("idempotency_key")
+	}
+	rec.Done = true
+	return nil
+}
+
+func (t *tx) DeleteIdempotencyKey(ctx context.Context, projectID, key string) error {
+	n, err := changed(t.t.ExecContext(ctx, `DELETE FROM idempotency_keys WHERE project_id = ? AND key = ?`, projectID, key))
+	if err != nil {
+		return fmt.Errorf("deleting idempotency key: %w", err)
+	}
+	if n == 0 {
+		return vibejobs.ErrNotFound("idempotency_key")
+	}
+	return nil
+}
+
+func encodeHeaders(h map[string]string) (string, error) {
+	if h == nil {
+		return "{}", nil
+	}
+	b, err := json.Marshal(h)
+	if err != nil {
+		return "", fmt.Errorf("encoding idempotency response headers: %w", err)
+	}
+	return string(b), nil
+}
+
+// SecretsNotUnder returns up to limit jobs, deleted ones included, in id
+// order, whose secret is sealed under another key than keyID. LastRun is not
+// filled.
+func (t *tx) SecretsNotUnder(ctx context.Context, keyID string, limit int) ([]*vibejobs.Job, error) {
+	rows, err := t.t.QueryContext(ctx, `SELECT `+jobColumns+` FROM jobs j WHERE j.secret_key_id <> ? ORDER BY j.id LIMIT ?`,
+		keyID, limit)
+	if err != nil {
+		return nil, fmt.Errorf("listing secrets to reseal: %w", err)
+	}
+	defer rows.Close()
+	var jobs []*vibejobs.Job
+	for rows.Next() {
+		j, err := scanJob(rows, false)
+		if err != nil {
+			return nil, fmt.Errorf("listing secrets to reseal: %w", err)
+		}
+		jobs = append(jobs, j)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("listing secrets to reseal: %w", err)
+	}
+	return jobs, nil
+}
+
+// SetJobSecret replaces the sealed secret of a job, deleted or not; it leaves
+// UpdatedAt alone (a key rotation is no change of the job).
+func (t *tx) SetJobSecret(ctx context.Context, jobID string, s vibejobs.SealedSecret) error {
+	n, err := changed(t.t.ExecContext(ctx, `UPDATE jobs SET secret_key_id = ?, secret_ciphertext = ? WHERE id = ?`,
+		s.KeyID, nonNil(s.Ciphertext), jobID))
+	if err != nil {
+		return fmt.Errorf("setting job secret: %w", err)
+	}
+	if n == 0 {
+		return vibejobs.ErrNotFound("job")
+	}
+	return nil
+}
+
+// nonNil makes a nil slice an empty BLOB (a nil one binds NULL).
+func nonNil(b []byte) []byte {
+	if b == nil {
+		return []byte{}
+	}
+	return b
+}

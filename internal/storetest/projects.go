@@ -1,0 +1,201 @@
+package storetest
+
+import (
+	"crypto/sha256"
+	"errors"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/vibejobs/vibejobs"
+)
+
+func testProjects(t *testing.T, f *fixture) {
+	a := &vibejobs.Project{ID: "prj_one", Name: "One", RetentionDays: 30, CreatedAt: T0}
+	b := &vibejobs.Project{ID: "prj_two", Name: "Two", CreatedAt: T0.Add(time.Minute)}
+	f.update(func(tx vibejobs.Tx) error {
+		if err := tx.CreateProject(f.ctx, a); err != nil {
+			return err
+		}
+		return tx.CreateProject(f.ctx, b)
+	})
+
+	got, err := f.s.GetProject(f.ctx, a.ID)
+	if err != nil {
+		t.Fatalf("GetProject: %v", err)
+	}
+	wantEqual(t, "GetProject", got, a)
+
+	list, err := f.s.ListProjects(f.ctx)
+	if err != nil {
+		t.Fatalf("ListProjects: %v", err)
+	}
+	slices.SortFunc(list, func(x, y *vibejobs.Project) int { return cmpString(x.ID, y.ID) })
+	wantEqual(t, "ListProjects", list, []*vibejobs.Project{a, b})
+
+	a.Name, a.RetentionDays = "One renamed", 7
+	f.update(func(tx vibejobs.Tx) error { return tx.UpdateProject(f.ctx, a) })
+	got, err = f.s.GetProject(f.ctx, a.ID)
+	if err != nil {
+		t.Fatalf("GetProject after update: %v", err)
+	}
+	wantEqual(t, "GetProject after update", got, a)
+
+	_, err = f.s.GetProject(f.ctx, "prj_missing")
+	wantNotFound(t, "GetProject of a missing project", err, "project")
+	err = f.s.Update(f.ctx, func(tx vibejobs.Tx) error {
+		return tx.UpdateProject(f.ctx, &vibejobs.Project{ID: "prj_missing", Name: "x"})
+	})
+	wantNotFound(t, "UpdateProject of a missing project", err, "project")
+	err = f.s.Update(f.ctx, func(tx vibejobs.Tx) error {
+		return tx.CreateProject(f.ctx, &vibejobs.Project{ID: a.ID, Name: "dup", CreatedAt: T0})
+	})
+	wantError(t, "CreateProject with a taken id", err, vibejobs.ECONFLICT, "")
+}
+
+func testTokens(t *testing.T, f *fixture) {
+	f.projects()
+	hash := func(s string) []byte { h := sha256.Sum256([]byte(s)); return h[:] }
+	t1 := &vibejobs.Token{ID: f.id("tok_"), ProjectID: projectA, Name: "ci", Role: vibejobs.RoleWrite,
+		Prefix: "vjt_1a2b", Hash: hash("one"), CreatedAt: T0}
+	t2 := &vibejobs.Token{ID: f.id("tok_"), ProjectID: projectA, Name: "admin", Role: vibejobs.RoleAdmin,
+		Installation: true, Prefix: "vjt_3c4d", Hash: hash("two"), CreatedAt: T0.Add(time.Second)}
+	t3 := &vibejobs.Token{ID: f.id("tok_"), ProjectID: projectB, Name: "reader", Role: vibejobs.RoleRead,
+		Prefix: "vjt_5e6f", Hash: hash("three"), CreatedAt: T0.Add(2 * time.Second)}
+	f.update(func(tx vibejobs.Tx) error {
+		for _, tok := range []*vibejobs.Token{t1, t2, t3} {
+			if err := tx.CreateToken(f.ctx, tok); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+
+	got, err := f.s.GetToken(f.ctx, t1.ID)
+	if err != nil {
+		t.Fatalf("GetToken: %v", err)
+	}
+	wantEqual(t, "GetToken", got, t1)
+	got, err = f.s.TokenByHash(f.ctx, hash("two"))
+	if err != nil {
+		t.Fatalf("TokenByHash: %v", err)
+	}
+	wantEqual(t, "TokenByHash", got, t2)
+
+	list, err := f.s.ListTokens(f.ctx, projectA)
+	if err != nil {
+		t.Fatalf("ListTokens: %v", err)
+	}
+	slices.SortFunc(list, func(x, y *vibejobs.Token) int { return cmpString(x.ID, y.ID) })
+	wantEqual(t, "ListTokens of project A", list, []*vibejobs.Token{t1, t2})
+
+	f.update(func(tx vibejobs.Tx) error { return tx.RevokeToken(f.ctx, t1.ID, T0.Add(time.Hour)) })
+	t1.RevokedAt = ptr(T0.Add(time.Hour))
+	got, err = f.s.TokenByHash(f.ctx, hash("one"))
+	if err != nil {
+		t.Fatalf("TokenByHash of a revoked token: %v", err)
+	}
+	wantEqual(t, "TokenByHash of a revoked token", got, t1)
+	got, err = f.s.GetToken(f.ctx, t1.ID)
+	if err != nil {
+		t.Fatalf("GetToken of a revoked token: %v", err)
+	}
+	wantEqual(t, "GetToken of a revoked token", got, t1)
+
+	_, err = f.s.GetToken(f.ctx, "tok_missing")
+	wantNotFound(t, "GetToken of a missing token", err, "token")
+	_, err = f.s.TokenByHash(f.ctx, hash("unknown"))
+	wantNotFound(t, "TokenByHash of an unknown hash", err, "token")
+	err = f.s.Update(f.ctx, func(tx vibejobs.Tx) error { return tx.RevokeToken(f.ctx, "tok_missing", T0) })
+	wantNotFound(t, "RevokeToken of a missing token", err, "token")
+}
+
+var errRollback = errors.New("storetest: roll back")
+
+func testUpdateRollsBack(t *testing.T, f *fixture) {
+	f.projects()
+	j := f.newJob(projectA)
+	err := f.s.Update(f.ctx, func(tx vibejobs.Tx) error {
+		if err := tx.CreateProject(f.ctx, &vibejobs.Project{ID: "prj_c", Name: "C", CreatedAt: T0}); err != nil {
+			return err
+		}
+		if err := tx.CreateJob(f.ctx, j); err != nil {
+			return err
+		}
+		return errRollback
+	})
+	if !errors.Is(err, errRollback) {
+		t.Fatalf("Update returned %v, want the error of fn", err)
+	}
+	_, err = f.s.GetProject(f.ctx, "prj_c")
+	wantNotFound(t, "project of a rolled back transaction", err, "project")
+	_, err = f.s.GetJob(f.ctx, projectA, j.ID)
+	wantNotFound(t, "job of a rolled back transaction", err, "job")
+
+	// An *Error from a Tx method reaches the caller with its kind.
+	err = f.s.Update(f.ctx, func(tx vibejobs.Tx) error { return tx.UpdateJob(f.ctx, j) })
+	wantNotFound(t, "UpdateJob of a missing job through Update", err, "job")
+}
+
+func testTxReadsItsWrites(t *testing.T, f *fixture) {
+	f.projects()
+	j := f.newJob(projectA)
+	r := f.newRun(j, T0)
+	f.update(func(tx vibejobs.Tx) error {
+		if err := tx.CreateProject(f.ctx, &vibejobs.Project{ID: "prj_c", Name: "C", CreatedAt: T0}); err != nil {
+			return err
+		}
+		if _, err := tx.GetProject(f.ctx, "prj_c"); err != nil {
+			t.Errorf("GetProject in the transaction that created it: %v", err)
+		}
+		if err := tx.CreateJob(f.ctx, j); err != nil {
+			return err
+		}
+		if got, err := tx.GetJob(f.ctx, projectA, j.ID); err != nil {
+			t.Errorf("GetJob in the transaction that created it: %v", err)
+		} else {
+			wantEqual(t, "GetJob in the transaction", got, j)
+		}
+		if jobs, _, err := tx.ListJobs(f.ctx, projectA, vibejobs.Page{}); err != nil || len(jobs) != 1 {
+			t.Errorf("ListJobs in the transaction: %d jobs, %v; want 1", len(jobs), err)
+		}
+		if n, err := tx.CountJobs(f.ctx, projectA); err != nil || n != 1 {
+			t.Errorf("CountJobs in the transaction: %d, %v; want 1", n, err)
+		}
+		if err := tx.CreateRun(f.ctx, r); err != nil {
+			return err
+		}
+		if _, err := tx.GetRun(f.ctx, projectA, r.ID); err != nil {
+			t.Errorf("GetRun in the transaction that created it: %v", err)
+		}
+		if runs, _, err := tx.ListRuns(f.ctx, projectA, vibejobs.RunFilter{}, vibejobs.Page{}); err != nil || len(runs) != 1 {
+			t.Errorf("ListRuns in the transaction: %d runs, %v; want 1", len(runs), err)
+		}
+		rec := f.idempotencyRecord(projectA, "key", T0)
+		if err := tx.InsertIdempotencyKey(f.ctx, rec); err != nil {
+			return err
+		}
+		if _, err := tx.GetIdempotencyKey(f.ctx, projectA, "key", T0); err != nil {
+			t.Errorf("GetIdempotencyKey in the transaction that inserted it: %v", err)
+		}
+		tok := &vibejobs.Token{ID: f.id("tok_"), ProjectID: projectA, Name: "t", Role: vibejobs.RoleRead,
+			Prefix: "vjt_", Hash: []byte{1, 2, 3}, CreatedAt: T0}
+		if err := tx.CreateToken(f.ctx, tok); err != nil {
+			return err
+		}
+		if _, err := tx.TokenByHash(f.ctx, []byte{1, 2, 3}); err != nil {
+			t.Errorf("TokenByHash in the transaction that created it: %v", err)
+		}
+		return nil
+	})
+}
+
+func cmpString(a, b string) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}

@@ -1,0 +1,729 @@
+package storetest
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+	"unicode/utf8"
+
+	"github.com/vibejobs/vibejobs"
+)
+
+// wantRun checks the queue fields of a run.
+func (f *fixture) wantRun(what, id string, state vibejobs.RunState, attempt int, next *time.Time) *vibejobs.Run {
+	f.t.Helper()
+	got := f.getRun(projectA, id)
+	if got.State != state || got.Attempt != attempt {
+		f.t.Fatalf("%s: state %s attempt %d, want %s attempt %d", what, got.State, got.Attempt, state, attempt)
+	}
+	if next != nil {
+		wantEqual(f.t, what+": NextAttemptAt", got.NextAttemptAt, next)
+	}
+	return got
+}
+
+func attemptNumbers(r *vibejobs.Run) string {
+	var b strings.Builder
+	for i, a := range r.Attempts {
+		if i > 0 {
+			b.WriteByte(' ')
+		}
+		fmt.Fprintf(&b, "%d", a.Number)
+		if a.ErrorCode != "" {
+			b.WriteString(":" + a.ErrorCode)
+		}
+	}
+	return b.String()
+}
+
+func (f *fixture) wantAttempts(what string, r *vibejobs.Run, want string) {
+	f.t.Helper()
+	if got := attemptNumbers(r); got != want {
+		f.t.Fatalf("%s: attempts %q, want %q", what, got, want)
+	}
+}
+
+func testClaimOrderAndLimit(t *testing.T, f *fixture) {
+	f.projects()
+	j := f.job(projectA, func(j *vibejobs.Job) {
+		j.Retry = vibejobs.RetryPolicy{MaxAttempts: 3, MinBackoff: 2 * time.Second, MaxBackoff: time.Minute}
+		j.Timeout = 7 * time.Second
+	})
+	a := f.run(j, T0.Add(-time.Minute))
+	b := f.run(j, T0.Add(-3*time.Minute))
+	c := f.run(j, T0.Add(-2*time.Minute))
+	d := f.run(j, T0.Add(time.Millisecond))
+	e := f.run(j, T0)
+
+	cs := f.claimIDs("w1", T0, 2, b, c)
+	cl := cs[0]
+	if cl.URL != j.URL || cl.Timeout != j.Timeout {
+		t.Errorf("claim: url %q timeout %s, want %q %s", cl.URL, cl.Timeout, j.URL, j.Timeout)
+	}
+	wantEqual(t, "claim secret", cl.Secret, j.Secret)
+	wantEqual(t, "claim retry", cl.Retry, j.Retry)
+	want := *b
+	want.State, want.Attempt = vibejobs.RunDelivering, 1
+	want.Late = true // three minutes after scheduledFor
+	if cl.Run.State != want.State || cl.Run.Attempt != 1 || !cl.Run.Late ||
+		cl.Run.JobID != j.ID || cl.Run.ProjectID != projectA || cl.Run.Trigger != vibejobs.TriggerManual ||
+		!cl.Run.ScheduledFor.Equal(b.ScheduledFor) || !cl.Run.DeadlineAt.Equal(b.DeadlineAt) || !cl.Run.CreatedAt.Equal(b.CreatedAt) {
+		t.Errorf("claimed run: %+v, want %+v", cl.Run, want)
+	}
+	f.wantRun("claimed run", b.ID, vibejobs.RunDelivering, 1, nil)
+
+	f.claimIDs("w2", T0, 10, a, e)
+	f.claimIDs("w3", T0, 10)
+	f.claimIDs("w3", T0.Add(time.Millisecond), 10, d)
+	if cs := f.claim("w3", T0, 0); len(cs) != 0 {
+		t.Errorf("claim with limit 0: %d runs", len(cs))
+	}
+}
+
+func testClaimDeadline(t *testing.T, f *fixture) {
+	f.projects()
+	j := f.job(projectA)
+	expired := f.run(j, T0.Add(-vibejobs.DeliveryLifetime-time.Millisecond), dueAt(T0.Add(-time.Hour)))
+	edge := f.run(j, T0.Add(-vibejobs.DeliveryLifetime), dueAt(T0.Add(-time.Hour)))
+	f.claimIDs("w1", T0, 10, edge)
+	f.wantRun("run past its deadline", expired.ID, vibejobs.RunScheduled, 0, nil)
+}
+
+func testClaimUsesCurrentJobSettings(t *testing.T, f *fixture) {
+	f.projects()
+	j := f.job(projectA)
+	r := f.run(j, T0)
+	u := f.getJob(projectA, j.ID)
+	u.URL = "https://moved.example.com/new"
+	u.Timeout = 20 * time.Second
+	u.Retry = vibejobs.RetryPolicy{MaxAttempts: 2, MinBackoff: 5 * time.Second, MaxBackoff: 10 * time.Minute}
+	u.Secret = vibejobs.SealedSecret{KeyID: "key2", Ciphertext: []byte("rotated")}
+	f.update(func(tx vibejobs.Tx) error { return tx.UpdateJob(f.ctx, u) })
+
+	c := f.claimIDs("w1", T0, 1, r)[0]
+	if c.URL != u.URL || c.Timeout != u.Timeout {
+		t.Errorf("claim: url %q timeout %s, want %q %s", c.URL, c.Timeout, u.URL, u.Timeout)
+	}
+	wantEqual(t, "claim secret", c.Secret, u.Secret)
+	wantEqual(t, "claim retry", c.Retry, u.Retry)
+
+	// The lease follows the timeout at claim: now + 20 s + margin.
+	lease := T0.Add(20*time.Second + Margin)
+	if n, err := f.s.RecoverExpiredLeases(f.ctx, lease, 10); err != nil || n != 0 {
+		t.Fatalf("RecoverExpiredLeases at the lease's end = %d, %v; want 0", n, err)
+	}
+	if n, err := f.s.RecoverExpiredLeases(f.ctx, lease.Add(time.Millisecond), 10); err != nil || n != 1 {
+		t.Fatalf("RecoverExpiredLeases after the lease = %d, %v; want 1", n, err)
+	}
+}
+
+// Eight dispatchers claim at once: every run is claimed exactly once.
+func testClaimConcurrent(t *testing.T, f *fixture) {
+	f.projects()
+	j := f.job(projectA)
+	const n = 300
+	f.update(func(tx vibejobs.Tx) error {
+		for i := range n {
+			r := f.newRun(j, T0.Add(-time.Hour+time.Duration(i)*time.Millisecond))
+			if err := tx.CreateRun(f.ctx, r); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	var (
+		wg     sync.WaitGroup
+		mu     sync.Mutex
+		claims = map[string]string{}
+	)
+	for w := range 8 {
+		owner := fmt.Sprintf("w%d", w)
+		wg.Go(func() {
+			for range n {
+				cs, err := f.s.ClaimDueRuns(f.ctx, owner, T0, 7, Margin)
+				if err != nil {
+					t.Errorf("ClaimDueRuns: %v", err)
+					return
+				}
+				if len(cs) == 0 {
+					return
+				}
+				if len(cs) > 7 {
+					t.Errorf("ClaimDueRuns with limit 7 claimed %d", len(cs))
+				}
+				mu.Lock()
+				for _, c := range cs {
+					if prev, ok := claims[c.Run.ID]; ok {
+						t.Errorf("run %s claimed by %s and %s", c.Run.ID, prev, owner)
+					}
+					claims[c.Run.ID] = owner
+					if c.Run.Attempt != 1 {
+						t.Errorf("run %s claimed at attempt %d", c.Run.ID, c.Run.Attempt)
+					}
+				}
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	if len(claims) != n {
+		t.Fatalf("%d runs claimed, want %d", len(claims), n)
+	}
+	runs, _, err := f.s.ListRuns(f.ctx, projectA, vibejobs.RunFilter{State: vibejobs.RunDelivering}, vibejobs.Page{Limit: 100})
+	if err != nil || len(runs) != 100 {
+		t.Fatalf("ListRuns delivering: %d, %v", len(runs), err)
+	}
+}
+
+func testAttemptNumberingAcrossRetries(t *testing.T, f *fixture) {
+	f.projects()
+	j := f.job(projectA, func(j *vibejobs.Job) { j.Retry.MaxAttempts = 3 })
+	r := f.run(j, T0)
+
+	c1 := f.claimIDs("w1", T0, 1, r)[0]
+	if c1.Run.Attempt != 1 {
+		t.Fatalf("first claim: attempt %d", c1.Run.Attempt)
+	}
+	f.record("w1", retrying(c1, T0, T0.Add(time.Second), T0.Add(30*time.Second)))
+	got := f.wantRun("after a retryable answer", r.ID, vibejobs.RunRetrying, 1, ptr(T0.Add(30*time.Second)))
+	if got.FinishedAt != nil {
+		t.Errorf("retrying run has FinishedAt %v", got.FinishedAt)
+	}
+	f.wantAttempts("after a retryable answer", got, "1:http_5xx")
+
+	f.claimIDs("w1", T0.Add(30*time.Second-time.Millisecond), 1)
+	c2 := f.claimIDs("w2", T0.Add(30*time.Second), 1, r)[0]
+	if c2.Run.Attempt != 2 {
+		t.Fatalf("second claim: attempt %d", c2.Run.Attempt)
+	}
+	f.record("w2", retrying(c2, T0.Add(30*time.Second), T0.Add(31*time.Second), T0.Add(6*time.Minute)))
+	c3 := f.claimIDs("w1", T0.Add(6*time.Minute), 1, r)[0]
+	if c3.Run.Attempt != 3 {
+		t.Fatalf("third claim: attempt %d", c3.Run.Attempt)
+	}
+	end := T0.Add(6*time.Minute + 2*time.Second)
+	f.record("w1", failed(c3, T0.Add(6*time.Minute), end, 500, vibejobs.ReasonAttemptsExhausted))
+	got = f.wantRun("after the last attempt", r.ID, vibejobs.RunFailed, 3, nil)
+	if got.FailureReason != vibejobs.ReasonAttemptsExhausted || got.FinishedAt == nil || !got.FinishedAt.Equal(end) || got.NextAttemptAt != nil {
+		t.Errorf("failed run: reason %q finished %v next %v; want attempts_exhausted at %s, no next",
+			got.FailureReason, got.FinishedAt, got.NextAttemptAt, end)
+	}
+	f.wantAttempts("after the last attempt", got, "1:http_5xx 2:http_5xx 3:http_5xx")
+}
+
+func testLateDecidedOnce(t *testing.T, f *fixture) {
+	f.projects()
+	j := f.job(projectA)
+	onTime := f.run(j, T0)
+	late := f.run(j, T0.Add(-2*time.Minute), dueAt(T0.Add(3*time.Hour)))
+	edge := f.run(j, T0.Add(5*time.Hour))
+
+	// Exactly 60 s after scheduledFor is not late; the flag stays on a late retry.
+	c := f.claimIDs("w1", T0.Add(vibejobs.LateThreshold), 1, onTime)[0]
+	if c.Run.Late {
+		t.Errorf("first attempt 60 s after scheduledFor: late")
+	}
+	f.record("w1", retrying(c, c.Run.ScheduledFor, T0.Add(61*time.Second), T0.Add(2*time.Hour)))
+	c = f.claimIDs("w1", T0.Add(2*time.Hour), 1, onTime)[0]
+	if c.Run.Attempt != 2 || c.Run.Late {
+		t.Errorf("second attempt two hours later: attempt %d late %v, want 2 false", c.Run.Attempt, c.Run.Late)
+	}
+	f.record("w1", succeeded(c, T0.Add(2*time.Hour), T0.Add(2*time.Hour+time.Second)))
+	if f.getRun(projectA, onTime.ID).Late {
+		t.Errorf("stored run: late")
+	}
+
+	c = f.claimIDs("w1", T0.Add(3*time.Hour), 1, late)[0]
+	if !c.Run.Late {
+		t.Errorf("first attempt three hours after scheduledFor: not late")
+	}
+	f.record("w1", retrying(c, T0.Add(3*time.Hour), T0.Add(3*time.Hour+time.Second), T0.Add(3*time.Hour+2*time.Second)))
+	c = f.claimIDs("w1", T0.Add(3*time.Hour+2*time.Second), 1, late)[0]
+	if c.Run.Attempt != 2 || !c.Run.Late {
+		t.Errorf("retry of a late run: attempt %d late %v, want 2 true", c.Run.Attempt, c.Run.Late)
+	}
+	if !f.getRun(projectA, late.ID).Late {
+		t.Errorf("stored late run: not late")
+	}
+
+	c = f.claimIDs("w1", T0.Add(5*time.Hour+vibejobs.LateThreshold+time.Millisecond), 1, edge)[0]
+	if !c.Run.Late {
+		t.Errorf("first attempt 60.001 s after scheduledFor: not late")
+	}
+}
+
+func testRecordOutcomes(t *testing.T, f *fixture) {
+	f.projects()
+	j := f.job(projectA)
+	a := f.run(j, T0.Add(-3*time.Minute))
+	b := f.run(j, T0.Add(-2*time.Minute))
+	c := f.run(j, T0.Add(-time.Minute))
+	cs := f.claimIDs("w1", T0, 3, a, b, c)
+
+	long := strings.Repeat("x", 2000)
+	multi := strings.Repeat("y", vibejobs.SnippetBytes-1) + "é…"
+	oa := succeeded(cs[0], T0, T0.Add(250*time.Millisecond))
+	oa.Attempt.ResponseSnippet = long
+	ob := failed(cs[1], T0, T0.Add(300*time.Millisecond), 401, vibejobs.ReasonAppRejected)
+	ob.Attempt.ResponseSnippet = multi
+	oc := outcome(cs[2], T0, T0.Add(10*time.Second), 0, vibejobs.Step{State: vibejobs.RunRetrying, NextAttemptAt: ptr(T0.Add(40 * time.Second))})
+	oc.Attempt.SignatureTimestamp = T0.Unix() + 1
+	f.record("w1", oa, ob, oc)
+
+	got := f.wantRun("succeeded run", a.ID, vibejobs.RunSucceeded, 1, nil)
+	if got.FinishedAt == nil || !got.FinishedAt.Equal(oa.Attempt.FinishedAt) || got.FailureReason != "" || got.NextAttemptAt != nil {
+		t.Errorf("succeeded run: finished %v reason %q next %v", got.FinishedAt, got.FailureReason, got.NextAttemptAt)
+	}
+	want := oa.Attempt
+	want.ResponseSnippet = long[:vibejobs.SnippetBytes]
+	wantEqual(t, "attempt of the succeeded run", got.Attempts, []vibejobs.Attempt{want})
+
+	got = f.wantRun("rejected run", b.ID, vibejobs.RunFailed, 1, nil)
+	if got.FinishedAt == nil || !got.FinishedAt.Equal(ob.Attempt.FinishedAt) || got.FailureReason != vibejobs.ReasonAppRejected {
+		t.Errorf("rejected run: finished %v reason %q", got.FinishedAt, got.FailureReason)
+	}
+	if len(got.Attempts) != 1 {
+		t.Fatalf("rejected run: %d attempts", len(got.Attempts))
+	}
+	s := got.Attempts[0].ResponseSnippet
+	if len(s) > vibejobs.SnippetBytes || len(s) < vibejobs.SnippetBytes-utf8.UTFMax || !strings.HasPrefix(multi, s) || !utf8.ValidString(s) {
+		t.Errorf("snippet cut inside a character: %d bytes, valid UTF-8 %v", len(s), utf8.ValidString(s))
+	}
+	want = ob.Attempt
+	want.ResponseSnippet = s
+	wantEqual(t, "attempt of the rejected run", got.Attempts, []vibejobs.Attempt{want})
+
+	got = f.wantRun("retrying run", c.ID, vibejobs.RunRetrying, 1, ptr(T0.Add(40*time.Second)))
+	if got.FinishedAt != nil || got.FailureReason != "" {
+		t.Errorf("retrying run: finished %v reason %q", got.FinishedAt, got.FailureReason)
+	}
+	wantEqual(t, "attempt of the retrying run", got.Attempts, []vibejobs.Attempt{oc.Attempt})
+
+	if err := f.s.RecordOutcomes(f.ctx, "w1", nil); err != nil {
+		t.Errorf("RecordOutcomes of nothing: %v", err)
+	}
+}
+
+func testRecordOutcomesDropped(t *testing.T, f *fixture) {
+	f.projects()
+	j := f.job(projectA)
+	a := f.run(j, T0.Add(-2*time.Minute))
+	b := f.run(j, T0.Add(-time.Minute))
+	cs := f.claimIDs("w1", T0, 2, a, b)
+	ca, cb := cs[0], cs[1]
+
+	f.record("w2", succeeded(ca, T0, T0.Add(time.Second)))
+	got := f.wantRun("outcome of another owner", a.ID, vibejobs.RunDelivering, 1, nil)
+	f.wantAttempts("outcome of another owner", got, "")
+
+	wrong := succeeded(ca, T0, T0.Add(time.Second))
+	wrong.Attempt.Number = 2
+	f.record("w1", wrong)
+	got = f.wantRun("outcome of another attempt number", a.ID, vibejobs.RunDelivering, 1, nil)
+	f.wantAttempts("outcome of another attempt number", got, "")
+
+	missing := succeeded(ca, T0, T0.Add(time.Second))
+	missing.RunID = "run_missing"
+	f.record("w1", missing, succeeded(cb, T0, T0.Add(time.Second)))
+	f.wantRun("valid outcome beside a dropped one", b.ID, vibejobs.RunSucceeded, 1, nil)
+
+	f.record("w1", failed(cb, T0, T0.Add(2*time.Second), 500, vibejobs.ReasonAttemptsExhausted))
+	got = f.wantRun("second outcome of a finished run", b.ID, vibejobs.RunSucceeded, 1, nil)
+	f.wantAttempts("second outcome of a finished run", got, "1")
+
+	// After its lease was recovered, the old owner's outcome is dropped.
+	if n, err := f.s.RecoverExpiredLeases(f.ctx, T0.Add(time.Minute), 10); err != nil || n != 1 {
+		t.Fatalf("RecoverExpiredLeases = %d, %v; want 1", n, err)
+	}
+	f.record("w1", succeeded(ca, T0, T0.Add(61*time.Second)))
+	got = f.wantRun("outcome after the lease was recovered", a.ID, vibejobs.RunScheduled, 1, nil)
+	f.wantAttempts("outcome after the lease was recovered", got, "1:interrupted")
+}
+
+func testRecoverExpiredLeases(t *testing.T, f *fixture) {
+	f.projects()
+	j := f.job(projectA, func(j *vibejobs.Job) { j.Timeout = 10 * time.Second })
+	r := f.run(j, T0)
+	f.claimIDs("w1", T0, 1, r)
+
+	lease := T0.Add(10*time.Second + Margin)
+	if n, err := f.s.RecoverExpiredLeases(f.ctx, lease, 10); err != nil || n != 0 {
+		t.Fatalf("RecoverExpiredLeases at the lease's end = %d, %v; want 0", n, err)
+	}
+	now := lease.Add(time.Millisecond)
+	if n, err := f.s.RecoverExpiredLeases(f.ctx, now, 10); err != nil || n != 1 {
+		t.Fatalf("RecoverExpiredLeases = %d, %v; want 1", n, err)
+	}
+	got := f.wantRun("recovered first attempt", r.ID, vibejobs.RunScheduled, 1, &now)
+	if got.FinishedAt != nil || got.Late {
+		t.Errorf("recovered run: finished %v late %v", got.FinishedAt, got.Late)
+	}
+	wantEqual(t, "interrupted attempt", got.Attempts, []vibejobs.Attempt{{
+		Number: 1, StartedAt: T0, FinishedAt: now, ErrorCode: vibejobs.ErrorCodeInterrupted,
+	}})
+	if n, err := f.s.RecoverExpiredLeases(f.ctx, now.Add(time.Hour), 10); err != nil || n != 0 {
+		t.Fatalf("RecoverExpiredLeases again = %d, %v; want 0", n, err)
+	}
+
+	// Sent again under the same number; late is not decided again.
+	c := f.claimIDs("w2", T0.Add(2*time.Minute), 1, r)[0]
+	if c.Run.Attempt != 1 || c.Run.Late {
+		t.Fatalf("redelivery: attempt %d late %v, want 1 false", c.Run.Attempt, c.Run.Late)
+	}
+	f.record("w2", succeeded(c, T0.Add(2*time.Minute), T0.Add(2*time.Minute+time.Second)))
+	got = f.wantRun("redelivered run", r.ID, vibejobs.RunSucceeded, 1, nil)
+	f.wantAttempts("redelivered run", got, "1:interrupted 1")
+}
+
+func testRecoverExpiredLeasesRetrying(t *testing.T, f *fixture) {
+	f.projects()
+	j := f.job(projectA, func(j *vibejobs.Job) { j.Timeout = 10 * time.Second })
+	r := f.run(j, T0)
+	c := f.claimIDs("w1", T0, 1, r)[0]
+	f.record("w1", retrying(c, T0, T0.Add(time.Second), T0.Add(time.Minute)))
+	f.claimIDs("w1", T0.Add(time.Minute), 1, r)
+
+	now := T0.Add(time.Minute + 10*time.Second + Margin + time.Millisecond)
+	if n, err := f.s.RecoverExpiredLeases(f.ctx, now, 10); err != nil || n != 1 {
+		t.Fatalf("RecoverExpiredLeases = %d, %v; want 1", n, err)
+	}
+	got := f.wantRun("recovered second attempt", r.ID, vibejobs.RunRetrying, 2, &now)
+	f.wantAttempts("recovered second attempt", got, "1:http_5xx 2:interrupted")
+
+	c = f.claimIDs("w2", now, 1, r)[0]
+	if c.Run.Attempt != 2 {
+		t.Fatalf("redelivery of attempt 2: attempt %d", c.Run.Attempt)
+	}
+	f.record("w2", retrying(c, now, now.Add(time.Second), now.Add(time.Minute)))
+	c = f.claimIDs("w2", now.Add(time.Minute), 1, r)[0]
+	if c.Run.Attempt != 3 {
+		t.Fatalf("attempt after a redelivered one: %d, want 3", c.Run.Attempt)
+	}
+	f.wantAttempts("after redelivery", f.getRun(projectA, r.ID), "1:http_5xx 2:interrupted 2:http_5xx")
+}
+
+func testRecoverExpiredLeasesEnds(t *testing.T, f *fixture) {
+	f.projects()
+	j := f.job(projectA, func(j *vibejobs.Job) { j.Timeout = 10 * time.Second })
+	k := f.job(projectA, func(j *vibejobs.Job) { j.Timeout = 10 * time.Second })
+	expiring := f.run(j, T0.Add(-vibejobs.DeliveryLifetime+10*time.Second), dueAt(T0))
+	orphan := f.run(k, T0, dueAt(T0.Add(-time.Second)))
+	f.claimIDs("w1", T0, 2, orphan, expiring)
+	f.update(func(tx vibejobs.Tx) error { return tx.DeleteJob(f.ctx, projectA, k.ID, T0.Add(time.Second)) })
+
+	now := T0.Add(16 * time.Second)
+	if n, err := f.s.RecoverExpiredLeases(f.ctx, now, 10); err != nil || n != 2 {
+		t.Fatalf("RecoverExpiredLeases = %d, %v; want 2", n, err)
+	}
+	got := f.getRun(projectA, expiring.ID)
+	if got.State != vibejobs.RunFailed || got.FailureReason != vibejobs.ReasonDeadlineExceeded ||
+		got.FinishedAt == nil || !got.FinishedAt.Equal(now) || got.NextAttemptAt != nil {
+		t.Errorf("recovered run past its deadline: state %s reason %q finished %v next %v; want failed deadline_exceeded at %s",
+			got.State, got.FailureReason, got.FinishedAt, got.NextAttemptAt, now)
+	}
+	f.wantAttempts("recovered run past its deadline", got, "1:interrupted")
+	got = f.getRun(projectA, orphan.ID)
+	if got.State != vibejobs.RunCancelled || got.FailureReason != vibejobs.ReasonJobDeleted ||
+		got.FinishedAt == nil || !got.FinishedAt.Equal(now) || got.NextAttemptAt != nil {
+		t.Errorf("recovered run of a deleted job: state %s reason %q finished %v next %v; want cancelled job_deleted at %s",
+			got.State, got.FailureReason, got.FinishedAt, got.NextAttemptAt, now)
+	}
+	f.wantAttempts("recovered run of a deleted job", got, "1:interrupted")
+	f.claimIDs("w2", now, 10)
+}
+
+func testRecoverExpiredLeasesLimit(t *testing.T, f *fixture) {
+	f.projects()
+	j := f.job(projectA)
+	for i := range 3 {
+		f.run(j, T0.Add(-time.Duration(i+1)*time.Second))
+	}
+	if cs := f.claim("w1", T0, 10); len(cs) != 3 {
+		t.Fatalf("claimed %d, want 3", len(cs))
+	}
+	for _, want := range []int{2, 1, 0} {
+		if n, err := f.s.RecoverExpiredLeases(f.ctx, T0.Add(time.Minute), 2); err != nil || n != want {
+			t.Fatalf("RecoverExpiredLeases with limit 2 = %d, %v; want %d", n, err, want)
+		}
+	}
+}
+
+func testReleaseClaims(t *testing.T, f *fixture) {
+	f.projects()
+	j := f.job(projectA)
+	a := f.run(j, T0, dueAt(T0.Add(-3*time.Second)))
+	b := f.run(j, T0, dueAt(T0.Add(-2*time.Second)))
+	c := f.run(j, T0, dueAt(T0.Add(-time.Second)))
+	cs := f.claimIDs("w1", T0, 3, a, b, c)
+
+	rel := T0.Add(time.Second)
+	if err := f.s.ReleaseClaims(f.ctx, "w1", []string{a.ID, b.ID}, rel); err != nil {
+		t.Fatalf("ReleaseClaims: %v", err)
+	}
+	for _, r := range []*vibejobs.Run{a, b} {
+		got := f.wantRun("released run", r.ID, vibejobs.RunScheduled, 1, &rel)
+		f.wantAttempts("released run", got, "")
+	}
+	// Another owner's release, or a release of a run no longer held, changes nothing.
+	if err := f.s.ReleaseClaims(f.ctx, "w2", []string{c.ID}, rel); err != nil {
+		t.Fatalf("ReleaseClaims: %v", err)
+	}
+	f.wantRun("run released by another owner", c.ID, vibejobs.RunDelivering, 1, nil)
+	if err := f.s.ReleaseClaims(f.ctx, "w1", []string{a.ID}, T0.Add(5*time.Second)); err != nil {
+		t.Fatalf("ReleaseClaims: %v", err)
+	}
+	f.wantRun("run released twice", a.ID, vibejobs.RunScheduled, 1, &rel)
+	if err := f.s.ReleaseClaims(f.ctx, "w1", nil, rel); err != nil {
+		t.Fatalf("ReleaseClaims of nothing: %v", err)
+	}
+	// The released claim cannot record an outcome.
+	f.record("w1", succeeded(cs[0], T0, T0.Add(time.Second)))
+	f.wantRun("outcome of a released claim", a.ID, vibejobs.RunScheduled, 1, &rel)
+
+	// Claimed again under the same number; late is decided by this first send.
+	again := f.claim("w3", T0.Add(2*time.Minute), 10)
+	ids := claimedIDs(again)
+	slices.Sort(ids)
+	if want := []string{a.ID, b.ID}; !slices.Equal(ids, want) {
+		t.Fatalf("claim after release: %v, want %v", ids, want)
+	}
+	for _, cl := range again {
+		if cl.Run.Attempt != 1 || !cl.Run.Late {
+			t.Errorf("released first attempt claimed again: attempt %d late %v, want 1 true", cl.Run.Attempt, cl.Run.Late)
+		}
+	}
+
+	// A released retry keeps its number and its late flag.
+	d := f.run(j, T0.Add(time.Hour))
+	cd := f.claimIDs("w1", T0.Add(time.Hour), 1, d)[0]
+	f.record("w1", retrying(cd, T0.Add(time.Hour), T0.Add(time.Hour+time.Second), T0.Add(time.Hour+time.Minute)))
+	f.claimIDs("w1", T0.Add(time.Hour+time.Minute), 1, d)
+	rel = T0.Add(time.Hour + 2*time.Minute)
+	if err := f.s.ReleaseClaims(f.ctx, "w1", []string{d.ID}, rel); err != nil {
+		t.Fatalf("ReleaseClaims: %v", err)
+	}
+	got := f.wantRun("released retry", d.ID, vibejobs.RunRetrying, 2, &rel)
+	f.wantAttempts("released retry", got, "1:http_5xx")
+	cd = f.claimIDs("w2", rel, 1, d)[0]
+	if cd.Run.Attempt != 2 || cd.Run.Late {
+		t.Errorf("released retry claimed again: attempt %d late %v, want 2 false", cd.Run.Attempt, cd.Run.Late)
+	}
+}
+
+func testNextDueAt(t *testing.T, f *fixture) {
+	f.projects()
+	if _, ok, err := f.s.NextDueAt(f.ctx); err != nil || ok {
+		t.Fatalf("NextDueAt of an empty queue: ok %v, %v", ok, err)
+	}
+	j := f.job(projectA)
+	f.claimOne(j, "w1")
+	f.finishedRun(j, T0.Add(-9*time.Hour))
+	f.retryingRun(j, T0.Add(30*time.Second))
+	f.run(j, T0.Add(5*time.Minute))
+	f.run(j, T0.Add(time.Minute))
+	next, ok, err := f.s.NextDueAt(f.ctx)
+	if err != nil || !ok || !next.Equal(T0.Add(30*time.Second)) {
+		t.Fatalf("NextDueAt = %s %v %v, want %s", next, ok, err, T0.Add(30*time.Second))
+	}
+	f.claim("w1", T0.Add(30*time.Second), 10)
+	next, ok, err = f.s.NextDueAt(f.ctx)
+	if err != nil || !ok || !next.Equal(T0.Add(time.Minute)) {
+		t.Fatalf("NextDueAt after a claim = %s %v %v, want %s", next, ok, err, T0.Add(time.Minute))
+	}
+}
+
+func testQueueStats(t *testing.T, f *fixture) {
+	f.projects()
+	st, err := f.s.QueueStats(f.ctx, T0)
+	if err != nil || st.Due != 0 || st.OldestDueAge != 0 {
+		t.Fatalf("QueueStats of an empty queue = %+v, %v", st, err)
+	}
+	j := f.job(projectA)
+	f.claimOne(j, "w1")
+	f.finishedRun(j, T0.Add(-9*time.Hour))
+	f.run(j, T0.Add(-30*time.Second))
+	f.run(j, T0.Add(-10*time.Second))
+	f.run(j, T0)
+	f.run(j, T0.Add(time.Minute))
+	f.run(j, T0.Add(-vibejobs.DeliveryLifetime-time.Hour)) // past its deadline: not claimable
+	st, err = f.s.QueueStats(f.ctx, T0)
+	if err != nil || st.Due != 3 || st.OldestDueAge != 30*time.Second {
+		t.Fatalf("QueueStats = %+v, %v; want 3 due, oldest 30s", st, err)
+	}
+}
+
+func testFailExpiredRuns(t *testing.T, f *fixture) {
+	f.projects()
+	j := f.job(projectA)
+	life := vibejobs.DeliveryLifetime
+
+	// Retrying, deadline T0−10s.
+	e2 := f.run(j, T0.Add(-life-10*time.Second))
+	c := f.claimIDs("w1", e2.ScheduledFor, 1, e2)[0]
+	f.record("w1", retrying(c, e2.ScheduledFor, e2.ScheduledFor.Add(time.Second), T0.Add(-20*time.Second)))
+	// Delivering, deadline T0−5s: left to lease recovery.
+	d := f.run(j, T0.Add(-life-5*time.Second), dueAt(T0.Add(-6*time.Second)))
+	f.claimIDs("w1", T0.Add(-6*time.Second), 1, d)
+	// Scheduled, deadline T0−1ms.
+	e1 := f.run(j, T0.Add(-life-time.Millisecond))
+	// Deadline exactly now: still claimable.
+	edge := f.run(j, T0.Add(-life))
+	future := f.run(j, T0)
+
+	for _, want := range []int{1, 1, 0} {
+		limit := 1
+		if want == 0 {
+			limit = 10
+		}
+		if n, err := f.s.FailExpiredRuns(f.ctx, T0, limit); err != nil || n != want {
+			t.Fatalf("FailExpiredRuns(limit %d) = %d, %v; want %d", limit, n, err, want)
+		}
+	}
+	for _, r := range []*vibejobs.Run{e1, e2} {
+		got := f.getRun(projectA, r.ID)
+		if got.State != vibejobs.RunFailed || got.FailureReason != vibejobs.ReasonDeadlineExceeded ||
+			got.FinishedAt == nil || !got.FinishedAt.Equal(T0) || got.NextAttemptAt != nil {
+			t.Errorf("expired run: state %s reason %q finished %v next %v; want failed deadline_exceeded at T0",
+				got.State, got.FailureReason, got.FinishedAt, got.NextAttemptAt)
+		}
+	}
+	f.wantRun("delivering run past its deadline", d.ID, vibejobs.RunDelivering, 1, nil)
+	f.wantRun("run at its deadline", edge.ID, vibejobs.RunScheduled, 0, nil)
+	f.wantRun("future run", future.ID, vibejobs.RunScheduled, 0, nil)
+}
+
+func testPruneRuns(t *testing.T, f *fixture) {
+	f.projects()
+	j := f.job(projectA)
+	k := f.job(projectB)
+	day := 24 * time.Hour
+	finish := func(job *vibejobs.Job, claimAt, finishedAt time.Time) *vibejobs.Run {
+		c := f.claimAt(job, "w1", claimAt)
+		f.record("w1", succeeded(c, claimAt, finishedAt))
+		return c.Run
+	}
+	f1 := finish(j, T0.Add(-20*day), T0.Add(-10*day))
+	f2 := finish(j, T0.Add(-19*day), T0.Add(-8*day))
+	f3 := finish(j, T0.Add(-18*day), T0.Add(-day))
+	atCutoff := finish(j, T0.Add(-17*day), T0.Add(-7*day))
+	other := finish(k, T0.Add(-16*day), T0.Add(-10*day))
+	oldDelivering := f.claimAt(j, "w1", T0.Add(-15*day)).Run
+	expired := f.run(j, T0.Add(-30*day))
+	if n, err := f.s.FailExpiredRuns(f.ctx, T0.Add(-25*day), 10); err != nil || n != 1 {
+		t.Fatalf("FailExpiredRuns = %d, %v; want 1", n, err)
+	}
+	oldWaiting := f.run(j, T0.Add(-60*day))
+	oldRetrying := f.retryingRun(j, T0.Add(time.Hour))
+
+	cutoff := T0.Add(-7 * day)
+	for _, want := range []int{1, 2, 0} {
+		limit := 10
+		if want == 1 {
+			limit = 1
+		}
+		if n, err := f.s.PruneRuns(f.ctx, projectA, cutoff, limit); err != nil || n != want {
+			t.Fatalf("PruneRuns(limit %d) = %d, %v; want %d", limit, n, err, want)
+		}
+	}
+	for _, r := range []*vibejobs.Run{f1, f2, expired} {
+		_, err := f.s.GetRun(f.ctx, projectA, r.ID)
+		wantNotFound(t, "GetRun of a pruned run", err, "run")
+	}
+	for _, r := range []*vibejobs.Run{f3, atCutoff, oldDelivering, oldWaiting, oldRetrying} {
+		f.getRun(projectA, r.ID)
+	}
+	if _, err := f.s.GetRun(f.ctx, projectB, other.ID); err != nil {
+		t.Errorf("another project's run pruned: %v", err)
+	}
+}
+
+func testIdempotency(t *testing.T, f *fixture) {
+	f.projects()
+	rec := f.idempotencyRecord(projectA, "key-1", T0)
+	insert := func(r *vibejobs.IdempotencyRecord) error {
+		return f.s.Update(f.ctx, func(tx vibejobs.Tx) error { return tx.InsertIdempotencyKey(f.ctx, r) })
+	}
+	get := func(now time.Time) (*vibejobs.IdempotencyRecord, error) {
+		return f.s.GetIdempotencyKey(f.ctx, projectA, rec.Key, now)
+	}
+	if err := insert(rec); err != nil {
+		t.Fatalf("InsertIdempotencyKey: %v", err)
+	}
+	got, err := get(T0.Add(time.Second))
+	if err != nil {
+		t.Fatalf("GetIdempotencyKey: %v", err)
+	}
+	wantEqual(t, "record in progress", got, rec)
+
+	wantError(t, "InsertIdempotencyKey of a live key", insert(f.idempotencyRecord(projectA, rec.Key, T0.Add(time.Minute))), vibejobs.ECONFLICT, "")
+
+	done := *rec
+	done.Done = true
+	done.ResponseStatus = 201
+	done.ResponseHeaders = map[string]string{"Content-Type": "application/json", "Location": "/v1/jobs/job_1"}
+	done.ResponseBody = []byte(`{"id":"job_1"}`)
+	f.update(func(tx vibejobs.Tx) error { return tx.CompleteIdempotencyKey(f.ctx, &done) })
+	got, err = get(T0.Add(time.Minute))
+	if err != nil {
+		t.Fatalf("GetIdempotencyKey after completion: %v", err)
+	}
+	wantEqual(t, "completed record", got, &done)
+	wantError(t, "InsertIdempotencyKey of a completed live key", insert(f.idempotencyRecord(projectA, rec.Key, T0.Add(time.Hour))), vibejobs.ECONFLICT, "")
+
+	_, err = get(rec.ExpiresAt)
+	wantNotFound(t, "GetIdempotencyKey at its expiry", err, "idempotency_key")
+
+	// An expired record is replaced.
+	fresh := f.idempotencyRecord(projectA, rec.Key, rec.ExpiresAt)
+	if err := insert(fresh); err != nil {
+		t.Fatalf("InsertIdempotencyKey over an expired record: %v", err)
+	}
+	got, err = get(rec.ExpiresAt)
+	if err != nil {
+		t.Fatalf("GetIdempotencyKey of the replacement: %v", err)
+	}
+	wantEqual(t, "replacement record", got, fresh)
+
+	f.update(func(tx vibejobs.Tx) error { return tx.DeleteIdempotencyKey(f.ctx, projectA, rec.Key) })
+	_, err = get(rec.ExpiresAt)
+	wantNotFound(t, "GetIdempotencyKey after delete", err, "idempotency_key")
+	err = f.s.Update(f.ctx, func(tx vibejobs.Tx) error { return tx.DeleteIdempotencyKey(f.ctx, projectA, rec.Key) })
+	wantNotFound(t, "DeleteIdempotencyKey of a missing key", err, "idempotency_key")
+	err = f.s.Update(f.ctx, func(tx vibejobs.Tx) error { return tx.CompleteIdempotencyKey(f.ctx, &done) })
+	wantNotFound(t, "CompleteIdempotencyKey of a missing key", err, "idempotency_key")
+
+	// The key's record commits with the effect, or not at all.
+	err = f.s.Update(f.ctx, func(tx vibejobs.Tx) error {
+		if err := tx.InsertIdempotencyKey(f.ctx, f.idempotencyRecord(projectA, "key-2", T0)); err != nil {
+			return err
+		}
+		return errRollback
+	})
+	if err == nil {
+		t.Fatal("Update: rollback error lost")
+	}
+	_, err = f.s.GetIdempotencyKey(f.ctx, projectA, "key-2", T0)
+	wantNotFound(t, "key of a rolled back transaction", err, "idempotency_key")
+}
+
+func testPruneIdempotencyKeys(t *testing.T, f *fixture) {
+	f.projects()
+	at := func(key string, expires time.Time) {
+		r := f.idempotencyRecord(projectA, key, expires.Add(-24*time.Hour))
+		f.update(func(tx vibejobs.Tx) error { return tx.InsertIdempotencyKey(f.ctx, r) })
+	}
+	at("old", T0.Add(-time.Hour))
+	at("just-expired", T0.Add(-time.Millisecond))
+	at("live", T0.Add(time.Hour))
+	for _, want := range []int{1, 1, 0} {
+		if n, err := f.s.PruneIdempotencyKeys(f.ctx, T0, 1); err != nil || n != want {
+			t.Fatalf("PruneIdempotencyKeys(limit 1) = %d, %v; want %d", n, err, want)
+		}
+	}
+	if _, err := f.s.GetIdempotencyKey(f.ctx, projectA, "live", T0); err != nil {
+		t.Errorf("live key pruned: %v", err)
+	}
+}

@@ -1,0 +1,368 @@
+package storetest
+
+import (
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/vibejobs/vibejobs"
+)
+
+func testCreateAndGetRun(t *testing.T, f *fixture) {
+	f.projects()
+	j := f.job(projectA)
+	r := f.run(j, T0.Add(123*time.Millisecond))
+	got := f.getRun(projectA, r.ID)
+	wantEqual(t, "GetRun of a new manual run", got, r)
+	if got.Late || got.Attempt != 0 || got.FinishedAt != nil || len(got.Attempts) != 0 {
+		t.Errorf("new run: late %v attempt %d finished %v attempts %d; want false 0 nil 0",
+			got.Late, got.Attempt, got.FinishedAt, len(got.Attempts))
+	}
+	err := f.s.Update(f.ctx, func(tx vibejobs.Tx) error { return tx.CreateRun(f.ctx, r) })
+	if err == nil {
+		t.Errorf("CreateRun with a taken id succeeded")
+	}
+}
+
+func testManualRunsNeverMerged(t *testing.T, f *fixture) {
+	f.projects()
+	j := f.job(projectA)
+	m1 := f.run(j, T0)
+	m2 := f.run(j, T0)
+	sched := vibejobs.NewRun(f.id("run_"), j, vibejobs.TriggerSchedule, T0, T0)
+	created, err := f.s.ApplyRunPlans(f.ctx, []vibejobs.RunPlan{
+		{JobID: j.ID, From: T0, Next: ptr(T0.Add(time.Minute)), Runs: []*vibejobs.Run{sched}},
+	}, T0)
+	if err != nil || created != 1 {
+		t.Fatalf("ApplyRunPlans of an occurrence that has manual runs = %d, %v; want 1", created, err)
+	}
+	m3 := f.run(j, T0)
+	runs, _, err := f.s.ListRuns(f.ctx, projectA, vibejobs.RunFilter{JobID: j.ID}, vibejobs.Page{})
+	if err != nil {
+		t.Fatalf("ListRuns: %v", err)
+	}
+	if got, want := runIDs(runs), []string{m3.ID, sched.ID, m2.ID, m1.ID}; !slices.Equal(got, want) {
+		t.Fatalf("runs at one instant: %v, want %v", got, want)
+	}
+	if got := f.getRun(projectA, sched.ID); got.Trigger != vibejobs.TriggerSchedule {
+		t.Errorf("scheduled run: trigger %q", got.Trigger)
+	}
+}
+
+func testListRuns(t *testing.T, f *fixture) {
+	f.projects()
+	j := f.job(projectA)
+	k := f.job(projectA)
+	r1 := f.run(j, T0)
+	r2 := f.retryingRun(j, T0.Add(time.Hour))
+	r3 := f.finishedRun(j, T0.Add(-9*time.Hour))
+	r4 := f.claimOne(j, "w1").Run
+	r5 := f.run(k, T0)
+	r6 := f.run(k, T0.Add(time.Minute))
+
+	cases := []struct {
+		filter vibejobs.RunFilter
+		want   []*vibejobs.Run
+	}{
+		{vibejobs.RunFilter{}, []*vibejobs.Run{r6, r5, r4, r3, r2, r1}},
+		{vibejobs.RunFilter{JobID: j.ID}, []*vibejobs.Run{r4, r3, r2, r1}},
+		{vibejobs.RunFilter{State: vibejobs.RunScheduled}, []*vibejobs.Run{r6, r5, r1}},
+		{vibejobs.RunFilter{JobID: k.ID, State: vibejobs.RunScheduled}, []*vibejobs.Run{r6, r5}},
+		{vibejobs.RunFilter{State: vibejobs.RunRetrying}, []*vibejobs.Run{r2}},
+		{vibejobs.RunFilter{State: vibejobs.RunSucceeded}, []*vibejobs.Run{r3}},
+		{vibejobs.RunFilter{State: vibejobs.RunDelivering}, []*vibejobs.Run{r4}},
+		{vibejobs.RunFilter{State: vibejobs.RunFailed}, nil},
+		{vibejobs.RunFilter{JobID: "job_missing"}, nil},
+	}
+	for _, tc := range cases {
+		for _, limit := range []int{0, 1, 2, 4} {
+			var got []string
+			cursor := ""
+			for page := 0; ; page++ {
+				runs, next, err := f.s.ListRuns(f.ctx, projectA, tc.filter, vibejobs.Page{Limit: limit, Cursor: cursor})
+				if err != nil {
+					t.Fatalf("ListRuns(%+v, limit %d): %v", tc.filter, limit, err)
+				}
+				if limit > 0 && len(runs) > limit {
+					t.Fatalf("ListRuns(%+v, limit %d): %d runs", tc.filter, limit, len(runs))
+				}
+				for _, r := range runs {
+					if r.Attempts != nil && len(r.Attempts) > 0 {
+						t.Errorf("ListRuns returned attempts")
+					}
+				}
+				got = append(got, runIDs(runs)...)
+				if next == "" {
+					break
+				}
+				if page > 10 {
+					t.Fatal("ListRuns: cursors never end")
+				}
+				cursor = next
+			}
+			if want := runIDs(tc.want); !slices.Equal(got, want) {
+				t.Errorf("ListRuns(%+v, limit %d) = %v, want %v (newest first)", tc.filter, limit, got, want)
+			}
+		}
+	}
+
+	// ListRuns returns the same fields as GetRun, without attempts.
+	runs, _, err := f.s.ListRuns(f.ctx, projectA, vibejobs.RunFilter{State: vibejobs.RunSucceeded}, vibejobs.Page{})
+	if err != nil || len(runs) != 1 {
+		t.Fatalf("ListRuns succeeded: %d runs, %v", len(runs), err)
+	}
+	full := f.getRun(projectA, r3.ID)
+	full.Attempts = nil
+	wantEqual(t, "ListRuns entry", runs[0], full)
+}
+
+func testListRunsPaginationWhileChanging(t *testing.T, f *fixture) {
+	f.projects()
+	j := f.job(projectA)
+	var all []*vibejobs.Run
+	for i := range 9 {
+		all = append(all, f.run(j, T0.Add(time.Duration(i)*time.Second)))
+	}
+	seen := map[string]int{}
+	runs, cursor, err := f.s.ListRuns(f.ctx, projectA, vibejobs.RunFilter{}, vibejobs.Page{Limit: 4})
+	if err != nil {
+		t.Fatalf("ListRuns: %v", err)
+	}
+	for _, r := range runs {
+		seen[r.ID]++
+	}
+	// New runs arrive and others change state between pages.
+	f.run(j, T0)
+	f.run(j, T0)
+	f.claim("w1", T0.Add(3*time.Second), 3)
+	for cursor != "" {
+		runs, cursor, err = f.s.ListRuns(f.ctx, projectA, vibejobs.RunFilter{}, vibejobs.Page{Limit: 4, Cursor: cursor})
+		if err != nil {
+			t.Fatalf("ListRuns: %v", err)
+		}
+		for _, r := range runs {
+			seen[r.ID]++
+		}
+	}
+	for _, r := range all {
+		if seen[r.ID] != 1 {
+			t.Errorf("run %s listed %d times, want once", r.ID, seen[r.ID])
+		}
+	}
+}
+
+func testDueJobs(t *testing.T, f *fixture) {
+	f.projects()
+	at := func(d time.Duration) func(*vibejobs.Job) {
+		return func(j *vibejobs.Job) { j.NextRunAt = ptr(T0.Add(d)) }
+	}
+	due2 := f.job(projectA, at(-time.Minute))
+	due1 := f.job(projectA, at(-2*time.Minute))
+	dueB := f.job(projectB, at(-30*time.Second))
+	dueEdge := f.job(projectA, at(0))
+	f.job(projectA, at(time.Millisecond))
+	f.job(projectA, at(-time.Hour), func(j *vibejobs.Job) { j.Enabled = false })
+	f.job(projectA, at(-time.Hour), func(j *vibejobs.Job) { j.Enabled, j.State = false, vibejobs.JobPaused })
+	f.job(projectA, at(-time.Hour), func(j *vibejobs.Job) { j.State = vibejobs.JobPaused })
+	f.job(projectA, at(-time.Hour), func(j *vibejobs.Job) { j.State = vibejobs.JobCompleted })
+	f.job(projectA, func(j *vibejobs.Job) { j.NextRunAt = nil })
+	deleted := f.job(projectA, at(-time.Hour))
+	f.update(func(tx vibejobs.Tx) error { return tx.DeleteJob(f.ctx, projectA, deleted.ID, T0) })
+
+	jobs, err := f.s.DueJobs(f.ctx, T0, 10)
+	if err != nil {
+		t.Fatalf("DueJobs: %v", err)
+	}
+	if got, want := jobIDs(jobs), jobIDs([]*vibejobs.Job{due1, due2, dueB, dueEdge}); !slices.Equal(got, want) {
+		t.Fatalf("DueJobs = %v, want %v (earliest first)", got, want)
+	}
+	wantEqual(t, "DueJobs job", jobs[0], due1)
+	jobs, err = f.s.DueJobs(f.ctx, T0, 2)
+	if err != nil || !slices.Equal(jobIDs(jobs), jobIDs([]*vibejobs.Job{due1, due2})) {
+		t.Fatalf("DueJobs with limit 2 = %v, %v", jobIDs(jobs), err)
+	}
+	jobs, err = f.s.DueJobs(f.ctx, T0.Add(-3*time.Minute), 10)
+	if err != nil || len(jobs) != 0 {
+		t.Fatalf("DueJobs before any is due = %v, %v", jobIDs(jobs), err)
+	}
+}
+
+func (f *fixture) schedRun(j *vibejobs.Job, at time.Time) *vibejobs.Run {
+	return vibejobs.NewRun(f.id("run_"), j, vibejobs.TriggerSchedule, at, T0.Add(-time.Minute))
+}
+
+func (f *fixture) apply(want int, plans ...vibejobs.RunPlan) {
+	f.t.Helper()
+	n, err := f.s.ApplyRunPlans(f.ctx, plans, T0)
+	if err != nil {
+		f.t.Fatalf("ApplyRunPlans: %v", err)
+	}
+	if n != want {
+		f.t.Fatalf("ApplyRunPlans created %d runs, want %d", n, want)
+	}
+}
+
+func testApplyRunPlans(t *testing.T, f *fixture) {
+	f.projects()
+	j := f.job(projectA, func(j *vibejobs.Job) { j.SkippedRuns = 1 })
+	r1, r2 := f.schedRun(j, T0.Add(-time.Minute)), f.schedRun(j, T0)
+	f.apply(2, vibejobs.RunPlan{JobID: j.ID, From: T0, Next: ptr(T0.Add(time.Minute)), Runs: []*vibejobs.Run{r1, r2}, Skipped: 3})
+
+	got := f.getJob(projectA, j.ID)
+	if got.NextRunAt == nil || !got.NextRunAt.Equal(T0.Add(time.Minute)) || got.SkippedRuns != 4 || got.State != vibejobs.JobActive {
+		t.Fatalf("job after a plan: next %v skipped %d state %s; want %s, 4, active",
+			got.NextRunAt, got.SkippedRuns, got.State, T0.Add(time.Minute))
+	}
+	for _, r := range []*vibejobs.Run{r1, r2} {
+		wantEqual(t, "planned run", f.getRun(projectA, r.ID), r)
+	}
+
+	// An occurrence that has its run is skipped, the rest of the plan applies.
+	dup := f.schedRun(j, T0)
+	r3 := f.schedRun(j, T0.Add(time.Minute))
+	f.apply(1, vibejobs.RunPlan{JobID: j.ID, From: T0.Add(time.Minute), Next: ptr(T0.Add(2 * time.Minute)), Runs: []*vibejobs.Run{dup, r3}, Skipped: 2})
+	_, err := f.s.GetRun(f.ctx, projectA, dup.ID)
+	wantNotFound(t, "GetRun of a duplicate occurrence", err, "run")
+	got = f.getJob(projectA, j.ID)
+	if !got.NextRunAt.Equal(T0.Add(2*time.Minute)) || got.SkippedRuns != 6 {
+		t.Fatalf("job after a plan with a duplicate: next %v skipped %d; want %s, 6", got.NextRunAt, got.SkippedRuns, T0.Add(2*time.Minute))
+	}
+
+	// Several jobs in one call.
+	m1 := f.job(projectA)
+	m2 := f.job(projectB)
+	f.apply(4,
+		vibejobs.RunPlan{JobID: m1.ID, From: T0, Next: ptr(T0.Add(time.Hour)), Runs: []*vibejobs.Run{f.schedRun(m1, T0), f.schedRun(m1, T0.Add(-time.Hour))}},
+		vibejobs.RunPlan{JobID: m2.ID, From: T0, Next: ptr(T0.Add(time.Hour)), Runs: []*vibejobs.Run{f.schedRun(m2, T0), f.schedRun(m2, T0.Add(-time.Hour))}},
+	)
+	f.apply(0)
+
+	// A plan without runs still moves the job (everything skipped).
+	f.apply(0, vibejobs.RunPlan{JobID: m1.ID, From: T0.Add(time.Hour), Next: ptr(T0.Add(2 * time.Hour)), Skipped: 1})
+	if got := f.getJob(projectA, m1.ID); !got.NextRunAt.Equal(T0.Add(2*time.Hour)) || got.SkippedRuns != 1 {
+		t.Fatalf("job after a plan without runs: next %v skipped %d", got.NextRunAt, got.SkippedRuns)
+	}
+}
+
+func testApplyRunPlansSkipped(t *testing.T, f *fixture) {
+	f.projects()
+	stale := f.job(projectA)
+	disabled := f.job(projectA, func(j *vibejobs.Job) { j.Enabled, j.State = false, vibejobs.JobPaused })
+	paused := f.job(projectA, func(j *vibejobs.Job) { j.State = vibejobs.JobPaused })
+	deleted := f.job(projectA)
+	f.update(func(tx vibejobs.Tx) error { return tx.DeleteJob(f.ctx, projectA, deleted.ID, T0) })
+	noNext := f.job(projectA, func(j *vibejobs.Job) { j.NextRunAt = nil })
+	ok := f.job(projectA)
+
+	plan := func(j *vibejobs.Job, from time.Time) vibejobs.RunPlan {
+		return vibejobs.RunPlan{JobID: j.ID, From: from, Next: ptr(T0.Add(time.Minute)), Runs: []*vibejobs.Run{f.schedRun(j, from)}, Skipped: 1}
+	}
+	f.apply(1,
+		plan(stale, T0.Add(-time.Minute)),
+		plan(disabled, T0),
+		plan(paused, T0),
+		plan(deleted, T0),
+		plan(noNext, T0),
+		plan(ok, T0),
+		vibejobs.RunPlan{JobID: "job_missing", From: T0, Next: ptr(T0.Add(time.Minute))},
+	)
+	for _, j := range []*vibejobs.Job{stale, disabled, paused, noNext} {
+		got := f.getJob(projectA, j.ID)
+		wantEqual(t, "skipped job's NextRunAt", got.NextRunAt, j.NextRunAt)
+		if got.SkippedRuns != 0 || got.State != j.State {
+			t.Errorf("skipped plan changed job: skipped %d state %s", got.SkippedRuns, got.State)
+		}
+		runs, _, err := f.s.ListRuns(f.ctx, projectA, vibejobs.RunFilter{JobID: j.ID}, vibejobs.Page{})
+		if err != nil || len(runs) != 0 {
+			t.Errorf("skipped plan created %d runs, %v", len(runs), err)
+		}
+	}
+	runs, _, err := f.s.ListRuns(f.ctx, projectA, vibejobs.RunFilter{JobID: deleted.ID}, vibejobs.Page{})
+	if err != nil || len(runs) != 0 {
+		t.Errorf("plan of a deleted job created %d runs, %v", len(runs), err)
+	}
+}
+
+func testApplyRunPlansCompletesOneOff(t *testing.T, f *fixture) {
+	f.projects()
+	o := f.job(projectA, func(j *vibejobs.Job) { j.Schedule, j.At = "", ptr(T0) })
+	r := f.schedRun(o, T0)
+	f.apply(1, vibejobs.RunPlan{JobID: o.ID, From: T0, Runs: []*vibejobs.Run{r}, Complete: true})
+	got := f.getJob(projectA, o.ID)
+	if got.State != vibejobs.JobCompleted || got.NextRunAt != nil {
+		t.Fatalf("one-off job after its plan: state %s next %v; want completed, nil", got.State, got.NextRunAt)
+	}
+	if jobs, err := f.s.DueJobs(f.ctx, T0.Add(time.Hour), 10); err != nil || len(jobs) != 0 {
+		t.Fatalf("DueJobs after completion: %v, %v", jobIDs(jobs), err)
+	}
+	f.apply(0, vibejobs.RunPlan{JobID: o.ID, From: T0, Runs: []*vibejobs.Run{f.schedRun(o, T0)}, Complete: true})
+}
+
+// Eight schedulers apply overlapping plans for one job at once: each
+// occurrence gets exactly one run.
+func testApplyRunPlansConcurrent(t *testing.T, f *fixture) {
+	f.projects()
+	j := f.job(projectA)
+	const occurrences = 20
+	end := T0.Add(occurrences * time.Minute)
+	var (
+		wg      sync.WaitGroup
+		mu      sync.Mutex
+		created int
+	)
+	for range 8 {
+		wg.Go(func() {
+			for range 10 * occurrences {
+				cur, err := f.s.GetJob(f.ctx, projectA, j.ID)
+				if err != nil {
+					t.Errorf("GetJob: %v", err)
+					return
+				}
+				from := *cur.NextRunAt
+				if !from.Before(end) {
+					return
+				}
+				// Every plan repeats the three occurrences before its own.
+				var runs []*vibejobs.Run
+				for at := from.Add(-3 * time.Minute); !at.After(from); at = at.Add(time.Minute) {
+					if !at.Before(T0) {
+						runs = append(runs, f.schedRun(j, at))
+					}
+				}
+				n, err := f.s.ApplyRunPlans(f.ctx, []vibejobs.RunPlan{{JobID: j.ID, From: from, Next: ptr(from.Add(time.Minute)), Runs: runs}}, T0)
+				if err != nil {
+					t.Errorf("ApplyRunPlans: %v", err)
+					return
+				}
+				mu.Lock()
+				created += n
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	if created != occurrences {
+		t.Errorf("runs created = %d, want %d", created, occurrences)
+	}
+	runs, _, err := f.s.ListRuns(f.ctx, projectA, vibejobs.RunFilter{JobID: j.ID}, vibejobs.Page{Limit: 100})
+	if err != nil {
+		t.Fatalf("ListRuns: %v", err)
+	}
+	per := map[time.Time]int{}
+	for _, r := range runs {
+		per[r.ScheduledFor.UTC()]++
+	}
+	for i := range occurrences {
+		at := T0.Add(time.Duration(i) * time.Minute)
+		if per[at] != 1 {
+			t.Errorf("occurrence %s has %d runs, want 1", at.Format(time.RFC3339), per[at])
+		}
+	}
+	if len(runs) != occurrences {
+		t.Errorf("%d runs, want %d", len(runs), occurrences)
+	}
+	if got := f.getJob(projectA, j.ID); !got.NextRunAt.Equal(end) {
+		t.Errorf("NextRunAt = %s, want %s", got.NextRunAt, end)
+	}
+}
