@@ -11,7 +11,7 @@ import (
 
 type fakeRetentionStore struct {
 	outbox, runs int // rows left to delete
-	calls         []string
+	calls        []string
 }
 
 func (f *fakeRetentionStore) DeleteProcessedOutbox(_ context.Context, before time.Time, limit int) (int, error) {
