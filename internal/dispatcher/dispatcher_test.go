@@ -1,0 +1,266 @@
+package dispatcher_test
+
+import (
+	"context"
+	"encoding/json"
+	"net/http"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/vibejobs/vibejobs"
+	"github.com/vibejobs/vibejobs/contract"
+	"github.com/vibejobs/vibejobs/internal/dispatcher"
+	"github.com/vibejobs/vibejobs/internal/egress"
+	"github.com/vibejobs/vibejobs/internal/sqlite"
+)
+
+// clock is a fake clock the test moves by hand.
+type clock struct {
+	mu sync.Mutex
+	t  time.Time
+}
+
+func (c *clock) Now() time.Time     { c.mu.Lock(); defer c.mu.Unlock(); return c.t }
+func (c *clock) Add(d time.Duration) { c.mu.Lock(); c.t = c.t.Add(d); c.mu.Unlock() }
+
+// plainOpener "decrypts" secrets stored in the clear: the store never sees
+// plaintext in production (secretbox); here the key id marks the test.
+type plainOpener struct{}
+
+func (plainOpener) Open(s vibejobs.SealedSecret, _ string) (string, error) { return string(s.Ciphertext), nil }
+
+// sent is one request the sender saw.
+type sent struct {
+	url     string
+	header  http.Header
+	payload map[string]any
+	body    []byte
+}
+
+// sender answers from a script and reports every request; a host listed in
+// block waits until its channel closes.
+type sender struct {
+	got    chan sent
+	mu     sync.Mutex
+	answer map[string][]egress.Result // by URL; default 200
+	block  map[string]chan struct{}
+}
+
+func newSender() *sender {
+	return &sender{got: make(chan sent, 100), answer: map[string][]egress.Result{}, block: map[string]chan struct{}{}}
+}
+
+func (s *sender) Post(_ context.Context, url string, h http.Header, body []byte, _ time.Duration) egress.Result {
+	var p map[string]any
+	_ = json.Unmarshal(body, &p)
+	s.got <- sent{url: url, header: h, payload: p, body: body}
+	s.mu.Lock()
+	b := s.block[url]
+	res := egress.Result{StatusCode: 200}
+	if a := s.answer[url]; len(a) > 0 {
+		res, s.answer[url] = a[0], a[1:]
+	}
+	s.mu.Unlock()
+	if b != nil {
+		<-b
+	}
+	return res
+}
+
+func (s *sender) next(t *testing.T) sent {
+	t.Helper()
+	select {
+	case x := <-s.got:
+		return x
+	case <-time.After(10 * time.Second):
+		t.Fatal("no request sent")
+		return sent{}
+	}
+}
+
+type env struct {
+	store   *sqlite.Store
+	clock   *clock
+	sender  *sender
+	project string
+}
+
+func newEnv(t *testing.T) *env {
+	t.Helper()
+	c := &clock{t: time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)}
+	st, err := sqlite.Open(context.Background(), filepath.Join(t.TempDir(), "db"), sqlite.Options{Now: c.Now})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	e := &env{store: st, clock: c, sender: newSender(), project: "prj_test"}
+	e.update(t, func(tx vibejobs.Tx) error {
+		return tx.CreateProject(context.Background(), &vibejobs.Project{ID: e.project, Name: "test", CreatedAt: c.Now()})
+	})
+	return e
+}
+
+func (e *env) update(t *testing.T, fn func(tx vibejobs.Tx) error) {
+	t.Helper()
+	if err := e.store.Update(context.Background(), fn); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func (e *env) job(t *testing.T, id, url string) *vibejobs.Job {
+	t.Helper()
+	now := e.clock.Now()
+	j := &vibejobs.Job{ID: id, ProjectID: e.project, Name: id, Schedule: "0 0 1 1 *", Timezone: "UTC", URL: url,
+		Enabled: true, State: vibejobs.JobActive, Retry: vibejobs.DefaultRetryPolicy(), Timeout: 10 * time.Second,
+		CatchUp: vibejobs.CatchUpAll, ScheduleAnchor: now, CreatedAt: now, UpdatedAt: now,
+		Secret: vibejobs.SealedSecret{KeyID: "plain", Ciphertext: []byte("vjs_AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8")}}
+	e.update(t, func(tx vibejobs.Tx) error { return tx.CreateJob(context.Background(), j) })
+	return j
+}
+
+func (e *env) run(t *testing.T, j *vibejobs.Job, id string, scheduledFor time.Time) *vibejobs.Run {
+	t.Helper()
+	r := vibejobs.NewRun(id, j, vibejobs.TriggerManual, scheduledFor, e.clock.Now())
+	e.update(t, func(tx vibejobs.Tx) error { return tx.CreateRun(context.Background(), r) })
+	return r
+}
+
+func (e *env) start(t *testing.T, perHost int) (*dispatcher.Dispatcher, context.CancelFunc, chan struct{}) {
+	t.Helper()
+	d := dispatcher.New(dispatcher.Config{
+		Store: e.store, Sender: e.sender, Opener: plainOpener{}, Owner: "test-owner",
+		Now: e.clock.Now, Rand: func() float64 { return 0.5 }, Concurrency: 8, PerHost: perHost,
+		PollInterval: 20 * time.Millisecond,
+	})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { d.Run(ctx); close(done) }()
+	t.Cleanup(func() { cancel(); <-done })
+	return d, cancel, done
+}
+
+// waitRun polls the store (the dispatcher records asynchronously) until cond holds.
+func (e *env) waitRun(t *testing.T, id string, cond func(*vibejobs.Run) bool) *vibejobs.Run {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		r, err := e.store.GetRun(context.Background(), e.project, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if cond(r) {
+			return r
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("run %s stuck in %s (attempt %d)", id, r.State, r.Attempt)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+func TestDeliversSignedRequestAndRetries(t *testing.T) {
+	e := newEnv(t)
+	j := e.job(t, "job_a", "https://a.example/hook")
+	e.sender.answer[j.URL] = []egress.Result{{StatusCode: 503, ErrorCode: egress.CodeHTTP5xx}}
+	// Caught up two minutes late: late is decided at the first attempt and kept.
+	r := e.run(t, j, "run_a", e.clock.Now().Add(-2*time.Minute))
+	e.start(t, 8)
+
+	x := e.sender.next(t)
+	if x.payload["attempt"] != 1.0 || x.payload["late"] != true || x.payload["runId"] != "run_a" {
+		t.Fatalf("first attempt %v", x.payload)
+	}
+	if err := contract.Verify("vjs_AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8", x.header.Get("Vibe-Signature"), x.body, e.clock.Now().Unix()); err != nil {
+		t.Fatalf("signature: %v", err)
+	}
+	if x.header.Get("Idempotency-Key") != "run_a" || x.header.Get("X-Vibe-Caller-Kind") != "schedule" {
+		t.Fatalf("headers %v", x.header)
+	}
+	got := e.waitRun(t, r.ID, func(r *vibejobs.Run) bool { return r.State == vibejobs.RunRetrying })
+	// Jitter fixed at the middle: exactly the 30 s default backoff.
+	if got.NextAttemptAt == nil || !got.NextAttemptAt.Equal(e.clock.Now().Add(30*time.Second)) {
+		t.Fatalf("next attempt at %v", got.NextAttemptAt)
+	}
+	select {
+	case x := <-e.sender.got:
+		t.Fatalf("retried before its time: %v", x.payload)
+	default:
+	}
+	e.clock.Add(30 * time.Second)
+	x = e.sender.next(t)
+	if x.payload["attempt"] != 2.0 || x.payload["late"] != true {
+		t.Fatalf("second attempt %v", x.payload)
+	}
+	got = e.waitRun(t, r.ID, func(r *vibejobs.Run) bool { return r.State.Finished() })
+	if got.State != vibejobs.RunSucceeded || len(got.Attempts) != 2 || got.Attempts[0].ErrorCode != "http_5xx" || got.Attempts[1].StatusCode != 200 {
+		t.Fatalf("run %+v", got)
+	}
+}
+
+func TestOnTimeRunIsNotLate(t *testing.T) {
+	e := newEnv(t)
+	j := e.job(t, "job_a", "https://a.example/hook")
+	e.run(t, j, "run_a", e.clock.Now().Add(-59*time.Second))
+	e.start(t, 8)
+	if x := e.sender.next(t); x.payload["late"] != false {
+		t.Fatalf("late %v", x.payload["late"])
+	}
+}
+
+func TestSlowHostDoesNotHoldUpOthers(t *testing.T) {
+	e := newEnv(t)
+	slow := e.job(t, "job_slow", "https://slow.example/")
+	fast := e.job(t, "job_fast", "https://fast.example/")
+	release := make(chan struct{})
+	e.sender.block[slow.URL] = release
+	for i := 0; i < 5; i++ {
+		e.run(t, slow, "run_slow"+string(rune('a'+i)), e.clock.Now())
+	}
+	e.start(t, 2)
+	// Two slow attempts hold the host's two slots.
+	for i := 0; i < 2; i++ {
+		if x := e.sender.next(t); x.url != slow.URL {
+			t.Fatalf("unexpected %s", x.url)
+		}
+	}
+	r := e.run(t, fast, "run_fast", e.clock.Now())
+	for {
+		x := e.sender.next(t)
+		if x.url == fast.URL {
+			break
+		}
+		t.Fatalf("a third slow attempt started while the host was full")
+	}
+	e.waitRun(t, r.ID, func(r *vibejobs.Run) bool { return r.State == vibejobs.RunSucceeded })
+	// The slow runs waiting for a slot kept attempt 0 → still their first attempt.
+	close(release)
+	for i := 0; i < 3; i++ {
+		if x := e.sender.next(t); x.payload["attempt"] != 1.0 {
+			t.Fatalf("released run came back as attempt %v", x.payload["attempt"])
+		}
+	}
+}
+
+func TestShutdownLetsAttemptInFlightFinish(t *testing.T) {
+	e := newEnv(t)
+	j := e.job(t, "job_a", "https://a.example/")
+	release := make(chan struct{})
+	e.sender.block[j.URL] = release
+	r := e.run(t, j, "run_a", e.clock.Now())
+	_, cancel, done := e.start(t, 8)
+	e.sender.next(t)
+	cancel()
+	select {
+	case <-done:
+		t.Fatal("Run returned with an attempt in flight")
+	case <-time.After(20 * time.Millisecond):
+	}
+	close(release)
+	<-done
+	got, err := e.store.GetRun(context.Background(), e.project, r.ID)
+	if err != nil || got.State != vibejobs.RunSucceeded {
+		t.Fatalf("after shutdown: %+v %v", got, err)
+	}
+}
