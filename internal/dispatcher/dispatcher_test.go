@@ -22,14 +22,16 @@ type clock struct {
 	t  time.Time
 }
 
-func (c *clock) Now() time.Time     { c.mu.Lock(); defer c.mu.Unlock(); return c.t }
+func (c *clock) Now() time.Time      { c.mu.Lock(); defer c.mu.Unlock(); return c.t }
 func (c *clock) Add(d time.Duration) { c.mu.Lock(); c.t = c.t.Add(d); c.mu.Unlock() }
 
 // plainOpener "decrypts" secrets stored in the clear: the store never sees
 // plaintext in production (secretbox); here the key id marks the test.
 type plainOpener struct{}
 
-func (plainOpener) Open(s vibejobs.SealedSecret, _ string) (string, error) { return string(s.Ciphertext), nil }
+func (plainOpener) Open(s vibejobs.SealedSecret, _ string) (string, error) {
+	return string(s.Ciphertext), nil
+}
 
 // sent is one request the sender saw.
 type sent struct {
