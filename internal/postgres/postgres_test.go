@@ -15,6 +15,7 @@ import (
 
 	"github.com/vibejobs/vibejobs"
 	"github.com/vibejobs/vibejobs/internal/postgres"
+	"github.com/vibejobs/vibejobs/internal/storetest"
 )
 
 // t0 is the tests' clock: the stores are given it so nothing depends on the
@@ -675,4 +676,13 @@ func TestConnectionLossIsUnavailable(t *testing.T) {
 	if _, err := s.GetProject(ctx, prj); err != nil {
 		t.Fatalf("the pool did not recover: %v", err)
 	}
+}
+
+// TestStore runs the conformance suite shared with the SQLite store. The
+// Store's clock is the suite's T0 (NextDueAt leaves out runs whose deadline
+// passed by it).
+func TestStore(t *testing.T) {
+	storetest.Run(t, func(t *testing.T) vibejobs.Store {
+		return postgres.MustOpenTestWith(t, postgres.Options{Logger: quiet, Now: func() time.Time { return storetest.T0 }})
+	})
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"slices"
 	"time"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 
@@ -26,7 +27,8 @@ func (s *Store) DueJobs(ctx context.Context, before time.Time, limit int) ([]*vi
 }
 
 // applyPlansSQL applies a batch of plans in one statement. A job advances
-// only while it still has the plan's From, is enabled and not deleted. Its
+// only while it still has the plan's From, is active, enabled and not
+// deleted. Its
 // row is locked with SKIP LOCKED: a job another replica is advancing right
 // now is skipped rather than waited for (that plan is stale once the other
 // commits, and if it rolls back the next scan plans the job again), so
@@ -40,7 +42,7 @@ const applyPlansSQL = `WITH plan AS (
 ), locked AS (
 	SELECT j.id, plan.next_at, plan.skipped, plan.complete
 	FROM jobs j JOIN plan ON j.id = plan.job_id
-	WHERE j.next_run_at = plan.from_at AND j.enabled AND j.deleted_at IS NULL
+	WHERE j.next_run_at = plan.from_at AND j.state = 'active' AND j.enabled AND j.deleted_at IS NULL
 	FOR UPDATE OF j SKIP LOCKED
 ), advanced AS (
 	UPDATE jobs j SET next_run_at = locked.next_at, skipped_runs = j.skipped_runs + locked.skipped,
@@ -65,7 +67,7 @@ SELECT count(*), CASE WHEN count(*) > 0 THEN pg_notify($15, $16) END FROM create
 
 // ApplyRunPlans applies plans in one transaction and returns the runs
 // created. Each plan applies only while its job still has NextRunAt = From
-// and is enabled and live, and not while another transaction holds the job
+// and is active, enabled and live, and not while another transaction holds the job
 // (see applyPlansSQL); at most one schedule-triggered run exists per (job,
 // scheduledFor), enforced by a unique constraint.
 func (s *Store) ApplyRunPlans(ctx context.Context, plans []vibejobs.RunPlan, now time.Time) (int, error) {
@@ -274,6 +276,7 @@ const recordSQL = `WITH o AS (
 		next_attempt_at = CASE WHEN o.step_state = 'retrying' AND j.deleted_at IS NULL
 			THEN COALESCE(o.step_next, o.finished_at) END,
 		finished_at = CASE WHEN o.step_state = 'retrying' AND j.deleted_at IS NULL THEN NULL ELSE o.finished_at END,
+		attempt_started_at = NULL,
 		lease_owner = NULL,
 		lease_expires_at = NULL
 	FROM o, jobs j
@@ -342,7 +345,7 @@ func (s *Store) recordOutcomes(ctx context.Context, q querier, owner string, out
 	for i, o := range outcomes {
 		a := o.Attempt
 		runIDs[i], numbers[i], starts[i], ends[i] = o.RunID, int32(a.Number), a.StartedAt, a.FinishedAt
-		statuses[i], errCodes[i], sigTimes[i], snippets[i] = int32(a.StatusCode), a.ErrorCode, a.SignatureTimestamp, []byte(a.ResponseSnippet)
+		statuses[i], errCodes[i], sigTimes[i], snippets[i] = int32(a.StatusCode), a.ErrorCode, a.SignatureTimestamp, []byte(snippet(a.ResponseSnippet))
 		stepStates[i], reasons[i], stepNexts[i] = string(o.Step.State), o.Step.FailureReason, o.Step.NextAttemptAt
 		if snippets[i] == nil {
 			snippets[i] = []byte{}
@@ -395,11 +398,14 @@ func (s *Store) ReleaseClaims(ctx context.Context, owner string, runIDs []string
 // a deleted job is cancelled (job_deleted). Replicas running it at once skip
 // each other's rows.
 func (s *Store) RecoverExpiredLeases(ctx context.Context, now time.Time, limit int) (int, error) {
+	if limit <= 0 {
+		return 0, nil
+	}
 	var n int
 	err := s.pool.QueryRow(ctx, `WITH expired AS (
-		SELECT id FROM runs
+		SELECT id, attempt_started_at FROM runs
 		WHERE state = 'delivering' AND lease_expires_at < $1
-		ORDER BY lease_expires_at
+		ORDER BY lease_expires_at, id
 		LIMIT $2
 		FOR UPDATE SKIP LOCKED
 	), recovered AS (
@@ -408,15 +414,16 @@ func (s *Store) RecoverExpiredLeases(ctx context.Context, now time.Time, limit i
 				WHEN $1 > r.deadline_at THEN 'failed'
 				WHEN r.attempt <= 1 THEN 'scheduled' ELSE 'retrying' END,
 			failure_reason = CASE WHEN j.deleted_at IS NOT NULL THEN $3
-				WHEN $1 > r.deadline_at THEN $4 ELSE r.failure_reason END,
+				WHEN $1 > r.deadline_at THEN $4 ELSE '' END,
 			finished_at = CASE WHEN j.deleted_at IS NOT NULL OR $1 > r.deadline_at THEN $1::timestamptz END,
 			next_attempt_at = CASE WHEN j.deleted_at IS NULL AND $1 <= r.deadline_at THEN $1::timestamptz END,
 			redeliver = j.deleted_at IS NULL AND $1 <= r.deadline_at,
+			attempt_started_at = NULL,
 			lease_owner = NULL,
 			lease_expires_at = NULL
 		FROM expired, jobs j
 		WHERE r.id = expired.id AND j.id = r.job_id
-		RETURNING r.id, r.attempt, COALESCE(r.attempt_started_at, $1) AS started_at, r.redeliver AS claimable
+		RETURNING r.id, r.attempt, COALESCE(expired.attempt_started_at, $1) AS started_at, r.redeliver AS claimable
 	), interrupted AS (
 		INSERT INTO attempts (run_id, number, started_at, finished_at, status_code, error_code, signature_timestamp)
 		SELECT id, attempt, started_at, $1, 0, $5, 0 FROM recovered
@@ -433,6 +440,9 @@ func (s *Store) RecoverExpiredLeases(ctx context.Context, now time.Time, limit i
 // FailExpiredRuns fails (deadline_exceeded, finished at now) up to limit runs
 // waiting in scheduled or retrying whose deadline passed.
 func (s *Store) FailExpiredRuns(ctx context.Context, now time.Time, limit int) (int, error) {
+	if limit <= 0 {
+		return 0, nil
+	}
 	tag, err := s.pool.Exec(ctx, `WITH expired AS (
 		SELECT id FROM runs
 		WHERE state IN ('scheduled', 'retrying') AND deadline_at < $1
@@ -450,12 +460,16 @@ func (s *Store) FailExpiredRuns(ctx context.Context, now time.Time, limit int) (
 }
 
 // PruneRuns deletes up to limit of projectID's finished runs (with their
-// attempts) that finished before cutoff.
+// attempts), oldest first, that finished before cutoff.
 func (s *Store) PruneRuns(ctx context.Context, projectID string, cutoff time.Time, limit int) (int, error) {
+	if limit <= 0 {
+		return 0, nil
+	}
 	tag, err := s.pool.Exec(ctx, `DELETE FROM runs WHERE id IN (
 		SELECT id FROM runs
 		WHERE project_id = $1 AND finished_at IS NOT NULL AND finished_at < $2
 			AND state IN ('succeeded', 'failed', 'cancelled')
+		ORDER BY finished_at
 		LIMIT $3
 		FOR UPDATE SKIP LOCKED)`, projectID, cutoff, limit)
 	if err != nil {
@@ -466,9 +480,13 @@ func (s *Store) PruneRuns(ctx context.Context, projectID string, cutoff time.Tim
 
 // PruneIdempotencyKeys deletes up to limit records expired at now.
 func (s *Store) PruneIdempotencyKeys(ctx context.Context, now time.Time, limit int) (int, error) {
+	if limit <= 0 {
+		return 0, nil
+	}
 	tag, err := s.pool.Exec(ctx, `DELETE FROM idempotency_keys WHERE (project_id, key) IN (
 		SELECT project_id, key FROM idempotency_keys
 		WHERE expires_at <= $1
+		ORDER BY expires_at
 		LIMIT $2
 		FOR UPDATE SKIP LOCKED)`, now, limit)
 	if err != nil {
@@ -493,4 +511,17 @@ func (s *Store) QueueStats(ctx context.Context, now time.Time) (vibejobs.QueueSt
 		st.OldestDueAge = now.Sub(*oldest)
 	}
 	return st, nil
+}
+
+// snippet cuts s to at most vibejobs.SnippetBytes without splitting a UTF-8
+// sequence (as the SQLite store does).
+func snippet(s string) string {
+	if len(s) <= vibejobs.SnippetBytes {
+		return s
+	}
+	cut := vibejobs.SnippetBytes
+	for cut > 0 && cut > vibejobs.SnippetBytes-utf8.UTFMax && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut]
 }
