@@ -1,0 +1,110 @@
+package egress
+
+import (
+	"context"
+	"errors"
+	"net"
+	"net/http"
+	"testing"
+	"time"
+)
+
+// The socket-level check refuses a forbidden address before connect(2). The
+// address used is loopback, so even a broken check sends nothing off the
+// machine.
+func TestSocketCheckRefusesBeforeConnect(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	c, err := NewClient(Config{}) // default policy: loopback forbidden; the real dialer
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	conn, err := c.dial(ctx, "tcp", ln.Addr().String())
+	if err == nil {
+		conn.Close()
+		t.Fatal("dial to a forbidden address succeeded")
+	}
+	if !errors.Is(err, errSocketBlocked) {
+		t.Fatalf("error %v, want the socket check's", err)
+	}
+	if de := connectError(ctx, err); de.code != CodeBlocked {
+		t.Errorf("classified %q", de.code)
+	}
+	ln.(*net.TCPListener).SetDeadline(time.Now().Add(100 * time.Millisecond))
+	if conn, err := ln.Accept(); err == nil {
+		conn.Close()
+		t.Error("the listener saw a connection")
+	}
+
+	// With loopback opened, the same dialer connects.
+	open, _ := NewPolicy([]string{"127.0.0.0/8"})
+	c, _ = NewClient(Config{Policy: open})
+	conn, err = c.dial(ctx, "tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatalf("dial with loopback opened: %v", err)
+	}
+	conn.Close()
+}
+
+func TestCheckSocketAddresses(t *testing.T) {
+	c, _ := NewClient(Config{})
+	for _, addr := range []string{"10.0.0.1:80", "169.254.169.254:80", "[::1]:80", "[::ffff:10.0.0.1]:80", "[fe80::1%eth0]:80", "garbage", "example.com:80"} {
+		if err := c.checkSocket(context.Background(), "tcp", addr, nil); err == nil {
+			t.Errorf("%s: allowed", addr)
+		}
+	}
+	for _, addr := range []string{"8.8.8.8:443", "[2606:4700::1111]:443"} {
+		if err := c.checkSocket(context.Background(), "tcp", addr, nil); err != nil {
+			t.Errorf("%s: %v", addr, err)
+		}
+	}
+}
+
+func TestParseRetryAfter(t *testing.T) {
+	now := time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
+	cases := map[string]time.Duration{
+		"":                               0,
+		"0":                              0,
+		"30":                             30 * time.Second,
+		" 30 ":                           30 * time.Second,
+		"+30":                            0,
+		"3e1":                            0,
+		"Mon, 30 Nov 2026 12:01:00 GMT":  time.Minute,
+		"Monday, 30-Nov-26 12:01:00 GMT": time.Minute,
+		"Mon Nov 30 12:01:00 2026":       time.Minute,
+		"Mon, 30 Nov 2026 11:00:00 GMT":  0,
+		"Mon, 30 Nov 2099 11:00:00 GMT":  MaxRetryAfter,
+		"604801":                         MaxRetryAfter,
+		"18446744073709551616":           MaxRetryAfter,
+	}
+	for in, want := range cases {
+		if got := parseRetryAfter(in, now); got != want {
+			t.Errorf("parseRetryAfter(%q) = %v, want %v", in, got, want)
+		}
+	}
+}
+
+// Proxy settings in the environment are never consulted, redirects never
+// followed.
+func TestTransportIgnoresProxyAndRedirects(t *testing.T) {
+	t.Setenv("HTTPS_PROXY", "http://127.0.0.1:1")
+	t.Setenv("HTTP_PROXY", "http://127.0.0.1:1")
+	c, err := NewClient(Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.transport.Proxy != nil {
+		t.Error("transport has a Proxy function")
+	}
+	if c.http.CheckRedirect(nil, nil) != http.ErrUseLastResponse {
+		t.Error("CheckRedirect follows redirects")
+	}
+	if c.tlsConfig.InsecureSkipVerify {
+		t.Error("certificate verification is off")
+	}
+}

@@ -1,0 +1,287 @@
+package egress_test
+
+import (
+	"errors"
+	"net/netip"
+	"strings"
+	"testing"
+
+	"github.com/vibejobs/vibejobs/internal/egress"
+)
+
+const (
+	ok         = ""
+	invalid    = egress.CodeInvalidURL
+	notAllowed = egress.CodeURLNotAllowed
+)
+
+type urlCase struct {
+	raw      string
+	code     string // ok, invalid or notAllowed
+	wantHost string // u.Host when accepted, if not ""
+}
+
+// Every spelling of a forbidden address, refused by the default policy.
+var forbiddenSpellings = []string{
+	"https://127.0.0.1/", "https://2130706433/", "https://0177.0.0.1/", "https://0x7f.1/",
+	"https://0x7f000001/", "https://0X7F.0.0.1/", "https://127.1/", "https://127.0.1/",
+	"https://0177.1/", "https://017700000001/", "https://127.0.0.1./", "https://127.000.000.001/",
+	"https://[::1]/", "https://[0:0:0:0:0:0:0:1]/",
+	"https://[::ffff:127.0.0.1]/", "https://[::ffff:7f00:1]/", "https://[0:0:0:0:0:ffff:127.0.0.1]/",
+	"https://[::127.0.0.1]/", "https://[fe80::1%25eth0]/", "https://[fe80::a9fe:a9fe%25en0]:8443/",
+	"https://169.254.169.254/latest/meta-data/", "https://2852039166/", "https://0xa9.0xfe.0xa9.0xfe/",
+	"https://0251.0376.0251.0376/", "https://0xa9fea9fe/", "https://169.254.43518/",
+	"https://[64:ff9b::a9fe:a9fe]/", "https://[64:ff9b::169.254.169.254]/", "https://[2002:a9fe:a9fe::]/",
+	"https://[2001:0:4136:e378:8000:63bf:5601:5601]/", "https://[::ffff:a9fe:a9fe]/",
+	"https://10.1/", "https://10.0.0.1:8443/", "https://0xa.1/", "https://012.0.0.1/",
+	"https://0/", "https://0x0/", "https://0.0.0.0/", "https://[::]/", "https://[::ffff:0.0.0.0]/",
+	"https://192.168.1.1/", "https://172.16.0.1/", "https://100.64.0.1/", "https://198.18.0.1/",
+	"https://192.0.0.8/", "https://192.0.2.1/", "https://224.0.0.1/", "https://255.255.255.255/",
+	"https://4294967295/", "https://240.0.0.1/", "https://[fc00::1]/", "https://[fd00::1]/",
+	"https://[fec0::1]/", "https://[ff02::1]/", "https://[2001:db8::1]/", "https://[3fff::1]/",
+	"https://[100::1]/", "https://[64:ff9b:1::a00:1]/", "HTTPS://127.0.0.1/",
+	"https://localhost/", "https://LocalHost./", "https://api.localhost/",
+	"http://127.0.0.1/", "http://[::1]:8080/", "http://localhost:3000/",
+}
+
+func TestValidateURLDefaultPolicy(t *testing.T) {
+	p := mustPolicy(t)
+	cases := []urlCase{
+		{"https://example.com/hook", ok, "example.com"},
+		{"https://example.com:8443/x?y=1&z=%20", ok, "example.com:8443"},
+		{"HTTPS://Example.COM/Path", ok, "example.com"},
+		{"https://example.com./", ok, "example.com."},
+		{"https://exa_mple.internal/", ok, ""},
+		{"https://8.8.8.8/", ok, "8.8.8.8"},
+		{"https://134744072/", ok, "8.8.8.8"},
+		{"https://0x8.0x8.0x8.0x8/", ok, "8.8.8.8"},
+		{"https://[2606:4700:4700::1111]:443/", ok, "[2606:4700:4700::1111]:443"},
+		{"https://[2606:4700:4700:0:0:0:0:1111]/", ok, "[2606:4700:4700::1111]"},
+		{"https://example.com:/", ok, "example.com"},
+		{"https://example.com:0443/", ok, "example.com:443"},
+		{"https://example.com:65535/", ok, ""},
+		{"https://xn--exmple-cua.com/", ok, ""},
+		{"https://1.2.3.example/", ok, ""},
+		{"https://" + strings.Repeat("a", 2048-len("https://.com")) + ".com", invalid, ""}, // labels too long
+		{"http://example.com/", notAllowed, ""},
+		{"http://8.8.8.8/", notAllowed, ""},
+		{"ftp://example.com/", invalid, ""},
+		{"file:///etc/passwd", invalid, ""},
+		{"gopher://example.com/", invalid, ""},
+		{"javascript:alert(1)", invalid, ""},
+		{"https:example.com", invalid, ""},
+		{"//example.com/", invalid, ""},
+		{"example.com", invalid, ""},
+		{"", invalid, ""},
+		{"https://", invalid, ""},
+		{"https:///path", invalid, ""},
+		{"https://:443/", invalid, ""},
+		{"https://user:pass@example.com/", invalid, ""},
+		{"https://user@example.com/", invalid, ""},
+		{"https://@example.com/", invalid, ""},
+		{"https://127.0.0.1\\@example.com/", invalid, ""},
+		{"https://example.com/#frag", invalid, ""},
+		{"https://example.com/#", invalid, ""},
+		{"https://example.com:0/", invalid, ""},
+		{"https://example.com:65536/", invalid, ""},
+		{"https://example.com:99999999999999999999/", invalid, ""},
+		{"https://example.com:-1/", invalid, ""},
+		{"https://exämple.com/", invalid, ""},
+		{"https://ex ample.com/", invalid, ""},
+		{"https://-example.com/", invalid, ""},
+		{"https://a..b/", invalid, ""},
+		{"https://example.com%2f@x/", invalid, ""},
+		{"https://1.2.3.4.5/", invalid, ""},
+		{"https://256.1.1.1/", invalid, ""},
+		{"https://1.2.3.256/", invalid, ""},
+		{"https://1.2.65536/", invalid, ""},
+		{"https://08.1.1.1/", invalid, ""},
+		{"https://example.08/", invalid, ""},
+		{"https://example.123/", invalid, ""},
+		{"https://99999999999/", invalid, ""},
+		{"https://4294967296/", invalid, ""},
+		{"https://0x100000000/", invalid, ""},
+		{"https://1.0x1000000/", invalid, ""},
+		{"https://0x7f.0x/", notAllowed, ""}, // 127.0.0.0
+		{"https://0xg/", ok, "0xg"},          // not a number: a name
+		{"https://1.2.3.0x1g/", ok, ""},
+		{"https://[127.0.0.1]/", invalid, ""},
+		{"https://[example.com]/", invalid, ""},
+		{"https://[fe80::1%eth0]/", invalid, ""},
+		{" https://example.com/", invalid, ""},
+		{"https://example.com/\n", invalid, ""},
+		{"https://%31%32%37.0.0.1/", invalid, ""}, // browsers decode it; Go's parser refuses it
+		{"https://exa%6dple.com/", invalid, ""},
+	}
+	for _, raw := range forbiddenSpellings {
+		cases = append(cases, urlCase{raw, notAllowed, ""})
+	}
+	runURLCases(t, p, cases)
+}
+
+func TestValidateURLLength(t *testing.T) {
+	p := mustPolicy(t)
+	base := "https://example.com/"
+	exact := base + strings.Repeat("a", egress.MaxURLLength-len(base))
+	runURLCases(t, p, []urlCase{
+		{exact, ok, "example.com"},
+		{exact + "a", invalid, ""},
+		{base + strings.Repeat("a", 1<<20), invalid, ""},
+	})
+}
+
+func TestValidateURLLoopbackOpened(t *testing.T) {
+	p := mustPolicy(t, loopbackOpen...)
+	runURLCases(t, p, []urlCase{
+		{"http://127.0.0.1:8080/hook", ok, "127.0.0.1:8080"},
+		{"http://0x7f.1/", ok, "127.0.0.1"},
+		{"http://2130706433:80/", ok, "127.0.0.1:80"},
+		{"http://0177.0.0.1/", ok, "127.0.0.1"},
+		{"http://127.1/", ok, "127.0.0.1"},
+		{"http://127.0.0.1./", ok, "127.0.0.1"},
+		{"http://127.255.255.254/", ok, ""},
+		{"http://[::1]:80/", ok, "[::1]:80"},
+		{"http://[0::1]/", ok, "[::1]"},
+		{"http://[::ffff:127.0.0.1]/", ok, "[::ffff:127.0.0.1]"},
+		{"http://localhost:3000/", ok, "localhost:3000"},
+		{"http://LOCALHOST./", ok, "localhost."},
+		{"https://localhost/", ok, ""},
+		{"https://api.localhost/", ok, ""},
+		{"https://127.0.0.1/", ok, ""},
+		{"http://api.localhost/", notAllowed, ""},
+		{"http://example.com/", notAllowed, ""},
+		{"http://8.8.8.8/", notAllowed, ""},
+		{"http://10.0.0.1/", notAllowed, ""},
+		{"http://[::127.0.0.1]/", notAllowed, ""}, // IPv4-compatible: not the IPv4 address itself
+		{"http://[64:ff9b::7f00:1]/", notAllowed, ""},
+		{"http://0.0.0.0/", notAllowed, ""},
+		{"http://[::]/", notAllowed, ""},
+		{"https://169.254.169.254/", notAllowed, ""},
+		{"http://user@127.0.0.1/", invalid, ""},
+		{"http://127.0.0.1/#x", invalid, ""},
+	})
+}
+
+func TestValidateURLPrivateOpened(t *testing.T) {
+	p := mustPolicy(t, "10.0.0.0/8", "fd00::/8")
+	runURLCases(t, p, []urlCase{
+		{"http://10.1.2.3:8080/", ok, "10.1.2.3:8080"},
+		{"http://10.1/", ok, "10.0.0.1"},
+		{"http://0xa000001/", ok, "10.0.0.1"},
+		{"http://[fd12::1]/", ok, "[fd12::1]"},
+		{"https://10.9.9.9/", ok, ""},
+		{"http://[::ffff:10.0.0.1]/", ok, ""},
+		{"http://11.0.0.1/", notAllowed, ""}, // public, but http needs the allow list
+		{"http://192.168.0.1/", notAllowed, ""},
+		{"http://localhost/", notAllowed, ""},
+		{"https://localhost/", notAllowed, ""},
+		{"http://[2002:a00:1::]/", notAllowed, ""},
+	})
+}
+
+func runURLCases(t *testing.T, p *egress.Policy, cases []urlCase) {
+	t.Helper()
+	for _, c := range cases {
+		u, err := p.ValidateURL(c.raw)
+		name := c.raw
+		if len(name) > 80 {
+			name = name[:80] + "…"
+		}
+		if c.code == ok {
+			if err != nil {
+				t.Errorf("%q: %v", name, err)
+				continue
+			}
+			if c.wantHost != "" && u.Host != c.wantHost {
+				t.Errorf("%q: host %q, want %q", name, u.Host, c.wantHost)
+			}
+			continue
+		}
+		var ue *egress.URLError
+		if !errors.As(err, &ue) {
+			t.Errorf("%q: got %v (%v), want a URLError with code %s", name, u, err, c.code)
+			continue
+		}
+		if ue.Code != c.code || ue.Field != "url" {
+			t.Errorf("%q: code %q field %q (%s), want code %q field url", name, ue.Code, ue.Field, ue.Message, c.code)
+		}
+		if ue.Message == "" || strings.Contains(ue.Message, "://") || c.raw != "" && strings.Contains(ue.Message, c.raw) {
+			t.Errorf("%q: message %q is empty or echoes the URL", name, ue.Message)
+		}
+	}
+}
+
+func FuzzValidateURL(f *testing.F) {
+	for _, s := range forbiddenSpellings {
+		f.Add(s)
+	}
+	for _, s := range []string{
+		"https://example.com/hook?x=1", "http://localhost:8080/", "http://127.0.0.1:9/",
+		"https://[2606:4700::1111]/", "https://0x8.8.8.8/", "https://1.2.3.4.5/",
+		"https://u:p@example.com/", "https://example.com/#f", "ftp://x/", "http://[::1]/",
+		"https://exa%6dple.com/", "https://1e1/", "https://0x/", "https://0x.0x.0x.0x/",
+	} {
+		f.Add(s)
+	}
+	policies := []*egress.Policy{mustPolicy(f), mustPolicy(f, loopbackOpen...), mustPolicy(f, "0.0.0.0/0", "::/0")}
+	f.Fuzz(func(t *testing.T, raw string) {
+		for _, p := range policies {
+			u, err := p.ValidateURL(raw)
+			if err != nil {
+				var ue *egress.URLError
+				if !errors.As(err, &ue) || (ue.Code != invalid && ue.Code != notAllowed) || ue.Field != "url" {
+					t.Fatalf("%q: error %v is not a URLError with a known code", raw, err)
+				}
+				if strings.Contains(raw, "://") && strings.Contains(ue.Message, raw) {
+					t.Fatalf("%q: message %q echoes the URL", raw, ue.Message)
+				}
+				continue
+			}
+			if u == nil {
+				t.Fatalf("%q: nil URL without error", raw)
+			}
+			if u.Scheme != "https" && u.Scheme != "http" {
+				t.Fatalf("%q: accepted scheme %q", raw, u.Scheme)
+			}
+			if u.User != nil || u.Fragment != "" || strings.Contains(raw, "#") {
+				t.Fatalf("%q: accepted user info or fragment", raw)
+			}
+			if len(raw) > egress.MaxURLLength {
+				t.Fatalf("%q: accepted %d bytes", raw, len(raw))
+			}
+			host := u.Hostname()
+			if host == "" {
+				t.Fatalf("%q: accepted without host", raw)
+			}
+			if ip, err := netip.ParseAddr(host); err == nil {
+				if !p.Allowed(ip) {
+					t.Fatalf("%q: accepted forbidden literal %s", raw, ip)
+				}
+			} else {
+				// A name must not be something another parser reads as a number.
+				labels := strings.Split(strings.TrimSuffix(host, "."), ".")
+				last := labels[len(labels)-1]
+				if strings.Trim(last, "0123456789") == "" || strings.HasPrefix(last, "0x") && strings.Trim(last[2:], "0123456789abcdef") == "" {
+					t.Fatalf("%q: accepted numeric-looking name %q", raw, host)
+				}
+				if strings.ContainsAny(host, "%[]:\\@ ") || host != strings.ToLower(host) {
+					t.Fatalf("%q: accepted odd host %q", raw, host)
+				}
+				if u.Scheme == "http" && strings.TrimSuffix(host, ".") != "localhost" {
+					t.Fatalf("%q: accepted http to name %q", raw, host)
+				}
+			}
+			// The normalised URL is accepted again, with the same host.
+			again := u.String()
+			if len(again) <= egress.MaxURLLength {
+				u2, err := p.ValidateURL(again)
+				if err != nil {
+					t.Fatalf("%q: normalised %q refused: %v", raw, again, err)
+				}
+				if u2.Host != u.Host {
+					t.Fatalf("%q: host %q then %q", raw, u.Host, u2.Host)
+				}
+			}
+		}
+	})
+}
