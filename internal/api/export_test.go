@@ -16,3 +16,6 @@ func (s *Server) MuxPattern(r *http.Request) string {
 	_, p := s.mux.Handler(r)
 	return p
 }
+
+// RequestHash is the hash an Idempotency-Key record keeps of a request.
+func RequestHash(r *http.Request, body []byte) []byte { return requestHash(r, body) }

@@ -189,9 +189,9 @@ func (r *result) errorCode(t testing.TB) (code, field string) {
 // req is a request to send; Key "" sends no Idempotency-Key, keyAuto a fresh one.
 type req struct {
 	method, path, token string
-	body               any // string or []byte sent as is; anything else as JSON
-	key                string
-	header             map[string]string
+	body                any // string or []byte sent as is; anything else as JSON
+	key                 string
+	header              map[string]string
 }
 
 const keyAuto = "\x00auto"
@@ -340,4 +340,8 @@ func (e *env) deliver(status int) int {
 		e.t.Fatal(err)
 	}
 	return len(claims)
+}
+
+func apiBootstrapAgain(e *env) (string, bool, error) {
+	return api.Bootstrap(context.Background(), e.store, e.clock.Now(), nil)
 }

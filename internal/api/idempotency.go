@@ -96,7 +96,7 @@ func (s *Server) idempotent(ctx context.Context, c *call, effect func(context.Co
 	// loop then reads the winner's record.
 	var existing *response
 	for attempt := 0; ; attempt++ {
-		err = s.store.Update(ctx, func(tx vibejobs.Tx) error {
+		err = s.update(ctx, func(tx vibejobs.Tx) error {
 			existing = nil
 			rec, err := tx.GetIdempotencyKey(ctx, project, key, c.now)
 			switch {
@@ -144,7 +144,7 @@ func (s *Server) idempotent(ctx context.Context, c *call, effect func(context.Co
 	}()
 	var resp *response
 	var userErr *vibejobs.Error
-	err = s.store.Update(ctx, func(tx vibejobs.Tx) error {
+	err = s.update(ctx, func(tx vibejobs.Tx) error {
 		resp, userErr, c.wake = nil, nil, false
 		r, err := effect(ctx, c, tx)
 		if err != nil {
@@ -171,7 +171,7 @@ func (s *Server) idempotent(ctx context.Context, c *call, effect func(context.Co
 		// answer to this key from now on.
 		resp = errorResponse(userErr)
 		c.wake = false
-		err = s.store.Update(ctx, func(tx vibejobs.Tx) error {
+		err = s.update(ctx, func(tx vibejobs.Tx) error {
 			rec, err := s.completedRecord(project, key, hash, resp, c.now)
 			if err != nil {
 				return err
@@ -197,7 +197,7 @@ func (s *Server) idempotent(ctx context.Context, c *call, effect func(context.Co
 func (s *Server) releaseKey(project, key string) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	err := s.store.Update(ctx, func(tx vibejobs.Tx) error {
+	err := s.update(ctx, func(tx vibejobs.Tx) error {
 		return tx.DeleteIdempotencyKey(ctx, project, key)
 	})
 	if err != nil && vibejobs.ErrorKind(err) != vibejobs.ENOTFOUND {

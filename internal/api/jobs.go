@@ -247,7 +247,7 @@ func (s *Server) patchJob(ctx context.Context, c *call) (*response, error) {
 		return nil, e
 	}
 	var out *vibejobs.Job
-	err := s.store.Update(ctx, func(tx vibejobs.Tx) error {
+	err := s.update(ctx, func(tx vibejobs.Tx) error {
 		j, err := s.changeJob(ctx, c, tx, func(j *vibejobs.Job) (bool, *vibejobs.Error) {
 			wasCompleted := j.State == vibejobs.JobCompleted
 			changed, e := s.applyJobInput(j, in, c.now, false)
@@ -295,7 +295,7 @@ func (s *Server) resumeJob(ctx context.Context, c *call, tx vibejobs.Tx) (*respo
 func (s *Server) deleteJob(ctx context.Context, c *call) (*response, error) {
 	id := c.r.PathValue("id")
 	c.info.job = id
-	err := s.store.Update(ctx, func(tx vibejobs.Tx) error {
+	err := s.update(ctx, func(tx vibejobs.Tx) error {
 		return tx.DeleteJob(ctx, c.projectID(), id, c.now)
 	})
 	if err != nil {

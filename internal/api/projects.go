@@ -210,7 +210,7 @@ func (s *Server) listTokens(ctx context.Context, c *call) (*response, error) {
 // changes nothing.
 func (s *Server) revokeToken(ctx context.Context, c *call) (*response, error) {
 	id := c.r.PathValue("id")
-	err := s.store.Update(ctx, func(tx vibejobs.Tx) error {
+	err := s.update(ctx, func(tx vibejobs.Tx) error {
 		t, err := tx.GetToken(ctx, id)
 		if err != nil {
 			return err

@@ -82,22 +82,22 @@ type Config struct {
 
 // Server is the management API. Its Handler is safe for concurrent use.
 type Server struct {
-	store    vibejobs.Store
-	sealer   Sealer
-	urls     URLValidator
-	now      func() time.Time
-	rand     io.Reader
-	log      *slog.Logger
-	wake     func()
-	ready    func(ctx context.Context) error
-	metrics  http.Handler
-	extra    http.Handler
-	maxJobs  int
-	maxBody  int64
-	limiter  *limiter
-	mux      *http.ServeMux
-	routes   []route
-	openapi  []byte
+	store   vibejobs.Store
+	sealer  Sealer
+	urls    URLValidator
+	now     func() time.Time
+	rand    io.Reader
+	log     *slog.Logger
+	wake    func()
+	ready   func(ctx context.Context) error
+	metrics http.Handler
+	extra   http.Handler
+	maxJobs int
+	maxBody int64
+	limiter *limiter
+	mux     *http.ServeMux
+	routes  []route
+	openapi []byte
 }
 
 // New returns a Server for cfg. It panics when Store or Sealer is missing.
@@ -459,3 +459,21 @@ func (l *lockedReader) Read(p []byte) (int, error) {
 var errRollback = errors.New("api: roll back")
 
 var cryptoRand io.Reader = cryptorand.Reader
+
+// update runs fn in one store transaction. A panic in fn becomes an internal
+// error (with its stack), so the transaction is rolled back at once rather
+// than when the request's context ends: a panicking request must not hold the
+// write connection while its Idempotency-Key is released.
+func (s *Server) update(ctx context.Context, fn func(tx vibejobs.Tx) error) error {
+	return s.store.Update(ctx, func(tx vibejobs.Tx) (err error) {
+		defer func() {
+			if p := recover(); p != nil {
+				if p == http.ErrAbortHandler {
+					panic(p)
+				}
+				err = fmt.Errorf("api: panic in a transaction: %v\n%s", p, debug.Stack())
+			}
+		}()
+		return fn(tx)
+	})
+}

@@ -1,0 +1,165 @@
+package apifuzz_test
+
+import (
+	"context"
+	"maps"
+	"sync"
+	"time"
+
+	"github.com/vibejobs/vibejobs"
+)
+
+// memStore is the smallest in-memory vibejobs.Store the job routes need.
+// Methods it lacks panic (the nil embedded interface), which the fuzz target
+// reports as a 500.
+type memStore struct {
+	vibejobs.Store
+	mu    sync.Mutex
+	token *vibejobs.Token
+	jobs  map[string]*vibejobs.Job
+	keys  map[string]*vibejobs.IdempotencyRecord
+}
+
+func newMemStore(token *vibejobs.Token) *memStore {
+	return &memStore{token: token, jobs: map[string]*vibejobs.Job{}, keys: map[string]*vibejobs.IdempotencyRecord{}}
+}
+
+func (m *memStore) TokenByHash(ctx context.Context, hash []byte) (*vibejobs.Token, error) {
+	if string(hash) == string(m.token.Hash) {
+		t := *m.token
+		return &t, nil
+	}
+	return nil, vibejobs.ErrNotFound("token")
+}
+
+// Update runs fn on an overlay of the maps, applied when fn succeeds.
+func (m *memStore) Update(ctx context.Context, fn func(tx vibejobs.Tx) error) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	tx := &memTx{base: m, jobs: map[string]*vibejobs.Job{}, keys: map[string]*vibejobs.IdempotencyRecord{}}
+	if err := fn(tx); err != nil {
+		return err
+	}
+	maps.Copy(m.jobs, tx.jobs)
+	for k, r := range tx.keys {
+		if r == nil {
+			delete(m.keys, k)
+		} else {
+			m.keys[k] = r
+		}
+	}
+	return nil
+}
+
+func (m *memStore) GetIdempotencyKey(ctx context.Context, projectID, key string, now time.Time) (*vibejobs.IdempotencyRecord, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return getKey(m.keys, projectID, key, now)
+}
+
+func (m *memStore) GetJob(ctx context.Context, projectID, id string) (*vibejobs.Job, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return getJob(m.jobs, projectID, id)
+}
+
+func getKey(keys map[string]*vibejobs.IdempotencyRecord, projectID, key string, now time.Time) (*vibejobs.IdempotencyRecord, error) {
+	r, ok := keys[projectID+"\x00"+key]
+	if !ok || !r.ExpiresAt.After(now) {
+		return nil, vibejobs.ErrNotFound("idempotency_key")
+	}
+	c := *r
+	return &c, nil
+}
+
+func getJob(jobs map[string]*vibejobs.Job, projectID, id string) (*vibejobs.Job, error) {
+	j, ok := jobs[id]
+	if !ok || j.ProjectID != projectID {
+		return nil, vibejobs.ErrNotFound("job")
+	}
+	c := *j
+	return &c, nil
+}
+
+// memTx holds the writes of one Update; a nil key record is a deletion.
+type memTx struct {
+	vibejobs.Tx
+	base *memStore
+	jobs map[string]*vibejobs.Job
+	keys map[string]*vibejobs.IdempotencyRecord
+}
+
+func (t *memTx) key(projectID, key string, now time.Time) (*vibejobs.IdempotencyRecord, error) {
+	k := projectID + "\x00" + key
+	if r, ok := t.keys[k]; ok {
+		if r == nil {
+			return nil, vibejobs.ErrNotFound("idempotency_key")
+		}
+		return getKey(t.keys, projectID, key, now)
+	}
+	return getKey(t.base.keys, projectID, key, now)
+}
+
+func (t *memTx) GetIdempotencyKey(ctx context.Context, projectID, key string, now time.Time) (*vibejobs.IdempotencyRecord, error) {
+	return t.key(projectID, key, now)
+}
+
+func (t *memTx) InsertIdempotencyKey(ctx context.Context, rec *vibejobs.IdempotencyRecord) error {
+	if _, err := t.key(rec.ProjectID, rec.Key, rec.CreatedAt); err == nil {
+		return vibejobs.Errorf(vibejobs.ECONFLICT, "idempotency_key_exists", "a live record of this key exists")
+	}
+	c := *rec
+	t.keys[rec.ProjectID+"\x00"+rec.Key] = &c
+	return nil
+}
+
+func (t *memTx) CompleteIdempotencyKey(ctx context.Context, rec *vibejobs.IdempotencyRecord) error {
+	r, err := t.key(rec.ProjectID, rec.Key, time.Time{})
+	if err != nil {
+		return err
+	}
+	r.Done, r.ResponseStatus, r.ResponseHeaders, r.ResponseBody = true, rec.ResponseStatus, rec.ResponseHeaders, rec.ResponseBody
+	t.keys[rec.ProjectID+"\x00"+rec.Key] = r
+	return nil
+}
+
+func (t *memTx) DeleteIdempotencyKey(ctx context.Context, projectID, key string) error {
+	t.keys[projectID+"\x00"+key] = nil
+	return nil
+}
+
+func (t *memTx) GetJob(ctx context.Context, projectID, id string) (*vibejobs.Job, error) {
+	if _, ok := t.jobs[id]; ok {
+		return getJob(t.jobs, projectID, id)
+	}
+	return getJob(t.base.jobs, projectID, id)
+}
+
+func (t *memTx) CountJobs(ctx context.Context, projectID string) (int, error) {
+	n := 0
+	for _, j := range t.base.jobs {
+		if j.ProjectID == projectID {
+			n++
+		}
+	}
+	return n, nil
+}
+
+func (t *memTx) CreateJob(ctx context.Context, j *vibejobs.Job) error {
+	c := *j
+	t.jobs[j.ID] = &c
+	return nil
+}
+
+func (t *memTx) UpdateJob(ctx context.Context, j *vibejobs.Job) error {
+	if _, err := t.GetJob(ctx, j.ProjectID, j.ID); err != nil {
+		return err
+	}
+	c := *j
+	t.jobs[j.ID] = &c
+	return nil
+}
+
+func (t *memTx) DeleteFutureRuns(ctx context.Context, jobID string, after time.Time) (int, error) {
+	return 0, nil
+}

@@ -1,0 +1,261 @@
+package api_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"net/http"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/vibejobs/vibejobs"
+	"github.com/vibejobs/vibejobs/internal/api"
+)
+
+// TestIdempotencyConcurrent: 50 identical POST /v1/jobs with one key at once
+// make exactly one job; every answer is its 201 or a 409 in progress, and a
+// retry after the first finished replays the same 201 byte for byte.
+func TestIdempotencyConcurrent(t *testing.T) {
+	e := newEnv(t)
+	body := jobBody(nil)
+	r := req{method: "POST", path: "/v1/jobs", token: e.admin, key: "one-key", body: body}
+	const n = 50
+	results := make([]*result, n)
+	var wg sync.WaitGroup
+	start := make(chan struct{})
+	for i := range n {
+		wg.Go(func() {
+			<-start
+			results[i] = e.send(r)
+		})
+	}
+	close(start)
+	wg.Wait()
+
+	var created []byte
+	inProgress := 0
+	for _, res := range results {
+		switch res.status {
+		case 201:
+			if created == nil {
+				created = res.body
+			} else if !bytes.Equal(created, res.body) {
+				t.Errorf("two different 201 answers:\n%s\n%s", created, res.body)
+			}
+		case 409:
+			if code, _ := res.errorCode(t); code != "idempotency_key_in_progress" || res.header.Get("Retry-After") == "" {
+				t.Errorf("409 answer: %s", res)
+			}
+			inProgress++
+		default:
+			t.Errorf("answer %s", res)
+		}
+	}
+	if n, err := e.store.CountJobs(context.Background(), e.project); err != nil || n != 1 {
+		t.Fatalf("%d jobs, %v", n, err)
+	}
+	t.Logf("%d answers in progress", inProgress)
+	replay := e.send(r)
+	if replay.status != 201 || replay.header.Get("Idempotent-Replayed") != "true" {
+		t.Fatalf("replay: %s", replay)
+	}
+	if created != nil && !bytes.Equal(replay.body, created) {
+		t.Errorf("replay differs:\n%s\n%s", replay.body, created)
+	}
+	if replay.header.Get("Location") == "" || replay.header.Get("Content-Type") != "application/json" {
+		t.Errorf("replay headers: %v", replay.header)
+	}
+	if n, _ := e.store.CountJobs(context.Background(), e.project); n != 1 {
+		t.Errorf("%d jobs after the replay", n)
+	}
+}
+
+func TestIdempotencyReplayRestartExpiry(t *testing.T) {
+	e := newEnv(t)
+	r := req{method: "POST", path: "/v1/jobs", token: e.admin, key: "k1", body: jobBody(nil)}
+	first := e.send(r)
+	if first.status != 201 || first.header.Get("Idempotent-Replayed") != "" {
+		t.Fatalf("first: %s", first)
+	}
+
+	// Same key, another request: 422. Another path is another request too.
+	r2 := r
+	r2.body = jobBody(map[string]any{"name": "other"})
+	if res := e.send(r2); res.status != 422 {
+		t.Errorf("reuse: %s", res)
+	} else if code, _ := res.errorCode(t); code != "idempotency_key_reuse_conflict" {
+		t.Errorf("reuse code %q", code)
+	}
+	jobID := first.json(t)["id"].(string)
+	r3 := req{method: "POST", path: "/v1/jobs/" + jobID + "/runs", token: e.admin, key: "k1"}
+	if res := e.send(r3); res.status != 422 {
+		t.Errorf("reuse on another route: %s", res)
+	}
+
+	// After a restart (a new Server on the same store), the same answer.
+	e.restart()
+	res := e.send(r)
+	if res.status != 201 || !bytes.Equal(res.body, first.body) || res.header.Get("Idempotent-Replayed") != "true" {
+		t.Errorf("replay after restart: %s", res)
+	}
+
+	// Keys are per project: the same key in another project is new.
+	_, other := e.newProject("other")
+	r4 := r
+	r4.token = other[vibejobs.RoleWrite]
+	if res := e.send(r4); res.status != 201 || res.header.Get("Idempotent-Replayed") != "" || bytes.Equal(res.body, first.body) {
+		t.Errorf("same key in another project: %s", res)
+	}
+
+	// 24 h later the key is forgotten: the request runs again.
+	e.clock.Advance(24*time.Hour - time.Millisecond)
+	if res := e.send(r); res.header.Get("Idempotent-Replayed") != "true" {
+		t.Errorf("just before expiry: %s", res)
+	}
+	e.clock.Advance(time.Millisecond)
+	res = e.send(r)
+	if res.status != 201 || res.header.Get("Idempotent-Replayed") != "" || bytes.Equal(res.body, first.body) {
+		t.Errorf("after expiry: %s", res)
+	}
+	if n, _ := e.store.CountJobs(context.Background(), e.project); n != 2 {
+		t.Errorf("%d jobs after expiry", n)
+	}
+}
+
+// A refusal from validation is the key's answer too: the same request gets
+// it again, even once the cause is gone.
+func TestIdempotencyStoresRefusals(t *testing.T) {
+	e := newEnv(t, func(c *api.Config) { c.MaxJobsPerProject = 1 })
+	id := e.createJob(e.admin, nil)["id"].(string)
+	r := req{method: "POST", path: "/v1/jobs", token: e.admin, key: "full", body: jobBody(nil)}
+	first := e.send(r)
+	if first.status != 409 {
+		t.Fatalf("first: %s", first)
+	}
+	e.must(204, "DELETE", "/v1/jobs/"+id, e.admin, nil)
+	res := e.send(r)
+	if res.status != 409 || !bytes.Equal(res.body, first.body) || res.header.Get("Idempotent-Replayed") != "true" {
+		t.Errorf("replayed refusal: %s", res)
+	}
+	bad := req{method: "POST", path: "/v1/jobs", token: e.admin, key: "bad", body: `{"name":1}`}
+	first = e.send(bad)
+	if res := e.send(bad); res.status != 400 || !bytes.Equal(res.body, first.body) || res.header.Get("Idempotent-Replayed") != "true" {
+		t.Errorf("replayed 400: %s", res)
+	}
+	// Nothing of a refused effect commits.
+	if n, _ := e.store.CountJobs(context.Background(), e.project); n != 0 {
+		t.Errorf("%d jobs", n)
+	}
+}
+
+// failingStore fails CreateJob with an internal error while fail is set.
+type failingStore struct {
+	vibejobs.Store
+	mu   sync.Mutex
+	fail bool
+}
+
+func (f *failingStore) failing() bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.fail
+}
+
+func (f *failingStore) Update(ctx context.Context, fn func(tx vibejobs.Tx) error) error {
+	return f.Store.Update(ctx, func(tx vibejobs.Tx) error { return fn(&failingTx{Tx: tx, s: f}) })
+}
+
+type failingTx struct {
+	vibejobs.Tx
+	s *failingStore
+}
+
+func (t *failingTx) CreateJob(ctx context.Context, j *vibejobs.Job) error {
+	if t.s.failing() {
+		return errors.New("disk on fire at /var/lib/secret")
+	}
+	return t.Tx.CreateJob(ctx, j)
+}
+
+func (t *failingTx) CreateRun(ctx context.Context, r *vibejobs.Run) error {
+	if t.s.failing() {
+		panic("bug in CreateRun")
+	}
+	return t.Tx.CreateRun(ctx, r)
+}
+
+// An internal failure answers 500 without details and frees the key, so a
+// retry with it proceeds; so does a panic.
+func TestIdempotencyInternalFailureFreesKey(t *testing.T) {
+	var fs *failingStore
+	e := newEnv(t, func(c *api.Config) {
+		fs = &failingStore{Store: c.Store, fail: true}
+		c.Store = fs
+	})
+	r := req{method: "POST", path: "/v1/jobs", token: e.admin, key: "retry-me", body: jobBody(nil)}
+	res := e.send(r)
+	if code, _ := res.errorCode(t); res.status != 500 || code != "internal" {
+		t.Fatalf("failure: %s", res)
+	}
+	if bytes.Contains(res.body, []byte("fire")) {
+		t.Errorf("the answer shows the internal error: %s", res.body)
+	}
+	if !bytes.Contains([]byte(e.logs.String()), []byte("disk on fire")) {
+		t.Errorf("the internal error is not logged")
+	}
+	fs.mu.Lock()
+	fs.fail = false
+	fs.mu.Unlock()
+	if res := e.send(r); res.status != 201 || res.header.Get("Idempotent-Replayed") != "" {
+		t.Errorf("retry after failure: %s", res)
+	}
+
+	id := e.createJob(e.admin, nil)["id"].(string)
+	fs.mu.Lock()
+	fs.fail = true
+	fs.mu.Unlock()
+	tr := req{method: "POST", path: "/v1/jobs/" + id + "/runs", token: e.admin, key: "panics"}
+	if res := e.send(tr); res.status != 500 {
+		t.Fatalf("panic: %s", res)
+	} else if code, _ := res.errorCode(t); code != "internal" {
+		t.Errorf("panic answer: %s", res)
+	}
+	fs.mu.Lock()
+	fs.fail = false
+	fs.mu.Unlock()
+	if res := e.send(tr); res.status != 202 {
+		t.Errorf("retry after panic: %s", res)
+	}
+	// The server still serves.
+	e.must(http.StatusOK, "GET", "/v1/jobs/"+id, e.admin, nil)
+}
+
+// Every creating POST takes the key: a replay of each returns its first answer.
+func TestIdempotencyOnEveryPost(t *testing.T) {
+	e := newEnv(t)
+	id := e.createJob(e.admin, nil)["id"].(string)
+	for _, r := range []req{
+		{method: "POST", path: "/v1/jobs/" + id + "/runs"},
+		{method: "POST", path: "/v1/jobs/" + id + "/rotate-secret"},
+		{method: "POST", path: "/v1/jobs/" + id + "/pause"},
+		{method: "POST", path: "/v1/jobs/" + id + "/resume"},
+		{method: "POST", path: "/v1/projects", body: `{"name":"p"}`},
+		{method: "POST", path: "/v1/projects/" + e.project + "/tokens", body: `{"name":"t","role":"read"}`},
+	} {
+		r.token, r.key = e.admin, "key-"+r.path
+		first := e.send(r)
+		if first.status >= 300 {
+			t.Fatalf("%s: %s", r.path, first)
+		}
+		e.clock.Advance(time.Second)
+		again := e.send(r)
+		if again.status != first.status || !bytes.Equal(again.body, first.body) || again.header.Get("Idempotent-Replayed") != "true" {
+			t.Errorf("%s replay: %s, first %s", r.path, again, first)
+		}
+	}
+	runs := e.must(200, "GET", "/v1/jobs/"+id+"/runs", e.admin, nil)["runs"].([]any)
+	if len(runs) != 1 {
+		t.Errorf("%d manual runs after a replayed trigger", len(runs))
+	}
+}
