@@ -40,6 +40,75 @@ var payloadKeys = [...]string{"type", "jobId", "runId", "scheduledFor", "attempt
 // form (key order, no whitespace, no escapes): on success
 // contract.Body(p) equals body. Errors are *PayloadError.
 func ValidatePayload(body []byte) (contract.Payload, error) {
+	if p, ok := parseCanonical(body); ok {
+		return p, nil
+	}
+	return validateStrict(body)
+}
+
+// parseCanonical reads a body in exactly the contract's canonical form; it is
+// the fast path of every genuine delivery. Any deviation returns false and
+// validateStrict, the authority, says what is wrong.
+func parseCanonical(b []byte) (p contract.Payload, ok bool) {
+	rest := b
+	lit := func(s string) bool {
+		if !bytes.HasPrefix(rest, []byte(s)) {
+			return false
+		}
+		rest = rest[len(s):]
+		return true
+	}
+	// str reads up to the next quote; ids and the time contain no escapes.
+	str := func() (string, bool) {
+		i := bytes.IndexByte(rest, '"')
+		if i < 0 {
+			return "", false
+		}
+		s := string(rest[:i])
+		rest = rest[i:]
+		return s, true
+	}
+	if !lit(`{"type":"` + contract.BodyType + `","jobId":"`) {
+		return p, false
+	}
+	if p.JobID, ok = str(); !ok || !contract.ValidID(p.JobID, "job_") || !lit(`","runId":"`) {
+		return p, false
+	}
+	if p.RunID, ok = str(); !ok || !contract.ValidID(p.RunID, "run_") || !lit(`","scheduledFor":"`) {
+		return p, false
+	}
+	at, ok := str()
+	if !ok {
+		return p, false
+	}
+	if p.ScheduledFor, ok = parseScheduledFor(at); !ok || !lit(`","attempt":`) || len(rest) == 0 {
+		return p, false
+	}
+	if c := rest[0]; c < '1' || c > '0'+contract.MaxAttempt {
+		return p, false
+	}
+	p.Attempt = int(rest[0] - '0')
+	rest = rest[1:]
+	switch {
+	case lit(`,"late":true`):
+		p.Late = true
+	case lit(`,"late":false`):
+	default:
+		return p, false
+	}
+	switch {
+	case lit(`,"trigger":"schedule"}`):
+		p.Trigger = contract.TriggerSchedule
+	case lit(`,"trigger":"manual"}`):
+		p.Trigger = contract.TriggerManual
+	default:
+		return p, false
+	}
+	return p, len(rest) == 0
+}
+
+// validateStrict checks body token by token and names the first problem.
+func validateStrict(body []byte) (contract.Payload, error) {
 	var p contract.Payload
 	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.UseNumber()

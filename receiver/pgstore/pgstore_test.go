@@ -3,6 +3,9 @@ package pgstore_test
 import (
 	"context"
 	"os"
+	"runtime"
+	"strconv"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -139,4 +142,41 @@ func TestAcceptDatabaseDown(t *testing.T) {
 	if status, body, err := s.Accept(context.Background(), "run_down", storetest.Body("run_down")); err == nil || status != 0 || body != nil {
 		t.Fatalf("Accept on a closed pool = %d %q %v", status, body, err)
 	}
+}
+
+// BenchmarkAccept measures durable acceptances of fresh run ids at the store
+// level, 32 concurrent callers on 2 CPUs (SetParallelism scales with
+// GOMAXPROCS). The HTTP-level figure and the pgbench comparison come from
+// receiver/internal/benchaccept.
+func BenchmarkAccept(b *testing.B) {
+	dsn := pgtest.TestSchema(b)
+	ctx := context.Background()
+	cfg, err := pgxpool.ParseConfig(dsn)
+	if err != nil {
+		b.Fatal(err)
+	}
+	cfg.MaxConns = 32
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer pool.Close()
+	s := pgstore.New(pool)
+	if err := s.Migrate(ctx); err != nil {
+		b.Fatal(err)
+	}
+	var seq atomic.Int64
+	b.SetParallelism(max(1, 32/runtime.GOMAXPROCS(0)))
+	b.ReportAllocs()
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			id := "run_" + strconv.FormatInt(seq.Add(1), 10)
+			if _, _, err := s.Accept(ctx, id, storetest.Body(id)); err != nil {
+				b.Error(err)
+				return
+			}
+		}
+	})
+	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "accepts/s")
 }
