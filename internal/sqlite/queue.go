@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"encoding/json"
 	"fmt"
+	"strings"
 	"time"
 	"unicode/utf8"
 
@@ -39,40 +40,35 @@ func (s *Store) DueJobs(ctx context.Context, before time.Time, limit int) ([]*vi
 // only while the job is enabled, active, undeleted and still at plan.From; its
 // runs are inserted only then, each skipped when its (job, scheduledFor)
 // exists.
+//
+// The plans go to the database as JSON, a statement per round: one UPDATE
+// advances the jobs, one INSERT adds the runs of those that advanced. A job
+// with several plans in one call gets one per round, in order, so each plan
+// sees the job as the previous one left it.
 func (s *Store) ApplyRunPlans(ctx context.Context, plans []vibejobs.RunPlan, now time.Time) (int, error) {
 	if len(plans) == 0 {
 		return 0, nil
 	}
+	var rounds [][]*vibejobs.RunPlan
+	round := make(map[string]int, len(plans))
+	for i := range plans {
+		p := &plans[i]
+		r := round[p.JobID]
+		round[p.JobID] = r + 1
+		if r == len(rounds) {
+			rounds = append(rounds, nil)
+		}
+		rounds[r] = append(rounds[r], p)
+	}
 	created := 0
 	err := s.write(ctx, func(t *sql.Tx) error {
 		created = 0
-		advance, err := t.PrepareContext(ctx, `UPDATE jobs SET next_run_at = ?, skipped_runs = skipped_runs + ?,
-			state = CASE WHEN ? THEN 'completed' ELSE state END
-			WHERE id = ? AND next_run_at = ? AND enabled = 1 AND state = 'active' AND deleted_at IS NULL`)
-		if err != nil {
-			return err
-		}
-		defer advance.Close()
-		insert, err := t.PrepareContext(ctx, insertRunSQL+` ON CONFLICT (job_id, occurrence_at) DO NOTHING`)
-		if err != nil {
-			return err
-		}
-		defer insert.Close()
-		for _, p := range plans {
-			n, err := changed(advance.ExecContext(ctx, msPtr(p.Next), p.Skipped, p.Complete, p.JobID, ms(p.From)))
+		for _, ps := range rounds {
+			n, err := applyRound(ctx, t, ps)
 			if err != nil {
 				return err
 			}
-			if n == 0 {
-				continue // the job moved on, was paused or deleted
-			}
-			for _, r := range p.Runs {
-				n, err := changed(insert.ExecContext(ctx, insertRunArgs(r)...))
-				if err != nil {
-					return fmt.Errorf("run %s: %w", r.ID, err)
-				}
-				created += int(n)
-			}
+			created += n
 		}
 		return nil
 	})
@@ -80,6 +76,59 @@ func (s *Store) ApplyRunPlans(ctx context.Context, plans []vibejobs.RunPlan, now
 		return 0, fmt.Errorf("applying run plans: %w", err)
 	}
 	return created, nil
+}
+
+// applyRound applies plans of distinct jobs.
+func applyRound(ctx context.Context, t *sql.Tx, plans []*vibejobs.RunPlan) (int, error) {
+	advance := make([][5]any, len(plans))
+	for i, p := range plans {
+		advance[i] = [5]any{p.JobID, msPtr(p.Next), p.Skipped, p.Complete, ms(p.From)}
+	}
+	rows, err := t.QueryContext(ctx, `UPDATE jobs SET next_run_at = p.value ->> 1,
+			skipped_runs = skipped_runs + (p.value ->> 2),
+			state = CASE WHEN p.value ->> 3 THEN 'completed' ELSE jobs.state END
+		FROM jsonb_each(?) AS p
+		WHERE jobs.id = p.value ->> 0 AND jobs.next_run_at = p.value ->> 4
+			AND jobs.enabled = 1 AND jobs.state = 'active' AND jobs.deleted_at IS NULL
+		RETURNING jobs.id`, jsonArray(advance))
+	if err != nil {
+		return 0, err
+	}
+	advanced := make(map[string]bool, len(plans))
+	for rows.Next() {
+		var id string
+		if err := rows.Scan(&id); err != nil {
+			rows.Close()
+			return 0, err
+		}
+		advanced[id] = true
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return 0, err
+	}
+	var runs [][14]any
+	for _, p := range plans {
+		if !advanced[p.JobID] {
+			continue // the job moved on, was paused or deleted
+		}
+		for _, r := range p.Runs {
+			runs = append(runs, [14]any(insertRunArgs(r)))
+		}
+	}
+	if len(runs) == 0 {
+		return 0, nil
+	}
+	n, err := changed(t.ExecContext(ctx, `INSERT INTO runs (id, job_id, project_id, trigger, scheduled_for, occurrence,
+			deadline_at, late, state, attempt, next_attempt_at, failure_reason, created_at, finished_at)
+		SELECT value ->> 0, value ->> 1, value ->> 2, value ->> 3, value ->> 4, value ->> 5, value ->> 6,
+			value ->> 7, value ->> 8, value ->> 9, value ->> 10, value ->> 11, value ->> 12, value ->> 13
+		FROM jsonb_each(?) ORDER BY key
+		ON CONFLICT (job_id, scheduled_for, occurrence) DO NOTHING`, jsonArray(runs)))
+	if err != nil {
+		return 0, err
+	}
+	return int(n), nil
 }
 
 // ClaimDueRuns claims the earliest due runs (ties by id) for owner and returns
@@ -94,9 +143,9 @@ func (s *Store) ClaimDueRuns(ctx context.Context, owner string, now time.Time, l
 		nowMS := ms(now)
 		// Pick in due order first: UPDATE … RETURNING returns rows in no
 		// particular order, and the claim clears next_attempt_at.
-		rows, err := t.QueryContext(ctx, `SELECT rowid, id FROM runs
+		rows, err := t.QueryContext(ctx, `SELECT seq, id FROM runs
 			WHERE state IN ('scheduled', 'retrying') AND next_attempt_at <= ?1 AND deadline_at >= ?1
-			ORDER BY next_attempt_at, id LIMIT ?2`, nowMS, limit)
+			ORDER BY next_attempt_at, seq LIMIT ?2`, nowMS, limit)
 		if err != nil {
 			return err
 		}
@@ -131,7 +180,7 @@ func (s *Store) ClaimDueRuns(ctx context.Context, owner string, now time.Time, l
 				attempt_started_at = ?1,
 				lease_owner = ?3,
 				lease_expires_at = ?1 + ?4 + (SELECT j.timeout_ns / 1000000 FROM jobs j WHERE j.id = runs.job_id)
-			WHERE rowid IN (SELECT value FROM json_each(?5))
+			WHERE seq IN (SELECT value FROM json_each(?5))
 			RETURNING `+runColumns,
 			nowMS, vibejobs.LateThreshold.Milliseconds(), owner, leaseMargin.Milliseconds(), jsonArray(rowids))
 		if err != nil {
@@ -203,11 +252,13 @@ func (s *Store) ClaimDueRuns(ctx context.Context, owner string, now time.Time, l
 }
 
 // NextDueAt returns the earliest NextAttemptAt of a run in scheduled or
-// retrying. A run whose deadline passed counts until FailExpiredRuns ends it.
+// retrying whose deadline has not passed by the Store's clock (Options.Now):
+// a run past its deadline is never claimable, and would otherwise wake the
+// dispatcher in a loop until FailExpiredRuns ends it.
 func (s *Store) NextDueAt(ctx context.Context) (time.Time, bool, error) {
 	var next sql.NullInt64
-	err := s.r.QueryRowContext(ctx,
-		`SELECT min(next_attempt_at) FROM runs WHERE state IN ('scheduled', 'retrying')`).Scan(&next)
+	err := s.r.QueryRowContext(ctx, `SELECT min(next_attempt_at) FROM runs
+		WHERE state IN ('scheduled', 'retrying') AND deadline_at >= ?`, ms(s.now())).Scan(&next)
 	if err != nil {
 		return time.Time{}, false, fmt.Errorf("finding next due run: %w", err)
 	}
@@ -220,70 +271,34 @@ func (s *Store) NextDueAt(ctx context.Context) (time.Time, bool, error) {
 // RecordOutcomes records the outcomes in one transaction. An outcome counts
 // only while its run is delivering under owner's lease at the outcome's
 // attempt number; any other is dropped with its attempt.
+//
+// The outcomes go to the database as JSON: one UPDATE moves the runs, one
+// INSERT adds the attempts of those that moved. Outcomes of one run (there
+// should be none) go in later rounds, in order.
 func (s *Store) RecordOutcomes(ctx context.Context, owner string, outcomes []vibejobs.Outcome) error {
 	if len(outcomes) == 0 {
 		return nil
 	}
-	for _, o := range outcomes {
+	var rounds [][]*vibejobs.Outcome
+	round := make(map[string]int, len(outcomes))
+	for i := range outcomes {
+		o := &outcomes[i]
 		switch o.Step.State {
 		case vibejobs.RunSucceeded, vibejobs.RunFailed, vibejobs.RunRetrying, vibejobs.RunCancelled:
 		default:
 			return fmt.Errorf("recording outcomes: run %s: step to %q", o.RunID, o.Step.State)
 		}
+		r := round[o.RunID]
+		round[o.RunID] = r + 1
+		if r == len(rounds) {
+			rounds = append(rounds, nil)
+		}
+		rounds[r] = append(rounds[r], o)
 	}
 	err := s.write(ctx, func(t *sql.Tx) error {
-		move, err := t.PrepareContext(ctx, `UPDATE runs SET state = ?, failure_reason = ?, next_attempt_at = ?,
-				finished_at = ?, lease_owner = NULL, lease_expires_at = NULL, attempt_started_at = NULL
-			WHERE id = ? AND state = 'delivering' AND lease_owner = ? AND attempt = ?`)
-		if err != nil {
-			return err
-		}
-		defer move.Close()
-		insert, err := t.PrepareContext(ctx, `INSERT INTO attempts (run_id, number, started_at, finished_at,
-			status_code, error_code, signature_timestamp, response_snippet) VALUES (?, ?, ?, ?, ?, ?, ?, ?)`)
-		if err != nil {
-			return err
-		}
-		defer insert.Close()
-		var cancel *sql.Stmt
-		for _, o := range outcomes {
-			a := o.Attempt
-			var next, finished any
-			if o.Step.State == vibejobs.RunRetrying {
-				next = ms(a.FinishedAt)
-				if o.Step.NextAttemptAt != nil {
-					next = ms(*o.Step.NextAttemptAt)
-				}
-			} else {
-				finished = ms(a.FinishedAt)
-			}
-			n, err := changed(move.ExecContext(ctx, string(o.Step.State), o.Step.FailureReason, next, finished,
-				o.RunID, owner, a.Number))
-			if err != nil {
-				return fmt.Errorf("run %s: %w", o.RunID, err)
-			}
-			if n == 0 {
-				continue // lease lost: the attempt belongs to whoever holds the run now
-			}
-			if _, err := insert.ExecContext(ctx, o.RunID, a.Number, ms(a.StartedAt), ms(a.FinishedAt),
-				a.StatusCode, a.ErrorCode, a.SignatureTimestamp, snippet(a.ResponseSnippet)); err != nil {
-				return fmt.Errorf("run %s: recording attempt: %w", o.RunID, err)
-			}
-			if o.Step.State != vibejobs.RunRetrying {
-				continue
-			}
-			// No further attempt of a deleted job's run.
-			if cancel == nil {
-				cancel, err = t.PrepareContext(ctx, `UPDATE runs SET state = 'cancelled', failure_reason = ?,
-						finished_at = ?, next_attempt_at = NULL
-					WHERE id = ? AND job_id IN (SELECT id FROM jobs WHERE deleted_at IS NOT NULL)`)
-				if err != nil {
-					return err
-				}
-				defer cancel.Close()
-			}
-			if _, err := cancel.ExecContext(ctx, vibejobs.ReasonJobDeleted, ms(a.FinishedAt), o.RunID); err != nil {
-				return fmt.Errorf("run %s: cancelling: %w", o.RunID, err)
+		for _, batch := range rounds {
+			if err := recordRound(ctx, t, owner, batch); err != nil {
+				return err
 			}
 		}
 		return nil
@@ -294,18 +309,98 @@ func (s *Store) RecordOutcomes(ctx context.Context, owner string, outcomes []vib
 	return nil
 }
 
-// jsonArray encodes ids for json_each: one bound parameter however many.
-func jsonArray[T any](ids []T) string {
-	b, err := json.Marshal(ids)
+// recordRound records outcomes of distinct runs.
+func recordRound(ctx context.Context, t *sql.Tx, owner string, outcomes []*vibejobs.Outcome) error {
+	moves := make([][6]any, len(outcomes))
+	for i, o := range outcomes {
+		var next, finished any
+		if o.Step.State == vibejobs.RunRetrying {
+			next = ms(o.Attempt.FinishedAt)
+			if o.Step.NextAttemptAt != nil {
+				next = ms(*o.Step.NextAttemptAt)
+			}
+		} else {
+			finished = ms(o.Attempt.FinishedAt)
+		}
+		moves[i] = [6]any{o.RunID, string(o.Step.State), o.Step.FailureReason, next, finished, o.Attempt.Number}
+	}
+	rows, err := t.QueryContext(ctx, `UPDATE runs SET state = o.value ->> 1, failure_reason = o.value ->> 2,
+			next_attempt_at = o.value ->> 3, finished_at = o.value ->> 4,
+			lease_owner = NULL, lease_expires_at = NULL, attempt_started_at = NULL
+		FROM jsonb_each(?1) AS o
+		WHERE runs.id = o.value ->> 0 AND runs.state = 'delivering' AND runs.lease_owner = ?2
+			AND runs.attempt = o.value ->> 5
+		RETURNING runs.seq, runs.id`, jsonArray(moves), owner)
 	if err != nil {
-		panic(err) // strings and integers always encode
+		return err
+	}
+	moved := make(map[string]int64, len(outcomes))
+	for rows.Next() {
+		var seq int64
+		var id string
+		if err := rows.Scan(&seq, &id); err != nil {
+			rows.Close()
+			return err
+		}
+		moved[id] = seq
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return err
+	}
+	if len(moved) == 0 {
+		return nil // every lease was lost: the attempts belong to whoever holds the runs now
+	}
+
+	attempts := make([][8]any, 0, len(moved))
+	var retried [][2]any
+	for _, o := range outcomes {
+		seq, ok := moved[o.RunID]
+		if !ok {
+			continue
+		}
+		a := o.Attempt
+		attempts = append(attempts, [8]any{seq, a.Number, ms(a.StartedAt), ms(a.FinishedAt), a.StatusCode, a.ErrorCode,
+			a.SignatureTimestamp, snippet(a.ResponseSnippet)})
+		if o.Step.State == vibejobs.RunRetrying {
+			retried = append(retried, [2]any{seq, ms(a.FinishedAt)})
+		}
+	}
+	if _, err := t.ExecContext(ctx, `INSERT INTO attempts (run_seq, number, started_at, finished_at, status_code,
+			error_code, signature_timestamp, response_snippet)
+		SELECT value ->> 0, value ->> 1, value ->> 2, value ->> 3, value ->> 4, value ->> 5, value ->> 6, value ->> 7
+		FROM jsonb_each(?) ORDER BY key`, jsonArray(attempts)); err != nil {
+		return fmt.Errorf("recording attempts: %w", err)
+	}
+	if len(retried) == 0 {
+		return nil
+	}
+	// No further attempt of a deleted job's run.
+	if _, err := t.ExecContext(ctx, `UPDATE runs SET state = 'cancelled', failure_reason = ?2,
+			finished_at = c.value ->> 1, next_attempt_at = NULL
+		FROM jsonb_each(?1) AS c
+		WHERE runs.seq = c.value ->> 0
+			AND EXISTS (SELECT 1 FROM jobs j WHERE j.id = runs.job_id AND j.deleted_at IS NOT NULL)`,
+		jsonArray(retried), vibejobs.ReasonJobDeleted); err != nil {
+		return fmt.Errorf("cancelling runs of deleted jobs: %w", err)
+	}
+	return nil
+}
+
+// jsonArray encodes rows for json_each: one bound parameter however many.
+// Rows hold only strings, integers, booleans and nils.
+func jsonArray[T any](rows []T) string {
+	b, err := json.Marshal(rows)
+	if err != nil {
+		panic(err) // strings, numbers, booleans and nil always encode
 	}
 	return string(b)
 }
 
-// snippet cuts s to at most vibejobs.SnippetBytes without splitting a UTF-8
-// sequence.
+// snippet makes s valid UTF-8 (it travels as JSON text) and cuts it to at
+// most vibejobs.SnippetBytes without splitting a character.
 func snippet(s string) string {
+	s = strings.ToValidUTF8(s, "\uFFFD")
 	if len(s) <= vibejobs.SnippetBytes {
 		return s
 	}
@@ -342,8 +437,8 @@ func (s *Store) ReleaseClaims(ctx context.Context, owner string, runIDs []string
 // expiredLeases selects up to ?2 delivering runs whose lease expired before ?1,
 // oldest lease first. Both statements of RecoverExpiredLeases use it in one
 // transaction, so they see the same runs.
-const expiredLeases = `SELECT rowid FROM runs WHERE state = 'delivering' AND lease_expires_at < ?1
-	ORDER BY lease_expires_at, id LIMIT ?2`
+const expiredLeases = `SELECT seq FROM runs WHERE state = 'delivering' AND lease_expires_at < ?1
+	ORDER BY lease_expires_at, seq LIMIT ?2`
 
 // RecoverExpiredLeases records the in-flight attempt of each run whose lease
 // expired as interrupted (started when it was claimed, finished now, never
@@ -358,11 +453,11 @@ func (s *Store) RecoverExpiredLeases(ctx context.Context, now time.Time, limit i
 	var n int64
 	err := s.write(ctx, func(t *sql.Tx) error {
 		nowMS := ms(now)
-		_, err := t.ExecContext(ctx, `INSERT INTO attempts (run_id, number, started_at, finished_at, status_code,
+		_, err := t.ExecContext(ctx, `INSERT INTO attempts (run_seq, number, started_at, finished_at, status_code,
 				error_code, signature_timestamp, response_snippet)
-			SELECT id, attempt, coalesce(attempt_started_at, ?1), ?1, 0, ?3, 0, ''
-			FROM runs WHERE rowid IN (`+expiredLeases+`)
-			ORDER BY lease_expires_at, id`, nowMS, limit, vibejobs.ErrorCodeInterrupted)
+			SELECT seq, attempt, coalesce(attempt_started_at, ?1), ?1, 0, ?3, 0, ''
+			FROM runs WHERE seq IN (`+expiredLeases+`)
+			ORDER BY seq`, nowMS, limit, vibejobs.ErrorCodeInterrupted)
 		if err != nil {
 			return err
 		}
@@ -383,7 +478,7 @@ func (s *Store) RecoverExpiredLeases(ctx context.Context, now time.Time, limit i
 				next_attempt_at = CASE WHEN `+ends+` THEN NULL ELSE ?1 END,
 				finished_at = CASE WHEN `+ends+` THEN ?1 ELSE NULL END,
 				attempt_started_at = NULL, lease_owner = NULL, lease_expires_at = NULL
-			WHERE rowid IN (`+expiredLeases+`)`,
+			WHERE seq IN (`+expiredLeases+`)`,
 			nowMS, limit, vibejobs.ReasonJobDeleted, vibejobs.ReasonDeadlineExceeded))
 		return err
 	})
@@ -404,9 +499,9 @@ func (s *Store) FailExpiredRuns(ctx context.Context, now time.Time, limit int) (
 		var err error
 		n, err = changed(t.ExecContext(ctx, `UPDATE runs SET state = 'failed', failure_reason = ?3,
 				finished_at = ?1, next_attempt_at = NULL, redeliver = 0
-			WHERE rowid IN (SELECT rowid FROM runs
+			WHERE seq IN (SELECT seq FROM runs
 				WHERE state IN ('scheduled', 'retrying') AND deadline_at < ?1
-				ORDER BY next_attempt_at, id LIMIT ?2)`, ms(now), limit, vibejobs.ReasonDeadlineExceeded))
+				ORDER BY next_attempt_at, seq LIMIT ?2)`, ms(now), limit, vibejobs.ReasonDeadlineExceeded))
 		if err != nil {
 			return err
 		}
@@ -427,7 +522,7 @@ func (s *Store) PruneRuns(ctx context.Context, projectID string, cutoff time.Tim
 	var n int64
 	err := s.write(ctx, func(t *sql.Tx) error {
 		var err error
-		n, err = changed(t.ExecContext(ctx, `DELETE FROM runs WHERE rowid IN (SELECT rowid FROM runs
+		n, err = changed(t.ExecContext(ctx, `DELETE FROM runs WHERE seq IN (SELECT seq FROM runs
 			WHERE project_id = ? AND finished_at IS NOT NULL AND finished_at < ?
 				AND state IN ('succeeded', 'failed', 'cancelled')
 			ORDER BY finished_at LIMIT ?)`, projectID, ms(cutoff), limit))

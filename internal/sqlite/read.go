@@ -130,8 +130,8 @@ const jobColumns = `j.id, j.project_id, j.name, j.schedule, j.at, j.timezone, j.
 // shown, so lastRun never points into the future.
 const jobWithLastRun = `SELECT ` + jobColumns + `, lr.id, lr.state, lr.scheduled_for
 	FROM jobs j
-	LEFT JOIN runs lr ON lr.rowid = (
-		SELECT r.rowid FROM runs r
+	LEFT JOIN runs lr ON lr.seq = (
+		SELECT r.seq FROM runs r
 		WHERE r.job_id = j.id AND (r.attempt > 0 OR r.finished_at IS NOT NULL)
 		ORDER BY r.scheduled_for DESC, r.id DESC LIMIT 1)`
 
@@ -254,7 +254,8 @@ func (r reader) GetRun(ctx context.Context, projectID, id string) (*vibejobs.Run
 		return nil, fmt.Errorf("getting run: %w", err)
 	}
 	rows, err := r.q.QueryContext(ctx, `SELECT number, started_at, finished_at, status_code, error_code,
-		signature_timestamp, response_snippet FROM attempts WHERE run_id = ? ORDER BY id`, id)
+		signature_timestamp, response_snippet FROM attempts
+		WHERE run_seq = (SELECT seq FROM runs WHERE id = ?) ORDER BY id`, id)
 	if err != nil {
 		return nil, fmt.Errorf("getting attempts of run: %w", err)
 	}

@@ -106,7 +106,11 @@ func writerDSN(path string) string {
 		fmt.Sprintf("&_pragma=busy_timeout(%d)", busyTimeout.Milliseconds()) +
 		"&_pragma=journal_mode(WAL)" +
 		"&_pragma=synchronous(NORMAL)" +
-		"&_pragma=foreign_keys(1)"
+		"&_pragma=foreign_keys(1)" +
+		// A burst of claims touches thousands of pages in one transaction:
+		// spilling them to the WAL before commit would write them twice.
+		"&_pragma=cache_size(-65536)" +
+		"&_pragma=temp_store(memory)"
 }
 
 func readerDSN(path string) string {

@@ -5,16 +5,21 @@ import (
 	"log/slog"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/vibejobs/vibejobs"
 	"github.com/vibejobs/vibejobs/internal/sqlite"
 	"github.com/vibejobs/vibejobs/internal/storetest"
 )
 
-// mustOpen opens a fresh store in t's temporary directory, closed at the end of t.
+// mustOpen opens a fresh store in t's temporary directory, closed at the
+// end of t. Its clock is storetest.T0.
 func mustOpen(t testing.TB) *sqlite.Store {
 	t.Helper()
-	s, err := sqlite.Open(context.Background(), filepath.Join(t.TempDir(), "vibejobs.db"), sqlite.Options{Logger: slog.New(slog.DiscardHandler)})
+	s, err := sqlite.Open(context.Background(), filepath.Join(t.TempDir(), "vibejobs.db"), sqlite.Options{
+		Logger: slog.New(slog.DiscardHandler),
+		Now:    func() time.Time { return storetest.T0 },
+	})
 	if err != nil {
 		t.Fatalf("Open: %v", err)
 	}

@@ -140,7 +140,7 @@ func (t *tx) DeleteJob(ctx context.Context, projectID, id string, at time.Time) 
 func (t *tx) DeleteFutureRuns(ctx context.Context, jobID string, after time.Time) (int, error) {
 	n, err := changed(t.t.ExecContext(ctx, `DELETE FROM runs
 		WHERE job_id = ? AND scheduled_for > ? AND trigger = ? AND state = 'scheduled'
-		AND NOT EXISTS (SELECT 1 FROM attempts a WHERE a.run_id = runs.id)`,
+		AND NOT EXISTS (SELECT 1 FROM attempts a WHERE a.run_seq = runs.seq)`,
 		jobID, ms(after), vibejobs.TriggerSchedule))
 	if err != nil {
 		return 0, fmt.Errorf("deleting future runs: %w", err)
@@ -150,14 +150,14 @@ func (t *tx) DeleteFutureRuns(ctx context.Context, jobID string, after time.Time
 
 // insertRunSQL inserts a run; a schedule-triggered run that exists for its
 // (job, scheduledFor) is skipped.
-const insertRunSQL = `INSERT INTO runs (id, job_id, project_id, trigger, scheduled_for, occurrence_at, deadline_at,
+const insertRunSQL = `INSERT INTO runs (id, job_id, project_id, trigger, scheduled_for, occurrence, deadline_at,
 	late, state, attempt, next_attempt_at, failure_reason, created_at, finished_at)
 	VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`
 
 func insertRunArgs(r *vibejobs.Run) []any {
 	var occurrence, late any
 	if r.Trigger == vibejobs.TriggerSchedule {
-		occurrence = ms(r.ScheduledFor)
+		occurrence = 1
 	}
 	if r.Attempt > 0 {
 		late = r.Late // decided already; otherwise the first claim decides

@@ -391,6 +391,9 @@ func show(v reflect.Value) string {
 	if v.Type() == timeType {
 		return v.Interface().(time.Time).Format(time.RFC3339Nano)
 	}
+	if v.Kind() == reflect.String && v.Len() > 60 {
+		return fmt.Sprintf("%q… (%d bytes)", v.String()[:40], v.Len())
+	}
 	if v.Kind() == reflect.Slice && v.Type().Elem().Kind() == reflect.Uint8 {
 		return fmt.Sprintf("%x", v.Bytes())
 	}

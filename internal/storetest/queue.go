@@ -524,6 +524,8 @@ func testNextDueAt(t *testing.T, f *fixture) {
 	f.retryingRun(j, T0.Add(30*time.Second))
 	f.run(j, T0.Add(5*time.Minute))
 	f.run(j, T0.Add(time.Minute))
+	// Past its deadline by the store's clock (T0): never claimable, not due.
+	f.run(j, T0.Add(-vibejobs.DeliveryLifetime-time.Millisecond), dueAt(T0.Add(-time.Hour)))
 	next, ok, err := f.s.NextDueAt(f.ctx)
 	if err != nil || !ok || !next.Equal(T0.Add(30*time.Second)) {
 		t.Fatalf("NextDueAt = %s %v %v, want %s", next, ok, err, T0.Add(30*time.Second))

@@ -26,7 +26,8 @@ const Margin = 5 * time.Second
 
 // Run runs the suite. open returns a new, empty, migrated Store for one
 // subtest and closes it when that subtest ends (t.Cleanup); no two subtests
-// share data.
+// share data. The Store's own clock (for the one method without a time
+// argument, NextDueAt) must be fixed at T0.
 func Run(t *testing.T, open func(t *testing.T) vibejobs.Store) {
 	tests := []struct {
 		name string

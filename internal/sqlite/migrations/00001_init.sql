@@ -54,21 +54,27 @@ CREATE INDEX jobs_due ON jobs (next_run_at, id)
     WHERE enabled = 1 AND state = 'active' AND deleted_at IS NULL;
 CREATE INDEX jobs_secret_key ON jobs (secret_key_id, id);
 
--- runs is the queue. occurrence_at is scheduled_for for a schedule-triggered
--- run and NULL for a manual one, so UNIQUE (job_id, occurrence_at) allows one
--- scheduled run per occurrence and any number of manual runs.
+-- runs is the queue. seq (the rowid) is the insertion order: claims take
+-- runs due at the same instant in seq order, so a batch touches neighbouring
+-- rows, and attempts refer to their run by it.
+--
+-- occurrence is 1 for a schedule-triggered run and NULL for a manual one:
+-- UNIQUE (job_id, scheduled_for, occurrence) allows one scheduled run per
+-- (job, scheduledFor) and any number of manual runs (NULLs are distinct).
+-- The same index finds a job's last run and its future runs.
 --
 -- attempt is the number of the latest attempt started; redeliver = 1 makes
 -- the next claim send that attempt again under the same number (after an
 -- interruption or a release). late is NULL until the first attempt decides it.
 -- attempt_started_at, lease_owner and lease_expires_at are set while delivering.
 CREATE TABLE runs (
-    id                 TEXT    PRIMARY KEY,
+    seq                INTEGER PRIMARY KEY,
+    id                 TEXT    NOT NULL UNIQUE,
     job_id             TEXT    NOT NULL REFERENCES jobs (id),
     project_id         TEXT    NOT NULL,
     trigger            TEXT    NOT NULL,
     scheduled_for      INTEGER NOT NULL,
-    occurrence_at      INTEGER,
+    occurrence         INTEGER CHECK (occurrence = 1),
     deadline_at        INTEGER NOT NULL,
     late               INTEGER,
     state              TEXT    NOT NULL,
@@ -81,19 +87,17 @@ CREATE TABLE runs (
     failure_reason     TEXT    NOT NULL DEFAULT '',
     created_at         INTEGER NOT NULL,
     finished_at        INTEGER,
-    UNIQUE (job_id, occurrence_at)
+    UNIQUE (job_id, scheduled_for, occurrence)
 ) STRICT;
 
--- Claim: the waiting runs in due order (deadline_at covered for the filter).
-CREATE INDEX runs_queue ON runs (next_attempt_at, id, deadline_at)
+-- Claim: the waiting runs in due order, ties in seq order.
+CREATE INDEX runs_queue ON runs (next_attempt_at)
     WHERE state IN ('scheduled', 'retrying');
 -- Lease recovery.
 CREATE INDEX runs_leases ON runs (lease_expires_at) WHERE state = 'delivering';
 -- Listing, newest first.
 CREATE INDEX runs_project ON runs (project_id, id);
 CREATE INDEX runs_job ON runs (job_id, id);
--- A job's last run, and its future runs.
-CREATE INDEX runs_job_scheduled ON runs (job_id, scheduled_for);
 -- Pruning finished runs.
 CREATE INDEX runs_finished ON runs (project_id, finished_at) WHERE finished_at IS NOT NULL;
 
@@ -101,7 +105,7 @@ CREATE INDEX runs_finished ON runs (project_id, finished_at) WHERE finished_at I
 -- twice when an attempt was interrupted and sent again.
 CREATE TABLE attempts (
     id                  INTEGER PRIMARY KEY,
-    run_id              TEXT    NOT NULL REFERENCES runs (id) ON DELETE CASCADE,
+    run_seq             INTEGER NOT NULL REFERENCES runs (seq) ON DELETE CASCADE,
     number              INTEGER NOT NULL,
     started_at          INTEGER NOT NULL,
     finished_at         INTEGER NOT NULL,
@@ -111,7 +115,7 @@ CREATE TABLE attempts (
     response_snippet    TEXT    NOT NULL
 ) STRICT;
 
-CREATE INDEX attempts_run ON attempts (run_id, id);
+CREATE INDEX attempts_run ON attempts (run_seq);
 
 CREATE TABLE idempotency_keys (
     project_id       TEXT    NOT NULL REFERENCES projects (id),
