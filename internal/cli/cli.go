@@ -1,0 +1,276 @@
+// Package cli is the command-line client of the management API: "vibejobs
+// jobs|runs|projects|tokens …" in the platform's binary. Every command sends
+// one logical operation, with a fresh Idempotency-Key for a POST that it
+// reuses on its own retries.
+package cli
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"text/tabwriter"
+	"time"
+)
+
+// UsageError is a command line that does not parse: the command printed its
+// usage; the process should exit with status 2.
+type UsageError struct{ Msg string }
+
+func (e *UsageError) Error() string { return e.Msg }
+
+func usagef(format string, args ...any) error { return &UsageError{Msg: fmt.Sprintf(format, args...)} }
+
+// Defaults of the global flags.
+const (
+	DefaultServer  = "http://127.0.0.1:8080"
+	tokenFileName  = "admin.token"
+	defaultDataDir = "vibejobs-data"
+)
+
+// Run runs one command; args start at the resource ("jobs", "create", …).
+// Results go to stdout; usage goes to stderr. Run does not print the error it
+// returns: the caller prints "error: " and the error (for an API error,
+// "<code>: <message> (field)") and exits with 2 for a *UsageError, 1 otherwise.
+func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	return run(ctx, args, os.Getenv, stdout, stderr, nil)
+}
+
+// env is what a command needs around it.
+type env struct {
+	getenv         func(string) string
+	stdout, stderr io.Writer
+	// newClient builds the API client; tests replace the sleep of retries.
+	tune func(*client)
+}
+
+func run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer, tune func(*client)) error {
+	e := &env{getenv: getenv, stdout: stdout, stderr: stderr, tune: tune}
+	if len(args) == 0 {
+		fmt.Fprint(stderr, topUsage)
+		return usagef("name a resource: jobs, runs, projects or tokens")
+	}
+	if args[0] == "help" || args[0] == "-h" || args[0] == "--help" {
+		fmt.Fprint(stdout, topUsage)
+		return nil
+	}
+	verbs, ok := resources[args[0]]
+	if !ok {
+		fmt.Fprint(stderr, topUsage)
+		return usagef("unknown resource %q", args[0])
+	}
+	if len(args) < 2 || args[1] == "-h" || args[1] == "--help" || args[1] == "help" {
+		fmt.Fprint(stderr, resourceUsage(args[0], verbs))
+		if len(args) >= 2 {
+			return nil
+		}
+		return usagef("name a verb for %s", args[0])
+	}
+	cmd, ok := verbs[args[1]]
+	if !ok {
+		fmt.Fprint(stderr, resourceUsage(args[0], verbs))
+		return usagef("unknown verb %q for %s", args[1], args[0])
+	}
+	return e.runCommand(ctx, args[0]+" "+args[1], cmd, args[2:])
+}
+
+// command is one verb of a resource.
+type command struct {
+	args    string // positional arguments, for the usage line
+	summary string
+	npos    int // number of positional arguments
+	flags   func(fs *flag.FlagSet) func(c *call) error
+}
+
+// call is one parsed command on its way to the API.
+type call struct {
+	*env
+	ctx    context.Context
+	client *client
+	json   bool
+	key    string // --idempotency-key, or a fresh one
+	pos    []string
+	set    map[string]bool // flags given on the command line
+}
+
+// globalFlags are accepted by every command, before or after its arguments.
+type globalFlags struct {
+	server, token, tokenFile, key string
+	json                          bool
+}
+
+func (g *globalFlags) register(fs *flag.FlagSet) {
+	fs.StringVar(&g.server, "server", "", "API server `URL` (env VIBEJOBS_SERVER, default "+DefaultServer+")")
+	fs.StringVar(&g.token, "token", "", "API `token` (else env VIBEJOBS_TOKEN, else the token file)")
+	fs.StringVar(&g.tokenFile, "token-file", "", "`file` holding the token (default $VIBEJOBS_DATA_DIR/admin.token or ./vibejobs-data/admin.token)")
+	fs.BoolVar(&g.json, "json", false, "print the API's JSON instead of a table")
+	fs.StringVar(&g.key, "idempotency-key", "", "Idempotency-Key of a POST (default: a fresh random one)")
+}
+
+func (e *env) runCommand(ctx context.Context, name string, cmd command, args []string) error {
+	fs := flag.NewFlagSet("vibejobs "+name, flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	var g globalFlags
+	g.register(fs)
+	exec := cmd.flags(fs)
+	usage := func() {
+		fmt.Fprintf(e.stderr, "Usage: vibejobs %s %s[flags]\n\n%s\n\nFlags:\n", name, cmd.args, cmd.summary)
+		printFlags(e.stderr, fs)
+	}
+	pos, err := parseInterleaved(fs, args)
+	if errors.Is(err, flag.ErrHelp) {
+		usage()
+		return nil
+	}
+	if err != nil {
+		usage()
+		return usagef("%v", err)
+	}
+	if len(pos) != cmd.npos {
+		usage()
+		if len(pos) < cmd.npos {
+			return usagef("vibejobs %s needs %s", name, strings.TrimSpace(cmd.args))
+		}
+		return usagef("unexpected argument %q", pos[cmd.npos])
+	}
+	c := &call{env: e, ctx: ctx, json: g.json, key: g.key, pos: pos, set: map[string]bool{}}
+	fs.Visit(func(f *flag.Flag) { c.set[f.Name] = true })
+	if c.key == "" {
+		c.key = newIdempotencyKey()
+	}
+	base, err := e.serverURL(g.server)
+	if err != nil {
+		usage()
+		return err
+	}
+	token, err := e.resolveToken(g)
+	if err != nil {
+		return err
+	}
+	c.client = &client{base: base, token: token, http: &http.Client{Timeout: 60 * time.Second}, retries: 3, sleep: sleepCtx}
+	if e.tune != nil {
+		e.tune(c.client)
+	}
+	if err := exec(c); err != nil {
+		var ue *UsageError
+		if errors.As(err, &ue) {
+			usage()
+		}
+		return err
+	}
+	return nil
+}
+
+// parseInterleaved parses flags placed before, between and after the
+// positional arguments; everything after "--" is positional.
+func parseInterleaved(fs *flag.FlagSet, args []string) ([]string, error) {
+	var tail []string
+	for i, a := range args {
+		if a == "--" {
+			args, tail = args[:i], args[i+1:]
+			break
+		}
+	}
+	var pos []string
+	for {
+		if err := fs.Parse(args); err != nil {
+			return nil, err
+		}
+		args = fs.Args()
+		if len(args) == 0 {
+			break
+		}
+		pos = append(pos, args[0])
+		args = args[1:]
+	}
+	return append(pos, tail...), nil
+}
+
+func (e *env) serverURL(flagValue string) (string, error) {
+	s := flagValue
+	if s == "" {
+		s = e.getenv("VIBEJOBS_SERVER")
+	}
+	if s == "" {
+		s = DefaultServer
+	}
+	u, err := url.Parse(s)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || u.User != nil {
+		return "", usagef("--server must be an http(s) URL such as %s", DefaultServer)
+	}
+	return strings.TrimRight(s, "/"), nil
+}
+
+// resolveToken takes --token, else VIBEJOBS_TOKEN, else the token file.
+func (e *env) resolveToken(g globalFlags) (string, error) {
+	if g.token != "" {
+		return g.token, nil
+	}
+	if t := strings.TrimSpace(e.getenv("VIBEJOBS_TOKEN")); t != "" {
+		return t, nil
+	}
+	path := g.tokenFile
+	if path == "" {
+		dir := e.getenv("VIBEJOBS_DATA_DIR")
+		if dir == "" {
+			dir = defaultDataDir
+		}
+		path = filepath.Join(dir, tokenFileName)
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return "", fmt.Errorf("no API token: give --token, set VIBEJOBS_TOKEN or put it in %s (%v)", path, errors.Unwrap(err))
+	}
+	t := strings.TrimSpace(string(b))
+	if t == "" {
+		return "", fmt.Errorf("no API token: %s is empty", path)
+	}
+	return t, nil
+}
+
+const topUsage = `Usage: vibejobs <resource> <verb> [arguments] [flags]
+
+  jobs      create|list|get|update|pause|resume|delete|trigger|rotate-secret|next
+  runs      list|get
+  projects  create|list
+  tokens    create|list|revoke
+
+Every command takes --server, --token, --token-file and --json.
+"vibejobs <resource> <verb> -h" describes a command.
+`
+
+func resourceUsage(resource string, verbs map[string]command) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "Usage: vibejobs %s <verb> [arguments] [flags]\n\n", resource)
+	names := make([]string, 0, len(verbs))
+	for n := range verbs {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	tw := tabwriter.NewWriter(&b, 0, 4, 2, ' ', 0)
+	for _, n := range names {
+		fmt.Fprintf(tw, "  %s %s\t%s\n", n, verbs[n].args, verbs[n].summary)
+	}
+	tw.Flush()
+	b.WriteString("\n\"vibejobs " + resource + " <verb> -h\" describes a verb.\n")
+	return b.String()
+}
+
+// printFlags lists the flags of fs in the "--name" form the usage lines use.
+func printFlags(w io.Writer, fs *flag.FlagSet) {
+	fs.VisitAll(func(f *flag.Flag) {
+		arg, usage := flag.UnquoteUsage(f)
+		line := "  --" + f.Name
+		if arg != "" {
+			line += " " + arg
+		}
+		fmt.Fprintf(w, "%s\n        %s\n", line, usage)
+	})
+}

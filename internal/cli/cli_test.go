@@ -1,0 +1,395 @@
+package cli
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/vibejobs/vibejobs/internal/api"
+	"github.com/vibejobs/vibejobs/internal/egress"
+	"github.com/vibejobs/vibejobs/internal/secretbox"
+	"github.com/vibejobs/vibejobs/internal/sqlite"
+)
+
+// testAPI is the real API on a real SQLite store, with its bootstrap token.
+type testAPI struct {
+	url, token string
+	srv        *httptest.Server
+}
+
+func startAPI(t *testing.T, wrap func(http.Handler) http.Handler) *testAPI {
+	t.Helper()
+	ctx := context.Background()
+	st, err := sqlite.Open(ctx, filepath.Join(t.TempDir(), "db"), sqlite.Options{Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	key, _ := secretbox.NewKey()
+	keys, err := secretbox.Parse([]byte(key))
+	if err != nil {
+		t.Fatal(err)
+	}
+	policy, _ := egress.NewPolicy([]string{"127.0.0.0/8"})
+	now := time.Date(2026, 10, 9, 8, 0, 0, 0, time.UTC)
+	tok, _, err := api.Bootstrap(ctx, st, now, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var h http.Handler = api.New(api.Config{Store: st, Sealer: keys, URLs: policy, Now: func() time.Time { return now },
+		Logger: slog.New(slog.DiscardHandler)}).Handler()
+	if wrap != nil {
+		h = wrap(h)
+	}
+	srv := httptest.NewServer(h)
+	t.Cleanup(srv.Close)
+	return &testAPI{url: srv.URL, token: tok, srv: srv}
+}
+
+// cli runs one command against a; it returns stdout, stderr and the error.
+func (a *testAPI) cli(t *testing.T, args ...string) (string, string, error) {
+	t.Helper()
+	var out, errOut bytes.Buffer
+	getenv := func(k string) string {
+		switch k {
+		case "VIBEJOBS_SERVER":
+			return a.url
+		case "VIBEJOBS_TOKEN":
+			return a.token
+		}
+		return ""
+	}
+	err := run(context.Background(), args, getenv, &out, &errOut, func(c *client) {
+		c.sleep = func(context.Context, time.Duration) error { return nil }
+	})
+	return out.String(), errOut.String(), err
+}
+
+// ok runs a command that must succeed.
+func (a *testAPI) ok(t *testing.T, args ...string) string {
+	t.Helper()
+	out, errOut, err := a.cli(t, args...)
+	if err != nil {
+		t.Fatalf("vibejobs %s: %v\nstderr: %s", strings.Join(args, " "), err, errOut)
+	}
+	return out
+}
+
+// okJSON runs a command with --json and decodes its output.
+func (a *testAPI) okJSON(t *testing.T, args ...string) map[string]any {
+	t.Helper()
+	out := a.ok(t, append(args, "--json")...)
+	var m map[string]any
+	if err := json.Unmarshal([]byte(out), &m); err != nil {
+		t.Fatalf("vibejobs %s --json: %v: %q", strings.Join(args, " "), err, out)
+	}
+	return m
+}
+
+func TestJobCommands(t *testing.T) {
+	a := startAPI(t, nil)
+
+	// create: a table and the secret, once.
+	out := a.ok(t, "jobs", "create", "--name", "nightly", "--schedule", "0 3 * * *", "--timezone", "Europe/Paris",
+		"--url", "https://example.com/hook", "--max-attempts", "3", "--min-backoff", "10s", "--max-backoff", "2h",
+		"--timeout", "15s", "--catch-up", "latest")
+	for _, want := range []string{"FIELD", "VALUE", "nightly", "0 3 * * *", "Europe/Paris", "3 attempts, backoff 10s to 2h", "15s", "latest", "secret: vjs_"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("create output lacks %q:\n%s", want, out)
+		}
+	}
+	created := a.okJSON(t, "jobs", "create", "--name", "every minute", "--schedule", "@every 1m", "--url", "https://example.com/2")
+	id := created["id"].(string)
+	if s, _ := created["secret"].(string); !strings.HasPrefix(s, "vjs_") {
+		t.Errorf("create --json: %v", created)
+	}
+	oneOff := a.okJSON(t, "jobs", "create", "--name", "once", "--at", "2026-10-10T00:00:00Z", "--url", "https://example.com/3", "--paused")
+	if oneOff["state"] != "paused" || oneOff["at"] != "2026-10-10T00:00:00.000Z" {
+		t.Errorf("one-off paused: %v", oneOff)
+	}
+
+	// list: table with headers, and JSON.
+	out = a.ok(t, "jobs", "list")
+	for _, want := range []string{"ID", "NAME", "SCHEDULE", "STATE", "NEXT RUN", id, "every minute", "at 2026-10-10T00:00:00.000Z"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("list lacks %q:\n%s", want, out)
+		}
+	}
+	if l := a.okJSON(t, "jobs", "list", "--all"); len(l["jobs"].([]any)) != 3 {
+		t.Errorf("list --json: %v", l)
+	}
+	_, errOut, err := a.cli(t, "jobs", "list", "--limit", "1")
+	if err != nil || !strings.Contains(errOut, "more: --cursor") {
+		t.Errorf("paged list: %v %q", err, errOut)
+	}
+
+	// get (flags after the argument), update, pause, resume.
+	if g := a.okJSON(t, "jobs", "get", id); g["id"] != id || g["secret"] != nil {
+		t.Errorf("get: %v", g)
+	}
+	if out := a.ok(t, "jobs", "get", id); !strings.Contains(out, "every minute") || strings.Contains(out, "vjs_") {
+		t.Errorf("get table:\n%s", out)
+	}
+	u := a.okJSON(t, "jobs", "update", id, "--name", "renamed", "--timeout", "20s")
+	if u["name"] != "renamed" || u["timeout"] != "20s" || u["schedule"] != "@every 1m" {
+		t.Errorf("update: %v", u)
+	}
+	if p := a.okJSON(t, "jobs", "pause", id); p["state"] != "paused" {
+		t.Errorf("pause: %v", p)
+	}
+	if r := a.okJSON(t, "jobs", "resume", id); r["state"] != "active" {
+		t.Errorf("resume: %v", r)
+	}
+	if p := a.okJSON(t, "jobs", "update", "--enabled=false", id); p["enabled"] != false {
+		t.Errorf("update --enabled=false: %v", p)
+	}
+	a.ok(t, "jobs", "resume", id)
+
+	// next.
+	n := a.okJSON(t, "jobs", "next", id, "--count", "3")
+	if times := n["times"].([]any); len(times) != 3 || times[0] != "2026-10-09T08:01:00.000Z" {
+		t.Errorf("next: %v", n)
+	}
+	if out := a.ok(t, "jobs", "next", id); !strings.Contains(out, "FIRE TIME") || strings.Count(out, "\n") != 6 {
+		t.Errorf("next table:\n%s", out)
+	}
+
+	// trigger, then the runs.
+	run := a.okJSON(t, "jobs", "trigger", id)
+	runID := run["id"].(string)
+	if run["trigger"] != "manual" || run["state"] != "scheduled" {
+		t.Errorf("trigger: %v", run)
+	}
+	if out := a.ok(t, "jobs", "trigger", id); !strings.Contains(out, "manual") {
+		t.Errorf("trigger table:\n%s", out)
+	}
+	out = a.ok(t, "runs", "list", "--job", id)
+	for _, want := range []string{"ID", "TRIGGER", "SCHEDULED FOR", "STATE", runID, "manual"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("runs list lacks %q:\n%s", want, out)
+		}
+	}
+	if l := a.okJSON(t, "runs", "list", "--state", "scheduled"); len(l["runs"].([]any)) != 2 {
+		t.Errorf("runs list --json: %v", l)
+	}
+	if r := a.okJSON(t, "runs", "get", runID); r["id"] != runID || r["attempts"] == nil {
+		t.Errorf("runs get: %v", r)
+	}
+	if out := a.ok(t, "runs", "get", runID); !strings.Contains(out, runID) {
+		t.Errorf("runs get table:\n%s", out)
+	}
+
+	// rotate-secret prints the new secret.
+	rot := a.okJSON(t, "jobs", "rotate-secret", id)
+	if s, _ := rot["secret"].(string); !strings.HasPrefix(s, "vjs_") || s == created["secret"] {
+		t.Errorf("rotate-secret: %v", rot)
+	}
+
+	// delete, then the job is gone.
+	if out := a.ok(t, "jobs", "delete", id); !strings.Contains(out, "deleted job "+id) {
+		t.Errorf("delete: %q", out)
+	}
+	_, _, err = a.cli(t, "jobs", "get", id)
+	var ae *APIError
+	if !errors.As(err, &ae) || ae.Status != 404 || err.Error() != "job_not_found: job not found" {
+		t.Errorf("get after delete: %v", err)
+	}
+}
+
+func TestAPIErrorText(t *testing.T) {
+	a := startAPI(t, nil)
+	_, _, err := a.cli(t, "jobs", "create", "--name", "x", "--schedule", "@every 1ms", "--url", "https://example.com/")
+	if err == nil || !strings.HasPrefix(err.Error(), "every_too_short: ") || !strings.HasSuffix(err.Error(), " (schedule)") {
+		t.Errorf("error text %q", err)
+	}
+	var ue *UsageError
+	if errors.As(err, &ue) {
+		t.Error("an API error is not a usage error")
+	}
+}
+
+func TestUsageErrors(t *testing.T) {
+	a := startAPI(t, nil)
+	for _, args := range [][]string{
+		{},
+		{"widgets", "list"},
+		{"jobs"},
+		{"jobs", "explode"},
+		{"jobs", "get"},
+		{"jobs", "get", "job_a", "job_b"},
+		{"jobs", "list", "--bogus"},
+		{"jobs", "list", "--limit", "many"},
+		{"jobs", "create", "--schedule", "@daily", "--url", "https://example.com/"},
+		{"jobs", "create", "--name", "x", "--url", "https://example.com/"},
+		{"jobs", "create", "--name", "x", "--url", "https://example.com/", "--schedule", "@daily", "--at", "2026-10-10T00:00:00Z"},
+		{"jobs", "update", "job_a"},
+		{"jobs", "update", "job_a", "--enabled", "maybe"},
+		{"jobs", "list", "--server", "ftp://example.com"},
+		{"tokens", "create", "--name", "x"},
+		{"tokens", "list"},
+		{"projects", "create"},
+	} {
+		out, errOut, err := a.cli(t, args...)
+		var ue *UsageError
+		if !errors.As(err, &ue) {
+			t.Errorf("%q: %v, want a UsageError", args, err)
+			continue
+		}
+		if !strings.Contains(errOut, "Usage") {
+			t.Errorf("%q: no usage printed: %q", args, errOut)
+		}
+		if out != "" {
+			t.Errorf("%q: wrote to stdout: %q", args, out)
+		}
+	}
+	// -h is not an error.
+	if _, errOut, err := a.cli(t, "jobs", "create", "-h"); err != nil || !strings.Contains(errOut, "--schedule") {
+		t.Errorf("-h: %v %q", err, errOut)
+	}
+}
+
+func TestTokenResolution(t *testing.T) {
+	a := startAPI(t, nil)
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "admin.token"), []byte(a.token+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	runWith := func(env map[string]string, args ...string) error {
+		return run(context.Background(), args, func(k string) string { return env[k] }, io.Discard, io.Discard, nil)
+	}
+	// The token file in VIBEJOBS_DATA_DIR.
+	if err := runWith(map[string]string{"VIBEJOBS_SERVER": a.url, "VIBEJOBS_DATA_DIR": dir}, "jobs", "list"); err != nil {
+		t.Errorf("token from the data dir: %v", err)
+	}
+	// --token-file.
+	if err := runWith(map[string]string{}, "jobs", "list", "--server", a.url, "--token-file", filepath.Join(dir, "admin.token")); err != nil {
+		t.Errorf("--token-file: %v", err)
+	}
+	// The flag wins over the environment, which wins over the file.
+	err := runWith(map[string]string{"VIBEJOBS_SERVER": a.url, "VIBEJOBS_TOKEN": a.token, "VIBEJOBS_DATA_DIR": dir}, "jobs", "list", "--token", "vjt_wrong")
+	var ae *APIError
+	if !errors.As(err, &ae) || ae.Code != "unauthorized" {
+		t.Errorf("--token: %v", err)
+	}
+	err = runWith(map[string]string{"VIBEJOBS_SERVER": a.url, "VIBEJOBS_TOKEN": "vjt_wrong", "VIBEJOBS_DATA_DIR": dir}, "jobs", "list")
+	if !errors.As(err, &ae) || ae.Code != "unauthorized" {
+		t.Errorf("VIBEJOBS_TOKEN: %v", err)
+	}
+	// No token anywhere.
+	err = runWith(map[string]string{"VIBEJOBS_SERVER": a.url, "VIBEJOBS_DATA_DIR": t.TempDir()}, "jobs", "list")
+	if err == nil || !strings.Contains(err.Error(), "no API token") {
+		t.Errorf("no token: %v", err)
+	}
+	if strings.Contains(err.Error(), a.token) {
+		t.Error("an error shows the token")
+	}
+}
+
+// TestRetriesReuseKey: the CLI retries a POST after a 503, a dropped
+// connection and a 409 in progress with the same Idempotency-Key, and the
+// platform makes one job.
+func TestRetriesReuseKey(t *testing.T) {
+	var mu sync.Mutex
+	var keys []string
+	failures := []int{503, -1, 409}
+	a := startAPI(t, func(h http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if r.Method != "POST" {
+				h.ServeHTTP(w, r)
+				return
+			}
+			mu.Lock()
+			keys = append(keys, r.Header.Get("Idempotency-Key"))
+			var fail int
+			if len(failures) > 0 {
+				fail, failures = failures[0], failures[1:]
+			}
+			mu.Unlock()
+			switch fail {
+			case 0:
+				h.ServeHTTP(w, r)
+			case -1:
+				// Let the request commit, then drop the connection.
+				h.ServeHTTP(httptest.NewRecorder(), r)
+				conn, _, _ := w.(http.Hijacker).Hijack()
+				conn.Close()
+			case 409:
+				w.Header().Set("Retry-After", "1")
+				w.WriteHeader(409)
+				w.Write([]byte(`{"error":{"code":"idempotency_key_in_progress","message":"busy"}}`))
+			default:
+				w.WriteHeader(fail)
+				w.Write([]byte(`{"error":{"code":"internal","message":"internal error"}}`))
+			}
+		})
+	})
+	j := a.okJSON(t, "jobs", "create", "--name", "retried", "--schedule", "@daily", "--url", "https://example.com/")
+	if len(keys) != 4 || keys[0] == "" || keys[0] != keys[1] || keys[1] != keys[2] || keys[2] != keys[3] {
+		t.Errorf("keys sent: %q", keys)
+	}
+	l := a.okJSON(t, "jobs", "list")
+	if jobs := l["jobs"].([]any); len(jobs) != 1 || jobs[0].(map[string]any)["id"] != j["id"] {
+		t.Errorf("jobs after retries: %v", l)
+	}
+	// A new command is a new operation: a new key.
+	a.ok(t, "jobs", "trigger", j["id"].(string))
+	if len(keys) != 5 || keys[4] == keys[0] {
+		t.Errorf("second operation's key: %q", keys)
+	}
+
+	// Retries give up after 3 and report the last answer.
+	failures = []int{503, 503, 503, 503, 503}
+	_, _, err := a.cli(t, "jobs", "trigger", j["id"].(string))
+	if err == nil || err.Error() != "internal: internal error" {
+		t.Errorf("after 4 failures: %v", err)
+	}
+}
+
+func TestProjectAndTokenCommands(t *testing.T) {
+	a := startAPI(t, nil)
+	p := a.okJSON(t, "projects", "create", "--name", "team", "--retention-days", "30")
+	pid := p["id"].(string)
+	if out := a.ok(t, "projects", "list"); !strings.Contains(out, "RETENTION") || !strings.Contains(out, "30 days") || !strings.Contains(out, "default") {
+		t.Errorf("projects list:\n%s", out)
+	}
+	out := a.ok(t, "tokens", "create", "--project", pid, "--name", "ci", "--role", "write")
+	if !strings.Contains(out, "token: vjt_") || !strings.Contains(out, "ROLE") {
+		t.Errorf("tokens create:\n%s", out)
+	}
+	tk := a.okJSON(t, "tokens", "create", "--project", pid, "--name", "reader", "--role", "read")
+	l := a.okJSON(t, "tokens", "list", "--project", pid)
+	if len(l["tokens"].([]any)) != 2 {
+		t.Errorf("tokens list: %v", l)
+	}
+	if out := a.ok(t, "tokens", "list", "--project", pid); strings.Contains(out, tk["token"].(string)) || !strings.Contains(out, "PREFIX") {
+		t.Errorf("tokens list table:\n%s", out)
+	}
+	if out := a.ok(t, "tokens", "revoke", tk["id"].(string)); !strings.Contains(out, "revoked") {
+		t.Errorf("revoke: %q", out)
+	}
+	// The revoked token no longer works.
+	b := &testAPI{url: a.url, token: tk["token"].(string)}
+	if _, _, err := b.cli(t, "jobs", "list"); err == nil || !strings.HasPrefix(err.Error(), "unauthorized: ") {
+		t.Errorf("revoked token: %v", err)
+	}
+}
+
+func TestServerUnreachable(t *testing.T) {
+	a := startAPI(t, nil)
+	a.srv.Close()
+	_, _, err := a.cli(t, "jobs", "list")
+	if err == nil || !strings.Contains(err.Error(), "cannot reach the server") || strings.Contains(err.Error(), a.token) {
+		t.Errorf("unreachable: %v", err)
+	}
+}
