@@ -99,3 +99,27 @@ func dbPath(t *testing.T, db *sql.DB) string {
 	}
 	return file
 }
+
+// Writers start with BEGIN IMMEDIATE: a transaction holds the write lock from
+// its BEGIN, so another process's writer waits (or, with no busy timeout,
+// fails at once) instead of both reading first and one failing on upgrade.
+func TestTransactionsBeginImmediate(t *testing.T) {
+	s, path := newStore(t)
+	tx, err := s.(*sqlitestore.Store).DB().BeginTx(context.Background(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback()
+	other, err := sql.Open("sqlite", "file:"+path+"?_pragma=busy_timeout(0)")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+	if _, err := other.Exec(`BEGIN IMMEDIATE; ROLLBACK`); err == nil {
+		t.Fatal("a second writer got the write lock while a store transaction was open")
+	}
+	tx.Rollback()
+	if _, err := other.Exec(`BEGIN IMMEDIATE; ROLLBACK`); err != nil {
+		t.Fatalf("after the store's transaction ended: %v", err)
+	}
+}
