@@ -55,6 +55,7 @@ func TestBadInput(t *testing.T) {
 		create("two values", `{`+valid+`,"schedule":"@daily"}{}`, 400, "invalid_json", ""),
 		create("duplicate field", `{`+valid+`,"schedule":"@daily","name":"m"}`, 400, "invalid_json", "name"),
 		create("unknown field", `{`+valid+`,"schedule":"@daily","secret":"x"}`, 400, "unknown_field", "secret"),
+		create("long unknown field", `{"`+strings.Repeat("k", 1000)+`":1}`, 400, "unknown_field", strings.Repeat("k", 64)+"…"),
 		create("unknown retry field", `{`+valid+`,"schedule":"@daily","retry":{"max":3}}`, 400, "unknown_field", "retry.max"),
 		create("wrong type name", `{"name":5,"url":"https://example.com/h","schedule":"@daily"}`, 400, "invalid_json", "name"),
 		create("wrong type enabled", `{`+valid+`,"schedule":"@daily","enabled":"yes"}`, 400, "invalid_json", "enabled"),

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"io"
 	"strconv"
+	"unicode/utf8"
 
 	"github.com/vibejobs/vibejobs"
 )
@@ -62,10 +63,10 @@ func decodeObject(data []byte, field string) (*object, *vibejobs.Error) {
 		}
 		var raw json.RawMessage
 		if err := dec.Decode(&raw); err != nil {
-			return nil, syntaxError(err, o.prefix+key)
+			return nil, syntaxError(err, fieldName(o.prefix+key))
 		}
 		if seen[key] {
-			return nil, invalid("invalid_json", o.prefix+key, "the field appears more than once")
+			return nil, invalid("invalid_json", fieldName(o.prefix+key), "the field appears more than once")
 		}
 		seen[key] = true
 		o.members = append(o.members, member{key: key, value: raw})
@@ -106,7 +107,7 @@ func (o *object) only(known ...string) *vibejobs.Error {
 			}
 		}
 		if !ok {
-			return invalid("unknown_field", o.prefix+m.key, "unknown field")
+			return invalid("unknown_field", fieldName(o.prefix+m.key), "unknown field")
 		}
 	}
 	return nil
@@ -206,4 +207,18 @@ func decodeEmpty(data []byte) *vibejobs.Error {
 		return e
 	}
 	return o.only()
+}
+
+// fieldName bounds a field name taken from the request before it is echoed.
+func fieldName(s string) string {
+	const max = 64
+	if len(s) <= max {
+		return s
+	}
+	for i := max; i > 0; i-- {
+		if utf8.RuneStart(s[i]) {
+			return s[:i] + "…"
+		}
+	}
+	return s[:max] + "…"
 }

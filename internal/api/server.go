@@ -285,6 +285,9 @@ func (s *Server) logRequest(r *http.Request, info *logInfo, status int, d time.D
 		}
 	}
 	level := slog.LevelInfo
+	if (info.route == "GET /healthz" || info.route == "GET /readyz" || info.route == "GET /metrics") && status < 300 {
+		level = slog.LevelDebug // probes every few seconds
+	}
 	if info.err != nil {
 		level = slog.LevelError
 		attrs = append(attrs, slog.String("error", info.err.Error()))
