@@ -1,0 +1,353 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/vibejobs/vibejobs"
+	"github.com/vibejobs/vibejobs/contract"
+)
+
+// bench runs the benchmarks the issues name, on demand (never in CI):
+//
+//	vibejobs bench burst    [--runs 20000] [--database URL] [--raw]
+//	vibejobs bench lateness [--jobs 1000] [--duration 60s] [--database URL]
+//
+// Everything is on this machine: the platform and a loopback receiver that
+// answers 200 at once, in one process.
+func bench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	if len(args) == 0 {
+		return fmt.Errorf("%w: bench burst|lateness [flags]", errUsage)
+	}
+	fs := flag.NewFlagSet("vibejobs bench "+args[0], flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	runs := fs.Int("runs", 20000, "burst: runs due at the same instant")
+	jobs := fs.Int("jobs", 1000, "lateness: jobs @every 1s")
+	dur := fs.Duration("duration", 60*time.Second, "lateness: how long to run")
+	database := fs.String("database", "", "postgres://… to bench PostgreSQL; default a fresh SQLite")
+	raw := fs.Bool("raw", false, "burst: also measure a plain sign-and-POST loop with no database")
+	conc := fs.Int("concurrency", 512, "delivery concurrency")
+	if err := fs.Parse(args[1:]); err != nil {
+		return fmt.Errorf("%w: %v", errUsage, err)
+	}
+	switch args[0] {
+	case "burst":
+		return benchBurst(ctx, stdout, *runs, *database, *raw, *conc)
+	case "lateness":
+		return benchLateness(ctx, stdout, *jobs, *dur, *database, *conc)
+	}
+	return fmt.Errorf("%w: bench burst|lateness", errUsage)
+}
+
+// benchReceiver counts deliveries and keeps, per request, the receive time
+// minus scheduledFor of first attempts.
+type benchReceiver struct {
+	srv      *http.Server
+	url      string
+	count    atomic.Int64
+	mu       sync.Mutex
+	last     time.Time
+	lateness []time.Duration
+}
+
+func newBenchReceiver() (*benchReceiver, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	br := &benchReceiver{url: "http://" + ln.Addr().String() + "/"}
+	br.srv = &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		now := time.Now()
+		br.count.Add(1)
+		if i := bytes.Index(body, []byte(`"scheduledFor":"`)); i >= 0 && bytes.Contains(body, []byte(`"attempt":1,`)) {
+			s := body[i+16 : i+16+24]
+			if at, err := time.Parse(contract.ScheduledForLayout, string(s)); err == nil {
+				br.mu.Lock()
+				br.lateness = append(br.lateness, now.Sub(at))
+				br.last = now
+				br.mu.Unlock()
+			}
+		}
+		w.WriteHeader(200)
+	}), MaxHeaderBytes: 8 << 10}
+	go br.srv.Serve(ln)
+	return br, nil
+}
+
+// recordCounter counts outcomes recorded as succeeded.
+type recordCounter struct {
+	vibejobs.DispatchStore
+	succeeded atomic.Int64
+	last      atomic.Int64 // unix nanos of the last successful record
+}
+
+func (c *recordCounter) RecordOutcomes(ctx context.Context, owner string, o []vibejobs.Outcome) error {
+	err := c.DispatchStore.RecordOutcomes(ctx, owner, o)
+	if err == nil {
+		n := 0
+		for _, x := range o {
+			if x.Step.State == vibejobs.RunSucceeded {
+				n++
+			}
+		}
+		c.succeeded.Add(int64(n))
+		c.last.Store(time.Now().UnixNano())
+	}
+	return err
+}
+
+// sendLateness collects the platform's own first-attempt start − scheduledFor.
+type sendLateness struct {
+	mu sync.Mutex
+	d  []time.Duration
+}
+
+func (s *sendLateness) AttemptFinished(_ string, _ vibejobs.Step, late time.Duration, first bool, _ time.Duration) {
+	if first {
+		s.mu.Lock()
+		s.d = append(s.d, late)
+		s.mu.Unlock()
+	}
+}
+
+func startBenchMain(ctx context.Context, database string, conc int) (*Main, *recordCounter, *sendLateness, func(), error) {
+	dir, err := os.MkdirTemp("", "vibejobs-bench-")
+	if err != nil {
+		return nil, nil, nil, nil, err
+	}
+	m := NewMain(io.Discard, io.Discard)
+	m.Config = Config{Listen: "127.0.0.1:0", DataDir: dir, Database: database, AllowPrivate: "127.0.0.0/8",
+		LogFormat: "text", LogLevel: "error", Concurrency: conc, PerHost: conc, RetentionDays: 90, MaxJobsPerProject: 10_000_000}
+	rc := &recordCounter{}
+	sl := &sendLateness{}
+	m.WrapDispatchStore = func(s vibejobs.DispatchStore) vibejobs.DispatchStore { rc.DispatchStore = s; return rc }
+	m.Observer = sl
+	if err := m.Run(ctx); err != nil {
+		return nil, nil, nil, nil, err
+	}
+	cleanup := func() { m.Close(); os.RemoveAll(dir) }
+	return m, rc, sl, cleanup, nil
+}
+
+// createJobs inserts n jobs straight into the store (the API's per-request
+// cost is not what these benchmarks measure).
+func createJobs(ctx context.Context, m *Main, n int, mk func(i int, j *vibejobs.Job)) error {
+	projects, err := m.store.ListProjects(ctx)
+	if err != nil || len(projects) == 0 {
+		return fmt.Errorf("no project: %v", err)
+	}
+	now := time.Now().UTC().Truncate(time.Millisecond)
+	for start := 0; start < n; start += 1000 {
+		err := m.store.Update(ctx, func(tx vibejobs.Tx) error {
+			for i := start; i < min(start+1000, n); i++ {
+				j := &vibejobs.Job{
+					ID: vibejobs.NewID("job_", now, rand.Reader), ProjectID: projects[0].ID,
+					Name: fmt.Sprintf("bench-%d", i), Timezone: "UTC", Enabled: true, State: vibejobs.JobActive,
+					Retry: vibejobs.DefaultRetryPolicy(), Timeout: vibejobs.DefaultTimeout, CatchUp: vibejobs.CatchUpAll,
+					ScheduleAnchor: now, CreatedAt: now, UpdatedAt: now,
+				}
+				mk(i, j)
+				secret, _ := contract.NewSecret(nil)
+				sealed, err := m.sealer.Seal(secret, j.ID)
+				if err != nil {
+					return err
+				}
+				j.Secret = sealed
+				if err := tx.CreateJob(ctx, j); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func benchBurst(ctx context.Context, out io.Writer, n int, database string, raw bool, conc int) error {
+	br, err := newBenchReceiver()
+	if err != nil {
+		return err
+	}
+	defer br.srv.Close()
+	if raw {
+		rate, err := rawLoop(br.url, n, conc)
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(out, "raw sign+POST loop: %d requests, %.0f req/s (concurrency %d)\n", n, rate, conc)
+		br.count.Store(0)
+	}
+	m, rc, _, cleanup, err := startBenchMain(ctx, database, conc)
+	if err != nil {
+		return err
+	}
+	defer cleanup()
+	// The jobs exist first (yearly, not due); then one run each is planned
+	// for the same instant, as the scheduler would, so creating 20,000 jobs
+	// never eats into the measured window.
+	far := time.Date(time.Now().Year()+1, 1, 1, 0, 0, 0, 0, time.UTC)
+	var created []*vibejobs.Job
+	if err := createJobs(ctx, m, n, func(i int, j *vibejobs.Job) {
+		j.Schedule = "0 0 1 1 *"
+		j.NextRunAt = &far
+		created = append(created, j)
+	}); err != nil {
+		return err
+	}
+	due := time.Now().Add(3 * time.Second).UTC().Truncate(time.Millisecond)
+	plans := make([]vibejobs.RunPlan, 0, len(created))
+	for _, j := range created {
+		next := far
+		plans = append(plans, vibejobs.RunPlan{JobID: j.ID, From: far, Next: &next,
+			Runs: []*vibejobs.Run{vibejobs.NewRun(vibejobs.NewID("run_", due, rand.Reader), j, vibejobs.TriggerSchedule, due, time.Now())}})
+	}
+	for start := 0; start < len(plans); start += 2000 {
+		if _, err := m.store.ApplyRunPlans(ctx, plans[start:min(start+2000, len(plans))], time.Now()); err != nil {
+			return err
+		}
+	}
+	if time.Now().After(due) {
+		return errors.New("planning the runs took longer than 3 s; is the machine busy?")
+	}
+	deadline := due.Add(5 * time.Minute)
+	for rc.succeeded.Load() < int64(n) {
+		if time.Now().After(deadline) {
+			return fmt.Errorf("only %d of %d runs succeeded in 5 minutes", rc.succeeded.Load(), n)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	br.mu.Lock()
+	lastRecv := br.last
+	br.mu.Unlock()
+	lastRec := time.Unix(0, rc.last.Load())
+	store := "sqlite"
+	if database != "" {
+		store = "postgres"
+	}
+	fmt.Fprintf(out, "burst (%s): %d runs due at once; received %d; all received in %v (%.0f runs/s); all recorded succeeded in %v (%.0f runs/s end to end); max RSS %s\n",
+		store, n, br.count.Load(), lastRecv.Sub(due).Round(time.Millisecond), float64(n)/lastRecv.Sub(due).Seconds(),
+		lastRec.Sub(due).Round(time.Millisecond), float64(n)/lastRec.Sub(due).Seconds(), maxRSS())
+	return nil
+}
+
+func benchLateness(ctx context.Context, out io.Writer, n int, d time.Duration, database string, conc int) error {
+	br, err := newBenchReceiver()
+	if err != nil {
+		return err
+	}
+	defer br.srv.Close()
+	m, _, sl, cleanup, err := startBenchMain(ctx, database, conc)
+	if err != nil {
+		return err
+	}
+	defer cleanup()
+	start := time.Now().Add(3 * time.Second).UTC().Truncate(time.Second)
+	if err := createJobs(ctx, m, n, func(i int, j *vibejobs.Job) {
+		j.Schedule = "@every 1s"
+		j.ScheduleAnchor = start.Add(-time.Second)
+		first := start
+		j.NextRunAt = &first
+	}); err != nil {
+		return err
+	}
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-time.After(time.Until(start.Add(d))):
+	}
+	// Stop scheduling, let the last deliveries land.
+	time.Sleep(2 * time.Second)
+	br.mu.Lock()
+	recv := slices.Clone(br.lateness)
+	br.mu.Unlock()
+	sl.mu.Lock()
+	sent := slices.Clone(sl.d)
+	sl.mu.Unlock()
+	want := n * int(d/time.Second)
+	fmt.Fprintf(out, "lateness: %d jobs @every 1s for %v (%d occurrences expected, %d first attempts sent)\n", n, d, want, len(sent))
+	fmt.Fprintf(out, "  send time − scheduledFor (platform): %s\n", quantiles(sent))
+	fmt.Fprintf(out, "  receive time − scheduledFor (receiver): %s\n", quantiles(recv))
+	fmt.Fprintf(out, "  max RSS %s\n", maxRSS())
+	return nil
+}
+
+func quantiles(d []time.Duration) string {
+	if len(d) == 0 {
+		return "no samples"
+	}
+	slices.Sort(d)
+	q := func(p float64) time.Duration { return d[min(len(d)-1, int(p*float64(len(d))))] }
+	return fmt.Sprintf("n=%d p50=%v p90=%v p99=%v max=%v", len(d), q(.5).Round(time.Microsecond),
+		q(.9).Round(time.Microsecond), q(.99).Round(time.Microsecond), d[len(d)-1].Round(time.Microsecond))
+}
+
+// rawLoop signs and POSTs n requests to url with conc workers and no database:
+// the ceiling for end-to-end delivery on this machine.
+func rawLoop(url string, n, conc int) (float64, error) {
+	tr := &http.Transport{MaxIdleConnsPerHost: conc, MaxConnsPerHost: conc, Proxy: nil}
+	client := &http.Client{Transport: tr}
+	defer tr.CloseIdleConnections()
+	secret, _ := contract.NewSecret(nil)
+	var next atomic.Int64
+	var failed atomic.Int64
+	var wg sync.WaitGroup
+	start := time.Now()
+	for w := 0; w < conc; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				i := next.Add(1)
+				if i > int64(n) {
+					return
+				}
+				body := contract.Body(contract.Payload{JobID: "job_raw", RunID: fmt.Sprintf("run_%d", i),
+					ScheduledFor: start, Attempt: 1, Trigger: contract.TriggerSchedule})
+				req, _ := http.NewRequest("POST", url, bytes.NewReader(body))
+				req.Header = http.Header{
+					"Content-Type": {contract.ContentType}, "X-Vibe-Caller-Kind": {"schedule"},
+					"Vibe-Signature": {contract.Sign(secret, time.Now().Unix(), body)},
+					"User-Agent":     {"vibejobs/raw"}, "Idempotency-Key": {fmt.Sprintf("run_%d", i)},
+				}
+				resp, err := client.Do(req)
+				if err != nil {
+					failed.Add(1)
+					continue
+				}
+				io.Copy(io.Discard, io.LimitReader(resp.Body, 4096))
+				resp.Body.Close()
+			}
+		}()
+	}
+	wg.Wait()
+	if f := failed.Load(); f > 0 {
+		return 0, fmt.Errorf("raw loop: %d requests failed", f)
+	}
+	return float64(n) / time.Since(start).Seconds(), nil
+}
+
+// maxRSS is the peak resident set of this process.
+func maxRSS() string {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return "unknown"
+	}
+	return fmt.Sprintf("%.0f MiB", float64(ru.Maxrss)/1024)
+}

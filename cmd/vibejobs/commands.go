@@ -1,0 +1,124 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/vibejobs/vibejobs"
+	"github.com/vibejobs/vibejobs/internal/secretbox"
+)
+
+// storeFlags parses the flags that locate the database and the master key.
+func storeFlags(name string, args []string, getenv func(string) string, stderr io.Writer) (*Config, error) {
+	var c Config
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	c.flagSet(fs, getenv)
+	if err := fs.Parse(args); err != nil {
+		return nil, fmt.Errorf("%w: %v", errUsage, err)
+	}
+	if fs.NArg() > 0 {
+		return nil, fmt.Errorf("%w: unexpected argument %q", errUsage, fs.Arg(0))
+	}
+	return &c, c.validate()
+}
+
+// migrate runs the migrations of the configured database and exits.
+func migrate(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
+	c, err := storeFlags("vibejobs migrate", args, getenv, stderr)
+	if err != nil {
+		return err
+	}
+	store, err := c.openStore(ctx, c.newLogger(stderr), time.Now)
+	if err != nil {
+		return fmt.Errorf("migrating: %w", err)
+	}
+	fmt.Fprintln(stdout, "migrations applied")
+	return store.Close()
+}
+
+// masterKey implements "master-key rotate": a new key becomes the first line
+// of the key file (older keys stay, so running servers and secrets not yet
+// re-sealed keep working), then every secret is re-sealed under it in small
+// transactions. Servers pick the new key up when they next read the file.
+func masterKey(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
+	if len(args) == 0 || args[0] != "rotate" {
+		return fmt.Errorf("%w: master-key rotate [flags]", errUsage)
+	}
+	c, err := storeFlags("vibejobs master-key rotate", args[1:], getenv, stderr)
+	if err != nil {
+		return err
+	}
+	path := c.masterKeyPath()
+	old, err := os.ReadFile(path)
+	if err != nil {
+		return fmt.Errorf("reading master key file: %w", err)
+	}
+	if _, err := secretbox.Parse(old); err != nil {
+		return err
+	}
+	store, err := c.openStore(ctx, c.newLogger(stderr), time.Now)
+	if err != nil {
+		return err
+	}
+	defer store.Close()
+	oldKeys, _ := secretbox.Parse(old)
+	if err := checkMasterKey(ctx, store, oldKeys); err != nil {
+		return err
+	}
+	nk, err := secretbox.NewKey()
+	if err != nil {
+		return err
+	}
+	content := append([]byte(nk+"\n"), old...)
+	keys, err := secretbox.Parse(content)
+	if err != nil {
+		return err
+	}
+	tmp := filepath.Join(filepath.Dir(path), ".master.key.tmp")
+	if err := os.WriteFile(tmp, content, 0o600); err != nil {
+		return fmt.Errorf("writing master key file: %w", err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		return fmt.Errorf("replacing master key file: %w", err)
+	}
+	total := 0
+	for {
+		n := 0
+		err := store.Update(ctx, func(tx vibejobs.Tx) error {
+			jobs, err := tx.SecretsNotUnder(ctx, keys.CurrentID(), 200)
+			if err != nil {
+				return err
+			}
+			n = len(jobs)
+			for _, j := range jobs {
+				plain, err := keys.Open(j.Secret, j.ID)
+				if err != nil {
+					return fmt.Errorf("opening the secret of %s: %w", j.ID, err)
+				}
+				sealed, err := keys.Seal(plain, j.ID)
+				if err != nil {
+					return err
+				}
+				if err := tx.SetJobSecret(ctx, j.ID, sealed); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+		if err != nil {
+			return fmt.Errorf("re-sealing secrets (the new key is in place; run rotate again to finish): %w", err)
+		}
+		total += n
+		if n == 0 {
+			break
+		}
+	}
+	fmt.Fprintf(stdout, "master key rotated: new key %s, %d secrets re-sealed; older keys remain in %s until you remove them\n", keys.CurrentID(), total, path)
+	return nil
+}

@@ -1,0 +1,95 @@
+// Command vibejobs is the platform server and its CLI in one binary.
+//
+//	vibejobs serve              run the platform (embedded SQLite by default)
+//	vibejobs migrate            run the database migrations and exit
+//	vibejobs jobs|runs|projects|tokens …   talk to a running server's API
+//	vibejobs version
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/vibejobs/vibejobs/internal/cli"
+)
+
+// Version is set at build time with -ldflags "-X main.Version=…".
+var Version = "dev"
+
+func main() {
+	ctx, stop := signalContext()
+	code := run(ctx, os.Args[1:], os.Getenv, os.Stdout, os.Stderr)
+	stop()
+	os.Exit(code)
+}
+
+const usage = `vibejobs — scheduled jobs delivered as signed HTTPS requests
+
+Usage:
+  vibejobs serve [flags]        run the platform (see vibejobs serve -h)
+  vibejobs migrate [flags]      run database migrations and exit
+  vibejobs master-key rotate    re-encrypt every job secret under a new master key
+  vibejobs jobs <verb> …        create|list|get|update|pause|resume|delete|trigger|rotate-secret|next
+  vibejobs runs <verb> …        list|get
+  vibejobs projects <verb> …    create|list
+  vibejobs tokens <verb> …      create|list|revoke
+  vibejobs version
+`
+
+// run executes one command and returns the process exit code.
+func run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) int {
+	if len(args) == 0 {
+		fmt.Fprint(stderr, usage)
+		return 2
+	}
+	var err error
+	switch args[0] {
+	case "serve":
+		err = serve(ctx, args[1:], getenv, stdout, stderr)
+	case "migrate":
+		err = migrate(ctx, args[1:], getenv, stdout, stderr)
+	case "bench":
+		err = bench(ctx, args[1:], stdout, stderr)
+	case "master-key":
+		err = masterKey(ctx, args[1:], getenv, stdout, stderr)
+	case "version", "--version":
+		fmt.Fprintln(stdout, "vibejobs", Version)
+	case "help", "-h", "--help":
+		fmt.Fprint(stdout, usage)
+	default:
+		err = cli.Run(ctx, args, stdout, stderr)
+	}
+	if err == nil {
+		return 0
+	}
+	fmt.Fprintln(stderr, "error:", err)
+	var ue *cli.UsageError
+	if errors.As(err, &ue) || errors.Is(err, errUsage) {
+		return 2
+	}
+	return 1
+}
+
+var errUsage = errors.New("usage")
+
+func serve(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
+	m := NewMain(stdout, stderr)
+	if err := m.ParseFlags(args, getenv); err != nil {
+		return err
+	}
+	if err := m.Run(ctx); err != nil {
+		m.Close()
+		return err
+	}
+	<-ctx.Done()
+	return m.Close()
+}
+
+func signalContext() (context.Context, context.CancelFunc) {
+	return signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+}

@@ -1,0 +1,392 @@
+package main
+
+import (
+	"cmp"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/vibejobs/vibejobs"
+	"github.com/vibejobs/vibejobs/internal/api"
+	"github.com/vibejobs/vibejobs/internal/dispatcher"
+	"github.com/vibejobs/vibejobs/internal/egress"
+	"github.com/vibejobs/vibejobs/internal/maintenance"
+	"github.com/vibejobs/vibejobs/internal/metrics"
+	"github.com/vibejobs/vibejobs/internal/postgres"
+	"github.com/vibejobs/vibejobs/internal/scheduler"
+	"github.com/vibejobs/vibejobs/internal/secretbox"
+	"github.com/vibejobs/vibejobs/internal/sqlite"
+)
+
+// Config is the server's configuration; every flag has an environment
+// variable of the same name in upper case with the VIBEJOBS_ prefix.
+type Config struct {
+	Listen            string
+	DataDir           string
+	Database          string // "" → SQLite in DataDir; postgres://… → PostgreSQL; else a SQLite path
+	MasterKeyFile     string
+	AllowPrivate      string
+	CAFile            string
+	LogFormat         string
+	LogLevel          string
+	Concurrency       int
+	PerHost           int
+	RetentionDays     int
+	MaxJobsPerProject int
+}
+
+// Main is the whole server. Tests start it on port 0 with Run and stop it
+// with Close.
+type Main struct {
+	Config Config
+	Stdout io.Writer
+	Stderr io.Writer
+	// Now and DialContext are for tests; nil means the real ones.
+	Now         func() time.Time
+	DialContext func(ctx context.Context, network, addr string) (net.Conn, error)
+
+	// AdminToken is set when Run created the installation token.
+	AdminToken string
+	// WrapDispatchStore and Observer let benchmarks watch the delivery engine.
+	WrapDispatchStore func(vibejobs.DispatchStore) vibejobs.DispatchStore
+	Observer          dispatcher.Observer
+
+	logger  *slog.Logger
+	store   vibejobs.Store
+	sealer  *keyFile
+	ln      net.Listener
+	srv     *http.Server
+	cancel  context.CancelFunc
+	wg      sync.WaitGroup
+	closeMu sync.Mutex
+	closed  bool
+}
+
+// NewMain returns a Main writing to the given streams.
+func NewMain(stdout, stderr io.Writer) *Main {
+	return &Main{Stdout: stdout, Stderr: stderr}
+}
+
+// flagSet declares the server flags on fs, with environment defaults.
+func (c *Config) flagSet(fs *flag.FlagSet, getenv func(string) string) {
+	env := func(name, def string) string { return cmp.Or(getenv("VIBEJOBS_"+name), def) }
+	fs.StringVar(&c.Listen, "listen", env("LISTEN", "127.0.0.1:8080"), "HTTP listen address (VIBEJOBS_LISTEN)")
+	fs.StringVar(&c.DataDir, "data-dir", env("DATA_DIR", "./vibejobs-data"), "data directory: SQLite database, master key, admin token (VIBEJOBS_DATA_DIR)")
+	fs.StringVar(&c.Database, "database", env("DATABASE", ""), "postgres://… URL or SQLite file path; default <data-dir>/vibejobs.db (VIBEJOBS_DATABASE)")
+	fs.StringVar(&c.MasterKeyFile, "master-key-file", env("MASTER_KEY_FILE", ""), "master key file; default <data-dir>/master.key, created on first start (VIBEJOBS_MASTER_KEY_FILE)")
+	fs.StringVar(&c.AllowPrivate, "allow-private", env("ALLOW_PRIVATE", ""), "comma-separated CIDRs deliveries may reach despite the egress policy, at most 32 (VIBEJOBS_ALLOW_PRIVATE)")
+	fs.StringVar(&c.CAFile, "ca-file", env("CA_FILE", ""), "PEM bundle added to the system roots for deliveries (VIBEJOBS_CA_FILE)")
+	fs.StringVar(&c.LogFormat, "log-format", env("LOG_FORMAT", "text"), "text or json (VIBEJOBS_LOG_FORMAT)")
+	fs.StringVar(&c.LogLevel, "log-level", env("LOG_LEVEL", "info"), "debug, info, warn or error (VIBEJOBS_LOG_LEVEL)")
+	intFlag := func(p *int, name, envName string, def int, usage string) {
+		fs.Func(name, fmt.Sprintf("%s (VIBEJOBS_%s, default %d)", usage, envName, def), func(s string) error {
+			n, err := strconv.Atoi(s)
+			if err != nil || n < 1 {
+				return errors.New("must be a positive integer")
+			}
+			*p = n
+			return nil
+		})
+		*p = def
+		if v := getenv("VIBEJOBS_" + envName); v != "" {
+			if n, err := strconv.Atoi(v); err == nil && n > 0 {
+				*p = n
+			} else {
+				*p = -1 // reported by validate
+			}
+		}
+	}
+	intFlag(&c.Concurrency, "concurrency", "CONCURRENCY", dispatcher.DefaultConcurrency, "attempts in flight at most")
+	intFlag(&c.PerHost, "per-host", "PER_HOST", dispatcher.DefaultPerHost, "attempts in flight per destination host at most")
+	intFlag(&c.RetentionDays, "retention-days", "RETENTION_DAYS", maintenance.DefaultRetentionDays, "history retention in days, at least 7")
+	intFlag(&c.MaxJobsPerProject, "max-jobs-per-project", "MAX_JOBS_PER_PROJECT", 10000, "jobs per project at most")
+}
+
+func (c *Config) validate() error {
+	switch {
+	case c.Concurrency < 1:
+		return errors.New("VIBEJOBS_CONCURRENCY must be a positive integer")
+	case c.PerHost < 1:
+		return errors.New("VIBEJOBS_PER_HOST must be a positive integer")
+	case c.RetentionDays < maintenance.MinRetentionDays:
+		return fmt.Errorf("retention must be at least %d days", maintenance.MinRetentionDays)
+	case c.MaxJobsPerProject < 1:
+		return errors.New("VIBEJOBS_MAX_JOBS_PER_PROJECT must be a positive integer")
+	case c.LogFormat != "text" && c.LogFormat != "json":
+		return errors.New("log format must be text or json")
+	case c.DataDir == "":
+		return errors.New("data dir must not be empty")
+	}
+	if _, err := egress.ParseAllowList(c.AllowPrivate); err != nil {
+		return fmt.Errorf("allow-private: %w", err)
+	}
+	var lvl slog.Level
+	if err := lvl.UnmarshalText([]byte(c.LogLevel)); err != nil {
+		return fmt.Errorf("log level: %w", err)
+	}
+	return nil
+}
+
+// ParseFlags reads the serve flags and their environment equivalents.
+func (m *Main) ParseFlags(args []string, getenv func(string) string) error {
+	fs := flag.NewFlagSet("vibejobs serve", flag.ContinueOnError)
+	fs.SetOutput(m.Stderr)
+	m.Config.flagSet(fs, getenv)
+	if err := fs.Parse(args); err != nil {
+		return fmt.Errorf("%w: %v", errUsage, err)
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("%w: unexpected argument %q", errUsage, fs.Arg(0))
+	}
+	return m.Config.validate()
+}
+
+func (c *Config) masterKeyPath() string {
+	return cmp.Or(c.MasterKeyFile, filepath.Join(c.DataDir, "master.key"))
+}
+
+func (c *Config) newLogger(w io.Writer) *slog.Logger {
+	var lvl slog.Level
+	_ = lvl.UnmarshalText([]byte(c.LogLevel))
+	opts := &slog.HandlerOptions{Level: lvl}
+	if c.LogFormat == "json" {
+		return slog.New(slog.NewJSONHandler(w, opts))
+	}
+	return slog.New(slog.NewTextHandler(w, opts))
+}
+
+// openStore opens the configured database and runs its migrations.
+func (c *Config) openStore(ctx context.Context, logger *slog.Logger, now func() time.Time) (vibejobs.Store, error) {
+	if strings.HasPrefix(c.Database, "postgres://") || strings.HasPrefix(c.Database, "postgresql://") {
+		return postgres.Open(ctx, c.Database, postgres.Options{Logger: logger, Now: now})
+	}
+	path := c.Database
+	if path == "" {
+		if err := os.MkdirAll(c.DataDir, 0o700); err != nil {
+			return nil, fmt.Errorf("creating data dir: %w", err)
+		}
+		path = filepath.Join(c.DataDir, "vibejobs.db")
+	}
+	return sqlite.Open(ctx, path, sqlite.Options{Logger: logger, Now: now})
+}
+
+// Run starts the server and returns once it is listening; the work goes on
+// in the background until Close.
+func (m *Main) Run(ctx context.Context) error {
+	cfg := &m.Config
+	if cfg.Listen == "" {
+		cfg.Listen = "127.0.0.1:8080"
+	}
+	m.logger = cfg.newLogger(m.Stderr)
+	now := m.Now
+	if now == nil {
+		now = time.Now
+	}
+	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
+		return fmt.Errorf("creating data dir: %w", err)
+	}
+	keys, created, err := secretbox.LoadOrCreate(cfg.masterKeyPath())
+	if err != nil {
+		return err
+	}
+	if created {
+		m.logger.Info("master_key.created", "path", cfg.masterKeyPath())
+	}
+	store, err := cfg.openStore(ctx, m.logger, now)
+	if err != nil {
+		return fmt.Errorf("opening database: %w", err)
+	}
+	m.store = store
+	if err := checkMasterKey(ctx, store, keys); err != nil {
+		return err
+	}
+	sealer := newKeyFile(cfg.masterKeyPath(), keys)
+	m.sealer = sealer
+	if err := m.bootstrap(ctx, now); err != nil {
+		return err
+	}
+
+	allow, _ := egress.ParseAllowList(cfg.AllowPrivate)
+	policy, err := egress.NewPolicy(allow)
+	if err != nil {
+		return fmt.Errorf("allow-private: %w", err)
+	}
+	client, err := egress.NewClient(egress.Config{
+		Policy: policy, CAFile: cfg.CAFile, UserAgent: "vibejobs/" + Version,
+		MaxConnsPerHost: cfg.PerHost, DialContext: m.DialContext,
+	})
+	if err != nil {
+		return fmt.Errorf("egress client: %w", err)
+	}
+
+	met := metrics.New()
+	owner := newOwnerID()
+	var dispStore vibejobs.DispatchStore = store
+	if m.WrapDispatchStore != nil {
+		dispStore = m.WrapDispatchStore(store)
+	}
+	var obs dispatcher.Observer = met
+	if m.Observer != nil {
+		obs = observers{met, m.Observer}
+	}
+	disp := dispatcher.New(dispatcher.Config{
+		Store: dispStore, Sender: client, Opener: sealer, Owner: owner,
+		UserAgent: "vibejobs/" + Version, Logger: m.logger, Now: now,
+		Concurrency: cfg.Concurrency, PerHost: cfg.PerHost, Observer: obs,
+	})
+	sched := scheduler.New(scheduler.Config{
+		Store: store, Logger: m.logger, Now: now,
+		OnRunsCreated: func(n int) { met.RunsCreated(n); disp.Wake() },
+		OnSkipped:     met.Skipped,
+	})
+	maint := maintenance.New(maintenance.Config{
+		Store: store, Logger: m.logger, Now: now, RetentionDays: cfg.RetentionDays,
+		Observer: met, OnRecovered: disp.Wake,
+	})
+	apiSrv := api.New(api.Config{
+		Store: store, Sealer: sealer, URLs: policy, Now: now, Logger: m.logger,
+		Wake:              func() { sched.Wake(); disp.Wake() },
+		Metrics:           met.Handler(),
+		MaxJobsPerProject: cfg.MaxJobsPerProject,
+	})
+
+	ln, err := net.Listen("tcp", cfg.Listen)
+	if err != nil {
+		return fmt.Errorf("listening: %w", err)
+	}
+	m.ln = ln
+	m.srv = &http.Server{
+		Handler:           apiSrv.Handler(),
+		ReadHeaderTimeout: 10 * time.Second,
+		ReadTimeout:       30 * time.Second,
+		WriteTimeout:      30 * time.Second,
+		IdleTimeout:       2 * time.Minute,
+		ErrorLog:          slog.NewLogLogger(m.logger.Handler(), slog.LevelWarn),
+	}
+	workCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	m.cancel = cancel
+	if w, ok := store.(interface {
+		Wakeups(context.Context) <-chan struct{}
+	}); ok {
+		ch := w.Wakeups(workCtx)
+		m.goRun(func() {
+			for range ch {
+				disp.Wake()
+			}
+		})
+	}
+	m.goRun(func() { sched.Run(workCtx) })
+	m.goRun(func() { disp.Run(workCtx) })
+	m.goRun(func() { maint.Run(workCtx) })
+	m.goRun(func() {
+		if err := m.srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			m.logger.Error("http.serve_failed", "error", err)
+		}
+	})
+	m.logger.Info("server.started", "listen", ln.Addr().String(), "owner", owner, "version", Version)
+	return nil
+}
+
+func (m *Main) goRun(f func()) {
+	m.wg.Add(1)
+	go func() { defer m.wg.Done(); f() }()
+}
+
+// Addr is the address the server listens on (after Run).
+func (m *Main) Addr() string { return m.ln.Addr().String() }
+
+// Store is the open store (after Run); tests inspect it.
+func (m *Main) Store() vibejobs.Store { return m.store }
+
+// Close stops accepting requests and claiming runs, lets attempts in flight
+// finish within their budget, records their outcomes and closes the database.
+func (m *Main) Close() error {
+	m.closeMu.Lock()
+	defer m.closeMu.Unlock()
+	if m.closed {
+		return nil
+	}
+	m.closed = true
+	var errs []error
+	if m.srv != nil {
+		sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		errs = append(errs, m.srv.Shutdown(sctx))
+		cancel()
+	}
+	if m.cancel != nil {
+		m.cancel()
+	}
+	m.wg.Wait()
+	if m.store != nil {
+		errs = append(errs, m.store.Close())
+	}
+	if m.logger != nil && m.srv != nil {
+		m.logger.Info("server.stopped")
+	}
+	return errors.Join(errs...)
+}
+
+// bootstrap creates the default project and the installation token on the
+// first start, prints the token once and writes it to <data-dir>/admin.token.
+func (m *Main) bootstrap(ctx context.Context, now func() time.Time) error {
+	token, created, err := api.Bootstrap(ctx, m.store, now(), rand.Reader)
+	if err != nil {
+		return fmt.Errorf("bootstrap: %w", err)
+	}
+	if !created {
+		return nil
+	}
+	m.AdminToken = token
+	path := filepath.Join(m.Config.DataDir, "admin.token")
+	if err := os.WriteFile(path, []byte(token+"\n"), 0o600); err != nil {
+		return fmt.Errorf("writing admin token: %w", err)
+	}
+	fmt.Fprintf(m.Stdout, "Created project \"default\" and an admin API token (shown once, also saved to %s):\n\n    %s\n\n", path, token)
+	return nil
+}
+
+// checkMasterKey refuses to start when stored secrets do not open with the
+// master key: the server would otherwise send deliveries with bad signatures.
+func checkMasterKey(ctx context.Context, store vibejobs.Store, keys *secretbox.Keyring) error {
+	return store.Update(ctx, func(tx vibejobs.Tx) error {
+		jobs, err := tx.SecretsNotUnder(ctx, "", 5)
+		if err != nil {
+			return fmt.Errorf("checking master key: %w", err)
+		}
+		for _, j := range jobs {
+			if _, err := keys.Open(j.Secret, j.ID); err != nil {
+				return fmt.Errorf("the master key does not open the stored job secrets (wrong VIBEJOBS_MASTER_KEY_FILE?): %w", err)
+			}
+		}
+		return nil
+	})
+}
+
+func newOwnerID() string {
+	host, _ := os.Hostname()
+	var b [6]byte
+	_, _ = rand.Read(b[:])
+	return fmt.Sprintf("%s-%d-%s", cmp.Or(host, "host"), os.Getpid(), hex.EncodeToString(b[:]))
+}
+
+// observers fans dispatcher events out to several observers.
+type observers []dispatcher.Observer
+
+func (o observers) AttemptFinished(code string, step vibejobs.Step, late time.Duration, first bool, d time.Duration) {
+	for _, x := range o {
+		x.AttemptFinished(code, step, late, first, d)
+	}
+}
