@@ -75,7 +75,10 @@ type Config struct {
 	Metrics http.Handler
 	// Extra, when set, answers every path outside the API (a dashboard).
 	Extra             http.Handler
-	MaxJobsPerProject int // 0: DefaultMaxJobsPerProject
+	// MaxJobsPerProject bounds a project's jobs (0: DefaultMaxJobsPerProject);
+	// creating one more answers 409 too_many_jobs, a conflict with the
+	// project's state that deleting jobs resolves.
+	MaxJobsPerProject int
 	RateLimit         RateLimit
 	MaxBodyBytes      int64 // 0: DefaultMaxBodyBytes
 }
