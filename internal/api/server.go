@@ -74,7 +74,7 @@ type Config struct {
 	// Metrics, when set, is served at GET /metrics without a token.
 	Metrics http.Handler
 	// Extra, when set, answers every path outside the API (a dashboard).
-	Extra             http.Handler
+	Extra http.Handler
 	// MaxJobsPerProject bounds a project's jobs (0: DefaultMaxJobsPerProject);
 	// creating one more answers 409 too_many_jobs, a conflict with the
 	// project's state that deleting jobs resolves.
