@@ -64,7 +64,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	verbs, ok := resources[args[0]]
 	if !ok {
 		fmt.Fprint(stderr, topUsage)
-		return usagef("unknown resource %q", args[0])
+		return usagef("unknown command %q", args[0])
 	}
 	if len(args) < 2 || args[1] == "-h" || args[1] == "--help" || args[1] == "help" {
 		fmt.Fprint(stderr, resourceUsage(args[0], verbs))
