@@ -107,9 +107,11 @@ func jobSchedule(j *vibejobs.Job) (schedule.Schedule, error) {
 
 // plan sets a job's state and NextRunAt after it was created or changed at
 // now. before is the job as it was (nil when creating); changed says that its
-// schedule, time zone or at changed. Runs materialised ahead of time that a
-// pause or a schedule change withdraws are deleted.
-func plan(ctx context.Context, tx vibejobs.Tx, j, before *vibejobs.Job, changed bool, now time.Time) error {
+// schedule, time zone or at changed. It reports whether runs materialised
+// ahead of time are withdrawn (a pause or a schedule change): the caller
+// deletes them after writing the job, since the write locks the job row and
+// only then can no scheduler add runs behind the delete.
+func plan(j, before *vibejobs.Job, changed bool, now time.Time) (withdraw bool, err error) {
 	if changed {
 		// The change takes effect from the next occurrence after now;
 		// @every counts from here.
@@ -119,28 +121,23 @@ func plan(ctx context.Context, tx vibejobs.Tx, j, before *vibejobs.Job, changed 
 		// A one-off job that has run stays completed; only a new at (or a
 		// schedule) revives it. Disabling it changes nothing else.
 		if j.Enabled && !before.Enabled {
-			return errJobCompleted()
+			return false, errJobCompleted()
 		}
-		return nil
+		return false, nil
 	}
-	withdraw := before != nil && before.Enabled && (!j.Enabled || changed)
-	if withdraw {
-		if _, err := tx.DeleteFutureRuns(ctx, j.ID, now); err != nil {
-			return err
-		}
-	}
+	withdraw = before != nil && before.Enabled && (!j.Enabled || changed)
 	if !j.Enabled {
 		j.State, j.NextRunAt = vibejobs.JobPaused, nil
-		return nil
+		return withdraw, nil
 	}
 	if before != nil && before.Enabled && before.State == vibejobs.JobActive && !changed {
-		return nil // running on as it was
+		return withdraw, nil // running on as it was
 	}
 	// Created, resumed or rescheduled: the next occurrence after now
 	// (occurrences while paused are skipped for good).
 	sch, err := jobSchedule(j)
 	if err != nil {
-		return err
+		return false, err
 	}
 	j.State, j.NextRunAt = vibejobs.JobActive, nil
 	if next := sch.Next(now); !next.IsZero() {
@@ -150,7 +147,7 @@ func plan(ctx context.Context, tx vibejobs.Tx, j, before *vibejobs.Job, changed 
 		// A one-off whose instant passed while it was paused.
 		j.State = vibejobs.JobCompleted
 	}
-	return nil
+	return withdraw, nil
 }
 
 func (s *Server) createJob(ctx context.Context, c *call, tx vibejobs.Tx) (*response, error) {
@@ -179,7 +176,7 @@ func (s *Server) createJob(ctx context.Context, c *call, tx vibejobs.Tx) (*respo
 		return nil, err
 	}
 	j.CreatedAt, j.UpdatedAt = c.now, c.now
-	if err := plan(ctx, tx, j, nil, true, c.now); err != nil {
+	if _, err := plan(j, nil, true, c.now); err != nil {
 		return nil, err
 	}
 	if err := tx.CreateJob(ctx, j); err != nil {
@@ -230,12 +227,18 @@ func (s *Server) changeJob(ctx context.Context, c *call, tx vibejobs.Tx, change 
 	if e != nil {
 		return nil, e
 	}
-	if err := plan(ctx, tx, j, &before, changed, c.now); err != nil {
+	withdraw, err := plan(j, &before, changed, c.now)
+	if err != nil {
 		return nil, err
 	}
 	j.UpdatedAt = c.now
 	if err := tx.UpdateJob(ctx, j); err != nil {
 		return nil, err
+	}
+	if withdraw {
+		if _, err := tx.DeleteFutureRuns(ctx, j.ID, c.now); err != nil {
+			return nil, err
+		}
 	}
 	c.wake = true
 	return tx.GetJob(ctx, c.projectID(), id)

@@ -1,0 +1,445 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/vibejobs/vibejobs"
+	"github.com/vibejobs/vibejobs/internal/postgres"
+)
+
+// replica is a vibejobs server running as a child process.
+type replica struct {
+	cmd *exec.Cmd
+	api apiClient
+}
+
+// startReplica starts a server process on database (SQLite path or
+// PostgreSQL URL) with the shared data directory (master key, admin token).
+func startReplica(t *testing.T, dataDir, database string) *replica {
+	t.Helper()
+	addr := freeAddr(t)
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), "VIBEJOBS_E2E_CHILD=serve", "VIBEJOBS_LISTEN="+addr,
+		"VIBEJOBS_DATA_DIR="+dataDir, "VIBEJOBS_DATABASE="+database, "VIBEJOBS_ALLOW_PRIVATE=127.0.0.0/8")
+	cmd.Stdout, cmd.Stderr = io.Discard, io.Discard
+	if testing.Verbose() {
+		cmd.Stderr = os.Stderr
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = cmd.Process.Signal(syscall.SIGTERM)
+		done := make(chan struct{})
+		go func() { _ = cmd.Wait(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(20 * time.Second):
+			_ = cmd.Process.Kill()
+			<-done
+		}
+	})
+	r := &replica{cmd: cmd, api: apiClient{t: t, base: "http://" + addr}}
+	waitReady(t, r.api.base)
+	tok, err := os.ReadFile(filepath.Join(dataDir, "admin.token"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.api.token = strings.TrimSpace(string(tok))
+	return r
+}
+
+// pgReplicaURL returns a URL of a fresh schema of the test database for
+// replica processes, and a Store on the same schema for the test's checks.
+func pgReplicaURL(t *testing.T, host string) (string, *postgres.Store) {
+	t.Helper()
+	base := postgres.TestURL(t)
+	schema := postgres.NewTestSchema(t)
+	store := postgres.MustOpenTestWith(t, postgres.Options{Schema: schema})
+	u := base
+	if host != "" {
+		u = strings.Replace(u, "127.0.0.1:5432", host, 1)
+	}
+	sep := "?"
+	if strings.Contains(u, "?") {
+		sep = "&"
+	}
+	return u + sep + "search_path=" + schema, store
+}
+
+// slowReceiver answers 200 after delay, counting deliveries per run id.
+type slowReceiver struct {
+	*httptest.Server
+	mu    sync.Mutex
+	byRun map[string]int
+}
+
+func newSlowReceiver(t *testing.T, delay time.Duration) *slowReceiver {
+	sr := &slowReceiver{byRun: map[string]int{}}
+	sr.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		sr.mu.Lock()
+		sr.byRun[runIDOf(b)]++
+		sr.mu.Unlock()
+		select {
+		case <-time.After(delay):
+		case <-r.Context().Done():
+		}
+		w.WriteHeader(200)
+	}))
+	t.Cleanup(sr.Close)
+	return sr
+}
+
+func runIDOf(body []byte) string {
+	i := strings.Index(string(body), `"runId":"`)
+	if i < 0 {
+		return ""
+	}
+	rest := string(body[i+9:])
+	return rest[:strings.IndexByte(rest, '"')]
+}
+
+// allRuns lists every run of a job through the Store.
+func allRuns(t *testing.T, st vibejobs.Store, projectID, jobID string) []*vibejobs.Run {
+	t.Helper()
+	var out []*vibejobs.Run
+	cursor := ""
+	for {
+		rs, next, err := st.ListRuns(context.Background(), projectID, vibejobs.RunFilter{JobID: jobID}, vibejobs.Page{Limit: 100, Cursor: cursor})
+		if err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, rs...)
+		if next == "" {
+			return out
+		}
+		cursor = next
+	}
+}
+
+// waitAllFinished waits until every run of the jobs is finished.
+func waitAllFinished(t *testing.T, st vibejobs.Store, projectID string, jobIDs []string, within time.Duration) map[string][]*vibejobs.Run {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for {
+		all := map[string][]*vibejobs.Run{}
+		open := 0
+		for _, id := range jobIDs {
+			rs := allRuns(t, st, projectID, id)
+			for _, r := range rs {
+				if !r.State.Finished() {
+					open++
+				}
+			}
+			all[id] = rs
+		}
+		if open == 0 {
+			return all
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d runs still unfinished after %v", open, within)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// checkEverySecond asserts the runs of an "@every 1s" job: one per second
+// with no gap (no occurrence lost), none twice, every one succeeded.
+func checkEverySecond(t *testing.T, jobID string, runs []*vibejobs.Run) {
+	t.Helper()
+	if len(runs) < 3 {
+		t.Fatalf("job %s: only %d runs", jobID, len(runs))
+	}
+	sort.Slice(runs, func(i, j int) bool { return runs[i].ScheduledFor.Before(runs[j].ScheduledFor) })
+	for i, r := range runs {
+		if r.State != vibejobs.RunSucceeded {
+			t.Errorf("job %s run %s: %s %s", jobID, r.ID, r.State, r.FailureReason)
+		}
+		if i > 0 {
+			if gap := r.ScheduledFor.Sub(runs[i-1].ScheduledFor); gap != time.Second {
+				t.Errorf("job %s: %v between occurrences %v and %v (lost or doubled)", jobID, gap, runs[i-1].ScheduledFor, r.ScheduledFor)
+			}
+		}
+	}
+}
+
+func createEveryJobs(t *testing.T, api apiClient, n int, url string) (projectID string, ids []string) {
+	t.Helper()
+	for i := 0; i < n; i++ {
+		code, j := api.do("POST", "/v1/jobs", map[string]any{
+			"name": fmt.Sprintf("tick-%d", i), "schedule": "@every 1s", "url": url, "timeout": "1s",
+			"retry": map[string]any{"maxAttempts": 4, "minBackoff": "1s", "maxBackoff": "2s"},
+		})
+		if code != 201 {
+			t.Fatalf("create: %d %v", code, j)
+		}
+		ids = append(ids, j["id"].(string))
+	}
+	_, j := api.do("GET", "/v1/jobs/"+ids[0], nil)
+	_ = j
+	return "", ids
+}
+
+func pauseAll(t *testing.T, api apiClient, ids []string) {
+	t.Helper()
+	for _, id := range ids {
+		if code, body := api.do("POST", "/v1/jobs/"+id+"/pause", nil); code != 200 {
+			t.Fatalf("pause: %d %v", code, body)
+		}
+	}
+}
+
+func projectOf(t *testing.T, st vibejobs.Store) string {
+	t.Helper()
+	ps, err := st.ListProjects(context.Background())
+	if err != nil || len(ps) != 1 {
+		t.Fatalf("projects %v %v", ps, err)
+	}
+	return ps[0].ID
+}
+
+// TestReplicasSurviveSIGKILL: three replicas on one PostgreSQL, one killed
+// with SIGKILL under load: no occurrence lost, none doubled, and the killed
+// replica's attempts in flight are redelivered by the others.
+func TestReplicasSurviveSIGKILL(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts server processes")
+	}
+	url, st := pgReplicaURL(t, "")
+	dataDir := t.TempDir()
+	rc := newSlowReceiver(t, 400*time.Millisecond)
+	r1 := startReplica(t, dataDir, url)
+	r2 := startReplica(t, dataDir, url)
+	r3 := startReplica(t, dataDir, url)
+	_, ids := createEveryJobs(t, r1.api, 20, rc.URL)
+	project := projectOf(t, st)
+	time.Sleep(4 * time.Second) // load runs on all three
+	if err := r2.cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(4 * time.Second)
+	pauseAll(t, r3.api, ids)
+	all := waitAllFinished(t, st, project, ids, 60*time.Second)
+
+	interrupted := 0
+	for _, id := range ids {
+		checkEverySecond(t, id, all[id])
+		for _, r := range all[id] {
+			full, err := st.GetRun(context.Background(), project, r.ID)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, a := range full.Attempts {
+				if a.ErrorCode == vibejobs.ErrorCodeInterrupted {
+					interrupted++
+					rc.mu.Lock()
+					n := rc.byRun[r.ID]
+					rc.mu.Unlock()
+					if n < 2 {
+						t.Errorf("run %s interrupted but received %d times", r.ID, n)
+					}
+				}
+			}
+		}
+	}
+	if interrupted == 0 {
+		t.Fatal("the killed replica had no attempt in flight: the test proved nothing")
+	}
+	t.Logf("%d interrupted attempts redelivered", interrupted)
+}
+
+// tcpProxy sits between replicas and PostgreSQL so a test can cut every
+// connection and refuse new ones, as if the database went away.
+type tcpProxy struct {
+	ln     net.Listener
+	target string
+	mu     sync.Mutex
+	down   bool
+	conns  map[net.Conn]struct{}
+}
+
+func newTCPProxy(t *testing.T, target string) *tcpProxy {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &tcpProxy{ln: ln, target: target, conns: map[net.Conn]struct{}{}}
+	go p.serve()
+	t.Cleanup(func() { ln.Close(); p.cut() })
+	return p
+}
+
+func (p *tcpProxy) serve() {
+	for {
+		c, err := p.ln.Accept()
+		if err != nil {
+			return
+		}
+		p.mu.Lock()
+		down := p.down
+		p.mu.Unlock()
+		if down {
+			c.Close()
+			continue
+		}
+		up, err := net.Dial("tcp", p.target)
+		if err != nil {
+			c.Close()
+			continue
+		}
+		p.mu.Lock()
+		p.conns[c], p.conns[up] = struct{}{}, struct{}{}
+		p.mu.Unlock()
+		go func() { io.Copy(up, c); up.Close(); c.Close() }()
+		go func() { io.Copy(c, up); up.Close(); c.Close() }()
+	}
+}
+
+func (p *tcpProxy) cut() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.down = true
+	for c := range p.conns {
+		c.Close()
+	}
+	p.conns = map[net.Conn]struct{}{}
+}
+
+func (p *tcpProxy) restore() {
+	p.mu.Lock()
+	p.down = false
+	p.mu.Unlock()
+}
+
+func readyStatus(base string) int {
+	resp, err := http.Get(base + "/readyz")
+	if err != nil {
+		return 0
+	}
+	resp.Body.Close()
+	return resp.StatusCode
+}
+
+func waitStatus(t *testing.T, base string, want int, within time.Duration) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for readyStatus(base) != want {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s/readyz never answered %d", base, want)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// TestReplicasRideOutDatabaseOutage: every connection to PostgreSQL is cut
+// and refused for a while under load: /readyz says not ready meanwhile, the
+// replicas reconnect afterwards, and nothing is lost.
+func TestReplicasRideOutDatabaseOutage(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts server processes")
+	}
+	proxy := newTCPProxy(t, "127.0.0.1:5432")
+	url, st := pgReplicaURL(t, proxy.ln.Addr().String())
+	dataDir := t.TempDir()
+	rc := newSlowReceiver(t, 0)
+	r1 := startReplica(t, dataDir, url)
+	r2 := startReplica(t, dataDir, url)
+	_, ids := createEveryJobs(t, r1.api, 10, rc.URL)
+	project := projectOf(t, st)
+	time.Sleep(2 * time.Second)
+
+	proxy.cut()
+	waitStatus(t, r1.api.base, 503, 15*time.Second)
+	waitStatus(t, r2.api.base, 503, 15*time.Second)
+	time.Sleep(3 * time.Second)
+	proxy.restore()
+	waitStatus(t, r1.api.base, 200, 30*time.Second)
+	waitStatus(t, r2.api.base, 200, 30*time.Second)
+	time.Sleep(3 * time.Second)
+	pauseAll(t, r2.api, ids)
+	all := waitAllFinished(t, st, project, ids, 60*time.Second)
+	for _, id := range ids {
+		checkEverySecond(t, id, all[id])
+	}
+}
+
+// TestRetriesWhileReceiverDown: the receiver refuses connections for two
+// attempts, then comes back: the run is delivered on attempt 3, and the
+// attempts are spaced by the job's backoff (1 s, then 2 s, ±20 %).
+func TestRetriesWhileReceiverDown(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts server processes")
+	}
+	url, st := pgReplicaURL(t, "")
+	r := startReplica(t, t.TempDir(), url)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close() // refused until the receiver comes back
+
+	code, job := r.api.do("POST", "/v1/jobs", map[string]any{
+		"name": "down", "schedule": "0 0 1 1 *", "url": "http://" + addr + "/", "timeout": "1s",
+		"retry": map[string]any{"maxAttempts": 4, "minBackoff": "1s", "maxBackoff": "2s"},
+	})
+	if code != 201 {
+		t.Fatalf("create: %d %v", code, job)
+	}
+	_, run := r.api.do("POST", "/v1/jobs/"+job["id"].(string)+"/runs", nil)
+	runID := run["id"].(string)
+	project := projectOf(t, st)
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		got, err := st.GetRun(context.Background(), project, runID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(got.Attempts) >= 2 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("attempts %+v", got.Attempts)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	ln, err = net.Listen("tcp", addr)
+	if err != nil {
+		t.Fatalf("re-listening on %s: %v", addr, err)
+	}
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(204) })}
+	go srv.Serve(ln)
+	t.Cleanup(func() { srv.Close() })
+
+	got := waitRunState(t, r.api, runID, "succeeded")
+	full, err := st.GetRun(context.Background(), project, runID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := full.Attempts
+	if len(a) != 3 || a[0].ErrorCode != "network" || a[1].ErrorCode != "network" || a[2].StatusCode != 204 {
+		t.Fatalf("attempts %+v (run %v)", a, got)
+	}
+	for i, want := range []time.Duration{time.Second, 2 * time.Second} {
+		gap := a[i+1].StartedAt.Sub(a[i].FinishedAt)
+		// ±20 % jitter, plus the dispatcher's wake-up slack.
+		if gap < want*8/10 || gap > want*12/10+300*time.Millisecond {
+			t.Errorf("gap before attempt %d = %v, want %v ±20%%", i+2, gap, want)
+		}
+	}
+}
