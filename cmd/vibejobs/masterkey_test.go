@@ -1,0 +1,145 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/vibejobs/vibejobs/internal/secretbox"
+)
+
+// TestMasterKeyRotationKeepsDeliveriesValid rotates the master key while the
+// server runs: every secret is re-sealed under the new key, the server picks
+// the key up from the file, and deliveries still carry valid signatures.
+func TestMasterKeyRotationKeepsDeliveriesValid(t *testing.T) {
+	rc := newReceiver(t, nil)
+	dataDir := t.TempDir()
+	_, api := startMain(t, dataDir)
+	code, job := api.do("POST", "/v1/jobs", map[string]any{"name": "k", "schedule": "0 0 1 1 *", "url": rc.URL})
+	if code != 201 {
+		t.Fatalf("create: %d %v", code, job)
+	}
+	secret, id := job["secret"].(string), job["id"].(string)
+	oldKeys, err := os.ReadFile(filepath.Join(dataDir, "master.key"))
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	var out, errb bytes.Buffer
+	env := func(k string) string {
+		if k == "VIBEJOBS_DATA_DIR" {
+			return dataDir
+		}
+		return ""
+	}
+	if code := run(context.Background(), []string{"master-key", "rotate"}, env, &out, &errb); code != 0 {
+		t.Fatalf("rotate: %d %s %s", code, out.String(), errb.String())
+	}
+	if !strings.Contains(out.String(), "1 secrets re-sealed") {
+		t.Fatalf("rotate said %q", out.String())
+	}
+	newKeys, _ := os.ReadFile(filepath.Join(dataDir, "master.key"))
+	kr, err := secretbox.Parse(newKeys)
+	if err != nil || len(kr.IDs()) != 2 || !bytes.HasSuffix(newKeys, oldKeys) {
+		t.Fatalf("key file after rotation: %v %v", kr.IDs(), err)
+	}
+
+	// The running server opens the re-sealed secret and signs correctly.
+	if code, _ := api.do("POST", "/v1/jobs/"+id+"/runs", nil); code != 202 {
+		t.Fatalf("trigger: %d", code)
+	}
+	checkDelivery(t, rc.next(t, 10e9), secret, id)
+
+	// With only the new key, the old one dropped, the server still starts.
+	first := bytes.SplitN(newKeys, []byte("\n"), 2)[0]
+	if err := os.WriteFile(filepath.Join(dataDir, "master.key"), append(first, '\n'), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	m := NewMain(&out, &errb)
+	m.Config = Config{Listen: "127.0.0.1:0", DataDir: dataDir, LogFormat: "text", LogLevel: "error",
+		Concurrency: 8, PerHost: 8, RetentionDays: 90, MaxJobsPerProject: 10}
+	if err := m.Run(context.Background()); err != nil {
+		t.Fatalf("start with the rotated key only: %v", err)
+	}
+	m.Close()
+}
+
+// TestWrongMasterKeyStopsTheStart: a server given another master key than
+// the one that sealed the stored secrets refuses to start, instead of sending
+// deliveries with bad signatures.
+func TestWrongMasterKeyStopsTheStart(t *testing.T) {
+	dataDir := t.TempDir()
+	m, api := startMain(t, dataDir)
+	if code, job := api.do("POST", "/v1/jobs", map[string]any{"name": "k", "schedule": "@daily", "url": "https://example.com/"}); code != 201 {
+		t.Fatalf("create: %d %v", code, job)
+	}
+	m.Close()
+	other, _ := secretbox.NewKey()
+	if err := os.WriteFile(filepath.Join(dataDir, "master.key"), []byte(other+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var errb bytes.Buffer
+	m2 := NewMain(&errb, &errb)
+	m2.Config = Config{Listen: "127.0.0.1:0", DataDir: dataDir, LogFormat: "text", LogLevel: "error",
+		Concurrency: 8, PerHost: 8, RetentionDays: 90, MaxJobsPerProject: 10}
+	err := m2.Run(context.Background())
+	m2.Close()
+	if err == nil || !strings.Contains(err.Error(), "master key") {
+		t.Fatalf("started with a wrong master key: %v", err)
+	}
+}
+
+// TestSecretsNeverAtRestOrInLogs scans the database files and the server's
+// log for the secrets and tokens the server handed out.
+func TestSecretsNeverAtRestOrInLogs(t *testing.T) {
+	rc := newReceiver(t, nil)
+	dataDir := t.TempDir()
+	var logs bytes.Buffer
+	m := NewMain(&bytes.Buffer{}, &logs)
+	m.Config = Config{Listen: "127.0.0.1:0", DataDir: dataDir, AllowPrivate: "127.0.0.0/8", LogFormat: "json",
+		LogLevel: "debug", Concurrency: 8, PerHost: 8, RetentionDays: 90, MaxJobsPerProject: 100}
+	if err := m.Run(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	api := apiClient{t: t, base: "http://" + m.Addr(), token: m.AdminToken}
+	var secrets []string
+	for i := 0; i < 5; i++ {
+		code, job := api.do("POST", "/v1/jobs", map[string]any{"name": "s", "schedule": "0 0 1 1 *", "url": rc.URL + "/p?q=1"})
+		if code != 201 {
+			t.Fatalf("create: %d %v", code, job)
+		}
+		secrets = append(secrets, job["secret"].(string))
+		api.do("POST", "/v1/jobs/"+job["id"].(string)+"/runs", nil)
+		rc.next(t, 10e9)
+		_, rot := api.do("POST", "/v1/jobs/"+job["id"].(string)+"/rotate-secret", nil)
+		secrets = append(secrets, rot["secret"].(string))
+	}
+	m.Close()
+	needles := append(secrets, m.AdminToken, strings.TrimPrefix(rc.URL, "http://"))
+	files, _ := filepath.Glob(filepath.Join(dataDir, "vibejobs.db*"))
+	if len(files) == 0 {
+		t.Fatal("no database files found")
+	}
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, s := range needles[:len(secrets)+1] {
+			if bytes.Contains(b, []byte(s)) {
+				t.Errorf("%s holds a secret or token in clear", filepath.Base(f))
+			}
+		}
+	}
+	for _, s := range needles {
+		if strings.Contains(logs.String(), s) {
+			t.Errorf("the log carries %q", s[:8])
+		}
+	}
+	if !strings.Contains(logs.String(), "server.started") {
+		t.Fatal("no log captured: the scan proved nothing")
+	}
+}
