@@ -31,6 +31,14 @@ type replica struct {
 // PostgreSQL URL) with the shared data directory (master key, admin token).
 func startReplica(t *testing.T, dataDir, database string) *replica {
 	t.Helper()
+	r := spawnReplica(t, dataDir, database)
+	r.awaitReady(t, dataDir)
+	return r
+}
+
+// spawnReplica starts the process without waiting for it.
+func spawnReplica(t *testing.T, dataDir, database string) *replica {
+	t.Helper()
 	addr := freeAddr(t)
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(), "VIBEJOBS_E2E_CHILD=serve", "VIBEJOBS_LISTEN="+addr,
@@ -53,14 +61,44 @@ func startReplica(t *testing.T, dataDir, database string) *replica {
 			<-done
 		}
 	})
-	r := &replica{cmd: cmd, api: apiClient{t: t, base: "http://" + addr}}
+	return &replica{cmd: cmd, api: apiClient{t: t, base: "http://" + addr}}
+}
+
+func (r *replica) awaitReady(t *testing.T, dataDir string) {
+	t.Helper()
 	waitReady(t, r.api.base)
 	tok, err := os.ReadFile(filepath.Join(dataDir, "admin.token"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	r.api.token = strings.TrimSpace(string(tok))
-	return r
+}
+
+// TestReplicasBootstrapTogether: three replicas started at once on an empty
+// database create exactly one default project and one admin token.
+func TestReplicasBootstrapTogether(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts server processes")
+	}
+	url, st := pgReplicaURL(t, "")
+	dataDir := t.TempDir()
+	rs := []*replica{spawnReplica(t, dataDir, url), spawnReplica(t, dataDir, url), spawnReplica(t, dataDir, url)}
+	for _, r := range rs {
+		waitReady(t, r.api.base)
+	}
+	// The winner writes the token file before it listens.
+	for _, r := range rs {
+		r.awaitReady(t, dataDir)
+	}
+	ps, err := st.ListProjects(context.Background())
+	if err != nil || len(ps) != 1 {
+		t.Fatalf("projects after a concurrent first start: %d %v", len(ps), err)
+	}
+	for _, r := range rs {
+		if code, body := r.api.do("GET", "/v1/jobs", nil); code != 200 {
+			t.Fatalf("the admin token does not work on every replica: %d %v", code, body)
+		}
+	}
 }
 
 // pgReplicaURL returns a URL of a fresh schema of the test database for

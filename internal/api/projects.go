@@ -252,7 +252,9 @@ func Bootstrap(ctx context.Context, store vibejobs.Store, now time.Time, r io.Re
 		if len(ps) > 0 {
 			return nil
 		}
-		p := &vibejobs.Project{ID: vibejobs.NewID("prj_", now, r), Name: "default", CreatedAt: now}
+		// A fixed id: replicas starting together on one empty database
+		// race here, and the primary key lets exactly one of them win.
+		p := &vibejobs.Project{ID: BootstrapProjectID, Name: "default", CreatedAt: now}
 		if err := tx.CreateProject(ctx, p); err != nil {
 			return err
 		}
@@ -267,7 +269,14 @@ func Bootstrap(ctx context.Context, store vibejobs.Store, now time.Time, r io.Re
 		return nil
 	})
 	if err != nil {
+		// Lost the race to another replica: its project is there now.
+		if ps, lerr := store.ListProjects(ctx); lerr == nil && len(ps) > 0 {
+			return "", false, nil
+		}
 		return "", false, err
 	}
 	return token, created, nil
 }
+
+// BootstrapProjectID is the id of the project created on first start.
+const BootstrapProjectID = "prj_default"
