@@ -15,7 +15,7 @@ import (
 // DueJobs returns active, enabled, undeleted jobs whose NextRunAt ≤ before,
 // earliest first (ties by id). LastRun is not filled.
 func (s *Store) DueJobs(ctx context.Context, before time.Time, limit int) ([]*vibejobs.Job, error) {
-	rows, err := s.r.QueryContext(ctx, `SELECT `+jobColumns+` FROM jobs j
+	rows, err := s.q.QueryContext(ctx, `SELECT `+jobColumns+` FROM jobs j
 		WHERE j.enabled = 1 AND j.state = 'active' AND j.deleted_at IS NULL AND j.next_run_at <= ?
 		ORDER BY j.next_run_at, j.id LIMIT ?`, ms(before), limit)
 	if err != nil {
@@ -61,7 +61,7 @@ func (s *Store) ApplyRunPlans(ctx context.Context, plans []vibejobs.RunPlan, now
 		rounds[r] = append(rounds[r], p)
 	}
 	created := 0
-	err := s.write(ctx, func(t *sql.Tx) error {
+	err := s.write(ctx, func(t wtx) error {
 		created = 0
 		for _, ps := range rounds {
 			n, err := applyRound(ctx, t, ps)
@@ -79,18 +79,12 @@ func (s *Store) ApplyRunPlans(ctx context.Context, plans []vibejobs.RunPlan, now
 }
 
 // applyRound applies plans of distinct jobs.
-func applyRound(ctx context.Context, t *sql.Tx, plans []*vibejobs.RunPlan) (int, error) {
+func applyRound(ctx context.Context, t wtx, plans []*vibejobs.RunPlan) (int, error) {
 	advance := make([][5]any, len(plans))
 	for i, p := range plans {
 		advance[i] = [5]any{p.JobID, msPtr(p.Next), p.Skipped, p.Complete, ms(p.From)}
 	}
-	rows, err := t.QueryContext(ctx, `UPDATE jobs SET next_run_at = p.value ->> 1,
-			skipped_runs = skipped_runs + (p.value ->> 2),
-			state = CASE WHEN p.value ->> 3 THEN 'completed' ELSE jobs.state END
-		FROM jsonb_each(?) AS p
-		WHERE jobs.id = p.value ->> 0 AND jobs.next_run_at = p.value ->> 4
-			AND jobs.enabled = 1 AND jobs.state = 'active' AND jobs.deleted_at IS NULL
-		RETURNING jobs.id`, jsonArray(advance))
+	rows, err := t.QueryContext(ctx, applyAdvanceSQL, jsonArray(advance))
 	if err != nil {
 		return 0, err
 	}
@@ -119,12 +113,7 @@ func applyRound(ctx context.Context, t *sql.Tx, plans []*vibejobs.RunPlan) (int,
 	if len(runs) == 0 {
 		return 0, nil
 	}
-	n, err := changed(t.ExecContext(ctx, `INSERT INTO runs (id, job_id, project_id, trigger, scheduled_for, occurrence,
-			deadline_at, late, state, attempt, next_attempt_at, failure_reason, created_at, finished_at)
-		SELECT value ->> 0, value ->> 1, value ->> 2, value ->> 3, value ->> 4, value ->> 5, value ->> 6,
-			value ->> 7, value ->> 8, value ->> 9, value ->> 10, value ->> 11, value ->> 12, value ->> 13
-		FROM jsonb_each(?) ORDER BY key
-		ON CONFLICT (job_id, scheduled_for, occurrence) DO NOTHING`, jsonArray(runs)))
+	n, err := changed(t.ExecContext(ctx, applyInsertSQL, jsonArray(runs)))
 	if err != nil {
 		return 0, err
 	}
@@ -138,14 +127,12 @@ func (s *Store) ClaimDueRuns(ctx context.Context, owner string, now time.Time, l
 		return nil, nil
 	}
 	var claims []*vibejobs.Claim
-	err := s.write(ctx, func(t *sql.Tx) error {
+	err := s.write(ctx, func(t wtx) error {
 		claims = nil
 		nowMS := ms(now)
 		// Pick in due order first: UPDATE … RETURNING returns rows in no
 		// particular order, and the claim clears next_attempt_at.
-		rows, err := t.QueryContext(ctx, `SELECT seq, id FROM runs
-			WHERE state IN ('scheduled', 'retrying') AND next_attempt_at <= ?1 AND deadline_at >= ?1
-			ORDER BY next_attempt_at, seq LIMIT ?2`, nowMS, limit)
+		rows, err := t.QueryContext(ctx, claimPickSQL, nowMS, limit)
 		if err != nil {
 			return err
 		}
@@ -171,17 +158,7 @@ func (s *Store) ClaimDueRuns(ctx context.Context, owner string, now time.Time, l
 
 		// Attempt numbering: a redelivery keeps the number of the attempt it
 		// sends again. Late is decided by the run's first claim that sends.
-		rows, err = t.QueryContext(ctx, `UPDATE runs SET
-				state = 'delivering',
-				attempt = CASE WHEN redeliver = 1 THEN attempt ELSE attempt + 1 END,
-				redeliver = 0,
-				late = coalesce(late, ?1 - scheduled_for > ?2),
-				next_attempt_at = NULL,
-				attempt_started_at = ?1,
-				lease_owner = ?3,
-				lease_expires_at = ?1 + ?4 + (SELECT j.timeout_ns / 1000000 FROM jobs j WHERE j.id = runs.job_id)
-			WHERE seq IN (SELECT value FROM json_each(?5))
-			RETURNING `+runColumns,
+		rows, err = t.QueryContext(ctx, claimSQL,
 			nowMS, vibejobs.LateThreshold.Milliseconds(), owner, leaseMargin.Milliseconds(), jsonArray(rowids))
 		if err != nil {
 			return err
@@ -203,9 +180,7 @@ func (s *Store) ClaimDueRuns(ctx context.Context, owner string, now time.Time, l
 		}
 
 		// The delivery settings of each job as they are now.
-		rows, err = t.QueryContext(ctx, `SELECT j.id, j.url, j.secret_key_id, j.secret_ciphertext, j.timeout_ns,
-				j.max_attempts, j.min_backoff_ns, j.max_backoff_ns
-			FROM jobs j WHERE j.id IN (SELECT value FROM json_each(?))`, jsonArray(jobIDs))
+		rows, err = t.QueryContext(ctx, claimJobsSQL, jsonArray(jobIDs))
 		if err != nil {
 			return err
 		}
@@ -257,7 +232,7 @@ func (s *Store) ClaimDueRuns(ctx context.Context, owner string, now time.Time, l
 // dispatcher in a loop until FailExpiredRuns ends it.
 func (s *Store) NextDueAt(ctx context.Context) (time.Time, bool, error) {
 	var next sql.NullInt64
-	err := s.r.QueryRowContext(ctx, `SELECT min(next_attempt_at) FROM runs
+	err := s.q.QueryRowContext(ctx, `SELECT min(next_attempt_at) FROM runs
 		WHERE state IN ('scheduled', 'retrying') AND deadline_at >= ?`, ms(s.now())).Scan(&next)
 	if err != nil {
 		return time.Time{}, false, fmt.Errorf("finding next due run: %w", err)
@@ -295,7 +270,7 @@ func (s *Store) RecordOutcomes(ctx context.Context, owner string, outcomes []vib
 		}
 		rounds[r] = append(rounds[r], o)
 	}
-	err := s.write(ctx, func(t *sql.Tx) error {
+	err := s.write(ctx, func(t wtx) error {
 		for _, batch := range rounds {
 			if err := recordRound(ctx, t, owner, batch); err != nil {
 				return err
@@ -310,7 +285,7 @@ func (s *Store) RecordOutcomes(ctx context.Context, owner string, outcomes []vib
 }
 
 // recordRound records outcomes of distinct runs.
-func recordRound(ctx context.Context, t *sql.Tx, owner string, outcomes []*vibejobs.Outcome) error {
+func recordRound(ctx context.Context, t wtx, owner string, outcomes []*vibejobs.Outcome) error {
 	moves := make([][6]any, len(outcomes))
 	for i, o := range outcomes {
 		var next, finished any
@@ -324,13 +299,7 @@ func recordRound(ctx context.Context, t *sql.Tx, owner string, outcomes []*vibej
 		}
 		moves[i] = [6]any{o.RunID, string(o.Step.State), o.Step.FailureReason, next, finished, o.Attempt.Number}
 	}
-	rows, err := t.QueryContext(ctx, `UPDATE runs SET state = o.value ->> 1, failure_reason = o.value ->> 2,
-			next_attempt_at = o.value ->> 3, finished_at = o.value ->> 4,
-			lease_owner = NULL, lease_expires_at = NULL, attempt_started_at = NULL
-		FROM jsonb_each(?1) AS o
-		WHERE runs.id = o.value ->> 0 AND runs.state = 'delivering' AND runs.lease_owner = ?2
-			AND runs.attempt = o.value ->> 5
-		RETURNING runs.seq, runs.id`, jsonArray(moves), owner)
+	rows, err := t.QueryContext(ctx, recordMoveSQL, jsonArray(moves), owner)
 	if err != nil {
 		return err
 	}
@@ -366,26 +335,93 @@ func recordRound(ctx context.Context, t *sql.Tx, owner string, outcomes []*vibej
 			retried = append(retried, [2]any{seq, ms(a.FinishedAt)})
 		}
 	}
-	if _, err := t.ExecContext(ctx, `INSERT INTO attempts (run_seq, number, started_at, finished_at, status_code,
-			error_code, signature_timestamp, response_snippet)
-		SELECT value ->> 0, value ->> 1, value ->> 2, value ->> 3, value ->> 4, value ->> 5, value ->> 6, value ->> 7
-		FROM jsonb_each(?) ORDER BY key`, jsonArray(attempts)); err != nil {
+	if _, err := t.ExecContext(ctx, recordAttemptsSQL, jsonArray(attempts)); err != nil {
 		return fmt.Errorf("recording attempts: %w", err)
 	}
 	if len(retried) == 0 {
 		return nil
 	}
 	// No further attempt of a deleted job's run.
-	if _, err := t.ExecContext(ctx, `UPDATE runs SET state = 'cancelled', failure_reason = ?2,
-			finished_at = c.value ->> 1, next_attempt_at = NULL
-		FROM jsonb_each(?1) AS c
-		WHERE runs.seq = c.value ->> 0
-			AND EXISTS (SELECT 1 FROM jobs j WHERE j.id = runs.job_id AND j.deleted_at IS NOT NULL)`,
+	if _, err := t.ExecContext(ctx, recordCancelSQL,
 		jsonArray(retried), vibejobs.ReasonJobDeleted); err != nil {
 		return fmt.Errorf("cancelling runs of deleted jobs: %w", err)
 	}
 	return nil
 }
+
+// applyAdvanceSQL advances the jobs of a round of plans that are still at their From.
+const applyAdvanceSQL = `UPDATE jobs SET next_run_at = p.value ->> 1,
+			skipped_runs = skipped_runs + (p.value ->> 2),
+			state = CASE WHEN p.value ->> 3 THEN 'completed' ELSE jobs.state END
+		FROM jsonb_each(?) AS p
+		WHERE jobs.id = p.value ->> 0 AND jobs.next_run_at = p.value ->> 4
+			AND jobs.enabled = 1 AND jobs.state = 'active' AND jobs.deleted_at IS NULL
+		RETURNING jobs.id`
+
+// applyInsertSQL inserts the runs of the plans that applied.
+const applyInsertSQL = `INSERT INTO runs (id, job_id, project_id, trigger, scheduled_for, occurrence,
+			deadline_at, late, state, attempt, next_attempt_at, failure_reason, created_at, finished_at)
+		SELECT value ->> 0, value ->> 1, value ->> 2, value ->> 3, value ->> 4, value ->> 5, value ->> 6,
+			value ->> 7, value ->> 8, value ->> 9, value ->> 10, value ->> 11, value ->> 12, value ->> 13
+		FROM jsonb_each(?) ORDER BY key
+		ON CONFLICT (job_id, scheduled_for, occurrence) DO NOTHING`
+
+// claimPickSQL picks the runs to claim, in due order.
+const claimPickSQL = `SELECT seq, id FROM runs
+			WHERE state IN ('scheduled', 'retrying') AND next_attempt_at <= ?1 AND deadline_at >= ?1
+			ORDER BY next_attempt_at, seq LIMIT ?2`
+
+// claimSQL moves the picked runs to delivering.
+const claimSQL = `UPDATE runs SET
+				state = 'delivering',
+				attempt = CASE WHEN redeliver = 1 THEN attempt ELSE attempt + 1 END,
+				redeliver = 0,
+				late = coalesce(late, ?1 - scheduled_for > ?2),
+				next_attempt_at = NULL,
+				attempt_started_at = ?1,
+				lease_owner = ?3,
+				lease_expires_at = ?1 + ?4 + (SELECT j.timeout_ns / 1000000 FROM jobs j WHERE j.id = runs.job_id)
+			WHERE seq IN (SELECT value FROM json_each(?5))
+			RETURNING ` + runColumns
+
+// claimJobsSQL reads the delivery settings of the claimed runs' jobs.
+const claimJobsSQL = `SELECT j.id, j.url, j.secret_key_id, j.secret_ciphertext, j.timeout_ns,
+				j.max_attempts, j.min_backoff_ns, j.max_backoff_ns
+			FROM jobs j WHERE j.id IN (SELECT value FROM json_each(?))`
+
+// recordMoveSQL moves the runs whose outcome still holds the lease.
+const recordMoveSQL = `UPDATE runs SET state = o.value ->> 1, failure_reason = o.value ->> 2,
+			next_attempt_at = o.value ->> 3, finished_at = o.value ->> 4,
+			lease_owner = NULL, lease_expires_at = NULL, attempt_started_at = NULL
+		FROM jsonb_each(?1) AS o
+		WHERE runs.id = o.value ->> 0 AND runs.state = 'delivering' AND runs.lease_owner = ?2
+			AND runs.attempt = o.value ->> 5
+		RETURNING runs.seq, runs.id`
+
+// recordAttemptsSQL inserts the attempts of the outcomes that counted.
+const recordAttemptsSQL = `INSERT INTO attempts (run_seq, number, started_at, finished_at, status_code,
+			error_code, signature_timestamp, response_snippet)
+		SELECT value ->> 0, value ->> 1, value ->> 2, value ->> 3, value ->> 4, value ->> 5, value ->> 6, value ->> 7
+		FROM jsonb_each(?) ORDER BY key`
+
+// recordCancelSQL cancels the retrying runs of deleted jobs.
+const recordCancelSQL = `UPDATE runs SET state = 'cancelled', failure_reason = ?2,
+			finished_at = c.value ->> 1, next_attempt_at = NULL
+		FROM jsonb_each(?1) AS c
+		WHERE runs.seq = c.value ->> 0
+			AND EXISTS (SELECT 1 FROM jobs j WHERE j.id = runs.job_id AND j.deleted_at IS NOT NULL)`
+
+// releaseSQL puts claims back in the queue.
+const releaseSQL = `UPDATE runs SET
+				state = CASE WHEN attempt <= 1 THEN 'scheduled' ELSE 'retrying' END,
+				late = CASE WHEN attempt <= 1 THEN NULL ELSE late END,
+				redeliver = 1, next_attempt_at = ?, attempt_started_at = NULL,
+				lease_owner = NULL, lease_expires_at = NULL
+			WHERE id IN (SELECT value FROM json_each(?)) AND state = 'delivering' AND lease_owner = ?`
+
+// writeStatements are prepared once on the write connection.
+var writeStatements = []string{applyAdvanceSQL, applyInsertSQL, claimPickSQL, claimSQL, claimJobsSQL,
+	recordMoveSQL, recordAttemptsSQL, recordCancelSQL, releaseSQL}
 
 // jsonArray encodes rows for json_each: one bound parameter however many.
 // Rows hold only strings, integers, booleans and nils.
@@ -418,13 +454,8 @@ func (s *Store) ReleaseClaims(ctx context.Context, owner string, runIDs []string
 	if len(runIDs) == 0 {
 		return nil
 	}
-	err := s.write(ctx, func(t *sql.Tx) error {
-		_, err := t.ExecContext(ctx, `UPDATE runs SET
-				state = CASE WHEN attempt <= 1 THEN 'scheduled' ELSE 'retrying' END,
-				late = CASE WHEN attempt <= 1 THEN NULL ELSE late END,
-				redeliver = 1, next_attempt_at = ?, attempt_started_at = NULL,
-				lease_owner = NULL, lease_expires_at = NULL
-			WHERE id IN (SELECT value FROM json_each(?)) AND state = 'delivering' AND lease_owner = ?`,
+	err := s.write(ctx, func(t wtx) error {
+		_, err := t.ExecContext(ctx, releaseSQL,
 			ms(now), jsonArray(runIDs), owner)
 		return err
 	})
@@ -451,7 +482,7 @@ func (s *Store) RecoverExpiredLeases(ctx context.Context, now time.Time, limit i
 		return 0, nil
 	}
 	var n int64
-	err := s.write(ctx, func(t *sql.Tx) error {
+	err := s.write(ctx, func(t wtx) error {
 		nowMS := ms(now)
 		_, err := t.ExecContext(ctx, `INSERT INTO attempts (run_seq, number, started_at, finished_at, status_code,
 				error_code, signature_timestamp, response_snippet)
@@ -495,7 +526,7 @@ func (s *Store) FailExpiredRuns(ctx context.Context, now time.Time, limit int) (
 		return 0, nil
 	}
 	var n int64
-	err := s.write(ctx, func(t *sql.Tx) error {
+	err := s.write(ctx, func(t wtx) error {
 		var err error
 		n, err = changed(t.ExecContext(ctx, `UPDATE runs SET state = 'failed', failure_reason = ?3,
 				finished_at = ?1, next_attempt_at = NULL, redeliver = 0
@@ -520,7 +551,7 @@ func (s *Store) PruneRuns(ctx context.Context, projectID string, cutoff time.Tim
 		return 0, nil
 	}
 	var n int64
-	err := s.write(ctx, func(t *sql.Tx) error {
+	err := s.write(ctx, func(t wtx) error {
 		var err error
 		n, err = changed(t.ExecContext(ctx, `DELETE FROM runs WHERE seq IN (SELECT seq FROM runs
 			WHERE project_id = ? AND finished_at IS NOT NULL AND finished_at < ?
@@ -540,7 +571,7 @@ func (s *Store) PruneIdempotencyKeys(ctx context.Context, now time.Time, limit i
 		return 0, nil
 	}
 	var n int64
-	err := s.write(ctx, func(t *sql.Tx) error {
+	err := s.write(ctx, func(t wtx) error {
 		var err error
 		n, err = changed(t.ExecContext(ctx, `DELETE FROM idempotency_keys WHERE rowid IN (
 			SELECT rowid FROM idempotency_keys WHERE expires_at <= ? ORDER BY expires_at LIMIT ?)`, ms(now), limit))
@@ -556,7 +587,7 @@ func (s *Store) PruneIdempotencyKeys(ctx context.Context, now time.Time, limit i
 func (s *Store) QueueStats(ctx context.Context, now time.Time) (vibejobs.QueueStats, error) {
 	var st vibejobs.QueueStats
 	var oldest sql.NullInt64
-	err := s.r.QueryRowContext(ctx, `SELECT count(*), min(next_attempt_at) FROM runs
+	err := s.q.QueryRowContext(ctx, `SELECT count(*), min(next_attempt_at) FROM runs
 		WHERE state IN ('scheduled', 'retrying') AND next_attempt_at <= ?1 AND deadline_at >= ?1`, ms(now)).
 		Scan(&st.Due, &oldest)
 	if err != nil {

@@ -19,6 +19,7 @@ import (
 	"log/slog"
 	"runtime"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/pressly/goose/v3"
@@ -44,11 +45,15 @@ type Options struct {
 type Store struct {
 	reader // reads on the reader pool
 
-	path   string
-	w      *sql.DB // one connection, BEGIN IMMEDIATE
-	r      *sql.DB // readers, query_only
-	logger *slog.Logger
-	now    func() time.Time
+	path string
+	w    *sql.DB // one connection, BEGIN IMMEDIATE
+	r    *sql.DB // readers, query_only
+	// prepared holds writeStatements, prepared on the write connection at
+	// Open: preparing one inside a transaction would wait for the
+	// connection the transaction holds.
+	prepared map[string]*sql.Stmt
+	logger   *slog.Logger
+	now      func() time.Time
 }
 
 var _ vibejobs.Store = (*Store)(nil)
@@ -86,6 +91,15 @@ func Open(ctx context.Context, path string, opts Options) (*Store, error) {
 		s.w.Close()
 		return nil, err
 	}
+	s.prepared = make(map[string]*sql.Stmt, len(writeStatements))
+	for _, q := range writeStatements {
+		st, err := s.w.PrepareContext(ctx, q)
+		if err != nil {
+			s.w.Close()
+			return nil, fmt.Errorf("sqlite: preparing %.40q: %w", q, err)
+		}
+		s.prepared[q] = st
+	}
 
 	s.r, err = sql.Open("sqlite", readerDSN(path))
 	if err != nil {
@@ -97,7 +111,7 @@ func Open(ctx context.Context, path string, opts Options) (*Store, error) {
 	s.r.SetMaxIdleConns(n)
 	s.r.SetConnMaxLifetime(0)
 	s.r.SetConnMaxIdleTime(0)
-	s.reader = reader{q: s.r}
+	s.reader = reader{q: &cachedDB{db: s.r, stmts: map[string]*sql.Stmt{}}}
 	return s, nil
 }
 
@@ -164,7 +178,18 @@ func (s *Store) Ping(ctx context.Context) error {
 // Close closes both pools. It checkpoints the WAL when it is the last
 // connection to the database.
 func (s *Store) Close() error {
-	return errors.Join(s.r.Close(), s.w.Close())
+	var errs []error
+	for _, st := range s.prepared {
+		errs = append(errs, st.Close())
+	}
+	if c, ok := s.q.(*cachedDB); ok {
+		c.mu.Lock()
+		for _, st := range c.stmts {
+			errs = append(errs, st.Close())
+		}
+		c.mu.Unlock()
+	}
+	return errors.Join(append(errs, s.r.Close(), s.w.Close())...)
 }
 
 // Update runs fn in a write transaction. fn must do its writes (and the reads
@@ -174,7 +199,7 @@ func (s *Store) Close() error {
 func (s *Store) Update(ctx context.Context, fn func(tx vibejobs.Tx) error) error {
 	var err error
 	for range 3 {
-		err = s.write(ctx, func(t *sql.Tx) error { return fn(&tx{reader: reader{q: t}, t: t}) })
+		err = s.write(ctx, func(t wtx) error { return fn(&tx{reader: reader{q: t}, t: t}) })
 		if !isBusy(err) {
 			return err
 		}
@@ -183,12 +208,12 @@ func (s *Store) Update(ctx context.Context, fn func(tx vibejobs.Tx) error) error
 }
 
 // write runs fn in one IMMEDIATE transaction on the write connection.
-func (s *Store) write(ctx context.Context, fn func(*sql.Tx) error) error {
+func (s *Store) write(ctx context.Context, fn func(wtx) error) error {
 	t, err := s.w.BeginTx(ctx, nil)
 	if err != nil {
 		return fmt.Errorf("sqlite: beginning transaction: %w", err)
 	}
-	if err := fn(t); err != nil {
+	if err := fn(wtx{Tx: t, prepared: s.prepared}); err != nil {
 		_ = t.Rollback()
 		return err
 	}
@@ -196,6 +221,81 @@ func (s *Store) write(ctx context.Context, fn func(*sql.Tx) error) error {
 		return fmt.Errorf("sqlite: committing: %w", err)
 	}
 	return nil
+}
+
+// wtx is a write transaction that runs the statements prepared at Open
+// without parsing them again.
+type wtx struct {
+	*sql.Tx
+	prepared map[string]*sql.Stmt
+}
+
+func (t wtx) ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error) {
+	if st, ok := t.prepared[query]; ok {
+		return t.Tx.StmtContext(ctx, st).ExecContext(ctx, args...)
+	}
+	return t.Tx.ExecContext(ctx, query, args...)
+}
+
+func (t wtx) QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error) {
+	if st, ok := t.prepared[query]; ok {
+		return t.Tx.StmtContext(ctx, st).QueryContext(ctx, args...)
+	}
+	return t.Tx.QueryContext(ctx, query, args...)
+}
+
+func (t wtx) QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row {
+	if st, ok := t.prepared[query]; ok {
+		return t.Tx.StmtContext(ctx, st).QueryRowContext(ctx, args...)
+	}
+	return t.Tx.QueryRowContext(ctx, query, args...)
+}
+
+// cachedDB runs reads on the reader pool, each SQL text prepared once (per
+// connection, by database/sql). Only constant texts and the few variants
+// ListRuns builds reach it, so the cache stays small.
+type cachedDB struct {
+	db    *sql.DB
+	mu    sync.Mutex
+	stmts map[string]*sql.Stmt
+}
+
+func (c *cachedDB) stmt(ctx context.Context, query string) (*sql.Stmt, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if st, ok := c.stmts[query]; ok {
+		return st, nil
+	}
+	st, err := c.db.PrepareContext(ctx, query)
+	if err != nil {
+		return nil, err
+	}
+	c.stmts[query] = st
+	return st, nil
+}
+
+func (c *cachedDB) ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error) {
+	st, err := c.stmt(ctx, query)
+	if err != nil {
+		return nil, err
+	}
+	return st.ExecContext(ctx, args...)
+}
+
+func (c *cachedDB) QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error) {
+	st, err := c.stmt(ctx, query)
+	if err != nil {
+		return nil, err
+	}
+	return st.QueryContext(ctx, args...)
+}
+
+func (c *cachedDB) QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row {
+	st, err := c.stmt(ctx, query)
+	if err != nil {
+		return c.db.QueryRowContext(ctx, query, args...) // reports the same error through Scan
+	}
+	return st.QueryRowContext(ctx, args...)
 }
 
 // querier is what reads need: the reader pool or a transaction.

@@ -13,7 +13,7 @@ import (
 // tx is a vibejobs.Tx: a write transaction on the write connection.
 type tx struct {
 	reader
-	t *sql.Tx
+	t wtx
 }
 
 // changed returns the rows res changed.
