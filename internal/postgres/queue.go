@@ -36,19 +36,32 @@ func (s *Store) DueJobs(ctx context.Context, before time.Time, limit int) ([]*vi
 // inserted only for the jobs that advanced, and the unique (job_id,
 // occurrence_at) skips an occurrence that already has its run. The NOTIFY
 // goes out at commit when runs were created.
+//
+// Rows are reached by primary-key probes from the plan array (a LATERAL
+// subquery with a locking clause is never flattened) and updated by the
+// ctid the lock returned: joins left to the planner chose, on freshly loaded
+// tables, to scan every due job for every plan row (seconds per batch), or
+// to hash the whole table for a batch of a thousand rows.
+//
+// Updating by the locked row's ctid is safe: the lock keeps the row version
+// in place until commit. Should a concurrent commit have made the locked
+// version newer than this statement's snapshot, the UPDATE finds no row and
+// the plan is simply not applied, which the From check allows anyway.
 const applyPlansSQL = `WITH plan AS (
 	SELECT * FROM unnest($1::text[], $2::timestamptz[], $3::timestamptz[], $4::bigint[], $5::boolean[])
 		AS p(job_id, from_at, next_at, skipped, complete)
 ), locked AS (
-	SELECT j.id, plan.next_at, plan.skipped, plan.complete
-	FROM jobs j JOIN plan ON j.id = plan.job_id
-	WHERE j.next_run_at = plan.from_at AND j.state = 'active' AND j.enabled AND j.deleted_at IS NULL
-	FOR UPDATE OF j SKIP LOCKED
+	SELECT l.id, l.tid, plan.next_at, plan.skipped, plan.complete
+	FROM plan CROSS JOIN LATERAL (
+		SELECT j.id, j.ctid AS tid FROM jobs j
+		WHERE j.id = plan.job_id AND j.next_run_at = plan.from_at
+			AND j.state = 'active' AND j.enabled AND j.deleted_at IS NULL
+		FOR UPDATE SKIP LOCKED) l
 ), advanced AS (
 	UPDATE jobs j SET next_run_at = locked.next_at, skipped_runs = j.skipped_runs + locked.skipped,
 		state = CASE WHEN locked.complete THEN 'completed' ELSE j.state END
 	FROM locked
-	WHERE j.id = locked.id
+	WHERE j.ctid = locked.tid
 	RETURNING j.id
 ), created AS (
 	INSERT INTO runs (id, job_id, project_id, trigger, scheduled_for, occurrence_at, deadline_at, state,
@@ -159,9 +172,11 @@ func (s *Store) applyPlans(ctx context.Context, q querier, plans []vibejobs.RunP
 
 // claimSQL moves due runs to delivering. SKIP LOCKED lets replicas claim at
 // once without waiting for each other or taking the same run; the job's
-// delivery settings are read at claim time.
+// delivery settings are read at claim time. Locked runs are updated by ctid
+// (see applyPlansSQL): joined by id, the planner hashed the whole runs table
+// for every claim once it held a few thousand rows.
 const claimSQL = `WITH due AS (
-	SELECT id, next_attempt_at FROM runs
+	SELECT ctid AS tid, next_attempt_at FROM runs
 	WHERE state IN ('scheduled', 'retrying') AND next_attempt_at <= $1 AND deadline_at >= $1
 	ORDER BY next_attempt_at, id
 	LIMIT $3
@@ -178,7 +193,7 @@ UPDATE runs r SET
 	lease_owner = $2,
 	lease_expires_at = $1::timestamptz + ((j.timeout_ns + $4::bigint) / 1000) * interval '1 microsecond'
 FROM due, jobs j
-WHERE r.id = due.id AND j.id = r.job_id
+WHERE r.ctid = due.tid AND j.id = r.job_id
 RETURNING ` + runColumns + `, due.next_attempt_at,
 	j.url, j.secret_key_id, j.secret_ciphertext, j.timeout_ns, j.max_attempts, j.min_backoff_ns, j.max_backoff_ns`
 
@@ -269,20 +284,34 @@ const recordSQL = `WITH o AS (
 			$7::text[], $8::bigint[], $9::bytea[], $10::text[], $11::text[], $12::timestamptz[])
 		AS o(run_id, number, started_at, finished_at, status_code, error_code, signature_timestamp,
 			response_snippet, step_state, step_reason, step_next)
+), held AS (
+	-- The outcomes whose run is still delivering under owner's lease at
+	-- their attempt number, locked; retry_ends marks a retrying step of a
+	-- deleted job's run. A run has a lease owner exactly while it is
+	-- delivering (a CHECK constraint), so the state is not tested: that
+	-- test leads the planner to the small lease index and a scan of every
+	-- run in flight for each outcome.
+	SELECT o.*, o.step_state = 'retrying' AND l.job_deleted AS retry_ends, l.tid
+	FROM o CROSS JOIN LATERAL (
+		SELECT r.ctid AS tid,
+			EXISTS (SELECT 1 FROM jobs j WHERE j.id = r.job_id AND j.deleted_at IS NOT NULL) AS job_deleted
+		FROM runs r
+		WHERE r.id = o.run_id AND r.lease_owner = $1 AND r.attempt = o.number
+		FOR UPDATE) l
 ), moved AS (
 	UPDATE runs r SET
-		state = CASE WHEN o.step_state = 'retrying' AND j.deleted_at IS NOT NULL THEN 'cancelled' ELSE o.step_state END,
-		failure_reason = CASE WHEN o.step_state = 'retrying' AND j.deleted_at IS NOT NULL THEN $13 ELSE o.step_reason END,
-		next_attempt_at = CASE WHEN o.step_state = 'retrying' AND j.deleted_at IS NULL
-			THEN COALESCE(o.step_next, o.finished_at) END,
-		finished_at = CASE WHEN o.step_state = 'retrying' AND j.deleted_at IS NULL THEN NULL ELSE o.finished_at END,
+		state = CASE WHEN c.retry_ends THEN 'cancelled' ELSE c.step_state END,
+		failure_reason = CASE WHEN c.retry_ends THEN $13 ELSE c.step_reason END,
+		next_attempt_at = CASE WHEN c.step_state = 'retrying' AND NOT c.retry_ends
+			THEN COALESCE(c.step_next, c.finished_at) END,
+		finished_at = CASE WHEN c.step_state = 'retrying' AND NOT c.retry_ends THEN NULL ELSE c.finished_at END,
 		attempt_started_at = NULL,
 		lease_owner = NULL,
 		lease_expires_at = NULL
-	FROM o, jobs j
-	WHERE r.id = o.run_id AND j.id = r.job_id
-		AND r.state = 'delivering' AND r.lease_owner = $1 AND r.attempt = o.number
-	RETURNING o.*
+	FROM held c
+	WHERE r.ctid = c.tid
+	RETURNING c.run_id, c.number, c.started_at, c.finished_at, c.status_code, c.error_code,
+		c.signature_timestamp, c.response_snippet
 )
 INSERT INTO attempts (run_id, number, started_at, finished_at, status_code, error_code, signature_timestamp,
 	response_snippet)
@@ -403,7 +432,7 @@ func (s *Store) RecoverExpiredLeases(ctx context.Context, now time.Time, limit i
 	}
 	var n int
 	err := s.pool.QueryRow(ctx, `WITH expired AS (
-		SELECT id, attempt_started_at FROM runs
+		SELECT ctid AS tid, attempt_started_at FROM runs
 		WHERE state = 'delivering' AND lease_expires_at < $1
 		ORDER BY lease_expires_at, id
 		LIMIT $2
@@ -422,7 +451,7 @@ func (s *Store) RecoverExpiredLeases(ctx context.Context, now time.Time, limit i
 			lease_owner = NULL,
 			lease_expires_at = NULL
 		FROM expired, jobs j
-		WHERE r.id = expired.id AND j.id = r.job_id
+		WHERE r.ctid = expired.tid AND j.id = r.job_id
 		RETURNING r.id, r.attempt, COALESCE(expired.attempt_started_at, $1) AS started_at, r.redeliver AS claimable
 	), interrupted AS (
 		INSERT INTO attempts (run_id, number, started_at, finished_at, status_code, error_code, signature_timestamp)
@@ -438,21 +467,25 @@ func (s *Store) RecoverExpiredLeases(ctx context.Context, now time.Time, limit i
 }
 
 // FailExpiredRuns fails (deadline_exceeded, finished at now) up to limit runs
-// waiting in scheduled or retrying whose deadline passed.
+// waiting in scheduled or retrying whose deadline passed, earliest due
+// first. It walks the queue index rather than keeping an index on deadlines
+// that every run insert would pay for: the waiting runs are few (runs are
+// materialised seconds ahead), and a run past its deadline is among the
+// earliest due.
 func (s *Store) FailExpiredRuns(ctx context.Context, now time.Time, limit int) (int, error) {
 	if limit <= 0 {
 		return 0, nil
 	}
 	tag, err := s.pool.Exec(ctx, `WITH expired AS (
-		SELECT id FROM runs
+		SELECT ctid AS tid FROM runs
 		WHERE state IN ('scheduled', 'retrying') AND deadline_at < $1
-		ORDER BY deadline_at
+		ORDER BY next_attempt_at, id
 		LIMIT $2
 		FOR UPDATE SKIP LOCKED
 	)
 	UPDATE runs r SET state = 'failed', failure_reason = $3, finished_at = $1, next_attempt_at = NULL,
 		redeliver = false
-	FROM expired WHERE r.id = expired.id`, now, limit, vibejobs.ReasonDeadlineExceeded)
+	FROM expired WHERE r.ctid = expired.tid`, now, limit, vibejobs.ReasonDeadlineExceeded)
 	if err != nil {
 		return 0, mapError(err, "failing expired runs")
 	}
@@ -465,13 +498,13 @@ func (s *Store) PruneRuns(ctx context.Context, projectID string, cutoff time.Tim
 	if limit <= 0 {
 		return 0, nil
 	}
-	tag, err := s.pool.Exec(ctx, `DELETE FROM runs WHERE id IN (
-		SELECT id FROM runs
+	tag, err := s.pool.Exec(ctx, `DELETE FROM runs WHERE ctid = ANY(ARRAY(
+		SELECT ctid FROM runs
 		WHERE project_id = $1 AND finished_at IS NOT NULL AND finished_at < $2
 			AND state IN ('succeeded', 'failed', 'cancelled')
 		ORDER BY finished_at
 		LIMIT $3
-		FOR UPDATE SKIP LOCKED)`, projectID, cutoff, limit)
+		FOR UPDATE SKIP LOCKED))`, projectID, cutoff, limit)
 	if err != nil {
 		return 0, mapError(err, "pruning runs")
 	}
@@ -483,12 +516,12 @@ func (s *Store) PruneIdempotencyKeys(ctx context.Context, now time.Time, limit i
 	if limit <= 0 {
 		return 0, nil
 	}
-	tag, err := s.pool.Exec(ctx, `DELETE FROM idempotency_keys WHERE (project_id, key) IN (
-		SELECT project_id, key FROM idempotency_keys
+	tag, err := s.pool.Exec(ctx, `DELETE FROM idempotency_keys WHERE ctid = ANY(ARRAY(
+		SELECT ctid FROM idempotency_keys
 		WHERE expires_at <= $1
 		ORDER BY expires_at
 		LIMIT $2
-		FOR UPDATE SKIP LOCKED)`, now, limit)
+		FOR UPDATE SKIP LOCKED))`, now, limit)
 	if err != nil {
 		return 0, mapError(err, "pruning idempotency keys")
 	}

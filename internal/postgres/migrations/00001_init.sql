@@ -53,7 +53,6 @@ CREATE TABLE jobs (
 CREATE INDEX jobs_project_idx ON jobs (project_id, id) WHERE deleted_at IS NULL;
 CREATE INDEX jobs_due_idx ON jobs (next_run_at, id)
     WHERE state = 'active' AND enabled AND deleted_at IS NULL AND next_run_at IS NOT NULL;
-CREATE INDEX jobs_secret_key_idx ON jobs (secret_key_id, id);
 
 -- runs is the queue. A claimable run is in scheduled or retrying; claiming
 -- moves it to delivering under a lease (lease_owner, lease_expires_at).
@@ -83,10 +82,11 @@ CREATE TABLE runs (
     failure_reason     text NOT NULL DEFAULT '',
     created_at         timestamptz NOT NULL,
     finished_at        timestamptz,
-    CONSTRAINT runs_occurrence_key UNIQUE (job_id, occurrence_at)
+    CONSTRAINT runs_occurrence_key UNIQUE (job_id, occurrence_at),
+    -- Statements find a run delivering under a lease by its owner alone.
+    CONSTRAINT runs_lease_iff_delivering CHECK ((state = 'delivering') = (lease_owner IS NOT NULL))
 );
 CREATE INDEX runs_claim_idx ON runs (next_attempt_at, id) WHERE state IN ('scheduled', 'retrying');
-CREATE INDEX runs_waiting_deadline_idx ON runs (deadline_at) WHERE state IN ('scheduled', 'retrying');
 CREATE INDEX runs_lease_idx ON runs (lease_expires_at) WHERE state = 'delivering';
 CREATE INDEX runs_project_idx ON runs (project_id, id);
 CREATE INDEX runs_job_idx ON runs (job_id, id);
