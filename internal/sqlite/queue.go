@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strings"
 	"time"
@@ -232,8 +233,12 @@ func (s *Store) ClaimDueRuns(ctx context.Context, owner string, now time.Time, l
 // dispatcher in a loop until FailExpiredRuns ends it.
 func (s *Store) NextDueAt(ctx context.Context) (time.Time, bool, error) {
 	var next sql.NullInt64
-	err := s.q.QueryRowContext(ctx, `SELECT min(next_attempt_at) FROM runs
-		WHERE state IN ('scheduled', 'retrying') AND deadline_at >= ?`, ms(s.now())).Scan(&next)
+	err := s.q.QueryRowContext(ctx, `SELECT next_attempt_at FROM runs
+		WHERE state IN ('scheduled', 'retrying') AND deadline_at >= ?
+		ORDER BY next_attempt_at LIMIT 1`, ms(s.now())).Scan(&next)
+	if errors.Is(err, sql.ErrNoRows) {
+		return time.Time{}, false, nil
+	}
 	if err != nil {
 		return time.Time{}, false, fmt.Errorf("finding next due run: %w", err)
 	}
@@ -409,15 +414,22 @@ const recordCancelSQL = `UPDATE runs SET state = 'cancelled', failure_reason = ?
 			finished_at = c.value ->> 1, next_attempt_at = NULL
 		FROM jsonb_each(?1) AS c
 		WHERE runs.seq = c.value ->> 0
-			AND EXISTS (SELECT 1 FROM jobs j WHERE j.id = runs.job_id AND j.deleted_at IS NOT NULL)`
+			AND ` + jobDeleted
 
 // releaseSQL puts claims back in the queue.
 const releaseSQL = `UPDATE runs SET
-				state = CASE WHEN attempt <= 1 THEN 'scheduled' ELSE 'retrying' END,
+				state = CASE WHEN ` + jobDeleted + ` THEN 'cancelled'
+					WHEN attempt <= 1 THEN 'scheduled' ELSE 'retrying' END,
+				failure_reason = CASE WHEN ` + jobDeleted + ` THEN ?4 ELSE '' END,
+				finished_at = CASE WHEN ` + jobDeleted + ` THEN ?1 ELSE NULL END,
+				next_attempt_at = CASE WHEN ` + jobDeleted + ` THEN NULL ELSE ?1 END,
+				redeliver = CASE WHEN ` + jobDeleted + ` THEN 0 ELSE 1 END,
 				late = CASE WHEN attempt <= 1 THEN NULL ELSE late END,
-				redeliver = 1, next_attempt_at = ?, attempt_started_at = NULL,
-				lease_owner = NULL, lease_expires_at = NULL
-			WHERE id IN (SELECT value FROM json_each(?)) AND state = 'delivering' AND lease_owner = ?`
+				attempt_started_at = NULL, lease_owner = NULL, lease_expires_at = NULL
+			WHERE id IN (SELECT value FROM json_each(?2)) AND state = 'delivering' AND lease_owner = ?3`
+
+// jobDeleted is true for a run (in a statement on runs) whose job is deleted.
+const jobDeleted = `EXISTS (SELECT 1 FROM jobs j WHERE j.id = runs.job_id AND j.deleted_at IS NOT NULL)`
 
 // writeStatements are prepared once on the write connection.
 var writeStatements = []string{applyAdvanceSQL, applyInsertSQL, claimPickSQL, claimSQL, claimJobsSQL,
@@ -449,14 +461,15 @@ func snippet(s string) string {
 
 // ReleaseClaims puts the named runs owner still holds back in the queue, due
 // now, to be sent under the same attempt number. A first attempt gets its
-// late flag decided again, since it was never sent.
+// late flag decided again, since it was never sent. A run whose job was
+// deleted meanwhile has no attempt in flight any more: it is cancelled
+// (job_deleted), as DeleteJob would have done.
 func (s *Store) ReleaseClaims(ctx context.Context, owner string, runIDs []string, now time.Time) error {
 	if len(runIDs) == 0 {
 		return nil
 	}
 	err := s.write(ctx, func(t wtx) error {
-		_, err := t.ExecContext(ctx, releaseSQL,
-			ms(now), jsonArray(runIDs), owner)
+		_, err := t.ExecContext(ctx, releaseSQL, ms(now), jsonArray(runIDs), owner, vibejobs.ReasonJobDeleted)
 		return err
 	})
 	if err != nil {
@@ -493,7 +506,7 @@ func (s *Store) RecoverExpiredLeases(ctx context.Context, now time.Time, limit i
 			return err
 		}
 		// The expressions all see the row as it was before the update.
-		const deleted = `EXISTS (SELECT 1 FROM jobs j WHERE j.id = runs.job_id AND j.deleted_at IS NOT NULL)`
+		const deleted = jobDeleted
 		const ends = `(` + deleted + ` OR deadline_at < ?1)`
 		n, err = changed(t.ExecContext(ctx, `UPDATE runs SET
 				state = CASE

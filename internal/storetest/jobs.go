@@ -305,6 +305,7 @@ func testDeleteJob(t *testing.T, f *fixture) {
 	done := f.finishedRun(j, T0.Add(-9*time.Hour))
 	inFlight := f.claimOne(j, "w1")
 	inFlight2 := f.claimOne(j, "w1")
+	unsent := f.claimOne(j, "w1")
 	retry := f.retryingRun(j, T0.Add(time.Hour))
 	waiting := f.run(j, T0.Add(time.Minute))
 	other := f.run(keep, T0.Add(time.Minute))
@@ -345,10 +346,21 @@ func testDeleteJob(t *testing.T, f *fixture) {
 	if got := f.getRun(projectA, other.ID); got.State != vibejobs.RunScheduled {
 		t.Errorf("another job's run after DeleteJob: state %s, want scheduled", got.State)
 	}
-	for _, c := range []*vibejobs.Claim{inFlight, inFlight2} {
+	for _, c := range []*vibejobs.Claim{inFlight, inFlight2, unsent} {
 		if got := f.getRun(projectA, c.Run.ID); got.State != vibejobs.RunDelivering {
 			t.Errorf("run in flight after DeleteJob: state %s, want delivering", got.State)
 		}
+	}
+
+	// A claim released unsent has no attempt in flight any more: cancelled.
+	rel := T0.Add(35 * time.Second)
+	if err := f.s.ReleaseClaims(f.ctx, "w1", []string{unsent.Run.ID}, rel); err != nil {
+		t.Fatalf("ReleaseClaims: %v", err)
+	}
+	if got := f.getRun(projectA, unsent.Run.ID); got.State != vibejobs.RunCancelled || got.FailureReason != vibejobs.ReasonJobDeleted ||
+		got.FinishedAt == nil || !got.FinishedAt.Equal(rel) || got.NextAttemptAt != nil {
+		t.Errorf("released claim of a deleted job: state %s reason %q finished %v next %v; want cancelled job_deleted at %s",
+			got.State, got.FailureReason, got.FinishedAt, got.NextAttemptAt, rel)
 	}
 
 	// The attempt in flight finishes; no further attempt follows.
@@ -368,8 +380,8 @@ func testDeleteJob(t *testing.T, f *fixture) {
 		t.Errorf("claim after DeleteJob: %v, want only %s", claimedIDs(cs), other.ID)
 	}
 	runs, _, err := f.s.ListRuns(f.ctx, projectA, vibejobs.RunFilter{JobID: j.ID}, vibejobs.Page{})
-	if err != nil || len(runs) != 5 {
-		t.Errorf("ListRuns of the deleted job: %d runs, %v; want 5", len(runs), err)
+	if err != nil || len(runs) != 6 {
+		t.Errorf("ListRuns of the deleted job: %d runs, %v; want 6", len(runs), err)
 	}
 }
 
