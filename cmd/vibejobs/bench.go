@@ -25,12 +25,13 @@ import (
 //
 //	vibejobs bench burst    [--runs 20000] [--database URL] [--raw]
 //	vibejobs bench lateness [--jobs 1000] [--duration 60s] [--database URL]
+//	vibejobs bench scale    [--jobs 1000000] [--concurrency 64] [--database URL]
 //
 // Everything is on this machine: the platform and a loopback receiver that
 // answers 200 at once, in one process.
 func bench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if len(args) == 0 {
-		return fmt.Errorf("%w: bench burst|lateness [flags]", errUsage)
+		return fmt.Errorf("%w: bench burst|lateness|scale [flags]", errUsage)
 	}
 	fs := flag.NewFlagSet("vibejobs bench "+args[0], flag.ContinueOnError)
 	fs.SetOutput(stderr)
@@ -39,7 +40,7 @@ func bench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	dur := fs.Duration("duration", 60*time.Second, "lateness: how long to run")
 	database := fs.String("database", "", "postgres://… to bench PostgreSQL; default a fresh SQLite")
 	raw := fs.Bool("raw", false, "burst: also measure a plain sign-and-POST loop with no database")
-	conc := fs.Int("concurrency", 512, "delivery concurrency")
+	conc := fs.Int("concurrency", 512, "delivery concurrency; scale: API client workers")
 	if err := fs.Parse(args[1:]); err != nil {
 		return fmt.Errorf("%w: %v", errUsage, err)
 	}
@@ -48,8 +49,10 @@ func bench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return benchBurst(ctx, stdout, *runs, *database, *raw, *conc)
 	case "lateness":
 		return benchLateness(ctx, stdout, *jobs, *dur, *database, *conc)
+	case "scale":
+		return benchScale(ctx, stdout, *jobs, *conc, *database)
 	}
-	return fmt.Errorf("%w: bench burst|lateness", errUsage)
+	return fmt.Errorf("%w: bench burst|lateness|scale", errUsage)
 }
 
 // benchReceiver counts deliveries and keeps, per request, the receive time

@@ -46,6 +46,7 @@ type Config struct {
 	PerHost           int
 	RetentionDays     int
 	MaxJobsPerProject int
+	RateLimit         int // API requests per second per token; burst twice that
 }
 
 // Main is the whole server. Tests start it on port 0 with Run and stop it
@@ -113,6 +114,7 @@ func (c *Config) flagSet(fs *flag.FlagSet, getenv func(string) string) {
 	intFlag(&c.PerHost, "per-host", "PER_HOST", dispatcher.DefaultPerHost, "attempts in flight per destination host at most")
 	intFlag(&c.RetentionDays, "retention-days", "RETENTION_DAYS", maintenance.DefaultRetentionDays, "history retention in days, at least 7")
 	intFlag(&c.MaxJobsPerProject, "max-jobs-per-project", "MAX_JOBS_PER_PROJECT", 10000, "jobs per project at most")
+	intFlag(&c.RateLimit, "rate-limit", "RATE_LIMIT", api.DefaultRatePerSecond, "API requests per second per token (burst twice that)")
 }
 
 func (c *Config) validate() error {
@@ -123,6 +125,8 @@ func (c *Config) validate() error {
 		return errors.New("VIBEJOBS_PER_HOST must be a positive integer")
 	case c.RetentionDays < maintenance.MinRetentionDays:
 		return fmt.Errorf("retention must be at least %d days", maintenance.MinRetentionDays)
+	case c.RateLimit < 1:
+		return errors.New("VIBEJOBS_RATE_LIMIT must be a positive integer")
 	case c.MaxJobsPerProject < 1:
 		return errors.New("VIBEJOBS_MAX_JOBS_PER_PROJECT must be a positive integer")
 	case c.LogFormat != "text" && c.LogFormat != "json":
@@ -261,6 +265,7 @@ func (m *Main) Run(ctx context.Context) error {
 		Wake:              func() { sched.Wake(); disp.Wake() },
 		Metrics:           met.Handler(),
 		MaxJobsPerProject: cfg.MaxJobsPerProject,
+		RateLimit:         api.RateLimit{PerSecond: float64(cmp.Or(cfg.RateLimit, api.DefaultRatePerSecond)), Burst: 2 * cmp.Or(cfg.RateLimit, api.DefaultRatePerSecond)},
 	})
 
 	ln, err := net.Listen("tcp", cfg.Listen)

@@ -155,35 +155,53 @@ func (s *Server) createJob(ctx context.Context, c *call, tx vibejobs.Tx) (*respo
 	if e != nil {
 		return nil, e
 	}
-	j := newJobDefaults(c.projectID())
-	if _, e := s.applyJobInput(j, in, c.now, true); e != nil {
-		return nil, e
+	if err := s.checkJobLimit(ctx, c, tx, 1); err != nil {
+		return nil, err
 	}
-	n, err := tx.CountJobs(ctx, c.projectID())
+	j, secret, err := s.insertJob(ctx, c, tx, in)
 	if err != nil {
-		return nil, err
-	}
-	if n >= s.maxJobs {
-		return nil, &vibejobs.Error{Kind: vibejobs.ECONFLICT, Code: "too_many_jobs",
-			Message: "this project has reached its limit of " + strconv.Itoa(s.maxJobs) + " jobs; delete some first"}
-	}
-	j.ID = vibejobs.NewID("job_", c.now, s.rand)
-	secret, err := contract.NewSecret(s.rand)
-	if err != nil {
-		return nil, err
-	}
-	if j.Secret, err = s.sealer.Seal(secret, j.ID); err != nil {
-		return nil, err
-	}
-	j.CreatedAt, j.UpdatedAt = c.now, c.now
-	if _, err := plan(j, nil, true, c.now); err != nil {
-		return nil, err
-	}
-	if err := tx.CreateJob(ctx, j); err != nil {
 		return nil, err
 	}
 	c.info.job, c.wake = j.ID, true
 	return jsonResponse(http.StatusCreated, jobWithSecret{jobView(j), secret}).with("Location", "/v1/jobs/"+j.ID), nil
+}
+
+// checkJobLimit refuses adding n jobs beyond the project's limit.
+func (s *Server) checkJobLimit(ctx context.Context, c *call, tx vibejobs.Tx, n int) error {
+	have, err := tx.CountJobs(ctx, c.projectID())
+	if err != nil {
+		return err
+	}
+	if have+n > s.maxJobs {
+		return &vibejobs.Error{Kind: vibejobs.ECONFLICT, Code: "too_many_jobs",
+			Message: "this project has reached its limit of " + strconv.Itoa(s.maxJobs) + " jobs; delete some first"}
+	}
+	return nil
+}
+
+// insertJob validates in, seals a fresh secret and inserts the job; it
+// returns the job and its secret in clear (for the answer only).
+func (s *Server) insertJob(ctx context.Context, c *call, tx vibejobs.Tx, in *jobInput) (*vibejobs.Job, string, error) {
+	j := newJobDefaults(c.projectID())
+	if _, e := s.applyJobInput(j, in, c.now, true); e != nil {
+		return nil, "", e
+	}
+	j.ID = vibejobs.NewID("job_", c.now, s.rand)
+	secret, err := contract.NewSecret(s.rand)
+	if err != nil {
+		return nil, "", err
+	}
+	if j.Secret, err = s.sealer.Seal(secret, j.ID); err != nil {
+		return nil, "", err
+	}
+	j.CreatedAt, j.UpdatedAt = c.now, c.now
+	if _, err := plan(j, nil, true, c.now); err != nil {
+		return nil, "", err
+	}
+	if err := tx.CreateJob(ctx, j); err != nil {
+		return nil, "", err
+	}
+	return j, secret, nil
 }
 
 func (s *Server) getJob(ctx context.Context, c *call) (*response, error) {

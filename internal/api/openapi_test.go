@@ -202,6 +202,8 @@ func TestOpenAPIShapes(t *testing.T) {
 	id := job["id"].(string)
 	check(req{method: "POST", path: "/v1/jobs", body: jobBody(map[string]any{"schedule": nil, "at": "2026-10-10T00:00:00Z"})})
 	check(req{method: "POST", path: "/v1/jobs", body: `{"nope":1}`})
+	check(req{method: "POST", path: "/v1/jobs/batch", body: map[string]any{"jobs": []any{jobBody(nil)}}})
+	check(req{method: "POST", path: "/v1/jobs/batch", body: map[string]any{"jobs": []any{jobBody(map[string]any{"schedule": "bogus"})}}})
 	check(req{method: "POST", path: "/v1/jobs", body: jobBody(nil), token: "-"})
 	check(req{method: "POST", path: "/v1/jobs", body: strings.Repeat(" ", 70<<10)})
 	check(req{method: "GET", path: "/v1/jobs"})

@@ -173,6 +173,7 @@ func (s *Server) routeTable() []route {
 		{method: "GET", path: "/v1/openapi.json", access: accessPublic, serve: s.openapiJSON},
 
 		{method: "POST", path: "/v1/jobs", access: accessWrite, effect: s.createJob},
+		{method: "POST", path: "/v1/jobs/batch", access: accessWrite, effect: s.createJobs},
 		{method: "GET", path: "/v1/jobs", access: accessRead, serve: s.listJobs},
 		{method: "GET", path: "/v1/jobs/{id}", access: accessRead, serve: s.getJob},
 		{method: "PATCH", path: "/v1/jobs/{id}", access: accessWrite, serve: s.patchJob},

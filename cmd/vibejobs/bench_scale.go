@@ -1,0 +1,185 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"io"
+	"math/big"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// benchScale registers many daily jobs through the API of a server running
+// as a child process, then measures the server's idle CPU and RSS and the
+// latency of paging through GET /v1/jobs.
+func benchScale(ctx context.Context, out io.Writer, n, workers int, database string) error {
+	dir, err := os.MkdirTemp("", "vibejobs-scale-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return err
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	self, err := os.Executable()
+	if err != nil {
+		return err
+	}
+	cmd := exec.CommandContext(ctx, self, "serve")
+	cmd.Env = append(os.Environ(), "VIBEJOBS_LISTEN="+addr, "VIBEJOBS_DATA_DIR="+dir, "VIBEJOBS_DATABASE="+database,
+		"VIBEJOBS_MAX_JOBS_PER_PROJECT="+strconv.Itoa(n+1), "VIBEJOBS_RATE_LIMIT=1000000", "VIBEJOBS_LOG_LEVEL=warn")
+	cmd.Stdout, cmd.Stderr = io.Discard, os.Stderr
+	if err := cmd.Start(); err != nil {
+		return err
+	}
+	defer func() { cmd.Process.Signal(os.Interrupt); cmd.Wait() }()
+	base := "http://" + addr
+	for i := 0; ; i++ {
+		if resp, err := http.Get(base + "/readyz"); err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == 200 {
+				break
+			}
+		}
+		if i > 600 {
+			return fmt.Errorf("server never became ready")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	tok, err := os.ReadFile(filepath.Join(dir, "admin.token"))
+	if err != nil {
+		return err
+	}
+	token := strings.TrimSpace(string(tok))
+	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: workers, Proxy: nil}}
+
+	const batch = 100 // jobs per POST /v1/jobs/batch
+	var next, failed atomic.Int64
+	var wg sync.WaitGroup
+	start := time.Now()
+	for w := 0; w < workers; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				last := next.Add(batch)
+				first := last - batch + 1
+				if first > int64(n) {
+					return
+				}
+				last = min(last, int64(n))
+				jobs := make([]map[string]any, 0, batch)
+				for i := first; i <= last; i++ {
+					h, _ := rand.Int(rand.Reader, big.NewInt(24))
+					m, _ := rand.Int(rand.Reader, big.NewInt(60))
+					jobs = append(jobs, map[string]any{"name": fmt.Sprintf("daily-%d", i),
+						"schedule": fmt.Sprintf("%d %d * * *", m, h), "url": "https://example.com/hook"})
+				}
+				body, _ := json.Marshal(map[string]any{"jobs": jobs})
+				req, _ := http.NewRequest("POST", base+"/v1/jobs/batch", bytes.NewReader(body))
+				req.Header.Set("Authorization", "Bearer "+token)
+				req.Header.Set("Content-Type", "application/json")
+				var k [12]byte
+				rand.Read(k[:])
+				req.Header.Set("Idempotency-Key", hex.EncodeToString(k[:]))
+				resp, err := client.Do(req)
+				if err != nil {
+					failed.Add(1)
+					continue
+				}
+				io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+				if resp.StatusCode != 201 {
+					if failed.Add(last-first+1) < 5 {
+						fmt.Fprintf(os.Stderr, "create: status %d\n", resp.StatusCode)
+					}
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	el := time.Since(start)
+	fmt.Fprintf(out, "scale: created %d daily jobs through POST /v1/jobs/batch (100 a request) in %v: %.0f jobs/s (%d workers, %d failed)\n",
+		n, el.Round(time.Millisecond), float64(n)/el.Seconds(), workers, failed.Load())
+
+	// Idle: no job is due for hours on average; measure CPU over 20 s.
+	cpu0 := procCPU(cmd.Process.Pid)
+	time.Sleep(20 * time.Second)
+	cpu1 := procCPU(cmd.Process.Pid)
+	fmt.Fprintf(out, "  idle CPU over 20 s: %.2f %% of one core\n", 100*(cpu1-cpu0).Seconds()/20)
+
+	// Page through the jobs: latency of each GET /v1/jobs page of 100.
+	var lat []time.Duration
+	cursor := ""
+	for pages := 0; pages < 2000; pages++ {
+		q := "/v1/jobs?limit=100"
+		if cursor != "" {
+			q += "&cursor=" + url.QueryEscape(cursor)
+		}
+		req, _ := http.NewRequest("GET", base+q, nil)
+		req.Header.Set("Authorization", "Bearer "+token)
+		t0 := time.Now()
+		resp, err := client.Do(req)
+		if err != nil {
+			return err
+		}
+		var page struct {
+			NextCursor string `json:"nextCursor"`
+		}
+		err = json.NewDecoder(resp.Body).Decode(&page)
+		resp.Body.Close()
+		lat = append(lat, time.Since(t0))
+		if err != nil || resp.StatusCode != 200 {
+			return fmt.Errorf("listing jobs: status %d: %v", resp.StatusCode, err)
+		}
+		if page.NextCursor == "" {
+			break
+		}
+		cursor = page.NextCursor
+	}
+	fmt.Fprintf(out, "  GET /v1/jobs pages of 100: %s\n", quantiles(lat))
+	fmt.Fprintf(out, "  server max RSS: %s\n", procHWM(cmd.Process.Pid))
+	return nil
+}
+
+// procCPU is the user+system CPU time of a process from /proc.
+func procCPU(pid int) time.Duration {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0
+	}
+	f := strings.Fields(string(b[bytes.LastIndexByte(b, ')')+2:]))
+	u, _ := strconv.ParseInt(f[11], 10, 64)
+	s, _ := strconv.ParseInt(f[12], 10, 64)
+	return time.Duration(u+s) * time.Second / 100 // USER_HZ
+}
+
+// procHWM is the peak resident set of a process from /proc.
+func procHWM(pid int) string {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return "unknown"
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if strings.HasPrefix(l, "VmHWM:") {
+			return strings.TrimSpace(strings.TrimPrefix(l, "VmHWM:"))
+		}
+	}
+	return "unknown"
+}
