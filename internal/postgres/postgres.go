@@ -317,10 +317,8 @@ func pgCode(err error) string {
 	return ""
 }
 
-const (
-	uniqueViolation     = "23505"
-	foreignKeyViolation = "23503"
-)
+// foreignKeyViolation is the SQLSTATE of an insert naming a missing parent.
+const foreignKeyViolation = "23503"
 
 // connectionLost reports server errors that mean the session is gone or
 // cannot start: connection exceptions (class 08), an administrator or crash

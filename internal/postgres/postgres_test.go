@@ -334,6 +334,21 @@ func TestPagesAndErrors(t *testing.T) {
 	wantKind(t, err, vibejobs.ENOTFOUND, "run_not_found")
 	err = s.Update(ctx, func(tx vibejobs.Tx) error { return tx.CreateJob(ctx, jobs[0]) })
 	wantKind(t, err, vibejobs.ECONFLICT, "job_exists")
+	// A conflict leaves the transaction usable, as on SQLite.
+	extra := jobFor(prj)
+	mustUpdate(t, s, func(tx vibejobs.Tx) error {
+		if err := tx.CreateJob(ctx, jobs[0]); vibejobs.ErrorKind(err) != vibejobs.ECONFLICT {
+			return fmt.Errorf("duplicate CreateJob: %v", err)
+		}
+		return tx.CreateJob(ctx, extra)
+	})
+	if _, err := s.GetJob(ctx, prj, extra.ID); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Update(ctx, func(tx vibejobs.Tx) error { return tx.CreateJob(ctx, jobFor("prj_missing")) }); vibejobs.ErrorKind(err) != vibejobs.ENOTFOUND {
+		t.Fatalf("CreateJob in a missing project: %v", err)
+	}
+	mustUpdate(t, s, func(tx vibejobs.Tx) error { return tx.DeleteJob(ctx, prj, extra.ID, t0) })
 
 	// Runs list newest first.
 	var plans []vibejobs.RunPlan
@@ -685,4 +700,40 @@ func TestStore(t *testing.T) {
 	storetest.Run(t, func(t *testing.T) vibejobs.Store {
 		return postgres.MustOpenTestWith(t, postgres.Options{Logger: quiet, Now: func() time.Time { return storetest.T0 }})
 	})
+}
+
+// TestDeleteJobRacesMaterialisation: a job deleted while another replica
+// materialises its runs and a user triggers it never keeps a waiting run.
+func TestDeleteJobRacesMaterialisation(t *testing.T) {
+	ctx := context.Background()
+	schema := postgres.NewTestSchema(t)
+	a, b := open(t, schema), open(t, schema)
+	prj := newProject(t, a)
+	jobs := newJobs(t, a, prj, 40)
+	var wg sync.WaitGroup
+	for _, j := range jobs {
+		wg.Go(func() {
+			if err := a.Update(ctx, func(tx vibejobs.Tx) error { return tx.DeleteJob(ctx, prj, j.ID, t0) }); err != nil {
+				t.Error(err)
+			}
+		})
+		wg.Go(func() {
+			if _, err := b.ApplyRunPlans(ctx, []vibejobs.RunPlan{planFor(j, t0, t0.Add(time.Second))}, t0); err != nil {
+				t.Error(err)
+			}
+		})
+		wg.Go(func() {
+			err := b.Update(ctx, func(tx vibejobs.Tx) error {
+				return tx.CreateRun(ctx, vibejobs.NewRun(id("run_"), j, vibejobs.TriggerManual, t0, t0))
+			})
+			if err != nil && vibejobs.ErrorKind(err) != vibejobs.ENOTFOUND {
+				t.Error(err)
+			}
+		})
+	}
+	wg.Wait()
+	var waiting int
+	if err := a.Pool().QueryRow(ctx, `SELECT count(*) FROM runs WHERE state IN ('scheduled', 'retrying')`).Scan(&waiting); err != nil || waiting != 0 {
+		t.Fatalf("%d runs of deleted jobs still waiting (%v)", waiting, err)
+	}
 }

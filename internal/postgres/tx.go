@@ -33,13 +33,21 @@ func (t *tx) notify(ctx context.Context) error {
 }
 
 // CreateProject inserts p; an existing id gives ECONFLICT.
+//
+// Inserts that can meet an existing key use ON CONFLICT DO NOTHING and count
+// the rows: a unique violation would abort the whole transaction, while the
+// caller may want to carry on after ECONFLICT (as it can on SQLite).
 func (t *tx) CreateProject(ctx context.Context, p *vibejobs.Project) error {
-	_, err := t.q.Exec(ctx, `INSERT INTO projects (id, name, retention_days, created_at) VALUES ($1, $2, $3, $4)`,
+	tag, err := t.q.Exec(ctx, `INSERT INTO projects (id, name, retention_days, created_at) VALUES ($1, $2, $3, $4)
+		ON CONFLICT DO NOTHING`,
 		p.ID, p.Name, p.RetentionDays, p.CreatedAt)
-	if pgCode(err) == uniqueViolation {
+	if err != nil {
+		return mapError(err, "creating a project")
+	}
+	if tag.RowsAffected() == 0 {
 		return vibejobs.Errorf(vibejobs.ECONFLICT, "project_exists", "a project with this id exists")
 	}
-	return mapError(err, "creating a project")
+	return nil
 }
 
 // UpdateProject writes p's name and retention.
@@ -57,16 +65,19 @@ func (t *tx) UpdateProject(ctx context.Context, p *vibejobs.Project) error {
 // CreateToken inserts tok; an existing id or hash gives ECONFLICT, a missing
 // project ENOTFOUND.
 func (t *tx) CreateToken(ctx context.Context, tok *vibejobs.Token) error {
-	_, err := t.q.Exec(ctx, `INSERT INTO tokens (id, project_id, name, role, installation, prefix, hash, created_at, revoked_at)
-		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)`,
+	tag, err := t.q.Exec(ctx, `INSERT INTO tokens (id, project_id, name, role, installation, prefix, hash, created_at, revoked_at)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
+		ON CONFLICT DO NOTHING`,
 		tok.ID, tok.ProjectID, tok.Name, string(tok.Role), tok.Installation, tok.Prefix, nonNil(tok.Hash), tok.CreatedAt, tok.RevokedAt)
-	switch pgCode(err) {
-	case uniqueViolation:
-		return vibejobs.Errorf(vibejobs.ECONFLICT, "token_exists", "a token with this id or hash exists")
-	case foreignKeyViolation:
+	switch {
+	case pgCode(err) == foreignKeyViolation:
 		return vibejobs.ErrNotFound("project")
+	case err != nil:
+		return mapError(err, "creating a token")
+	case tag.RowsAffected() == 0:
+		return vibejobs.Errorf(vibejobs.ECONFLICT, "token_exists", "a token with this id or hash exists")
 	}
-	return mapError(err, "creating a token")
+	return nil
 }
 
 // RevokeToken marks the token revoked at at; a token revoked earlier keeps
@@ -85,21 +96,24 @@ func (t *tx) RevokeToken(ctx context.Context, id string, at time.Time) error {
 // CreateJob inserts j; an existing id gives ECONFLICT, a missing project
 // ENOTFOUND.
 func (t *tx) CreateJob(ctx context.Context, j *vibejobs.Job) error {
-	_, err := t.q.Exec(ctx, `INSERT INTO jobs (id, project_id, name, schedule, at, timezone, url, enabled, state,
+	tag, err := t.q.Exec(ctx, `INSERT INTO jobs (id, project_id, name, schedule, at, timezone, url, enabled, state,
 			max_attempts, min_backoff_ns, max_backoff_ns, timeout_ns, catch_up, schedule_anchor, next_run_at,
 			skipped_runs, secret_key_id, secret_ciphertext, created_at, updated_at)
-		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21)`,
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21)
+		ON CONFLICT DO NOTHING`,
 		j.ID, j.ProjectID, j.Name, j.Schedule, j.At, j.Timezone, j.URL, j.Enabled, string(j.State),
 		j.Retry.MaxAttempts, int64(j.Retry.MinBackoff), int64(j.Retry.MaxBackoff), int64(j.Timeout),
 		string(j.CatchUp), j.ScheduleAnchor, j.NextRunAt, j.SkippedRuns, j.Secret.KeyID, nonNil(j.Secret.Ciphertext),
 		j.CreatedAt, j.UpdatedAt)
-	switch pgCode(err) {
-	case uniqueViolation:
-		return vibejobs.Errorf(vibejobs.ECONFLICT, "job_exists", "a job with this id exists")
-	case foreignKeyViolation:
+	switch {
+	case pgCode(err) == foreignKeyViolation:
 		return vibejobs.ErrNotFound("project")
+	case err != nil:
+		return mapError(err, "creating a job")
+	case tag.RowsAffected() == 0:
+		return vibejobs.Errorf(vibejobs.ECONFLICT, "job_exists", "a job with this id exists")
 	}
-	return mapError(err, "creating a job")
+	return nil
 }
 
 // UpdateJob writes every mutable field of the live job j.
@@ -160,24 +174,29 @@ func (t *tx) DeleteFutureRuns(ctx context.Context, jobID string, after time.Time
 // a concurrent DeleteJob either sees this run and cancels it or is seen here
 // first. Late is decided by the first claim unless run already has an attempt.
 func (t *tx) CreateRun(ctx context.Context, run *vibejobs.Run) error {
-	tag, err := t.q.Exec(ctx, `WITH job AS (
+	var jobs, created int
+	err := t.q.QueryRow(ctx, `WITH job AS (
 			SELECT id FROM jobs WHERE id = $2 AND project_id = $3 AND deleted_at IS NULL FOR SHARE
+		), ins AS (
+			INSERT INTO runs (id, job_id, project_id, trigger, scheduled_for, occurrence_at, deadline_at, late,
+				late_decided, state, attempt, next_attempt_at, failure_reason, created_at, finished_at)
+			SELECT $1, job.id, $3, $4, $5, CASE WHEN $4 = 'schedule' THEN $5::timestamptz END, $6, $7,
+				$8, $9, $10, $11, $12, $13, $14
+			FROM job
+			ON CONFLICT DO NOTHING
+			RETURNING 1
 		)
-		INSERT INTO runs (id, job_id, project_id, trigger, scheduled_for, occurrence_at, deadline_at, late,
-			late_decided, state, attempt, next_attempt_at, failure_reason, created_at, finished_at)
-		SELECT $1, job.id, $3, $4, $5, CASE WHEN $4 = 'schedule' THEN $5::timestamptz END, $6, $7,
-			$8, $9, $10, $11, $12, $13, $14
-		FROM job`,
+		SELECT (SELECT count(*) FROM job), (SELECT count(*) FROM ins)`,
 		run.ID, run.JobID, run.ProjectID, run.Trigger, run.ScheduledFor, run.DeadlineAt, run.Late,
-		run.Attempt > 0, string(run.State), run.Attempt, run.NextAttemptAt, run.FailureReason, run.CreatedAt, run.FinishedAt)
-	if pgCode(err) == uniqueViolation {
-		return vibejobs.Errorf(vibejobs.ECONFLICT, "run_exists", "a run with this id or occurrence exists")
-	}
-	if err != nil {
+		run.Attempt > 0, string(run.State), run.Attempt, run.NextAttemptAt, run.FailureReason, run.CreatedAt,
+		run.FinishedAt).Scan(&jobs, &created)
+	switch {
+	case err != nil:
 		return mapError(err, "creating a run")
-	}
-	if tag.RowsAffected() == 0 {
+	case jobs == 0:
 		return vibejobs.ErrNotFound("job")
+	case created == 0:
+		return vibejobs.Errorf(vibejobs.ECONFLICT, "run_exists", "a run with this id or occurrence exists")
 	}
 	if run.State == vibejobs.RunScheduled || run.State == vibejobs.RunRetrying {
 		return t.notify(ctx)
