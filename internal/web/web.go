@@ -1,0 +1,525 @@
+// Package web is the operator dashboard: server-rendered, read-only pages of
+// one project's jobs, runs and attempts. An operator logs in with an API
+// token of the project; changes go through the API or the CLI.
+//
+// The dashboard keeps its sessions in memory and never puts the token in a
+// cookie: the browser holds a random session id only. Every request checks
+// the token again, so revoking it ends its sessions at once. Pages carry no
+// script, every response forbids framing, sniffing and referrers, and
+// nothing it logs holds a token, a session id, a URL or a response snippet.
+package web
+
+import (
+	"bytes"
+	"cmp"
+	"context"
+	"crypto/sha256"
+	"crypto/subtle"
+	"embed"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"html/template"
+	"io/fs"
+	"log/slog"
+	"net/http"
+	"net/url"
+	"runtime/debug"
+	"strings"
+	"time"
+
+	"github.com/vibejobs/vibejobs"
+)
+
+// Defaults of Config.
+const (
+	DefaultMaxSessions     = 10000
+	DefaultSessionLifetime = 12 * time.Hour
+)
+
+// Cookies of the dashboard. SessionCookie holds the session id; LoginCookie
+// the double-submit secret of the login form (it is no credential).
+const (
+	SessionCookie = "vj_session"
+	LoginCookie   = "vj_login"
+)
+
+// The security headers of every response. The policy allows the dashboard's
+// own stylesheet and nothing else: no script, no inline style, no framing,
+// and forms post only to the dashboard.
+const contentSecurityPolicy = "default-src 'self'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'"
+
+// pageSize is the number of jobs or runs on one page.
+const pageSize = 50
+
+// maxFormBytes bounds the body of a login or logout form.
+const maxFormBytes = 8 << 10
+
+// Config holds what the dashboard needs. Store is required.
+type Config struct {
+	Store  vibejobs.Store
+	Now    func() time.Time // time.Now when nil
+	Logger *slog.Logger     // slog.Default() when nil
+	// MaxSessions bounds the sessions held in memory (0: DefaultMaxSessions);
+	// a login beyond it ends the oldest session.
+	MaxSessions int
+	// SessionLifetime is how long a login lasts, however active
+	// (0: DefaultSessionLifetime).
+	SessionLifetime time.Duration
+}
+
+//go:embed templates/*.html
+var templateFiles embed.FS
+
+//go:embed assets/style.css
+var styleCSS []byte
+
+// cssPath names the stylesheet by its content, so browsers may keep it for
+// good and a new build is fetched at once.
+var cssPath = func() string {
+	sum := sha256.Sum256(styleCSS)
+	return "/assets/style-" + hex.EncodeToString(sum[:6]) + ".css"
+}()
+
+// dashboard is the handler New returns. It is safe for concurrent use.
+type dashboard struct {
+	store    vibejobs.Store
+	now      func() time.Time
+	log      *slog.Logger
+	sessions *sessions
+	pages    map[string]*template.Template
+	mux      *http.ServeMux
+}
+
+// New returns the dashboard's handler, meant to answer every path the API
+// does not (api.Config.Extra). It panics when Store is missing.
+func New(cfg Config) http.Handler {
+	if cfg.Store == nil {
+		panic("web: Config.Store is required")
+	}
+	d := &dashboard{
+		store: cfg.Store,
+		now:   cfg.Now,
+		log:   cmp.Or(cfg.Logger, slog.Default()),
+		sessions: newSessions(cmp.Or(max(cfg.MaxSessions, 0), DefaultMaxSessions),
+			cmp.Or(max(cfg.SessionLifetime, 0), DefaultSessionLifetime)),
+		pages: parsePages(),
+	}
+	if d.now == nil {
+		d.now = time.Now
+	}
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /login", d.loginForm)
+	mux.HandleFunc("POST /login", d.login)
+	mux.HandleFunc("POST /logout", d.logout)
+	mux.HandleFunc("GET /{$}", d.withSession(d.jobsPage))
+	mux.HandleFunc("GET /jobs/{id}", d.withSession(d.jobPage))
+	mux.HandleFunc("GET /runs/{id}", d.withSession(d.runPage))
+	mux.HandleFunc("GET "+cssPath, serveCSS)
+	d.mux = mux
+	return d
+}
+
+func parsePages() map[string]*template.Template {
+	names, err := fs.Glob(templateFiles, "templates/*.html")
+	if err != nil {
+		panic(err)
+	}
+	pages := map[string]*template.Template{}
+	for _, name := range names {
+		base := strings.TrimSuffix(strings.TrimPrefix(name, "templates/"), ".html")
+		if base == "layout" {
+			continue
+		}
+		pages[base] = template.Must(template.New(base).ParseFS(templateFiles, "templates/layout.html", name))
+	}
+	return pages
+}
+
+func (d *dashboard) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	h := w.Header()
+	h.Set("Content-Security-Policy", contentSecurityPolicy)
+	h.Set("X-Frame-Options", "DENY")
+	h.Set("X-Content-Type-Options", "nosniff")
+	h.Set("Referrer-Policy", "no-referrer")
+	h.Set("Cross-Origin-Opener-Policy", "same-origin")
+	h.Set("Cache-Control", "no-store")
+	defer func() {
+		if p := recover(); p != nil {
+			if p == http.ErrAbortHandler {
+				panic(p)
+			}
+			d.log.Error("web.panic", "route", r.Pattern, "panic", fmt.Sprint(p), "stack", string(debug.Stack()))
+			http.Error(w, "internal error", http.StatusInternalServerError)
+		}
+	}()
+
+	handler, pattern := d.mux.Handler(r)
+	if pattern != "" {
+		d.mux.ServeHTTP(w, r)
+		return
+	}
+	// The mux answers an unknown path or method in plain text: find out
+	// which, and answer with a page.
+	cw := &captureWriter{header: http.Header{}}
+	handler.ServeHTTP(cw, r)
+	if cw.status == http.StatusMethodNotAllowed {
+		if allow := cw.header.Get("Allow"); allow != "" {
+			h.Set("Allow", allow)
+		}
+		d.renderError(w, r, nil, http.StatusMethodNotAllowed, "Method not allowed",
+			"The dashboard only shows pages; changes go through the API or the CLI.")
+		return
+	}
+	d.renderError(w, r, nil, http.StatusNotFound, "Page not found", "There is no page at this address.")
+}
+
+// captureWriter records what the mux's fallback handler answers.
+type captureWriter struct {
+	header http.Header
+	status int
+}
+
+func (c *captureWriter) Header() http.Header         { return c.header }
+func (c *captureWriter) Write(p []byte) (int, error) { return len(p), nil }
+func (c *captureWriter) WriteHeader(status int)      { c.status = status }
+
+func serveCSS(w http.ResponseWriter, r *http.Request) {
+	w.Header().Set("Content-Type", "text/css; charset=utf-8")
+	w.Header().Set("Cache-Control", "public, max-age=31536000, immutable")
+	_, _ = w.Write(styleCSS)
+}
+
+// viewer is the logged-in operator of a request.
+type viewer struct {
+	token   *vibejobs.Token
+	project *vibejobs.Project
+	csrf    string
+	now     time.Time
+}
+
+func (v *viewer) projectID() string { return v.token.ProjectID }
+
+// errNoSession means the request carries no live session.
+var errNoSession = errors.New("no live session")
+
+// authenticate finds the request's session and checks its token again: a
+// token revoked (or gone) since the login ends the session at once.
+func (d *dashboard) authenticate(ctx context.Context, r *http.Request) (*viewer, error) {
+	c, err := r.Cookie(SessionCookie)
+	if err != nil {
+		return nil, errNoSession
+	}
+	now := d.now()
+	sess, ok := d.sessions.get(c.Value, now)
+	if !ok {
+		return nil, errNoSession
+	}
+	tok, err := d.store.GetToken(ctx, sess.tokenID)
+	switch {
+	case vibejobs.ErrorKind(err) == vibejobs.ENOTFOUND:
+		d.sessions.delete(c.Value)
+		d.log.Info("web.session_ended", "reason", "token_gone", "token_id", sess.tokenID)
+		return nil, errNoSession
+	case err != nil:
+		return nil, fmt.Errorf("checking the session's token: %w", err)
+	case tok.RevokedAt != nil || tok.ProjectID != sess.projectID:
+		d.sessions.delete(c.Value)
+		d.log.Info("web.session_ended", "reason", "token_revoked", "token_id", sess.tokenID, "project", sess.projectID)
+		return nil, errNoSession
+	}
+	p, err := d.store.GetProject(ctx, tok.ProjectID)
+	if err != nil {
+		return nil, fmt.Errorf("getting the session's project: %w", err)
+	}
+	return &viewer{token: tok, project: p, csrf: sess.csrf, now: now}, nil
+}
+
+// withSession serves page to a logged-in operator and sends anyone else to
+// the login page, coming back here afterwards.
+func (d *dashboard) withSession(page func(w http.ResponseWriter, r *http.Request, v *viewer)) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		v, err := d.authenticate(r.Context(), r)
+		if errors.Is(err, errNoSession) {
+			if _, cerr := r.Cookie(SessionCookie); cerr == nil {
+				clearCookie(w, r, SessionCookie, "/")
+			}
+			target := "/login"
+			if next := r.URL.RequestURI(); next != "/" && safeNext(next) {
+				target += "?next=" + url.QueryEscape(next)
+			}
+			http.Redirect(w, r, target, http.StatusSeeOther)
+			return
+		}
+		if err != nil {
+			d.internalError(w, r, nil, err)
+			return
+		}
+		page(w, r, v)
+	}
+}
+
+// safeNext reports whether next is a path of this site to return to after
+// the login: never another host ("//evil", "/\evil"), a scheme or a control
+// character.
+func safeNext(next string) bool {
+	if next == "" || len(next) > 2048 || next[0] != '/' || strings.HasPrefix(next, "//") || strings.ContainsAny(next, "\\") {
+		return false
+	}
+	for _, c := range next {
+		if c < 0x20 || c == 0x7f {
+			return false
+		}
+	}
+	u, err := url.Parse(next)
+	return err == nil && u.Scheme == "" && u.Host == "" && u.User == nil
+}
+
+// secureRequest reports whether the browser reached us over TLS, directly or
+// through a proxy that says so. A forged header only makes the browser keep
+// the cookie for HTTPS, which harms no one but the forger.
+func secureRequest(r *http.Request) bool {
+	return r.TLS != nil || strings.EqualFold(r.Header.Get("X-Forwarded-Proto"), "https")
+}
+
+func setCookie(w http.ResponseWriter, r *http.Request, name, value, path string, maxAge time.Duration) {
+	http.SetCookie(w, &http.Cookie{
+		Name: name, Value: value, Path: path, MaxAge: int(maxAge / time.Second),
+		HttpOnly: true, Secure: secureRequest(r), SameSite: http.SameSiteStrictMode,
+	})
+}
+
+func clearCookie(w http.ResponseWriter, r *http.Request, name, path string) {
+	http.SetCookie(w, &http.Cookie{
+		Name: name, Value: "", Path: path, MaxAge: -1,
+		HttpOnly: true, Secure: secureRequest(r), SameSite: http.SameSiteStrictMode,
+	})
+}
+
+// sameOrigin rejects a form posted from another site, as far as the browser
+// tells: Sec-Fetch-Site, else Origin. Neither is always sent (our
+// Referrer-Policy makes a browser send "Origin: null" even for our own
+// forms), so the form's secret decides in the end.
+func sameOrigin(r *http.Request) bool {
+	if site := r.Header.Get("Sec-Fetch-Site"); site != "" {
+		return site == "same-origin" || site == "none"
+	}
+	origin := r.Header.Get("Origin")
+	if origin == "" || origin == "null" {
+		return true
+	}
+	u, err := url.Parse(origin)
+	return err == nil && strings.EqualFold(u.Host, r.Host)
+}
+
+func equalSecret(a, b string) bool {
+	return a != "" && subtle.ConstantTimeCompare([]byte(a), []byte(b)) == 1
+}
+
+// loginData is the body of the login page.
+type loginData struct {
+	CSRF  string
+	Next  string
+	Error string
+}
+
+// loginSecret returns the double-submit secret of the login form: the one
+// the browser holds if it is well formed, else a new one set in a cookie.
+func loginSecret(w http.ResponseWriter, r *http.Request) string {
+	if c, err := r.Cookie(LoginCookie); err == nil {
+		if _, ok := keyOf(c.Value); ok {
+			return c.Value
+		}
+	}
+	v := randomToken()
+	setCookie(w, r, LoginCookie, v, "/login", DefaultSessionLifetime)
+	return v
+}
+
+func (d *dashboard) loginForm(w http.ResponseWriter, r *http.Request) {
+	next := r.URL.Query().Get("next")
+	if !safeNext(next) {
+		next = ""
+	}
+	if v, err := d.authenticate(r.Context(), r); err == nil && v != nil {
+		http.Redirect(w, r, cmp.Or(next, "/"), http.StatusSeeOther)
+		return
+	}
+	d.renderLogin(w, r, http.StatusOK, loginData{CSRF: loginSecret(w, r), Next: next})
+}
+
+func (d *dashboard) renderLogin(w http.ResponseWriter, r *http.Request, status int, data loginData) {
+	d.render(w, r, status, "login", page{Title: "Log in", Body: data})
+}
+
+// login checks a token and starts a session for it. Every refusal of the
+// token itself reads the same, so the page tells nothing about tokens.
+func (d *dashboard) login(w http.ResponseWriter, r *http.Request) {
+	r.Body = http.MaxBytesReader(w, r.Body, maxFormBytes)
+	if err := r.ParseForm(); err != nil {
+		d.renderError(w, r, nil, http.StatusBadRequest, "Bad request", "The form could not be read.")
+		return
+	}
+	next := r.PostForm.Get("next")
+	if !safeNext(next) {
+		next = ""
+	}
+	c, err := r.Cookie(LoginCookie)
+	if !sameOrigin(r) || err != nil || !equalSecret(r.PostForm.Get("csrf"), c.Value) {
+		d.log.Info("web.login_refused", "reason", "csrf")
+		// A fresh form: the secret may simply have expired.
+		v := randomToken()
+		setCookie(w, r, LoginCookie, v, "/login", DefaultSessionLifetime)
+		d.renderLogin(w, r, http.StatusForbidden, loginData{CSRF: v, Next: next,
+			Error: "This form expired or came from another site. Please try again."})
+		return
+	}
+	refuse := func(reason string) {
+		d.log.Info("web.login_refused", "reason", reason)
+		d.renderLogin(w, r, http.StatusUnauthorized, loginData{CSRF: c.Value, Next: next,
+			Error: "This token is not valid, or it was revoked."})
+	}
+	value := strings.TrimSpace(r.PostForm.Get("token"))
+	if !strings.HasPrefix(value, "vjt_") || len(value) > 256 {
+		refuse("malformed")
+		return
+	}
+	// Tokens are stored as the SHA-256 of their value, as the API stores them.
+	sum := sha256.Sum256([]byte(value))
+	tok, err := d.store.TokenByHash(r.Context(), sum[:])
+	switch {
+	case vibejobs.ErrorKind(err) == vibejobs.ENOTFOUND:
+		refuse("unknown")
+		return
+	case err != nil:
+		d.internalError(w, r, nil, fmt.Errorf("looking up a token: %w", err))
+		return
+	case tok.RevokedAt != nil:
+		refuse("revoked")
+		return
+	}
+	// A new id at every login: an id planted before the login is worthless.
+	if old, err := r.Cookie(SessionCookie); err == nil {
+		d.sessions.delete(old.Value)
+	}
+	id := d.sessions.create(tok.ID, tok.ProjectID, d.now())
+	setCookie(w, r, SessionCookie, id, "/", 0)
+	clearCookie(w, r, LoginCookie, "/login")
+	d.log.Info("web.login", "token_id", tok.ID, "project", tok.ProjectID)
+	http.Redirect(w, r, cmp.Or(next, "/"), http.StatusSeeOther)
+}
+
+// logout ends the session, when the form carries the session's secret.
+func (d *dashboard) logout(w http.ResponseWriter, r *http.Request) {
+	r.Body = http.MaxBytesReader(w, r.Body, maxFormBytes)
+	if err := r.ParseForm(); err != nil {
+		d.renderError(w, r, nil, http.StatusBadRequest, "Bad request", "The form could not be read.")
+		return
+	}
+	c, err := r.Cookie(SessionCookie)
+	if err != nil {
+		http.Redirect(w, r, "/login", http.StatusSeeOther)
+		return
+	}
+	sess, ok := d.sessions.get(c.Value, d.now())
+	if !ok {
+		clearCookie(w, r, SessionCookie, "/")
+		http.Redirect(w, r, "/login", http.StatusSeeOther)
+		return
+	}
+	if !sameOrigin(r) || !equalSecret(r.PostForm.Get("csrf"), sess.csrf) {
+		d.log.Info("web.logout_refused", "reason", "csrf", "token_id", sess.tokenID)
+		d.renderError(w, r, nil, http.StatusForbidden, "Form expired",
+			"This form expired or came from another site. Go back, reload the page and try again.")
+		return
+	}
+	d.sessions.delete(c.Value)
+	clearCookie(w, r, SessionCookie, "/")
+	d.log.Info("web.logout", "token_id", sess.tokenID, "project", sess.projectID)
+	http.Redirect(w, r, "/login", http.StatusSeeOther)
+}
+
+// page is what the layout renders.
+type page struct {
+	Title   string
+	Viewer  *viewerData // nil when nobody is logged in (or not known)
+	Refresh bool        // reload every 10 s
+	Body    any
+}
+
+// viewerData is what the layout shows of the operator.
+type viewerData struct {
+	Project   string
+	TokenName string
+	Role      string
+	CSRF      string
+}
+
+func viewerOf(v *viewer) *viewerData {
+	if v == nil {
+		return nil
+	}
+	return &viewerData{Project: cmp.Or(v.project.Name, v.project.ID), TokenName: v.token.Name,
+		Role: string(v.token.Role), CSRF: v.csrf}
+}
+
+// render executes a page into a buffer first, so a failing template gives a
+// clean 500 rather than half a page.
+func (d *dashboard) render(w http.ResponseWriter, r *http.Request, status int, name string, p page) {
+	var buf bytes.Buffer
+	if err := d.pages[name].ExecuteTemplate(&buf, "layout", layoutData{page: p, CSS: cssPath}); err != nil {
+		d.log.Error("web.render_failed", "page", name, "error", err)
+		http.Error(w, "internal error", http.StatusInternalServerError)
+		return
+	}
+	w.Header().Set("Content-Type", "text/html; charset=utf-8")
+	w.WriteHeader(status)
+	if r.Method != http.MethodHead {
+		_, _ = w.Write(buf.Bytes())
+	}
+}
+
+type layoutData struct {
+	page
+	CSS string
+}
+
+// errorData is the body of the error page.
+type errorData struct {
+	Status  int
+	Heading string
+	Message string
+}
+
+func (d *dashboard) renderError(w http.ResponseWriter, r *http.Request, v *viewer, status int, heading, msg string) {
+	d.render(w, r, status, "error", page{Title: heading, Viewer: viewerOf(v),
+		Body: errorData{Status: status, Heading: heading, Message: msg}})
+}
+
+func (d *dashboard) internalError(w http.ResponseWriter, r *http.Request, v *viewer, err error) {
+	// The route pattern, not the URL: a URL may hold ids and cursors.
+	d.log.Error("web.internal_error", "route", r.Pattern, "error", err)
+	d.renderError(w, r, v, http.StatusInternalServerError, "Something went wrong",
+		"The dashboard could not answer. Try again in a moment.")
+}
+
+// fail answers a store error of a page: not found and invalid input are the
+// operator's to see, anything else is logged and shown as an internal error.
+func (d *dashboard) fail(w http.ResponseWriter, r *http.Request, v *viewer, what string, err error) {
+	switch vibejobs.ErrorKind(err) {
+	case vibejobs.ENOTFOUND:
+		d.notFound(w, r, v, what)
+	case vibejobs.EINVALID:
+		d.renderError(w, r, v, http.StatusBadRequest, "Bad request",
+			"This link is not valid (any more). Start again from the first page.")
+	default:
+		d.internalError(w, r, v, err)
+	}
+}
+
+// notFound reads the same for an id that does not exist and for one of
+// another project.
+func (d *dashboard) notFound(w http.ResponseWriter, r *http.Request, v *viewer, what string) {
+	d.renderError(w, r, v, http.StatusNotFound, "Not found",
+		"There is no "+what+" with this id in this project.")
+}

@@ -1,0 +1,692 @@
+package web_test
+
+import (
+	"context"
+	"crypto/tls"
+	"encoding/base64"
+	"encoding/hex"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/vibejobs/vibejobs"
+	"github.com/vibejobs/vibejobs/internal/api"
+	"github.com/vibejobs/vibejobs/internal/secretbox"
+	"github.com/vibejobs/vibejobs/internal/web"
+)
+
+func TestLoginShowsProjectJobs(t *testing.T) {
+	e := newEnv(t)
+	e.job(e.projectA, named("nightly report"))
+	e.job(e.projectA, named("hourly sync"), func(j *vibejobs.Job) {
+		at := t0.Add(3 * time.Hour)
+		j.Schedule, j.At, j.NextRunAt = "", &at, &at
+	})
+	e.job(e.projectB, named("beta secret plans"))
+
+	b := e.browser()
+	b.login(tokenA)
+	if b.sessionID() == "" {
+		t.Fatal("no session cookie after the login")
+	}
+	a := b.get("/")
+	if a.status != http.StatusOK {
+		t.Fatalf("GET /: %d", a.status)
+	}
+	for _, want := range []string{"nightly report", "hourly sync", "*/5 * * * *", "once at", "Europe/Berlin",
+		"Project Alpha", "2026-10-09 08:05:00 UTC", "in 5 min", `http-equiv="refresh"`, "2 jobs"} {
+		if !strings.Contains(a.body, want) {
+			t.Errorf("jobs page lacks %q", want)
+		}
+	}
+	if strings.Contains(a.body, "beta secret plans") || strings.Contains(a.body, "Project Beta") {
+		t.Error("jobs page shows project B")
+	}
+	if strings.Contains(a.body, tokenA) {
+		t.Error("a page shows the token")
+	}
+}
+
+func TestSessionCookieAttributes(t *testing.T) {
+	e := newEnv(t)
+	for _, tc := range []struct {
+		name   string
+		tls    bool
+		secure bool
+	}{{"plain", false, false}, {"tls", true, true}} {
+		t.Run(tc.name, func(t *testing.T) {
+			req := httptest.NewRequest("GET", "/login", nil)
+			if tc.tls {
+				req.TLS = &tls.ConnectionState{}
+			}
+			rec := httptest.NewRecorder()
+			e.handler.ServeHTTP(rec, req)
+			loginCookie := rec.Result().Cookies()[0]
+			m := regexp.MustCompile(`name="csrf" value="([^"]+)"`).FindStringSubmatch(rec.Body.String())
+			if loginCookie.Name != web.LoginCookie || m == nil || m[1] != loginCookie.Value {
+				t.Fatalf("login form: cookie %v, field %v", loginCookie, m)
+			}
+
+			form := url.Values{"csrf": {m[1]}, "token": {tokenA}}
+			req = httptest.NewRequest("POST", "/login", strings.NewReader(form.Encode()))
+			req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+			req.AddCookie(loginCookie)
+			if tc.tls {
+				req.TLS = &tls.ConnectionState{}
+			}
+			rec = httptest.NewRecorder()
+			e.handler.ServeHTTP(rec, req)
+			if rec.Code != http.StatusSeeOther {
+				t.Fatalf("POST /login: %d", rec.Code)
+			}
+			var sess *http.Cookie
+			for _, c := range rec.Result().Cookies() {
+				if c.Name == web.SessionCookie {
+					sess = c
+				}
+			}
+			if sess == nil {
+				t.Fatal("no session cookie")
+			}
+			if !sess.HttpOnly || sess.SameSite != http.SameSiteStrictMode || sess.Path != "/" || sess.Secure != tc.secure {
+				t.Errorf("session cookie %+v: want HttpOnly, SameSite=Strict, Path=/, Secure=%v", sess, tc.secure)
+			}
+			if len(sess.Value) != 43 || strings.Contains(sess.Value, tokenA) || strings.Contains(sess.Value, e.tokenAID) {
+				t.Errorf("session cookie value %q is not an opaque 32-byte id", sess.Value)
+			}
+		})
+	}
+}
+
+func TestBadTokenRefused(t *testing.T) {
+	e := newEnv(t)
+	for name, token := range map[string]string{
+		"unknown":   "vjt_CCCCCCCCCCCCCCCCCCCCCCCCCCCCCCCCCCCCCCCCCCC",
+		"malformed": "hunter2",
+		"empty":     "",
+		"huge":      "vjt_" + strings.Repeat("x", 5000),
+	} {
+		t.Run(name, func(t *testing.T) {
+			b := e.browser()
+			a := b.loginAnswer("/login", token)
+			if a.status != http.StatusUnauthorized {
+				t.Fatalf("login with a bad token: %d, want 401", a.status)
+			}
+			if !strings.Contains(a.body, "not valid, or it was revoked") || !strings.Contains(a.body, `name="token"`) {
+				t.Errorf("401 page does not explain and offer the form again:\n%s", a.body)
+			}
+			if b.sessionID() != "" {
+				t.Error("a bad token got a session")
+			}
+			if got := b.get("/"); got.status != http.StatusSeeOther {
+				t.Errorf("GET / after a refused login: %d", got.status)
+			}
+		})
+	}
+}
+
+func TestNoSessionRedirectsToLogin(t *testing.T) {
+	e := newEnv(t)
+	j := e.job(e.projectA)
+	r := e.run(j, t0)
+	b := e.browser()
+	for path, want := range map[string]string{
+		"/":                         "/login",
+		"/?cursor=abc":              "/login?next=" + url.QueryEscape("/?cursor=abc"),
+		"/jobs/" + j.ID:             "/login?next=" + url.QueryEscape("/jobs/"+j.ID),
+		"/runs/" + r.ID:             "/login?next=" + url.QueryEscape("/runs/"+r.ID),
+		"/jobs/job_does_not_exist":  "/login?next=" + url.QueryEscape("/jobs/job_does_not_exist"),
+		"/runs/run_does_not_exist?": "/login?next=" + url.QueryEscape("/runs/run_does_not_exist?"),
+	} {
+		a := b.get(path)
+		if a.status != http.StatusSeeOther || a.location() != want {
+			t.Errorf("GET %s: %d to %q, want 303 to %q", path, a.status, a.location(), want)
+		}
+	}
+	// A session id we never issued is no session.
+	u, _ := url.Parse(e.srv.URL)
+	b.client.Jar.SetCookies(u, []*http.Cookie{{Name: web.SessionCookie, Value: strings.Repeat("A", 43)}})
+	if a := b.get("/"); a.status != http.StatusSeeOther {
+		t.Errorf("GET / with a forged session id: %d", a.status)
+	}
+}
+
+func TestLoginReturnsToThePageAsked(t *testing.T) {
+	e := newEnv(t)
+	j := e.job(e.projectA)
+	b := e.browser()
+	first := b.get("/jobs/" + j.ID + "?state=failed")
+	a := b.loginAnswer(first.location(), tokenA)
+	if want := "/jobs/" + j.ID + "?state=failed"; a.status != http.StatusSeeOther || a.location() != want {
+		t.Fatalf("login: %d to %q, want 303 to %q", a.status, a.location(), want)
+	}
+
+	// next never leads to another site.
+	for _, next := range []string{"//evil.example/", "https://evil.example/", "/\\evil.example", "javascript:alert(1)", "/a\r\nSet-Cookie: x=y"} {
+		b := e.browser()
+		form := b.get("/login")
+		a := b.post("/login", url.Values{"csrf": {b.csrf(form)}, "token": {tokenA}, "next": {next}})
+		if a.status != http.StatusSeeOther || a.location() != "/" {
+			t.Errorf("login with next=%q: %d to %q, want 303 to /", next, a.status, a.location())
+		}
+	}
+}
+
+func TestAnotherProjectsIDsAreNotFound(t *testing.T) {
+	e := newEnv(t)
+	own := e.job(e.projectA)
+	other := e.job(e.projectB, named("beta job"))
+	otherRun := e.run(other, t0)
+	ownRun := e.run(own, t0.Add(time.Minute))
+
+	b := e.browser()
+	b.login(tokenA)
+	if a := b.get("/jobs/" + own.ID); a.status != http.StatusOK {
+		t.Fatalf("own job: %d", a.status)
+	}
+	if a := b.get("/runs/" + ownRun.ID); a.status != http.StatusOK {
+		t.Fatalf("own run: %d", a.status)
+	}
+	for _, kind := range []struct{ path, otherID, missingID string }{
+		{"/jobs/", other.ID, "job_00000000000000000000000000"},
+		{"/runs/", otherRun.ID, "run_00000000000000000000000000"},
+	} {
+		theirs := b.get(kind.path + kind.otherID)
+		missing := b.get(kind.path + kind.missingID)
+		if theirs.status != http.StatusNotFound || missing.status != http.StatusNotFound {
+			t.Errorf("%s: another project's id %d, a missing id %d, want 404 for both", kind.path, theirs.status, missing.status)
+		}
+		if theirs.body != missing.body {
+			t.Errorf("%s: another project's id reads differently from a missing one:\n%s\n---\n%s", kind.path, theirs.body, missing.body)
+		}
+		if strings.Contains(theirs.body, "beta job") {
+			t.Errorf("%s: the 404 shows the other project's data", kind.path)
+		}
+	}
+	// The run list of the own job does not show the other project's run.
+	if a := b.get("/jobs/" + own.ID); strings.Contains(a.body, otherRun.ID) {
+		t.Error("the job page lists another project's run")
+	}
+}
+
+func TestRevokedTokenEndsSessionAtOnce(t *testing.T) {
+	e := newEnv(t)
+	e.job(e.projectA)
+	b := e.browser()
+	b.login(tokenA)
+	id := b.sessionID()
+	if a := b.get("/"); a.status != http.StatusOK {
+		t.Fatalf("before revocation: %d", a.status)
+	}
+
+	e.revoke(e.tokenAID)
+	a := b.get("/")
+	if a.status != http.StatusSeeOther || !strings.HasPrefix(a.location(), "/login") {
+		t.Fatalf("after revocation: %d to %q, want a redirect to the login", a.status, a.location())
+	}
+	if b.sessionID() != "" {
+		t.Error("the session cookie was not cleared")
+	}
+	// The session is gone, not merely hidden: the old id gets nothing.
+	u, _ := url.Parse(e.srv.URL)
+	b.client.Jar.SetCookies(u, []*http.Cookie{{Name: web.SessionCookie, Value: id}})
+	if a := b.get("/"); a.status != http.StatusSeeOther {
+		t.Errorf("old session id after revocation: %d", a.status)
+	}
+	// And the revoked token cannot log in again.
+	if a := e.browser().loginAnswer("/login", tokenA); a.status != http.StatusUnauthorized {
+		t.Errorf("login with a revoked token: %d, want 401", a.status)
+	}
+	if !strings.Contains(e.logs.String(), `"reason":"token_revoked"`) {
+		t.Error("the ended session was not logged")
+	}
+}
+
+func TestSessionExpires(t *testing.T) {
+	e := newEnv(t)
+	b := e.browser()
+	b.login(tokenA)
+	e.clock.Advance(web.DefaultSessionLifetime - time.Second)
+	if a := b.get("/"); a.status != http.StatusOK {
+		t.Fatalf("just before the session ends: %d", a.status)
+	}
+	e.clock.Advance(time.Second)
+	if a := b.get("/"); a.status != http.StatusSeeOther {
+		t.Fatalf("after %v: %d, want a redirect", web.DefaultSessionLifetime, a.status)
+	}
+}
+
+func TestOldestSessionEvicted(t *testing.T) {
+	e := newEnv(t, func(c *web.Config) { c.MaxSessions = 2 })
+	bs := []*browser{e.browser(), e.browser(), e.browser()}
+	for _, b := range bs {
+		b.login(tokenA)
+		e.clock.Advance(time.Second)
+	}
+	for i, want := range []int{http.StatusSeeOther, http.StatusOK, http.StatusOK} {
+		if a := bs[i].get("/"); a.status != want {
+			t.Errorf("session %d: %d, want %d", i, a.status, want)
+		}
+	}
+}
+
+func TestPagesEscapeWhatTheyShow(t *testing.T) {
+	e := newEnv(t)
+	j := e.job(e.projectA, named(`<script>alert("name")</script>`), func(j *vibejobs.Job) {
+		j.URL = `https://app.example.com/"><script>alert("url")</script>`
+	})
+	r := e.deliver(j, t0.Add(-time.Hour), 503, `<img src=x onerror=alert("snippet")></pre><script>x()</script>`,
+		vibejobs.Step{State: vibejobs.RunFailed, FailureReason: vibejobs.ReasonAttemptsExhausted})
+
+	b := e.browser()
+	b.login(tokenA)
+	for _, path := range []string{"/", "/jobs/" + j.ID, "/runs/" + r.ID} {
+		a := b.get(path)
+		if a.status != http.StatusOK {
+			t.Fatalf("GET %s: %d", path, a.status)
+		}
+		if strings.Contains(a.body, "<script") || strings.Contains(a.body, "<img") {
+			t.Errorf("GET %s carries markup from the data:\n%s", path, a.body)
+		}
+	}
+	if a := b.get("/jobs/" + j.ID); !strings.Contains(a.body, "&lt;script&gt;alert(&#34;name&#34;)&lt;/script&gt;") {
+		t.Errorf("the job name is not shown escaped:\n%s", a.body)
+	}
+	if a := b.get("/runs/" + r.ID); !strings.Contains(a.body, "&lt;img src=x onerror=alert(&#34;snippet&#34;)&gt;") {
+		t.Errorf("the snippet is not shown escaped:\n%s", a.body)
+	}
+}
+
+func TestRunPageShowsAttempts(t *testing.T) {
+	e := newEnv(t)
+	j := e.job(e.projectA, named("billing"))
+	scheduled := t0.Add(-2 * time.Hour)
+	r := e.deliver(j, scheduled, 200, `{"ok":true}`, vibejobs.Step{State: vibejobs.RunSucceeded})
+
+	b := e.browser()
+	b.login(tokenA)
+	a := b.get("/runs/" + r.ID)
+	if a.status != http.StatusOK {
+		t.Fatalf("GET run: %d", a.status)
+	}
+	for _, want := range []string{
+		r.ID, "billing", "/jobs/" + j.ID, "succeeded", "manual",
+		"2026-10-09 06:00:00 UTC", // scheduled for / started
+		"2 h ago",
+		"231 ms",                     // duration
+		">200<",                      // status code
+		fmt.Sprint(scheduled.Unix()), // signature timestamp
+		"{&#34;ok&#34;:true}",        // snippet
+		"2026-10-09 08:00:00 CEST",   // the job's time zone
+		"2026-10-13 06:00:00 UTC",    // deadline: 96 h
+		`<pre class="snippet">`,      // the snippet as text
+		"Response (first 1 KiB)",     // column
+		`title="2026-10-09 06:00:00 UTC">` + // the signature time spelled out
+			fmt.Sprint(scheduled.Unix()),
+	} {
+		if !strings.Contains(a.body, want) {
+			t.Errorf("run page lacks %q", want)
+		}
+	}
+	if strings.Contains(a.body, `http-equiv="refresh"`) {
+		t.Error("a finished run's page refreshes")
+	}
+
+	// The job page links the run as its last run.
+	if a := b.get("/jobs/" + j.ID); !strings.Contains(a.body, `href="/runs/`+r.ID+`"`) {
+		t.Error("the job page does not link its last run")
+	}
+}
+
+func TestJobRunsPaginateAndFilter(t *testing.T) {
+	e := newEnv(t)
+	j := e.job(e.projectA)
+	failed := e.deliver(j, t0.Add(-10*time.Hour), 500, "boom",
+		vibejobs.Step{State: vibejobs.RunFailed, FailureReason: vibejobs.ReasonAttemptsExhausted})
+	for i := range 59 {
+		e.clock.Advance(time.Millisecond) // run ids sort by creation
+		e.run(j, t0.Add(time.Duration(i)*time.Minute))
+	}
+	b := e.browser()
+	b.login(tokenA)
+
+	runLinks := regexp.MustCompile(`<td><a href="/runs/(run_[a-z0-9]+)">`)
+	first := b.get("/jobs/" + j.ID)
+	got := runLinks.FindAllStringSubmatch(first.body, -1)
+	if len(got) != 50 {
+		t.Fatalf("first page: %d runs, want 50", len(got))
+	}
+	next := regexp.MustCompile(`href="([^"]+)">Older runs`).FindStringSubmatch(first.body)
+	if next == nil {
+		t.Fatal("no link to the next page")
+	}
+	second := b.get(htmlUnescape(next[1]))
+	rest := runLinks.FindAllStringSubmatch(second.body, -1)
+	if second.status != http.StatusOK || len(rest) != 10 {
+		t.Fatalf("second page: %d, %d runs, want 10", second.status, len(rest))
+	}
+	if rest[len(rest)-1][1] != failed.ID {
+		t.Errorf("the oldest run is not last on the last page")
+	}
+	if strings.Contains(second.body, "Older runs") {
+		t.Error("the last page links a next one")
+	}
+
+	filtered := b.get("/jobs/" + j.ID + "?state=failed")
+	got = runLinks.FindAllStringSubmatch(filtered.body, -1)
+	if len(got) != 1 || got[0][1] != failed.ID {
+		t.Errorf("state=failed lists %v, want only %s", got, failed.ID)
+	}
+	if !strings.Contains(filtered.body, `class="pill on" aria-current="page">failed<`) {
+		t.Error("the failed filter is not marked as selected")
+	}
+	if a := b.get("/jobs/" + j.ID + "?state=bogus"); a.status != http.StatusBadRequest {
+		t.Errorf("unknown state: %d, want 400", a.status)
+	}
+	if a := b.get("/jobs/" + j.ID + "?cursor=%21%21"); a.status != http.StatusBadRequest {
+		t.Errorf("bad cursor: %d, want 400", a.status)
+	}
+}
+
+func TestJobsPaginate(t *testing.T) {
+	e := newEnv(t)
+	e.update(func(tx vibejobs.Tx) error {
+		for i := range 55 {
+			e.clock.Advance(time.Millisecond)
+			if err := tx.CreateJob(e.ctx, e.newJob(e.projectA, named(fmt.Sprintf("job number %02d", i)))); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	b := e.browser()
+	b.login(tokenA)
+	first := b.get("/")
+	if n := strings.Count(first.body, "job number "); n != 50 || !strings.Contains(first.body, "55 jobs") {
+		t.Fatalf("first page: %d jobs", n)
+	}
+	next := regexp.MustCompile(`href="([^"]+)">Next page`).FindStringSubmatch(first.body)
+	if next == nil {
+		t.Fatal("no next page link")
+	}
+	second := b.get(htmlUnescape(next[1]))
+	if n := strings.Count(second.body, "job number "); n != 5 || !strings.Contains(second.body, "job number 54") {
+		t.Errorf("second page: %d jobs", n)
+	}
+	if a := b.get("/?cursor=not-a-cursor"); a.status != http.StatusBadRequest {
+		t.Errorf("bad cursor: %d, want 400", a.status)
+	}
+}
+
+func TestSecretNeverShown(t *testing.T) {
+	e := newEnv(t)
+	j := e.job(e.projectA)
+	r := e.deliver(j, t0.Add(-time.Hour), 200, "ok", vibejobs.Step{State: vibejobs.RunSucceeded})
+	b := e.browser()
+	b.login(tokenA)
+	for _, p := range []string{"/", "/jobs/" + j.ID, "/runs/" + r.ID, "/jobs/" + j.ID + "?state=succeeded"} {
+		if a := b.get(p); a.status != http.StatusOK {
+			t.Fatalf("GET %s: %d", p, a.status)
+		}
+	}
+	all := e.pages()
+	for _, form := range []string{
+		string(secretBytes), "SEALED-SECRET", hex.EncodeToString(secretBytes),
+		base64.StdEncoding.EncodeToString(secretBytes), base64.RawURLEncoding.EncodeToString(secretBytes),
+		base64.StdEncoding.EncodeToString(secretBytes[:24]),
+	} {
+		if strings.Contains(all, form) {
+			t.Errorf("a page shows the sealed secret as %q", form)
+		}
+	}
+}
+
+func TestLoginFormCSRF(t *testing.T) {
+	e := newEnv(t)
+	for _, tc := range []struct {
+		name   string
+		header []string
+		cookie bool
+		field  bool
+		want   int
+	}{
+		{"same site", nil, true, true, http.StatusSeeOther},
+		{"origin null (our Referrer-Policy)", []string{"Origin", "null"}, true, true, http.StatusSeeOther},
+		{"same origin header", []string{"Origin", "ORIGIN"}, true, true, http.StatusSeeOther},
+		{"fetch metadata same-origin", []string{"Sec-Fetch-Site", "same-origin"}, true, true, http.StatusSeeOther},
+		{"no cookie", nil, false, true, http.StatusForbidden},
+		{"no field", nil, true, false, http.StatusForbidden},
+		{"other origin", []string{"Origin", "https://evil.example"}, true, true, http.StatusForbidden},
+		{"cross-site fetch", []string{"Sec-Fetch-Site", "cross-site"}, true, true, http.StatusForbidden},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			b := e.browser()
+			form := b.get("/login")
+			v := url.Values{"token": {tokenA}}
+			if tc.field {
+				v.Set("csrf", b.csrf(form))
+			}
+			if !tc.cookie {
+				u, _ := url.Parse(e.srv.URL + "/login")
+				b.client.Jar.SetCookies(u, []*http.Cookie{{Name: web.LoginCookie, Value: "", MaxAge: -1, Path: "/login"}})
+			}
+			header := append([]string(nil), tc.header...)
+			for i := range header {
+				if header[i] == "ORIGIN" {
+					header[i] = e.srv.URL
+				}
+			}
+			a := b.post("/login", v, header...)
+			if a.status != tc.want {
+				t.Fatalf("POST /login: %d, want %d", a.status, tc.want)
+			}
+			if tc.want == http.StatusForbidden {
+				if b.sessionID() != "" {
+					t.Error("a forged login got a session")
+				}
+				// The refusal offers a fresh form that works.
+				retry := b.post("/login", url.Values{"csrf": {b.csrf(a)}, "token": {tokenA}})
+				if retry.status != http.StatusSeeOther {
+					t.Errorf("retry after the refusal: %d", retry.status)
+				}
+			}
+		})
+	}
+}
+
+func TestLogoutCSRF(t *testing.T) {
+	e := newEnv(t)
+	b := e.browser()
+	b.login(tokenA)
+	home := b.get("/")
+	secret := b.csrf(home)
+	if !strings.Contains(home.body, `action="/logout"`) {
+		t.Fatal("no logout form")
+	}
+
+	for name, tc := range map[string]struct {
+		form   url.Values
+		header []string
+	}{
+		"no secret":    {url.Values{}, nil},
+		"wrong secret": {url.Values{"csrf": {strings.Repeat("x", 43)}}, nil},
+		"cross-site":   {url.Values{"csrf": {secret}}, []string{"Sec-Fetch-Site", "cross-site"}},
+		"other origin": {url.Values{"csrf": {secret}}, []string{"Origin", "https://evil.example"}},
+	} {
+		if a := b.post("/logout", tc.form, tc.header...); a.status != http.StatusForbidden {
+			t.Errorf("logout, %s: %d, want 403", name, a.status)
+		}
+		if a := b.get("/"); a.status != http.StatusOK {
+			t.Fatalf("logout, %s, ended the session (%d)", name, a.status)
+		}
+	}
+
+	// Another session's secret does not log this one out.
+	other := e.browser()
+	other.login(tokenA)
+	if a := b.post("/logout", url.Values{"csrf": {other.csrf(other.get("/"))}}); a.status != http.StatusForbidden {
+		t.Errorf("logout with another session's secret: %d, want 403", a.status)
+	}
+
+	id := b.sessionID()
+	a := b.post("/logout", url.Values{"csrf": {secret}})
+	if a.status != http.StatusSeeOther || a.location() != "/login" {
+		t.Fatalf("logout: %d to %q", a.status, a.location())
+	}
+	if b.sessionID() != "" {
+		t.Error("the session cookie survived the logout")
+	}
+	u, _ := url.Parse(e.srv.URL)
+	b.client.Jar.SetCookies(u, []*http.Cookie{{Name: web.SessionCookie, Value: id}})
+	if a := b.get("/"); a.status != http.StatusSeeOther {
+		t.Errorf("the old session id still works after the logout: %d", a.status)
+	}
+	if a := other.get("/"); a.status != http.StatusOK {
+		t.Errorf("the logout ended another session: %d", a.status)
+	}
+}
+
+func TestSecurityHeaders(t *testing.T) {
+	e := newEnv(t)
+	j := e.job(e.projectA)
+	b := e.browser()
+	check := func(what string, a *answer) {
+		t.Helper()
+		h := a.header
+		if csp := h.Get("Content-Security-Policy"); !strings.HasPrefix(csp, "default-src 'self'") {
+			t.Errorf("%s: Content-Security-Policy %q", what, csp)
+		}
+		for k, want := range map[string]string{
+			"X-Frame-Options":        "DENY",
+			"X-Content-Type-Options": "nosniff",
+			"Referrer-Policy":        "no-referrer",
+		} {
+			if got := h.Get(k); got != want {
+				t.Errorf("%s: %s %q, want %q", what, k, got, want)
+			}
+		}
+	}
+	check("redirect", b.get("/"))
+	login := b.get("/login")
+	check("login", login)
+	if cc := login.header.Get("Cache-Control"); cc != "no-store" {
+		t.Errorf("login page Cache-Control %q", cc)
+	}
+	check("unknown path", b.get("/nope"))
+	b.login(tokenA)
+	jobs := b.get("/")
+	check("jobs", jobs)
+	check("job", b.get("/jobs/"+j.ID))
+	check("missing job", b.get("/jobs/job_nope"))
+
+	css := regexp.MustCompile(`<link rel="stylesheet" href="([^"]+)">`).FindStringSubmatch(jobs.body)
+	if css == nil {
+		t.Fatal("no stylesheet link")
+	}
+	a := b.get(css[1])
+	check("css", a)
+	if a.status != http.StatusOK || !strings.HasPrefix(a.header.Get("Content-Type"), "text/css") || !strings.Contains(a.body, ".state") {
+		t.Errorf("stylesheet: %d %q", a.status, a.header.Get("Content-Type"))
+	}
+	if strings.Contains(jobs.body, "<script") || strings.Contains(jobs.body, "style=") {
+		t.Error("a page carries script or inline style, which the policy blocks")
+	}
+}
+
+func TestUnknownPathsAndMethods(t *testing.T) {
+	e := newEnv(t)
+	b := e.browser()
+	a := b.get("/no/such/page")
+	if a.status != http.StatusNotFound || !strings.Contains(a.body, "Page not found") || !strings.Contains(a.header.Get("Content-Type"), "text/html") {
+		t.Errorf("unknown path: %d %q", a.status, a.body)
+	}
+	a = b.post("/jobs/job_x", url.Values{})
+	if a.status != http.StatusMethodNotAllowed || !strings.Contains(a.header.Get("Allow"), "GET") {
+		t.Errorf("POST to a page: %d, Allow %q", a.status, a.header.Get("Allow"))
+	}
+	req, _ := http.NewRequest("HEAD", e.srv.URL+"/login", nil)
+	if a := b.do(req); a.status != http.StatusOK || a.body != "" {
+		t.Errorf("HEAD /login: %d with %d bytes", a.status, len(a.body))
+	}
+}
+
+// TestLogsHoldNoSecrets: the log has events but never a token, a session id,
+// a URL, a response snippet or a page address.
+func TestLogsHoldNoSecrets(t *testing.T) {
+	e := newEnv(t)
+	j := e.job(e.projectA)
+	r := e.deliver(j, t0.Add(-time.Hour), 500, "snippet-marker", vibejobs.Step{State: vibejobs.RunFailed, FailureReason: vibejobs.ReasonAttemptsExhausted})
+	b := e.browser()
+	e.browser().loginAnswer("/login", tokenB[:len(tokenB)-1]+"C") // refused
+	b.login(tokenA)
+	b.get("/")
+	b.get("/jobs/" + j.ID + "?state=failed")
+	b.get("/runs/" + r.ID)
+	b.get("/nope-path-marker")
+	id := b.sessionID()
+	b.post("/logout", url.Values{"csrf": {b.csrf(b.get("/"))}})
+
+	logs := e.logs.String()
+	for _, want := range []string{"web.login", "web.login_refused", "web.logout"} {
+		if !strings.Contains(logs, `"msg":"`+want+`"`) {
+			t.Errorf("no %s event in the log", want)
+		}
+	}
+	for _, secret := range []string{tokenA, tokenA[4:20], tokenB[:30], id, "url-marker", "snippet-marker", "nope-path-marker", "state=failed", j.ID, r.ID} {
+		if strings.Contains(logs, secret) {
+			t.Errorf("the log holds %q:\n%s", secret, logs)
+		}
+	}
+}
+
+// TestMountedUnderAPI wires the dashboard as cmd does: the API answers its
+// paths and hands every other to the dashboard; a token the API minted logs in.
+func TestMountedUnderAPI(t *testing.T) {
+	st := mustOpenStore(t)
+	ctx := context.Background()
+	now := func() time.Time { return t0 }
+	admin, created, err := api.Bootstrap(ctx, st, t0, nil)
+	if err != nil || !created {
+		t.Fatalf("Bootstrap: %v %v", err, created)
+	}
+	key, err := secretbox.NewKey()
+	if err != nil {
+		t.Fatal(err)
+	}
+	keys, err := secretbox.Parse([]byte(key))
+	if err != nil {
+		t.Fatal(err)
+	}
+	logs := &syncBuffer{}
+	logger := slog.New(slog.NewJSONHandler(logs, nil))
+	srv := httptest.NewServer(api.New(api.Config{
+		Store: st, Sealer: keys, Now: now, Logger: logger,
+		Extra: web.New(web.Config{Store: st, Now: now, Logger: logger}),
+	}).Handler())
+	t.Cleanup(srv.Close)
+	e := &env{t: t, srv: srv, logs: logs}
+	b := e.browser()
+
+	if a := b.get("/v1/jobs"); a.status != http.StatusUnauthorized || !strings.Contains(a.header.Get("Content-Type"), "json") {
+		t.Errorf("GET /v1/jobs: %d %s", a.status, a.header.Get("Content-Type"))
+	}
+	if a := b.get("/healthz"); a.status != http.StatusOK {
+		t.Errorf("GET /healthz: %d", a.status)
+	}
+	b.login(admin)
+	if a := b.get("/"); a.status != http.StatusOK || !strings.Contains(a.body, "No jobs yet") {
+		t.Errorf("jobs page under the API: %d", a.status)
+	}
+	if a := b.get("/elsewhere"); a.status != http.StatusNotFound || !strings.Contains(a.body, "Page not found") {
+		t.Errorf("unknown path under the API: %d", a.status)
+	}
+	if l := logs.String(); strings.Contains(l, admin) || strings.Contains(l, b.sessionID()) || strings.Contains(l, "/elsewhere") {
+		t.Errorf("the log holds a token, a session id or a path:\n%s", l)
+	}
+}
