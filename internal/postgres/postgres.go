@@ -62,7 +62,9 @@ type Options struct {
 	// time (NextDueAt); time.Now when nil.
 	Now func() time.Time
 	// Schema, when set, is created if missing and is the search_path of every
-	// connection: the tables live there. "" uses the server's search_path.
+	// connection: the tables live there. When "", a search_path in the URL
+	// (search_path=name) names the schema instead, else the server's
+	// search_path applies.
 	Schema string
 	// MaxConns is the pool size; 0 keeps pgx's default (pool_max_conns in the
 	// URL, else max(4, GOMAXPROCS)).
@@ -100,15 +102,18 @@ func Open(ctx context.Context, url string, opts Options) (*Store, error) {
 	if opts.MaxConns > 0 {
 		cfg.MaxConns = int32(opts.MaxConns)
 	}
-	if opts.Schema != "" {
-		cfg.ConnConfig.RuntimeParams["search_path"] = pgx.Identifier{opts.Schema}.Sanitize()
+	schema := opts.Schema
+	if schema != "" {
+		cfg.ConnConfig.RuntimeParams["search_path"] = pgx.Identifier{schema}.Sanitize()
+	} else {
+		schema = urlSchema(cfg.ConnConfig.RuntimeParams["search_path"])
 	}
 	cfg.AfterConnect = func(ctx context.Context, c *pgx.Conn) error {
 		registerUTC(c.TypeMap())
 		return nil
 	}
-	if opts.Schema != "" {
-		if err := createSchema(ctx, cfg.ConnConfig, opts.Schema); err != nil {
+	if schema != "" {
+		if err := createSchema(ctx, cfg.ConnConfig, schema); err != nil {
 			return nil, err
 		}
 	}
@@ -122,7 +127,7 @@ func Open(ctx context.Context, url string, opts Options) (*Store, error) {
 		pool:       pool,
 		logger:     cmp.Or(opts.Logger, slog.Default()),
 		now:        opts.Now,
-		schema:     opts.Schema,
+		schema:     schema,
 		connConfig: cfg.ConnConfig.Copy(),
 		closing:    closing,
 		stop:       stop,
@@ -136,6 +141,22 @@ func Open(ctx context.Context, url string, opts Options) (*Store, error) {
 		return nil, err
 	}
 	return s, nil
+}
+
+// urlSchema returns the schema a search_path given in the URL puts first
+// ("" for none or "$user"), so a schema chosen in the URL gets the same
+// treatment as Options.Schema: created if missing, its own migration lock
+// and its own notifications.
+func urlSchema(searchPath string) string {
+	first, _, _ := strings.Cut(searchPath, ",")
+	first = strings.TrimSpace(first)
+	if len(first) >= 2 && first[0] == '"' && first[len(first)-1] == '"' {
+		first = strings.ReplaceAll(first[1:len(first)-1], `""`, `"`)
+	}
+	if first == "$user" {
+		return ""
+	}
+	return first
 }
 
 // registerUTC makes timestamptz values scan in UTC (the domain's promise),
@@ -210,8 +231,8 @@ func (s *Store) Migrate(ctx context.Context) error {
 	return nil
 }
 
-// Schema returns the schema the Store was opened on ("" for the server's
-// search_path).
+// Schema returns the schema the Store was opened on: Options.Schema, else
+// the first entry of the URL's search_path ("" for the server's default).
 func (s *Store) Schema() string { return s.schema }
 
 // Pool returns the connection pool, for tests and tools that need raw SQL.

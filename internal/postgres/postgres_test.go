@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -735,5 +736,30 @@ func TestDeleteJobRacesMaterialisation(t *testing.T) {
 	var waiting int
 	if err := a.Pool().QueryRow(ctx, `SELECT count(*) FROM runs WHERE state IN ('scheduled', 'retrying')`).Scan(&waiting); err != nil || waiting != 0 {
 		t.Fatalf("%d runs of deleted jobs still waiting (%v)", waiting, err)
+	}
+}
+
+// TestSchemaFromURL: a search_path in the URL names the schema: created,
+// migrated there, and used as the notification payload.
+func TestSchemaFromURL(t *testing.T) {
+	schema := postgres.NewTestSchema(t)
+	url := postgres.TestURL(t)
+	if strings.Contains(url, "?") {
+		url += "&search_path=" + schema
+	} else {
+		url += "?search_path=" + schema
+	}
+	s, err := postgres.Open(context.Background(), url, postgres.Options{Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if s.Schema() != schema {
+		t.Fatalf("Schema() = %q, want %q", s.Schema(), schema)
+	}
+	var n int
+	err = s.Pool().QueryRow(context.Background(), `SELECT count(*) FROM pg_tables WHERE schemaname = $1 AND tablename = 'runs'`, schema).Scan(&n)
+	if err != nil || n != 1 {
+		t.Fatalf("runs table in %s: %d, %v", schema, n, err)
 	}
 }
