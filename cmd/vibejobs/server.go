@@ -29,6 +29,7 @@ import (
 	"github.com/vibejobs/vibejobs/internal/scheduler"
 	"github.com/vibejobs/vibejobs/internal/secretbox"
 	"github.com/vibejobs/vibejobs/internal/sqlite"
+	"github.com/vibejobs/vibejobs/internal/web"
 )
 
 // Config is the server's configuration; every flag has an environment
@@ -264,6 +265,7 @@ func (m *Main) Run(ctx context.Context) error {
 		Store: store, Sealer: sealer, URLs: policy, Now: now, Logger: m.logger,
 		Wake:              func() { sched.Wake(); disp.Wake() },
 		Metrics:           met.Handler(),
+		Extra:             web.New(web.Config{Store: store, Now: now, Logger: m.logger}),
 		MaxJobsPerProject: cfg.MaxJobsPerProject,
 		RateLimit:         api.RateLimit{PerSecond: float64(cmp.Or(cfg.RateLimit, api.DefaultRatePerSecond)), Burst: 2 * cmp.Or(cfg.RateLimit, api.DefaultRatePerSecond)},
 	})
