@@ -763,3 +763,24 @@ func TestSchemaFromURL(t *testing.T) {
 		t.Fatalf("runs table in %s: %d, %v", schema, n, err)
 	}
 }
+
+// TestCloseEndsWakeups: Close stops the listeners and closes their channels.
+func TestCloseEndsWakeups(t *testing.T) {
+	s, err := postgres.Open(context.Background(), postgres.TestURL(t), postgres.Options{Schema: postgres.NewTestSchema(t), Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	wake := s.Wakeups(context.Background())
+	done := make(chan struct{})
+	go func() {
+		for range wake {
+		}
+		close(done)
+	}()
+	s.Close()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("Wakeups still open after Close")
+	}
+}
