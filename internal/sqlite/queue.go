@@ -121,8 +121,9 @@ func applyRound(ctx context.Context, t wtx, plans []*vibejobs.RunPlan) (int, err
 	return int(n), nil
 }
 
-// ClaimDueRuns claims the earliest due runs (ties by id) for owner and returns
-// them in that order. See vibejobs.DispatchStore.
+// ClaimDueRuns claims the earliest due runs for owner and returns them in
+// that order; runs due at the same instant go in insertion order, so one
+// batch updates neighbouring rows. See vibejobs.DispatchStore.
 func (s *Store) ClaimDueRuns(ctx context.Context, owner string, now time.Time, limit int, leaseMargin time.Duration) ([]*vibejobs.Claim, error) {
 	if limit <= 0 {
 		return nil, nil
