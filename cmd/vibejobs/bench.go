@@ -209,6 +209,7 @@ func benchBurst(ctx context.Context, out io.Writer, n int, database string, raw 
 	var created []*vibejobs.Job
 	if err := createJobs(ctx, m, n, func(i int, j *vibejobs.Job) {
 		j.Schedule = "0 0 1 1 *"
+		j.URL = br.url
 		j.NextRunAt = &far
 		created = append(created, j)
 	}); err != nil {
@@ -264,6 +265,7 @@ func benchLateness(ctx context.Context, out io.Writer, n int, d time.Duration, d
 	start := time.Now().Add(3 * time.Second).UTC().Truncate(time.Second)
 	if err := createJobs(ctx, m, n, func(i int, j *vibejobs.Job) {
 		j.Schedule = "@every 1s"
+		j.URL = br.url
 		j.ScheduleAnchor = start.Add(-time.Second)
 		first := start
 		j.NextRunAt = &first
