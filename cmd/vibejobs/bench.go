@@ -215,7 +215,7 @@ func benchBurst(ctx context.Context, out io.Writer, n int, database string, raw 
 	}); err != nil {
 		return err
 	}
-	due := time.Now().Add(3 * time.Second).UTC().Truncate(time.Millisecond)
+	due := time.Now().Add(10 * time.Second).UTC().Truncate(time.Millisecond)
 	plans := make([]vibejobs.RunPlan, 0, len(created))
 	for _, j := range created {
 		next := far
@@ -228,7 +228,7 @@ func benchBurst(ctx context.Context, out io.Writer, n int, database string, raw 
 		}
 	}
 	if time.Now().After(due) {
-		return errors.New("planning the runs took longer than 3 s; is the machine busy?")
+		return errors.New("planning the runs took longer than 10 s; is the machine busy?")
 	}
 	deadline := due.Add(5 * time.Minute)
 	for rc.succeeded.Load() < int64(n) {
