@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# The burst benchmark of issues 2 and 3 in one run, on this machine:
+# the raw sign-and-POST limit, River v0.51.2 on PostgreSQL, and vibejobs on
+# PostgreSQL and on SQLite, each delivering 20,000 runs due at once to a
+# loopback receiver that answers 200. Run on a quiet machine:
+#   bash bench/burst.sh [postgres-url]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PG="${1:-postgres://postgres@127.0.0.1:5432/test?sslmode=disable}"
+SCHEMA="vjbench_$(date +%s)"
+go build -o /tmp/vibejobs-bench ./cmd/vibejobs
+(cd bench/river && go build -o /tmp/vibejobs-river-bench .)
+/tmp/vibejobs-bench bench burst --raw --runs 20000 2>&1 | grep -E '^(raw|burst)'
+/tmp/vibejobs-river-bench --database "$PG" --runs 20000
+/tmp/vibejobs-bench bench burst --runs 20000 --database "$PG&search_path=$SCHEMA"
+psql "$PG" -qc "DROP SCHEMA IF EXISTS $SCHEMA CASCADE" >/dev/null 2>&1 || true
