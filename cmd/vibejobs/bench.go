@@ -24,7 +24,7 @@ import (
 // bench runs the benchmarks the issues name, on demand (never in CI):
 //
 //	vibejobs bench burst    [--runs 20000] [--database URL] [--raw]
-//	vibejobs bench lateness [--jobs 1000] [--duration 60s] [--database URL]
+//	vibejobs bench lateness [--jobs 1000] [--duration 60s] [--database URL] [--replicas N]
 //	vibejobs bench scale    [--jobs 1000000] [--concurrency 64] [--database URL]
 //
 // Everything is on this machine: the platform and a loopback receiver that
@@ -40,6 +40,7 @@ func bench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	dur := fs.Duration("duration", 60*time.Second, "lateness: how long to run")
 	database := fs.String("database", "", "postgres://… to bench PostgreSQL; default a fresh SQLite")
 	raw := fs.Bool("raw", false, "burst: also measure a plain sign-and-POST loop with no database")
+	replicas := fs.Int("replicas", 1, "lateness: server processes sharing the database (PostgreSQL for more than one)")
 	conc := fs.Int("concurrency", 512, "delivery concurrency; scale: API client workers")
 	if err := fs.Parse(args[1:]); err != nil {
 		return fmt.Errorf("%w: %v", errUsage, err)
@@ -48,7 +49,7 @@ func bench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	case "burst":
 		return benchBurst(ctx, stdout, *runs, *database, *raw, *conc)
 	case "lateness":
-		return benchLateness(ctx, stdout, *jobs, *dur, *database, *conc)
+		return benchLateness(ctx, stdout, *jobs, *dur, *database, *replicas)
 	case "scale":
 		return benchScale(ctx, stdout, *jobs, *conc, *database)
 	}
@@ -248,48 +249,6 @@ func benchBurst(ctx context.Context, out io.Writer, n int, database string, raw 
 	fmt.Fprintf(out, "burst (%s): %d runs due at once; received %d; all received in %v (%.0f runs/s); all recorded succeeded in %v (%.0f runs/s end to end); max RSS %s\n",
 		store, n, br.count.Load(), lastRecv.Sub(due).Round(time.Millisecond), float64(n)/lastRecv.Sub(due).Seconds(),
 		lastRec.Sub(due).Round(time.Millisecond), float64(n)/lastRec.Sub(due).Seconds(), maxRSS())
-	return nil
-}
-
-func benchLateness(ctx context.Context, out io.Writer, n int, d time.Duration, database string, conc int) error {
-	br, err := newBenchReceiver()
-	if err != nil {
-		return err
-	}
-	defer br.srv.Close()
-	m, _, sl, cleanup, err := startBenchMain(ctx, database, conc)
-	if err != nil {
-		return err
-	}
-	defer cleanup()
-	start := time.Now().Add(3 * time.Second).UTC().Truncate(time.Second)
-	if err := createJobs(ctx, m, n, func(i int, j *vibejobs.Job) {
-		j.Schedule = "@every 1s"
-		j.URL = br.url
-		j.ScheduleAnchor = start.Add(-time.Second)
-		first := start
-		j.NextRunAt = &first
-	}); err != nil {
-		return err
-	}
-	select {
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-time.After(time.Until(start.Add(d))):
-	}
-	// Stop scheduling, let the last deliveries land.
-	time.Sleep(2 * time.Second)
-	br.mu.Lock()
-	recv := slices.Clone(br.lateness)
-	br.mu.Unlock()
-	sl.mu.Lock()
-	sent := slices.Clone(sl.d)
-	sl.mu.Unlock()
-	want := n * int(d/time.Second)
-	fmt.Fprintf(out, "lateness: %d jobs @every 1s for %v (%d occurrences expected, %d first attempts sent)\n", n, d, want, len(sent))
-	fmt.Fprintf(out, "  send time − scheduledFor (platform): %s\n", quantiles(sent))
-	fmt.Fprintf(out, "  receive time − scheduledFor (receiver): %s\n", quantiles(recv))
-	fmt.Fprintf(out, "  max RSS %s\n", maxRSS())
 	return nil
 }
 

@@ -31,6 +31,7 @@ const (
 	DefaultLeaseMargin  = 5 * time.Second
 	DefaultPollInterval = time.Second
 	DefaultFlushBatch   = 500
+	DefaultClaimAhead   = 50 * time.Millisecond
 )
 
 // Sender sends one attempt; *egress.Client is the production one.
@@ -65,7 +66,12 @@ type Config struct {
 	ClaimBatch   int
 	LeaseMargin  time.Duration
 	PollInterval time.Duration
-	Observer     Observer
+	// ClaimAhead lets the dispatcher claim runs falling due within this
+	// window and hold each until its time, so a second full of occurrences
+	// costs a few claims instead of one per millisecond. A negative value
+	// turns it off.
+	ClaimAhead time.Duration
+	Observer   Observer
 }
 
 // Dispatcher claims and delivers runs. Run loops until its context ends.
@@ -96,6 +102,7 @@ func New(cfg Config) *Dispatcher {
 	cfg.LeaseMargin = cmp.Or(cfg.LeaseMargin, DefaultLeaseMargin)
 	cfg.PollInterval = cmp.Or(cfg.PollInterval, DefaultPollInterval)
 	cfg.UserAgent = cmp.Or(cfg.UserAgent, "vibejobs/dev")
+	cfg.ClaimAhead = max(cmp.Or(cfg.ClaimAhead, DefaultClaimAhead), 0)
 	return &Dispatcher{
 		cfg:      cfg,
 		wake:     make(chan struct{}, 1),
@@ -172,20 +179,20 @@ func (d *Dispatcher) dispatchOnce(ctx context.Context) (time.Duration, error) {
 	if err != nil {
 		return 0, err
 	}
-	var release []string
-	for _, c := range claims {
-		host := hostKey(c.URL)
-		if !d.acquire(host) {
-			release = append(release, c.Run.ID)
-			continue
+	full := d.start(ctx, claims, now, time.Time{})
+	if len(claims) < want && d.cfg.ClaimAhead > 0 && !full {
+		// Nothing else is due now: take what falls due within the window.
+		// These are first attempts not yet due (late is false for them)
+		// or retries due by now+ahead; each is held until its time.
+		ahead := now.Add(d.cfg.ClaimAhead)
+		more, err := d.cfg.Store.ClaimDueRuns(ctx, d.cfg.Owner, ahead, want-len(claims), d.cfg.LeaseMargin)
+		if err != nil {
+			return 0, err
 		}
-		d.wg.Add(1)
-		go d.deliver(c, host)
+		full = d.start(ctx, more, now, ahead)
+		claims = append(claims, more...)
 	}
-	if len(release) > 0 {
-		if err := d.cfg.Store.ReleaseClaims(context.WithoutCancel(ctx), d.cfg.Owner, release, now); err != nil {
-			d.cfg.Logger.Error("dispatcher.release_failed", "error", err, "runs", len(release))
-		}
+	if full {
 		// Those hosts are full: wait for a finishing attempt (it wakes us).
 		return d.cfg.PollInterval, nil
 	}
@@ -199,11 +206,41 @@ func (d *Dispatcher) dispatchOnce(ctx context.Context) (time.Duration, error) {
 	if !ok {
 		return d.cfg.PollInterval, nil
 	}
-	wait := next.Sub(d.cfg.Now())
+	wait := next.Sub(d.cfg.Now()) - d.cfg.ClaimAhead
 	if wait <= 0 {
 		return 0, nil
 	}
 	return min(wait, d.cfg.PollInterval), nil
+}
+
+// start begins the attempts of claims, releasing those whose host is full;
+// it reports whether any was released. A claim made ahead of time (ahead is
+// not zero) is held until it is due: a first attempt until its scheduledFor,
+// a retry until ahead, the latest its next attempt time can be.
+func (d *Dispatcher) start(ctx context.Context, claims []*vibejobs.Claim, now, ahead time.Time) bool {
+	var release []string
+	for _, c := range claims {
+		host := hostKey(c.URL)
+		if !d.acquire(host) {
+			release = append(release, c.Run.ID)
+			continue
+		}
+		var hold time.Time
+		if !ahead.IsZero() {
+			hold = ahead
+			if c.Run.Attempt == 1 && c.Run.ScheduledFor.Before(ahead) {
+				hold = c.Run.ScheduledFor
+			}
+		}
+		d.wg.Add(1)
+		go d.deliver(c, host, hold)
+	}
+	if len(release) > 0 {
+		if err := d.cfg.Store.ReleaseClaims(context.WithoutCancel(ctx), d.cfg.Owner, release, now); err != nil {
+			d.cfg.Logger.Error("dispatcher.release_failed", "error", err, "runs", len(release))
+		}
+	}
+	return len(release) > 0
 }
 
 func (d *Dispatcher) acquire(host string) bool {
@@ -229,9 +266,12 @@ func (d *Dispatcher) releaseSlot(host string) {
 
 // deliver makes one attempt of a claimed run. The attempt is not cancelled by
 // shutdown: it ends within its own timeout.
-func (d *Dispatcher) deliver(c *vibejobs.Claim, host string) {
+func (d *Dispatcher) deliver(c *vibejobs.Claim, host string, hold time.Time) {
 	defer d.wg.Done()
 	defer d.releaseSlot(host)
+	if wait := hold.Sub(d.cfg.Now()); !hold.IsZero() && wait > 0 {
+		time.Sleep(wait) // at most ClaimAhead
+	}
 	r := c.Run
 	start := d.cfg.Now()
 	var res egress.Result

@@ -266,3 +266,46 @@ func TestShutdownLetsAttemptInFlightFinish(t *testing.T) {
 		t.Fatalf("after shutdown: %+v %v", got, err)
 	}
 }
+
+// TestClaimAheadHoldsUntilDue: runs claimed ahead of their time are not sent
+// before their scheduledFor (real clock: the hold is real time).
+func TestClaimAheadHoldsUntilDue(t *testing.T) {
+	e := newEnv(t)
+	e.clock = nil
+	st, err := sqlite.Open(context.Background(), filepath.Join(t.TempDir(), "db"), sqlite.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	e.store = st
+	e.clock = &clock{t: time.Now()}
+	e.update(t, func(tx vibejobs.Tx) error {
+		return tx.CreateProject(context.Background(), &vibejobs.Project{ID: e.project, Name: "test", CreatedAt: time.Now()})
+	})
+	j := e.job(t, "job_a", "https://a.example/")
+	var due []time.Time
+	for i := 0; i < 5; i++ {
+		at := time.Now().Add(time.Duration(10+10*i) * time.Millisecond).Truncate(time.Millisecond)
+		due = append(due, at)
+		e.run(t, j, "run_"+string(rune('a'+i)), at)
+	}
+	d := dispatcher.New(dispatcher.Config{
+		Store: e.store, Sender: e.sender, Opener: plainOpener{}, Owner: "o", Rand: func() float64 { return 0.5 },
+		ClaimAhead: 200 * time.Millisecond, PollInterval: 20 * time.Millisecond,
+	})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { d.Run(ctx); close(done) }()
+	defer func() { cancel(); <-done }()
+	for range due {
+		x := e.sender.next(t)
+		sentAt := time.Now()
+		at, _ := time.Parse(contract.ScheduledForLayout, x.payload["scheduledFor"].(string))
+		if sentAt.Before(at) {
+			t.Fatalf("run due at %v sent early at %v", at, sentAt)
+		}
+		if x.payload["late"] != false {
+			t.Fatalf("on-time run marked late")
+		}
+	}
+}

@@ -1,0 +1,218 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/vibejobs/vibejobs/contract"
+)
+
+// benchLateness registers n jobs "@every 1s" on `replicas` server processes
+// sharing one database and lets them run for d. The loopback receiver, in
+// this process, measures each first attempt's arrival minus its
+// scheduledFor, counts duplicates (one occurrence delivered as two runs, or a
+// run delivered twice) and missed occurrences.
+func benchLateness(ctx context.Context, out io.Writer, n int, d time.Duration, database string, replicas int) error {
+	if replicas > 1 && !strings.HasPrefix(database, "postgres") {
+		return fmt.Errorf("%w: several replicas need --database postgres://…", errUsage)
+	}
+	type key struct {
+		job string
+		at  string
+	}
+	var mu sync.Mutex
+	var window struct{ from, to time.Time } // guarded by mu
+	lateness := []time.Duration{}
+	runsOf := map[key]map[string]int{} // occurrence → run id → deliveries
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return err
+	}
+	recv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		now := time.Now()
+		var p struct {
+			JobID, RunID, ScheduledFor string
+			Attempt                    int
+		}
+		if json.Unmarshal(body, &p) == nil {
+			mu.Lock()
+			k := key{p.JobID, p.ScheduledFor}
+			if runsOf[k] == nil {
+				runsOf[k] = map[string]int{}
+			}
+			runsOf[k][p.RunID]++
+			if at, err := time.Parse(contract.ScheduledForLayout, p.ScheduledFor); err == nil && p.Attempt == 1 && runsOf[k][p.RunID] == 1 &&
+				!window.from.IsZero() && !at.Before(window.from) && (window.to.IsZero() || !at.After(window.to)) {
+				lateness = append(lateness, now.Sub(at))
+			}
+			mu.Unlock()
+		}
+		w.WriteHeader(200)
+	})}
+	go recv.Serve(ln)
+	defer recv.Close()
+	url := "http://" + ln.Addr().String() + "/"
+
+	dir, err := os.MkdirTemp("", "vibejobs-lateness-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+	self, err := os.Executable()
+	if err != nil {
+		return err
+	}
+	var procs []*exec.Cmd
+	var bases []string
+	defer func() {
+		for _, p := range procs {
+			p.Process.Signal(os.Interrupt)
+			p.Wait()
+		}
+	}()
+	for i := 0; i < replicas; i++ {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return err
+		}
+		addr := l.Addr().String()
+		l.Close()
+		cmd := exec.CommandContext(ctx, self, "serve")
+		cmd.Env = append(os.Environ(), "VIBEJOBS_LISTEN="+addr, "VIBEJOBS_DATA_DIR="+dir, "VIBEJOBS_DATABASE="+database,
+			"VIBEJOBS_MAX_JOBS_PER_PROJECT="+strconv.Itoa(n+1), "VIBEJOBS_RATE_LIMIT=1000000",
+			"VIBEJOBS_LOG_LEVEL=warn", "VIBEJOBS_ALLOW_PRIVATE=127.0.0.0/8")
+		cmd.Stdout, cmd.Stderr = io.Discard, os.Stderr
+		if err := cmd.Start(); err != nil {
+			return err
+		}
+		procs = append(procs, cmd)
+		base := "http://" + addr
+		if err := awaitReady(base); err != nil {
+			return err
+		}
+		bases = append(bases, base)
+	}
+	tok, err := os.ReadFile(filepath.Join(dir, "admin.token"))
+	if err != nil {
+		return err
+	}
+	token := strings.TrimSpace(string(tok))
+	for start := 0; start < n; start += 100 {
+		jobs := []map[string]any{}
+		for i := start; i < min(start+100, n); i++ {
+			jobs = append(jobs, map[string]any{"name": fmt.Sprintf("tick-%d", i), "schedule": "@every 1s", "url": url})
+		}
+		body, _ := json.Marshal(map[string]any{"jobs": jobs})
+		req, _ := http.NewRequest("POST", bases[(start/100)%len(bases)]+"/v1/jobs/batch", bytes.NewReader(body))
+		req.Header.Set("Authorization", "Bearer "+token)
+		var k [12]byte
+		rand.Read(k[:])
+		req.Header.Set("Idempotency-Key", hex.EncodeToString(k[:]))
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			return err
+		}
+		resp.Body.Close()
+		if resp.StatusCode != 201 {
+			return fmt.Errorf("creating jobs: status %d", resp.StatusCode)
+		}
+	}
+	// Warm-up: the first occurrences of 1,000s of just-created jobs are not
+	// what the benchmark is about; measure the d that follows.
+	time.Sleep(3 * time.Second)
+	mu.Lock()
+	from := time.Now()
+	window.from = from
+	mu.Unlock()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-time.After(d):
+	}
+	mu.Lock()
+	to := time.Now()
+	window.to = to
+	mu.Unlock()
+	time.Sleep(3 * time.Second) // the last occurrences land
+	mu.Lock()
+	defer mu.Unlock()
+	samples := append([]time.Duration(nil), lateness...)
+	dupRuns, dupDeliveries, occurrences := 0, 0, 0
+	perJob := map[string][]time.Time{}
+	for k, runs := range runsOf {
+		at, _ := time.Parse(contract.ScheduledForLayout, k.at)
+		perJob[k.job] = append(perJob[k.job], at)
+		if at.Before(from) || at.After(to) {
+			continue
+		}
+		occurrences++
+		if len(runs) > 1 {
+			dupRuns++
+		}
+		for _, c := range runs {
+			if c > 1 {
+				dupDeliveries++
+			}
+		}
+	}
+	// Missed: in each job's window [from, to], every second must be there.
+	missed := 0
+	for _, ats := range perJob {
+		seen := map[int64]bool{}
+		var anchor time.Time
+		for _, a := range ats {
+			seen[a.UnixMilli()] = true
+			anchor = a
+		}
+		for t := anchor; t.After(from); t = t.Add(-time.Second) {
+			if !t.After(to) && !seen[t.UnixMilli()] {
+				missed++
+			}
+		}
+		for t := anchor.Add(time.Second); !t.After(to); t = t.Add(time.Second) {
+			if !seen[t.UnixMilli()] {
+				missed++
+			}
+		}
+	}
+	store := "sqlite"
+	if database != "" {
+		store = "postgres"
+	}
+	fmt.Fprintf(out, "lateness (%s, %d replica(s)): %d jobs @every 1s for %v: %d occurrences delivered in the window\n",
+		store, replicas, n, d, occurrences)
+	fmt.Fprintf(out, "  first attempt received − scheduledFor: %s\n", quantiles(samples))
+	fmt.Fprintf(out, "  duplicate runs for one occurrence: %d; runs delivered more than once: %d; missed occurrences: %d\n", dupRuns, dupDeliveries, missed)
+	for i, p := range procs {
+		fmt.Fprintf(out, "  replica %d max RSS: %s\n", i+1, procHWM(p.Process.Pid))
+	}
+	return nil
+}
+
+func awaitReady(base string) error {
+	for i := 0; i < 600; i++ {
+		if resp, err := http.Get(base + "/readyz"); err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == 200 {
+				return nil
+			}
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	return fmt.Errorf("server at %s never became ready", base)
+}
