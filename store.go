@@ -35,6 +35,7 @@ type Store interface {
 	SchedulerStore
 	DispatchStore
 	MaintenanceStore
+	SubscriptionStore
 
 	// Ping checks that the database answers (readiness).
 	Ping(ctx context.Context) error
@@ -63,6 +64,19 @@ type Reader interface {
 	// GetIdempotencyKey returns the record of key, or ENOTFOUND; expired records
 	// (ExpiresAt ≤ now) are not found.
 	GetIdempotencyKey(ctx context.Context, projectID, key string, now time.Time) (*IdempotencyRecord, error)
+
+	// ListEvents reads a project's feed after f.After in sequence order: at
+	// most f.Limit events of f.Types and f.JobID among the next
+	// EventScanWindow sequences. The events, Head and Next come from one
+	// snapshot, in which every event up to Head is visible: sequence order
+	// is commit order, so continuing from Next never misses or repeats an
+	// event. An invalid limit is EINVALID (invalid_limit).
+	ListEvents(ctx context.Context, projectID string, f EventFilter) (EventPage, error)
+
+	// GetSubscription returns a subscription of the project, or ENOTFOUND.
+	GetSubscription(ctx context.Context, projectID, id string) (*Subscription, error)
+	// ListSubscriptions returns a project's subscriptions in id order.
+	ListSubscriptions(ctx context.Context, projectID string) ([]*Subscription, error)
 }
 
 // Tx is a write transaction. Its reads see its own writes.
@@ -81,8 +95,10 @@ type Tx interface {
 	// secret and updatedAt.
 	UpdateJob(ctx context.Context, j *Job) error
 	// DeleteJob removes the job from view and cancels (reason job_deleted)
-	// every run of it that has no attempt in flight. A run in delivering
-	// finishes its attempt; RecordOutcomes then ends it instead of retrying.
+	// every run of it that has no attempt in flight, appending a
+	// run.cancelled event for each (the caller appends job.deleted). A run
+	// in delivering finishes its attempt; RecordOutcomes then ends it
+	// instead of retrying.
 	DeleteJob(ctx context.Context, projectID, id string, at time.Time) error
 	// DeleteFutureRuns deletes the job's schedule-triggered runs that no attempt
 	// has started and whose scheduledFor is after t: occurrences materialised
@@ -103,6 +119,35 @@ type Tx interface {
 	// SetJobSecret replaces one.
 	SecretsNotUnder(ctx context.Context, keyID string, limit int) ([]*Job, error)
 	SetJobSecret(ctx context.Context, jobID string, s SealedSecret) error
+
+	// AppendEvents appends events to their projects' feeds, numbering them
+	// (Event.Sequence) in the order given; they commit with the
+	// transaction or not at all. The API appends the job events with it.
+	//
+	// A project's feed has one counter that every appending transaction
+	// holds from its append until it ends: call AppendEvents last, after
+	// the transaction's other writes, so the counter is held briefly and
+	// always after any row lock the transaction takes (no lock cycles).
+	AppendEvents(ctx context.Context, events ...*Event) error
+
+	// CreateSubscription inserts s with its cursor at the project's head (a
+	// new subscription gets no history), unless the project has limit
+	// subscriptions already: ECONFLICT too_many_subscriptions, decided
+	// atomically against concurrent creations. It sets s.Cursor.
+	CreateSubscription(ctx context.Context, s *Subscription, limit int) error
+	// UpdateSubscription writes url, types, jobIDs, the secrets,
+	// nextAttemptAt and updatedAt of s.
+	UpdateSubscription(ctx context.Context, s *Subscription) error
+	DeleteSubscription(ctx context.Context, projectID, id string) error
+	// ResetSubscription moves the cursor to the project's head and clears
+	// the failure state (ErrorCode, Attempts, NextAttemptAt): the events
+	// in between are never sent. It returns the subscription as stored.
+	ResetSubscription(ctx context.Context, projectID, id string, at time.Time) (*Subscription, error)
+	// SubscriptionSecretsNotUnder lists subscriptions with a secret (current
+	// or previous) sealed under another key than keyID, for master key
+	// rotation; SetSubscriptionSecrets replaces both.
+	SubscriptionSecretsNotUnder(ctx context.Context, keyID string, limit int) ([]*Subscription, error)
+	SetSubscriptionSecrets(ctx context.Context, id string, current, previous SealedSecret) error
 }
 
 // RunPlan is what the scheduler decided for one due job: the runs to create
@@ -164,11 +209,32 @@ type DispatchStore interface {
 	// RecordOutcomes records each attempt and moves its run to the outcome's
 	// step, only while the run is still delivering under owner's lease (an
 	// outcome that lost its lease is dropped). A retrying step of a deleted
-	// job's run becomes cancelled (job_deleted).
+	// job's run becomes cancelled (job_deleted). Each run moved gets its
+	// event (run.succeeded, run.failed, run.cancelled or run.retrying) in
+	// the same transaction; one call takes each project's feed counter once.
 	RecordOutcomes(ctx context.Context, owner string, outcomes []Outcome) error
 	// ReleaseClaims puts runs claimed by owner and never sent back to be claimed
-	// again at once, keeping their attempt number.
+	// again at once, keeping their attempt number. A run of a deleted job is
+	// cancelled instead, with its run.cancelled event.
 	ReleaseClaims(ctx context.Context, owner string, runIDs []string, now time.Time) error
+}
+
+// SubscriptionStore is the subscriptions table used by the delivery loop of
+// every replica. A subscription is worked by one owner at a time, under a
+// lease on its row.
+type SubscriptionStore interface {
+	// ClaimSubscriptions leases to owner, until now + lease, up to limit
+	// subscriptions that have events after their cursor, are not waiting
+	// for a retry (NextAttemptAt ≤ now) and are not leased (or the lease
+	// expired), earliest due first.
+	ClaimSubscriptions(ctx context.Context, owner string, now time.Time, limit int, lease time.Duration) ([]*Subscription, error)
+	// RecordSubscriptionStep applies st while owner holds the
+	// subscription's lease and returns the subscription as it is then; it
+	// returns nil and no error when owner lost the lease or the
+	// subscription was deleted. A failed step releases the lease.
+	RecordSubscriptionStep(ctx context.Context, owner string, st SubscriptionStep) (*Subscription, error)
+	// AllSubscriptions lists every project's subscriptions (for metrics).
+	AllSubscriptions(ctx context.Context) ([]*Subscription, error)
 }
 
 // QueueStats are gauges of the queue.
@@ -183,10 +249,12 @@ type MaintenanceStore interface {
 	// RecoverExpiredLeases ends the attempts of runs in delivering whose lease
 	// expired before now as interrupted and makes the runs claimable again
 	// under the same attempt number (or failed, deadline_exceeded, when their
-	// deadline passed). It returns how many runs it recovered.
+	// deadline passed). It returns how many runs it recovered. Each gets its
+	// event: run.retrying (error code interrupted, next attempt now), or
+	// run.failed / run.cancelled when it ended.
 	RecoverExpiredLeases(ctx context.Context, now time.Time, limit int) (int, error)
 	// FailExpiredRuns fails (deadline_exceeded) runs waiting in scheduled or
-	// retrying whose deadline passed.
+	// retrying whose deadline passed, each with its run.failed event.
 	FailExpiredRuns(ctx context.Context, now time.Time, limit int) (int, error)
 	// PruneRuns deletes up to limit finished runs (and their attempts) that
 	// finished before cutoff; an unfinished run is never pruned.

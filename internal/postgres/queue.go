@@ -278,12 +278,13 @@ func (s *Store) NextDueAt(ctx context.Context) (time.Time, bool, error) {
 // its attempt is inserted, only while it is still delivering under owner's
 // lease for that attempt number; any other outcome lost its lease and is
 // dropped with its attempt. A retrying step of a deleted job's run becomes
-// cancelled (job_deleted).
+// cancelled (job_deleted). Every run moved gets its event, in outcome order,
+// with one take of each project's feed counter for the whole batch.
 const recordSQL = `WITH o AS (
 	SELECT * FROM unnest($2::text[], $3::integer[], $4::timestamptz[], $5::timestamptz[], $6::integer[],
-			$7::text[], $8::bigint[], $9::bytea[], $10::text[], $11::text[], $12::timestamptz[])
+			$7::text[], $8::bigint[], $9::bytea[], $10::text[], $11::text[], $12::timestamptz[]) WITH ORDINALITY
 		AS o(run_id, number, started_at, finished_at, status_code, error_code, signature_timestamp,
-			response_snippet, step_state, step_reason, step_next)
+			response_snippet, step_state, step_reason, step_next, ord)
 ), held AS (
 	-- The outcomes whose run is still delivering under owner's lease at
 	-- their attempt number, locked; retry_ends marks a retrying step of a
@@ -311,12 +312,19 @@ const recordSQL = `WITH o AS (
 	FROM held c
 	WHERE r.ctid = c.tid
 	RETURNING c.run_id, c.number, c.started_at, c.finished_at, c.status_code, c.error_code,
-		c.signature_timestamp, c.response_snippet
-)
-INSERT INTO attempts (run_id, number, started_at, finished_at, status_code, error_code, signature_timestamp,
-	response_snippet)
-SELECT run_id, number, started_at, finished_at, status_code, error_code, signature_timestamp, response_snippet
-FROM moved`
+		c.signature_timestamp, c.response_snippet, c.ord, r.project_id, r.job_id, r.state, r.failure_reason,
+		r.next_attempt_at
+), recorded AS (
+	INSERT INTO attempts (run_id, number, started_at, finished_at, status_code, error_code, signature_timestamp,
+		response_snippet)
+	SELECT run_id, number, started_at, finished_at, status_code, error_code, signature_timestamp, response_snippet
+	FROM moved
+), ev AS (
+	SELECT project_id, ord, ` + runEventType + ` AS type, finished_at AS occurred_at, job_id, run_id, state,
+		failure_reason AS reason, number AS attempt, error_code, status_code, next_attempt_at AS next_at
+	FROM moved
+)` + appendEventsTail + `
+SELECT count(*) FROM appended`
 
 // RecordOutcomes records each outcome's attempt and moves its run to the
 // outcome's step, in one transaction, for the runs still delivering under
@@ -413,8 +421,14 @@ func (s *Store) ReleaseClaims(ctx context.Context, owner string, runIDs []string
 			lease_expires_at = NULL
 		FROM jobs j
 		WHERE j.id = r.job_id AND r.id = ANY($2) AND r.state = 'delivering' AND r.lease_owner = $1
-		RETURNING j.deleted_at IS NULL AS claimable
-	)
+		RETURNING j.deleted_at IS NULL AS claimable, r.id, r.project_id, r.job_id, r.state, r.failure_reason,
+			r.attempt
+	), ev AS (
+		SELECT project_id, id AS ord, ` + runEventType + ` AS type, $3::timestamptz AS occurred_at, job_id,
+			id AS run_id, state, failure_reason AS reason, attempt, '' AS error_code, 0 AS status_code,
+			NULL::timestamptz AS next_at
+		FROM released WHERE state = 'cancelled'
+	)` + appendEventsTail + `
 	SELECT CASE WHEN bool_or(claimable) THEN pg_notify($5, $6) END FROM released`,
 		owner, runIDs, now, vibejobs.ReasonJobDeleted, NotifyChannel, s.schema)
 	return mapError(err, "releasing claims")
@@ -452,11 +466,17 @@ func (s *Store) RecoverExpiredLeases(ctx context.Context, now time.Time, limit i
 			lease_expires_at = NULL
 		FROM expired, jobs j
 		WHERE r.ctid = expired.tid AND j.id = r.job_id
-		RETURNING r.id, r.attempt, COALESCE(expired.attempt_started_at, $1) AS started_at, r.redeliver AS claimable
+		RETURNING r.id, r.attempt, COALESCE(expired.attempt_started_at, $1) AS started_at, r.redeliver AS claimable,
+			r.project_id, r.job_id, r.state, r.failure_reason, r.next_attempt_at
 	), interrupted AS (
 		INSERT INTO attempts (run_id, number, started_at, finished_at, status_code, error_code, signature_timestamp)
 		SELECT id, attempt, started_at, $1, 0, $5, 0 FROM recovered
-	)
+	), ev AS (
+		SELECT project_id, id AS ord, ` + runEventType + ` AS type, $1::timestamptz AS occurred_at, job_id,
+			id AS run_id, state, failure_reason AS reason, attempt, $5::text AS error_code, 0 AS status_code,
+			next_attempt_at AS next_at
+		FROM recovered
+	)` + appendEventsTail + `
 	SELECT count(*), CASE WHEN bool_or(claimable) THEN pg_notify($6, $7) END FROM recovered`,
 		now, limit, vibejobs.ReasonJobDeleted, vibejobs.ReasonDeadlineExceeded, vibejobs.ErrorCodeInterrupted,
 		NotifyChannel, s.schema).Scan(&n, nil)
@@ -476,20 +496,29 @@ func (s *Store) FailExpiredRuns(ctx context.Context, now time.Time, limit int) (
 	if limit <= 0 {
 		return 0, nil
 	}
-	tag, err := s.pool.Exec(ctx, `WITH expired AS (
+	var n int
+	err := s.pool.QueryRow(ctx, `WITH expired AS (
 		SELECT ctid AS tid FROM runs
 		WHERE state IN ('scheduled', 'retrying') AND deadline_at < $1
 		ORDER BY next_attempt_at, id
 		LIMIT $2
 		FOR UPDATE SKIP LOCKED
-	)
-	UPDATE runs r SET state = 'failed', failure_reason = $3, finished_at = $1, next_attempt_at = NULL,
-		redeliver = false
-	FROM expired WHERE r.ctid = expired.tid`, now, limit, vibejobs.ReasonDeadlineExceeded)
+	), failed AS (
+		UPDATE runs r SET state = 'failed', failure_reason = $3, finished_at = $1, next_attempt_at = NULL,
+			redeliver = false
+		FROM expired WHERE r.ctid = expired.tid
+		RETURNING r.id, r.project_id, r.job_id, r.attempt
+	), ev AS (
+		SELECT project_id, id AS ord, 'run.failed' AS type, $1::timestamptz AS occurred_at, job_id, id AS run_id,
+			'failed' AS state, $3::text AS reason, attempt, '' AS error_code, 0 AS status_code,
+			NULL::timestamptz AS next_at
+		FROM failed
+	)`+appendEventsTail+`
+	SELECT count(*) FROM failed`, now, limit, vibejobs.ReasonDeadlineExceeded).Scan(&n)
 	if err != nil {
 		return 0, mapError(err, "failing expired runs")
 	}
-	return int(tag.RowsAffected()), nil
+	return n, nil
 }
 
 // PruneRuns deletes up to limit of projectID's finished runs (with their

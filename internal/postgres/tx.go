@@ -148,9 +148,18 @@ func (t *tx) DeleteJob(ctx context.Context, projectID, id string, at time.Time) 
 	if tag.RowsAffected() == 0 {
 		return vibejobs.ErrNotFound("job")
 	}
-	_, err = t.q.Exec(ctx, `UPDATE runs SET state = 'cancelled', failure_reason = $2, finished_at = $3,
+	_, err = t.q.Exec(ctx, `WITH cancelled AS (
+		UPDATE runs SET state = 'cancelled', failure_reason = $2, finished_at = $3,
 			next_attempt_at = NULL, redeliver = false
-		WHERE job_id = $1 AND state IN ('scheduled', 'retrying')`, id, vibejobs.ReasonJobDeleted, at)
+		WHERE job_id = $1 AND state IN ('scheduled', 'retrying')
+		RETURNING id, project_id, job_id, attempt
+	), ev AS (
+		SELECT project_id, id AS ord, 'run.cancelled' AS type, $3::timestamptz AS occurred_at, job_id,
+			id AS run_id, 'cancelled' AS state, $2::text AS reason, attempt, '' AS error_code, 0 AS status_code,
+			NULL::timestamptz AS next_at
+		FROM cancelled
+	)`+appendEventsTail+`
+	SELECT 1`, id, vibejobs.ReasonJobDeleted, at)
 	return mapError(err, "cancelling the runs of a deleted job")
 }
 

@@ -277,12 +277,15 @@ func (s *Store) RecordOutcomes(ctx context.Context, owner string, outcomes []vib
 		rounds[r] = append(rounds[r], o)
 	}
 	err := s.write(ctx, func(t wtx) error {
+		var events []*vibejobs.Event
 		for _, batch := range rounds {
-			if err := recordRound(ctx, t, owner, batch); err != nil {
+			var err error
+			if events, err = recordRound(ctx, t, owner, batch, events); err != nil {
 				return err
 			}
 		}
-		return nil
+		// Once per call: the feed counter of each project is taken once.
+		return appendEvents(ctx, t, events)
 	})
 	if err != nil {
 		return fmt.Errorf("recording outcomes: %w", err)
@@ -290,8 +293,16 @@ func (s *Store) RecordOutcomes(ctx context.Context, owner string, outcomes []vib
 	return nil
 }
 
-// recordRound records outcomes of distinct runs.
-func recordRound(ctx context.Context, t wtx, owner string, outcomes []*vibejobs.Outcome) error {
+// movedRun is a run an outcome moved.
+type movedRun struct {
+	seq              int64
+	project, jobID   string
+	cancelledDeleted bool // a retrying step of a deleted job's run, cancelled
+}
+
+// recordRound records outcomes of distinct runs and appends the events of
+// the runs it moved to events, in outcome order.
+func recordRound(ctx context.Context, t wtx, owner string, outcomes []*vibejobs.Outcome, events []*vibejobs.Event) ([]*vibejobs.Event, error) {
 	moves := make([][6]any, len(outcomes))
 	for i, o := range outcomes {
 		var next, finished any
@@ -307,52 +318,88 @@ func recordRound(ctx context.Context, t wtx, owner string, outcomes []*vibejobs.
 	}
 	rows, err := t.QueryContext(ctx, recordMoveSQL, jsonArray(moves), owner)
 	if err != nil {
-		return err
+		return events, err
 	}
-	moved := make(map[string]int64, len(outcomes))
+	moved := make(map[string]*movedRun, len(outcomes))
 	for rows.Next() {
-		var seq int64
+		var m movedRun
 		var id string
-		if err := rows.Scan(&seq, &id); err != nil {
+		if err := rows.Scan(&m.seq, &id, &m.project, &m.jobID); err != nil {
 			rows.Close()
-			return err
+			return events, err
 		}
-		moved[id] = seq
+		moved[id] = &m
 	}
 	rows.Close()
 	if err := rows.Err(); err != nil {
-		return err
+		return events, err
 	}
 	if len(moved) == 0 {
-		return nil // every lease was lost: the attempts belong to whoever holds the runs now
+		return events, nil // every lease was lost: the attempts belong to whoever holds the runs now
 	}
 
 	attempts := make([][8]any, 0, len(moved))
 	var retried [][2]any
 	for _, o := range outcomes {
-		seq, ok := moved[o.RunID]
+		m, ok := moved[o.RunID]
 		if !ok {
 			continue
 		}
 		a := o.Attempt
-		attempts = append(attempts, [8]any{seq, a.Number, ms(a.StartedAt), ms(a.FinishedAt), a.StatusCode, a.ErrorCode,
+		attempts = append(attempts, [8]any{m.seq, a.Number, ms(a.StartedAt), ms(a.FinishedAt), a.StatusCode, a.ErrorCode,
 			a.SignatureTimestamp, snippet(a.ResponseSnippet)})
 		if o.Step.State == vibejobs.RunRetrying {
-			retried = append(retried, [2]any{seq, ms(a.FinishedAt)})
+			retried = append(retried, [2]any{m.seq, ms(a.FinishedAt)})
 		}
 	}
 	if _, err := t.ExecContext(ctx, recordAttemptsSQL, jsonArray(attempts)); err != nil {
-		return fmt.Errorf("recording attempts: %w", err)
+		return events, fmt.Errorf("recording attempts: %w", err)
 	}
-	if len(retried) == 0 {
-		return nil
+	if len(retried) > 0 {
+		// No further attempt of a deleted job's run.
+		rows, err := t.QueryContext(ctx, recordCancelSQL, jsonArray(retried), vibejobs.ReasonJobDeleted)
+		if err != nil {
+			return events, fmt.Errorf("cancelling runs of deleted jobs: %w", err)
+		}
+		bySeq := make(map[int64]*movedRun, len(moved))
+		for _, m := range moved {
+			bySeq[m.seq] = m
+		}
+		for rows.Next() {
+			var seq int64
+			if err := rows.Scan(&seq); err != nil {
+				rows.Close()
+				return events, err
+			}
+			bySeq[seq].cancelledDeleted = true
+		}
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			return events, fmt.Errorf("cancelling runs of deleted jobs: %w", err)
+		}
 	}
-	// No further attempt of a deleted job's run.
-	if _, err := t.ExecContext(ctx, recordCancelSQL,
-		jsonArray(retried), vibejobs.ReasonJobDeleted); err != nil {
-		return fmt.Errorf("cancelling runs of deleted jobs: %w", err)
+	for _, o := range outcomes {
+		m, ok := moved[o.RunID]
+		if !ok {
+			continue
+		}
+		a := o.Attempt
+		state, reason := o.Step.State, o.Step.FailureReason
+		if m.cancelledDeleted {
+			state, reason = vibejobs.RunCancelled, vibejobs.ReasonJobDeleted
+		}
+		e := runEvent(o.RunID, m.project, m.jobID, state, reason, a.Number, a.FinishedAt)
+		e.ErrorCode, e.StatusCode = a.ErrorCode, a.StatusCode
+		if state == vibejobs.RunRetrying {
+			next := a.FinishedAt
+			if o.Step.NextAttemptAt != nil {
+				next = *o.Step.NextAttemptAt
+			}
+			e.NextAt = &next
+		}
+		events = append(events, e)
 	}
-	return nil
+	return events, nil
 }
 
 // applyAdvanceSQL advances the jobs of a round of plans that are still at their From.
@@ -402,7 +449,7 @@ const recordMoveSQL = `UPDATE runs SET state = o.value ->> 1, failure_reason = o
 		FROM jsonb_each(?1) AS o
 		WHERE runs.id = o.value ->> 0 AND runs.state = 'delivering' AND runs.lease_owner = ?2
 			AND runs.attempt = o.value ->> 5
-		RETURNING runs.seq, runs.id`
+		RETURNING runs.seq, runs.id, runs.project_id, runs.job_id`
 
 // recordAttemptsSQL inserts the attempts of the outcomes that counted.
 const recordAttemptsSQL = `INSERT INTO attempts (run_seq, number, started_at, finished_at, status_code,
@@ -415,7 +462,8 @@ const recordCancelSQL = `UPDATE runs SET state = 'cancelled', failure_reason = ?
 			finished_at = c.value ->> 1, next_attempt_at = NULL
 		FROM jsonb_each(?1) AS c
 		WHERE runs.seq = c.value ->> 0
-			AND ` + jobDeleted
+			AND ` + jobDeleted + `
+		RETURNING runs.seq`
 
 // releaseSQL puts claims back in the queue.
 const releaseSQL = `UPDATE runs SET
@@ -427,14 +475,16 @@ const releaseSQL = `UPDATE runs SET
 				redeliver = CASE WHEN ` + jobDeleted + ` THEN 0 ELSE 1 END,
 				late = CASE WHEN attempt <= 1 THEN NULL ELSE late END,
 				attempt_started_at = NULL, lease_owner = NULL, lease_expires_at = NULL
-			WHERE id IN (SELECT value FROM json_each(?2)) AND state = 'delivering' AND lease_owner = ?3`
+			WHERE id IN (SELECT value FROM json_each(?2)) AND state = 'delivering' AND lease_owner = ?3
+			RETURNING ` + runEventColumns
 
 // jobDeleted is true for a run (in a statement on runs) whose job is deleted.
 const jobDeleted = `EXISTS (SELECT 1 FROM jobs j WHERE j.id = runs.job_id AND j.deleted_at IS NOT NULL)`
 
 // writeStatements are prepared once on the write connection.
 var writeStatements = []string{applyAdvanceSQL, applyInsertSQL, claimPickSQL, claimSQL, claimJobsSQL,
-	recordMoveSQL, recordAttemptsSQL, recordCancelSQL, releaseSQL}
+	recordMoveSQL, recordAttemptsSQL, recordCancelSQL, releaseSQL, bumpHeadSQL, insertEventsSQL,
+	claimSubscriptionsSQL, recordStepSQL}
 
 // jsonArray encodes rows for json_each: one bound parameter however many.
 // Rows hold only strings, integers, booleans and nils.
@@ -470,8 +520,22 @@ func (s *Store) ReleaseClaims(ctx context.Context, owner string, runIDs []string
 		return nil
 	}
 	err := s.write(ctx, func(t wtx) error {
-		_, err := t.ExecContext(ctx, releaseSQL, ms(now), jsonArray(runIDs), owner, vibejobs.ReasonJobDeleted)
-		return err
+		rows, err := t.QueryContext(ctx, releaseSQL, ms(now), jsonArray(runIDs), owner, vibejobs.ReasonJobDeleted)
+		if err != nil {
+			return err
+		}
+		released, err := scanRunEvents(rows, now, "")
+		if err != nil {
+			return err
+		}
+		cancelled := released[:0]
+		for _, e := range released {
+			if e.Type == vibejobs.EventRunCancelled {
+				e.NextAt = nil
+				cancelled = append(cancelled, e)
+			}
+		}
+		return appendEvents(ctx, t, cancelled)
 	})
 	if err != nil {
 		return fmt.Errorf("releasing claims: %w", err)
@@ -509,7 +573,7 @@ func (s *Store) RecoverExpiredLeases(ctx context.Context, now time.Time, limit i
 		// The expressions all see the row as it was before the update.
 		const deleted = jobDeleted
 		const ends = `(` + deleted + ` OR deadline_at < ?1)`
-		n, err = changed(t.ExecContext(ctx, `UPDATE runs SET
+		rows, err := t.QueryContext(ctx, `UPDATE runs SET
 				state = CASE
 					WHEN `+deleted+` THEN 'cancelled'
 					WHEN deadline_at < ?1 THEN 'failed'
@@ -523,9 +587,18 @@ func (s *Store) RecoverExpiredLeases(ctx context.Context, now time.Time, limit i
 				next_attempt_at = CASE WHEN `+ends+` THEN NULL ELSE ?1 END,
 				finished_at = CASE WHEN `+ends+` THEN ?1 ELSE NULL END,
 				attempt_started_at = NULL, lease_owner = NULL, lease_expires_at = NULL
-			WHERE seq IN (`+expiredLeases+`)`,
-			nowMS, limit, vibejobs.ReasonJobDeleted, vibejobs.ReasonDeadlineExceeded))
-		return err
+			WHERE seq IN (`+expiredLeases+`)
+			RETURNING `+runEventColumns,
+			nowMS, limit, vibejobs.ReasonJobDeleted, vibejobs.ReasonDeadlineExceeded)
+		if err != nil {
+			return err
+		}
+		events, err := scanRunEvents(rows, now, vibejobs.ErrorCodeInterrupted)
+		if err != nil {
+			return err
+		}
+		n = int64(len(events))
+		return appendEvents(ctx, t, events)
 	})
 	if err != nil {
 		return 0, fmt.Errorf("recovering expired leases: %w", err)
@@ -541,16 +614,21 @@ func (s *Store) FailExpiredRuns(ctx context.Context, now time.Time, limit int) (
 	}
 	var n int64
 	err := s.write(ctx, func(t wtx) error {
-		var err error
-		n, err = changed(t.ExecContext(ctx, `UPDATE runs SET state = 'failed', failure_reason = ?3,
+		rows, err := t.QueryContext(ctx, `UPDATE runs SET state = 'failed', failure_reason = ?3,
 				finished_at = ?1, next_attempt_at = NULL, redeliver = 0
 			WHERE seq IN (SELECT seq FROM runs
 				WHERE state IN ('scheduled', 'retrying') AND deadline_at < ?1
-				ORDER BY next_attempt_at, seq LIMIT ?2)`, ms(now), limit, vibejobs.ReasonDeadlineExceeded))
+				ORDER BY next_attempt_at, seq LIMIT ?2)
+			RETURNING `+runEventColumns, ms(now), limit, vibejobs.ReasonDeadlineExceeded)
 		if err != nil {
 			return err
 		}
-		return nil
+		events, err := scanRunEvents(rows, now, "")
+		if err != nil {
+			return err
+		}
+		n = int64(len(events))
+		return appendEvents(ctx, t, events)
 	})
 	if err != nil {
 		return 0, fmt.Errorf("failing expired runs: %w", err)

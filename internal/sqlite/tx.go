@@ -125,13 +125,18 @@ func (t *tx) DeleteJob(ctx context.Context, projectID, id string, at time.Time) 
 	if n == 0 {
 		return vibejobs.ErrNotFound("job")
 	}
-	_, err = t.t.ExecContext(ctx, `UPDATE runs SET state = 'cancelled', failure_reason = ?, finished_at = ?,
+	rows, err := t.t.QueryContext(ctx, `UPDATE runs SET state = 'cancelled', failure_reason = ?, finished_at = ?,
 		next_attempt_at = NULL, redeliver = 0
-		WHERE job_id = ? AND state IN ('scheduled', 'retrying')`, vibejobs.ReasonJobDeleted, ms(at), id)
+		WHERE job_id = ? AND state IN ('scheduled', 'retrying')
+		RETURNING `+runEventColumns, vibejobs.ReasonJobDeleted, ms(at), id)
 	if err != nil {
 		return fmt.Errorf("deleting job: cancelling its runs: %w", err)
 	}
-	return nil
+	events, err := scanRunEvents(rows, at, "")
+	if err != nil {
+		return fmt.Errorf("deleting job: cancelling its runs: %w", err)
+	}
+	return appendEvents(ctx, t.t, events)
 }
 
 // DeleteFutureRuns deletes the job's schedule-triggered runs in scheduled

@@ -81,6 +81,13 @@ func Run(t *testing.T, open func(t *testing.T) vibejobs.Store) {
 		{"PruneRuns", testPruneRuns},
 		{"Idempotency", testIdempotency},
 		{"PruneIdempotencyKeys", testPruneIdempotencyKeys},
+
+		{"EventsOfOutcomes", testEventsOfOutcomes},
+		{"EventsOfCancellationsAndRecovery", testEventsOfCancellationsAndRecovery},
+		{"EventsAppendedAtomically", testEventsAppendedAtomically},
+		{"ListEventsFilters", testListEventsFilters},
+		{"Subscriptions", testSubscriptions},
+		{"SubscriptionDelivery", testSubscriptionDelivery},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

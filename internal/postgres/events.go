@@ -1,0 +1,405 @@
+package postgres
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/vibejobs/vibejobs"
+)
+
+// appendEventsTail ends a statement whose CTE ev holds events to append, with
+// the columns (project_id, ord, type, occurred_at, job_id, run_id, state,
+// reason, attempt, error_code, status_code, next_at): it numbers them per
+// project in ord order and inserts them. ev_heads reserves each project's
+// numbers by upserting its event_heads row, which locks the row until the
+// transaction ends: a later number cannot commit before an earlier one, so
+// sequence order is commit order. The rows are taken in project order, so
+// two transactions appending to the same projects cannot deadlock on them.
+// Statements put it after their other writes (the counter is the last lock
+// a transaction takes, held the shortest time); it runs once per statement
+// however many events, the burst's batches included.
+const appendEventsTail = `, ev_counts AS (
+	SELECT project_id, count(*) AS n FROM ev GROUP BY project_id
+), ev_heads AS (
+	INSERT INTO event_heads AS h (project_id, head)
+	SELECT project_id, n FROM ev_counts ORDER BY project_id
+	ON CONFLICT (project_id) DO UPDATE SET head = h.head + EXCLUDED.head
+	RETURNING h.project_id, h.head
+), appended AS (
+	INSERT INTO events (project_id, sequence, type, occurred_at, job_id, run_id, state, reason, attempt,
+		error_code, status_code, next_at)
+	SELECT ev.project_id, ev_heads.head - ev_counts.n + row_number() OVER (PARTITION BY ev.project_id ORDER BY ev.ord),
+		ev.type, ev.occurred_at, ev.job_id, ev.run_id, ev.state, ev.reason, ev.attempt, ev.error_code,
+		ev.status_code, ev.next_at
+	FROM ev JOIN ev_counts USING (project_id) JOIN ev_heads USING (project_id)
+	RETURNING 1
+)`
+
+// runEventType maps a run's new state (column state) to its event type.
+const runEventType = `CASE state WHEN 'succeeded' THEN 'run.succeeded' WHEN 'failed' THEN 'run.failed'
+	WHEN 'cancelled' THEN 'run.cancelled' ELSE 'run.retrying' END`
+
+// appendEventsSQL appends events given as arrays and returns each project's
+// head and count, from which the caller numbers its events.
+const appendEventsSQL = `WITH ev AS (
+	SELECT * FROM unnest($1::text[], $2::text[], $3::timestamptz[], $4::text[], $5::text[], $6::text[],
+			$7::text[], $8::integer[], $9::text[], $10::integer[], $11::timestamptz[]) WITH ORDINALITY
+		AS e(project_id, type, occurred_at, job_id, run_id, state, reason, attempt, error_code, status_code,
+			next_at, ord)
+)` + appendEventsTail + `
+SELECT ev_heads.project_id, ev_heads.head, ev_counts.n FROM ev_heads JOIN ev_counts USING (project_id)`
+
+// AppendEvents appends events in one statement and numbers them.
+func (t *tx) AppendEvents(ctx context.Context, events ...*vibejobs.Event) error {
+	if len(events) == 0 {
+		return nil
+	}
+	n := len(events)
+	var (
+		projects = make([]string, n)
+		types    = make([]string, n)
+		times    = make([]time.Time, n)
+		jobs     = make([]string, n)
+		runs     = make([]string, n)
+		states   = make([]string, n)
+		reasons  = make([]string, n)
+		attempts = make([]int32, n)
+		codes    = make([]string, n)
+		statuses = make([]int32, n)
+		nexts    = make([]*time.Time, n)
+	)
+	for i, e := range events {
+		projects[i], types[i], times[i], jobs[i], runs[i] = e.ProjectID, string(e.Type), e.OccurredAt, e.JobID, e.RunID
+		states[i], reasons[i], attempts[i], codes[i], statuses[i], nexts[i] = e.State, e.Reason, int32(e.Attempt), e.ErrorCode, int32(e.StatusCode), e.NextAt
+	}
+	rows, err := t.q.Query(ctx, appendEventsSQL, projects, types, times, jobs, runs, states, reasons, attempts,
+		codes, statuses, nexts)
+	if err != nil {
+		return mapError(err, "appending events")
+	}
+	next := map[string]int64{}
+	_, err = collect(rows, func(row rowScanner) (struct{}, error) {
+		var p string
+		var head, count int64
+		err := row.Scan(&p, &head, &count)
+		next[p] = head - count + 1
+		return struct{}{}, err
+	})
+	if err != nil {
+		return mapError(err, "appending events")
+	}
+	for _, e := range events {
+		e.Sequence = next[e.ProjectID]
+		next[e.ProjectID]++
+	}
+	return nil
+}
+
+// listEventsSQL reads the head and a page of events in one statement, so in
+// one snapshot: every event up to the head it reads is visible to it.
+const listEventsSQL = `WITH h AS (
+	SELECT coalesce((SELECT head FROM event_heads WHERE project_id = $1), 0) AS head
+)
+SELECT h.head, e.sequence, e.type, e.occurred_at, e.job_id, e.run_id, e.state, e.reason, e.attempt, e.error_code,
+	e.status_code, e.next_at
+FROM h LEFT JOIN LATERAL (
+	SELECT * FROM events e
+	WHERE e.project_id = $1 AND e.sequence > $2 AND e.sequence <= least(h.head, $2 + $3)
+		AND (cardinality($4::text[]) = 0 OR e.type = ANY($4::text[]))
+		AND ($5 = '' OR e.job_id = $5)
+	ORDER BY e.sequence
+	LIMIT $6) e ON true
+ORDER BY e.sequence`
+
+// ListEvents reads a page of a project's feed; see vibejobs.Reader.
+func (r reader) ListEvents(ctx context.Context, projectID string, f vibejobs.EventFilter) (vibejobs.EventPage, error) {
+	var page vibejobs.EventPage
+	limit := f.Limit
+	if limit == 0 {
+		limit = defaultLimit
+	}
+	if limit < 1 || limit > maxLimit {
+		return page, vibejobs.FieldError("invalid_limit", "limit", "limit must be between 1 and %d", maxLimit)
+	}
+	types := make([]string, len(f.Types))
+	for i, t := range f.Types {
+		types[i] = string(t)
+	}
+	after := max(f.After, 0)
+	rows, err := r.q.Query(ctx, listEventsSQL, projectID, after, int64(vibejobs.EventScanWindow), types, f.JobID, limit)
+	if err != nil {
+		return page, mapError(err, "listing events")
+	}
+	page.Events = make([]*vibejobs.Event, 0, limit)
+	_, err = collect(rows, func(row rowScanner) (struct{}, error) {
+		var (
+			seq                               *int64
+			typ, job, run, state, reason, ecd *string
+			at, next                          *time.Time
+			attempt, status                   *int32
+		)
+		if err := row.Scan(&page.Head, &seq, &typ, &at, &job, &run, &state, &reason, &attempt, &ecd, &status, &next); err != nil {
+			return struct{}{}, err
+		}
+		if seq == nil {
+			return struct{}{}, nil // the head alone: no event in range
+		}
+		page.Events = append(page.Events, &vibejobs.Event{
+			ProjectID: projectID, Sequence: *seq, Type: vibejobs.EventType(*typ), OccurredAt: *at, JobID: *job,
+			RunID: *run, State: *state, Reason: *reason, Attempt: int(*attempt), ErrorCode: *ecd,
+			StatusCode: int(*status), NextAt: next,
+		})
+		return struct{}{}, nil
+	})
+	if err != nil {
+		return page, mapError(err, "listing events")
+	}
+	page.Next = after
+	if len(page.Events) == limit {
+		page.Next = page.Events[limit-1].Sequence
+	} else {
+		page.Next = max(after, min(page.Head, after+vibejobs.EventScanWindow))
+	}
+	return page, nil
+}
+
+const subscriptionColumns = `id, project_id, url, types, job_ids, secret_key_id, secret_ciphertext,
+	previous_key_id, previous_ciphertext, previous_expires_at, cursor_seq, error_code, attempts, next_attempt_at,
+	last_success_at, created_at, updated_at`
+
+func scanSubscription(row rowScanner) (*vibejobs.Subscription, error) {
+	var s vibejobs.Subscription
+	var types []string
+	if err := row.Scan(&s.ID, &s.ProjectID, &s.URL, &types, &s.JobIDs, &s.Secret.KeyID, &s.Secret.Ciphertext,
+		&s.PreviousSecret.KeyID, &s.PreviousSecret.Ciphertext, &s.PreviousExpiresAt, &s.Cursor, &s.ErrorCode,
+		&s.Attempts, &s.NextAttemptAt, &s.LastSuccessAt, &s.CreatedAt, &s.UpdatedAt); err != nil {
+		return nil, err
+	}
+	for _, t := range types {
+		s.Types = append(s.Types, vibejobs.EventType(t))
+	}
+	if len(s.JobIDs) == 0 {
+		s.JobIDs = nil
+	}
+	if len(s.PreviousSecret.Ciphertext) == 0 {
+		s.PreviousSecret.Ciphertext = nil
+	}
+	return &s, nil
+}
+
+func collectSubscriptions(rows pgx.Rows, err error) ([]*vibejobs.Subscription, error) {
+	if err != nil {
+		return nil, err
+	}
+	subs, err := collect(rows, scanSubscription)
+	if subs == nil {
+		subs = []*vibejobs.Subscription{}
+	}
+	return subs, err
+}
+
+// GetSubscription returns the subscription id of projectID, or ENOTFOUND.
+func (r reader) GetSubscription(ctx context.Context, projectID, id string) (*vibejobs.Subscription, error) {
+	s, err := scanSubscription(r.q.QueryRow(ctx, `SELECT `+subscriptionColumns+` FROM subscriptions
+		WHERE id = $1 AND project_id = $2`, id, projectID))
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, vibejobs.ErrNotFound("subscription")
+	}
+	return s, mapError(err, "reading a subscription")
+}
+
+// ListSubscriptions returns projectID's subscriptions in id order.
+func (r reader) ListSubscriptions(ctx context.Context, projectID string) ([]*vibejobs.Subscription, error) {
+	subs, err := collectSubscriptions(r.q.Query(ctx, `SELECT `+subscriptionColumns+` FROM subscriptions
+		WHERE project_id = $1 ORDER BY id`, projectID))
+	return subs, mapError(err, "listing subscriptions")
+}
+
+// AllSubscriptions lists every subscription, by project then id.
+func (s *Store) AllSubscriptions(ctx context.Context) ([]*vibejobs.Subscription, error) {
+	subs, err := collectSubscriptions(s.pool.Query(ctx, `SELECT `+subscriptionColumns+` FROM subscriptions
+		ORDER BY project_id, id`))
+	return subs, mapError(err, "listing subscriptions")
+}
+
+func typeStrings(ts []vibejobs.EventType) []string {
+	out := make([]string, len(ts))
+	for i, t := range ts {
+		out[i] = string(t)
+	}
+	return out
+}
+
+func nonNilStrings(s []string) []string {
+	if s == nil {
+		return []string{}
+	}
+	return s
+}
+
+// CreateSubscription locks the project row first, then counts in a new
+// statement (whose snapshot sees every subscription committed before the
+// lock was granted), so concurrent creations cannot pass the limit together.
+func (t *tx) CreateSubscription(ctx context.Context, s *vibejobs.Subscription, limit int) error {
+	var one int
+	err := t.q.QueryRow(ctx, `SELECT 1 FROM projects WHERE id = $1 FOR NO KEY UPDATE`, s.ProjectID).Scan(&one)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return vibejobs.ErrNotFound("project")
+	}
+	if err != nil {
+		return mapError(err, "creating a subscription")
+	}
+	var n int
+	var head int64
+	err = t.q.QueryRow(ctx, `SELECT (SELECT count(*) FROM subscriptions WHERE project_id = $1),
+		coalesce((SELECT head FROM event_heads WHERE project_id = $1), 0)`, s.ProjectID).Scan(&n, &head)
+	if err != nil {
+		return mapError(err, "creating a subscription")
+	}
+	if n >= limit {
+		return vibejobs.Errorf(vibejobs.ECONFLICT, "too_many_subscriptions",
+			"this project has reached its limit of %d subscriptions; delete one first", limit)
+	}
+	tag, err := t.q.Exec(ctx, `INSERT INTO subscriptions (id, project_id, url, types, job_ids, secret_key_id,
+			secret_ciphertext, previous_key_id, previous_ciphertext, previous_expires_at, cursor_seq, next_attempt_at,
+			created_at, updated_at)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)
+		ON CONFLICT DO NOTHING`,
+		s.ID, s.ProjectID, s.URL, typeStrings(s.Types), nonNilStrings(s.JobIDs), s.Secret.KeyID,
+		nonNil(s.Secret.Ciphertext), s.PreviousSecret.KeyID, nonNil(s.PreviousSecret.Ciphertext), s.PreviousExpiresAt,
+		head, s.NextAttemptAt, s.CreatedAt, s.UpdatedAt)
+	if err != nil {
+		return mapError(err, "creating a subscription")
+	}
+	if tag.RowsAffected() == 0 {
+		return vibejobs.Errorf(vibejobs.ECONFLICT, "subscription_exists", "a subscription with this id exists")
+	}
+	s.Cursor = head
+	return nil
+}
+
+// UpdateSubscription writes the settings and secrets of s.
+func (t *tx) UpdateSubscription(ctx context.Context, s *vibejobs.Subscription) error {
+	tag, err := t.q.Exec(ctx, `UPDATE subscriptions SET url = $3, types = $4, job_ids = $5, secret_key_id = $6,
+			secret_ciphertext = $7, previous_key_id = $8, previous_ciphertext = $9, previous_expires_at = $10,
+			next_attempt_at = $11, updated_at = $12
+		WHERE id = $1 AND project_id = $2`,
+		s.ID, s.ProjectID, s.URL, typeStrings(s.Types), nonNilStrings(s.JobIDs), s.Secret.KeyID,
+		nonNil(s.Secret.Ciphertext), s.PreviousSecret.KeyID, nonNil(s.PreviousSecret.Ciphertext), s.PreviousExpiresAt,
+		s.NextAttemptAt, s.UpdatedAt)
+	if err != nil {
+		return mapError(err, "updating a subscription")
+	}
+	if tag.RowsAffected() == 0 {
+		return vibejobs.ErrNotFound("subscription")
+	}
+	return nil
+}
+
+// DeleteSubscription deletes the subscription, or answers ENOTFOUND.
+func (t *tx) DeleteSubscription(ctx context.Context, projectID, id string) error {
+	tag, err := t.q.Exec(ctx, `DELETE FROM subscriptions WHERE id = $1 AND project_id = $2`, id, projectID)
+	if err != nil {
+		return mapError(err, "deleting a subscription")
+	}
+	if tag.RowsAffected() == 0 {
+		return vibejobs.ErrNotFound("subscription")
+	}
+	return nil
+}
+
+// ResetSubscription moves the cursor to the head and clears the failure state.
+func (t *tx) ResetSubscription(ctx context.Context, projectID, id string, at time.Time) (*vibejobs.Subscription, error) {
+	s, err := scanSubscription(t.q.QueryRow(ctx, `UPDATE subscriptions SET
+			cursor_seq = greatest(cursor_seq, coalesce((SELECT head FROM event_heads WHERE project_id = $2), 0)),
+			error_code = '', attempts = 0, next_attempt_at = NULL, updated_at = $3
+		WHERE id = $1 AND project_id = $2
+		RETURNING `+subscriptionColumns, id, projectID, at))
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, vibejobs.ErrNotFound("subscription")
+	}
+	return s, mapError(err, "resetting a subscription")
+}
+
+// SubscriptionSecretsNotUnder lists subscriptions with a secret sealed under
+// another key than keyID, in id order.
+func (t *tx) SubscriptionSecretsNotUnder(ctx context.Context, keyID string, limit int) ([]*vibejobs.Subscription, error) {
+	subs, err := collectSubscriptions(t.q.Query(ctx, `SELECT `+subscriptionColumns+` FROM subscriptions
+		WHERE secret_key_id <> $1 OR (previous_key_id <> '' AND previous_key_id <> $1) ORDER BY id LIMIT $2`,
+		keyID, limit))
+	return subs, mapError(err, "listing subscription secrets to re-seal")
+}
+
+// SetSubscriptionSecrets replaces both sealed secrets of a subscription.
+func (t *tx) SetSubscriptionSecrets(ctx context.Context, id string, current, previous vibejobs.SealedSecret) error {
+	tag, err := t.q.Exec(ctx, `UPDATE subscriptions SET secret_key_id = $2, secret_ciphertext = $3,
+		previous_key_id = $4, previous_ciphertext = $5 WHERE id = $1`,
+		id, current.KeyID, nonNil(current.Ciphertext), previous.KeyID, nonNil(previous.Ciphertext))
+	if err != nil {
+		return mapError(err, "setting subscription secrets")
+	}
+	if tag.RowsAffected() == 0 {
+		return vibejobs.ErrNotFound("subscription")
+	}
+	return nil
+}
+
+// claimSubscriptionsSQL leases subscriptions with work. SKIP LOCKED lets
+// replicas claim at once without taking the same subscription or waiting;
+// the join does not lock event_heads, so a claim never waits for an
+// appending transaction.
+const claimSubscriptionsSQL = `UPDATE subscriptions s SET lease_owner = $2, lease_expires_at = $3
+WHERE s.id IN (
+	SELECT c.id FROM subscriptions c JOIN event_heads h ON h.project_id = c.project_id
+	WHERE c.cursor_seq < h.head AND (c.next_attempt_at IS NULL OR c.next_attempt_at <= $1)
+		AND (c.lease_owner IS NULL OR c.lease_expires_at < $1)
+	ORDER BY c.next_attempt_at NULLS FIRST, c.id
+	LIMIT $4
+	FOR UPDATE OF c SKIP LOCKED)
+RETURNING ` + subscriptionColumns
+
+// ClaimSubscriptions leases subscriptions with work to owner; see
+// vibejobs.SubscriptionStore.
+func (s *Store) ClaimSubscriptions(ctx context.Context, owner string, now time.Time, limit int, lease time.Duration) ([]*vibejobs.Subscription, error) {
+	if limit <= 0 {
+		return nil, nil
+	}
+	subs, err := collectSubscriptions(s.pool.Query(ctx, claimSubscriptionsSQL, now, owner, now.Add(lease), limit))
+	if err != nil {
+		return nil, mapError(err, "claiming subscriptions")
+	}
+	slices.SortFunc(subs, func(a, b *vibejobs.Subscription) int { return cmpString(a.ID, b.ID) })
+	return subs, nil
+}
+
+// RecordSubscriptionStep applies st while owner holds the lease.
+func (s *Store) RecordSubscriptionStep(ctx context.Context, owner string, st vibejobs.SubscriptionStep) (*vibejobs.Subscription, error) {
+	var lease, next *time.Time
+	if !st.LeaseUntil.IsZero() && st.ErrorCode == "" {
+		lease = &st.LeaseUntil
+	}
+	if st.ErrorCode != "" {
+		next = &st.NextAttemptAt
+	}
+	sub, err := scanSubscription(s.pool.QueryRow(ctx, `UPDATE subscriptions SET
+			cursor_seq = greatest(cursor_seq, $3),
+			error_code = CASE WHEN $4 <> '' THEN $4 WHEN $5 THEN '' ELSE error_code END,
+			attempts = CASE WHEN $4 <> '' THEN attempts + 1 WHEN $5 THEN 0 ELSE attempts END,
+			next_attempt_at = CASE WHEN $4 <> '' THEN $6::timestamptz WHEN $5 THEN NULL ELSE next_attempt_at END,
+			last_success_at = CASE WHEN $5 THEN $7::timestamptz ELSE last_success_at END,
+			lease_owner = CASE WHEN $8::timestamptz IS NULL THEN NULL ELSE lease_owner END,
+			lease_expires_at = $8::timestamptz
+		WHERE id = $1 AND lease_owner = $2
+		RETURNING `+subscriptionColumns, st.ID, owner, st.Cursor, st.ErrorCode, st.Delivered, next, st.At, lease))
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, mapError(err, "recording a subscription step")
+	}
+	return sub, nil
+}
