@@ -424,11 +424,11 @@ func (s *Store) ReleaseClaims(ctx context.Context, owner string, runIDs []string
 		RETURNING j.deleted_at IS NULL AS claimable, r.id, r.project_id, r.job_id, r.state, r.failure_reason,
 			r.attempt
 	), ev AS (
-		SELECT project_id, id AS ord, ` + runEventType + ` AS type, $3::timestamptz AS occurred_at, job_id,
+		SELECT project_id, id AS ord, `+runEventType+` AS type, $3::timestamptz AS occurred_at, job_id,
 			id AS run_id, state, failure_reason AS reason, attempt, '' AS error_code, 0 AS status_code,
 			NULL::timestamptz AS next_at
 		FROM released WHERE state = 'cancelled'
-	)` + appendEventsTail + `
+	)`+appendEventsTail+`
 	SELECT CASE WHEN bool_or(claimable) THEN pg_notify($5, $6) END FROM released`,
 		owner, runIDs, now, vibejobs.ReasonJobDeleted, NotifyChannel, s.schema)
 	return mapError(err, "releasing claims")
@@ -472,11 +472,11 @@ func (s *Store) RecoverExpiredLeases(ctx context.Context, now time.Time, limit i
 		INSERT INTO attempts (run_id, number, started_at, finished_at, status_code, error_code, signature_timestamp)
 		SELECT id, attempt, started_at, $1, 0, $5, 0 FROM recovered
 	), ev AS (
-		SELECT project_id, id AS ord, ` + runEventType + ` AS type, $1::timestamptz AS occurred_at, job_id,
+		SELECT project_id, id AS ord, `+runEventType+` AS type, $1::timestamptz AS occurred_at, job_id,
 			id AS run_id, state, failure_reason AS reason, attempt, $5::text AS error_code, 0 AS status_code,
 			next_attempt_at AS next_at
 		FROM recovered
-	)` + appendEventsTail + `
+	)`+appendEventsTail+`
 	SELECT count(*), CASE WHEN bool_or(claimable) THEN pg_notify($6, $7) END FROM recovered`,
 		now, limit, vibejobs.ReasonJobDeleted, vibejobs.ReasonDeadlineExceeded, vibejobs.ErrorCodeInterrupted,
 		NotifyChannel, s.schema).Scan(&n, nil)

@@ -326,7 +326,9 @@ func (f *fixture) newSubscription(projectID string, mods ...func(*vibejobs.Subsc
 func (f *fixture) subscription(projectID string, mods ...func(*vibejobs.Subscription)) *vibejobs.Subscription {
 	f.t.Helper()
 	s := f.newSubscription(projectID, mods...)
-	f.update(func(tx vibejobs.Tx) error { return tx.CreateSubscription(f.ctx, s, vibejobs.MaxSubscriptionsPerProject) })
+	f.update(func(tx vibejobs.Tx) error {
+		return tx.CreateSubscription(f.ctx, s, vibejobs.MaxSubscriptionsPerProject)
+	})
 	return s
 }
 
