@@ -49,6 +49,7 @@ func (s *Server) createJobs(ctx context.Context, c *call, tx vibejobs.Tx) (*resp
 	out := struct {
 		Jobs []jobWithSecret `json:"jobs"`
 	}{Jobs: make([]jobWithSecret, 0, len(inputs))}
+	events := make([]*vibejobs.Event, 0, len(inputs))
 	for i, in := range inputs {
 		j, secret, err := s.insertJob(ctx, c, tx, in)
 		if err != nil {
@@ -59,6 +60,10 @@ func (s *Server) createJobs(ctx context.Context, c *call, tx vibejobs.Tx) (*resp
 			return nil, err
 		}
 		out.Jobs = append(out.Jobs, jobWithSecret{jobView(j), secret})
+		events = append(events, vibejobs.JobEvent(vibejobs.EventJobCreated, j, c.now))
+	}
+	if err := tx.AppendEvents(ctx, events...); err != nil {
+		return nil, err
 	}
 	c.wake = true
 	return jsonResponse(http.StatusCreated, out), nil

@@ -162,6 +162,9 @@ func (s *Server) createJob(ctx context.Context, c *call, tx vibejobs.Tx) (*respo
 	if err != nil {
 		return nil, err
 	}
+	if err := tx.AppendEvents(ctx, vibejobs.JobEvent(vibejobs.EventJobCreated, j, c.now)); err != nil {
+		return nil, err
+	}
 	c.info.job, c.wake = j.ID, true
 	return jsonResponse(http.StatusCreated, jobWithSecret{jobView(j), secret}).with("Location", "/v1/jobs/"+j.ID), nil
 }
@@ -231,8 +234,10 @@ func (s *Server) listJobs(ctx context.Context, c *call) (*response, error) {
 }
 
 // changeJob reads job id, lets change alter it, and writes it back with its
-// state and next run planned, in one transaction. It answers the job as
-// stored.
+// state and next run planned, in one transaction, with its events:
+// job.updated when a setting changed, job.paused or job.resumed when it was
+// disabled or enabled (a request that changes nothing appends nothing). It
+// answers the job as stored.
 func (s *Server) changeJob(ctx context.Context, c *call, tx vibejobs.Tx, change func(j *vibejobs.Job) (changed bool, e *vibejobs.Error)) (*vibejobs.Job, error) {
 	id := c.r.PathValue("id")
 	c.info.job = id
@@ -258,8 +263,35 @@ func (s *Server) changeJob(ctx context.Context, c *call, tx vibejobs.Tx, change 
 			return nil, err
 		}
 	}
+	var events []*vibejobs.Event
+	if settingsChanged(&before, j) {
+		events = append(events, vibejobs.JobEvent(vibejobs.EventJobUpdated, j, c.now))
+	}
+	switch {
+	case before.Enabled && !j.Enabled:
+		events = append(events, vibejobs.JobEvent(vibejobs.EventJobPaused, j, c.now))
+	case !before.Enabled && j.Enabled:
+		events = append(events, vibejobs.JobEvent(vibejobs.EventJobResumed, j, c.now))
+	}
+	if err := tx.AppendEvents(ctx, events...); err != nil {
+		return nil, err
+	}
 	c.wake = true
 	return tx.GetJob(ctx, c.projectID(), id)
+}
+
+// settingsChanged reports whether a setting of the job other than enabled
+// differs between a and b.
+func settingsChanged(a, b *vibejobs.Job) bool {
+	return a.Name != b.Name || a.Schedule != b.Schedule || !sameTime(a.At, b.At) || a.Timezone != b.Timezone ||
+		a.URL != b.URL || a.Retry != b.Retry || a.Timeout != b.Timeout || a.CatchUp != b.CatchUp
+}
+
+func sameTime(a, b *time.Time) bool {
+	if a == nil || b == nil {
+		return a == b
+	}
+	return a.Equal(*b)
 }
 
 func (s *Server) patchJob(ctx context.Context, c *call) (*response, error) {
@@ -317,7 +349,11 @@ func (s *Server) deleteJob(ctx context.Context, c *call) (*response, error) {
 	id := c.r.PathValue("id")
 	c.info.job = id
 	err := s.update(ctx, func(tx vibejobs.Tx) error {
-		return tx.DeleteJob(ctx, c.projectID(), id, c.now)
+		if err := tx.DeleteJob(ctx, c.projectID(), id, c.now); err != nil {
+			return err
+		}
+		gone := &vibejobs.Job{ID: id, ProjectID: c.projectID()}
+		return tx.AppendEvents(ctx, vibejobs.JobEvent(vibejobs.EventJobDeleted, gone, c.now))
 	})
 	if err != nil {
 		return nil, err
@@ -345,6 +381,9 @@ func (s *Server) rotateSecret(ctx context.Context, c *call, tx vibejobs.Tx) (*re
 	}
 	j.Secret, j.UpdatedAt = sealed, c.now
 	if err := tx.UpdateJob(ctx, j); err != nil {
+		return nil, err
+	}
+	if err := tx.AppendEvents(ctx, vibejobs.JobEvent(vibejobs.EventJobSecretRotated, j, c.now)); err != nil {
 		return nil, err
 	}
 	return jsonResponse(http.StatusOK, jobWithSecret{jobView(j), secret}), nil

@@ -225,6 +225,20 @@ func TestOpenAPIShapes(t *testing.T) {
 	check(req{method: "GET", path: "/v1/runs?jobId=" + id})
 	check(req{method: "GET", path: "/v1/jobs/" + id + "/next?count=3"})
 	check(req{method: "GET", path: "/v1/jobs/" + id + "/next?count=0"})
+	check(req{method: "GET", path: "/v1/events"})
+	check(req{method: "GET", path: "/v1/events?after=1&limit=2&type=run.retrying,run.succeeded&jobId=" + id})
+	check(req{method: "GET", path: "/v1/events?type=run.nope"})
+	sub := check(req{method: "POST", path: "/v1/subscriptions", body: `{"url":"https://example.com/events","types":["run.failed"]}`}).json(t)
+	subID := sub["id"].(string)
+	check(req{method: "POST", path: "/v1/subscriptions", body: `{"url":"http://10.0.0.1/events"}`})
+	check(req{method: "GET", path: "/v1/subscriptions"})
+	check(req{method: "GET", path: "/v1/subscriptions/" + subID})
+	check(req{method: "GET", path: "/v1/subscriptions/sub_none"})
+	check(req{method: "PATCH", path: "/v1/subscriptions/" + subID, body: `{"jobIds":["` + id + `"],"types":[]}`})
+	check(req{method: "PATCH", path: "/v1/subscriptions/" + subID, body: `{"types":"run.failed"}`})
+	check(req{method: "POST", path: "/v1/subscriptions/" + subID + "/rotate-secret"})
+	check(req{method: "POST", path: "/v1/subscriptions/" + subID + "/reset"})
+	check(req{method: "POST", path: "/v1/subscriptions/sub_none/reset"})
 	p := check(req{method: "POST", path: "/v1/projects", body: `{"name":"shapes","retentionDays":30}`}).json(t)
 	check(req{method: "GET", path: "/v1/projects"})
 	tk := check(req{method: "POST", path: "/v1/projects/" + p["id"].(string) + "/tokens", body: `{"name":"r","role":"read"}`}).json(t)
@@ -238,6 +252,11 @@ func TestOpenAPIShapes(t *testing.T) {
 	check(req{method: "POST", path: "/v1/jobs", body: jobBody(nil), key: "dup"})
 	check(req{method: "POST", path: "/v1/jobs", body: jobBody(map[string]any{"name": "x"}), key: "dup"})
 	check(req{method: "DELETE", path: "/v1/jobs/" + id})
+	for range vibejobs.MaxSubscriptionsPerProject {
+		check(req{method: "POST", path: "/v1/subscriptions", body: `{"url":"https://example.com/events"}`})
+	}
+	check(req{method: "DELETE", path: "/v1/subscriptions/" + subID})
+	check(req{method: "DELETE", path: "/v1/subscriptions/" + subID})
 
 	for _, o := range d.operations() {
 		if !covered[o] {

@@ -81,6 +81,9 @@ type Config struct {
 	MaxJobsPerProject int
 	RateLimit         RateLimit
 	MaxBodyBytes      int64 // 0: DefaultMaxBodyBytes
+	// RotationGrace is how long a subscription's replaced secret keeps
+	// signing requests after rotate-secret (0: vibejobs.DefaultRotationGrace).
+	RotationGrace time.Duration
 }
 
 // Server is the management API. Its Handler is safe for concurrent use.
@@ -97,10 +100,12 @@ type Server struct {
 	extra   http.Handler
 	maxJobs int
 	maxBody int64
-	limiter *limiter
-	mux     *http.ServeMux
-	routes  []route
-	openapi []byte
+	// rotationGrace: see Config.RotationGrace.
+	rotationGrace time.Duration
+	limiter       *limiter
+	mux           *http.ServeMux
+	routes        []route
+	openapi       []byte
 }
 
 // New returns a Server for cfg. It panics when Store or Sealer is missing.
@@ -122,6 +127,8 @@ func New(cfg Config) *Server {
 		maxJobs: cmp.Or(cfg.MaxJobsPerProject, DefaultMaxJobsPerProject),
 		maxBody: cmp.Or(cfg.MaxBodyBytes, DefaultMaxBodyBytes),
 		openapi: openapiDocument,
+
+		rotationGrace: cmp.Or(cfg.RotationGrace, vibejobs.DefaultRotationGrace),
 	}
 	if cfg.Now == nil {
 		s.now = time.Now
@@ -186,6 +193,15 @@ func (s *Server) routeTable() []route {
 		{method: "GET", path: "/v1/jobs/{id}/next", access: accessRead, serve: s.nextFireTimes},
 		{method: "GET", path: "/v1/runs", access: accessRead, serve: s.listRuns},
 		{method: "GET", path: "/v1/runs/{id}", access: accessRead, serve: s.getRun},
+
+		{method: "GET", path: "/v1/events", access: accessRead, serve: s.listEvents},
+		{method: "POST", path: "/v1/subscriptions", access: accessWrite, effect: s.createSubscription},
+		{method: "GET", path: "/v1/subscriptions", access: accessRead, serve: s.listSubscriptions},
+		{method: "GET", path: "/v1/subscriptions/{id}", access: accessRead, serve: s.getSubscription},
+		{method: "PATCH", path: "/v1/subscriptions/{id}", access: accessWrite, serve: s.patchSubscription},
+		{method: "DELETE", path: "/v1/subscriptions/{id}", access: accessWrite, serve: s.deleteSubscription},
+		{method: "POST", path: "/v1/subscriptions/{id}/rotate-secret", access: accessWrite, effect: s.rotateSubscriptionSecret},
+		{method: "POST", path: "/v1/subscriptions/{id}/reset", access: accessWrite, effect: s.resetSubscription},
 
 		{method: "POST", path: "/v1/projects", access: accessInstallation, effect: s.createProject},
 		{method: "GET", path: "/v1/projects", access: accessInstallation, serve: s.listProjects},

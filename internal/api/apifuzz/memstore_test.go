@@ -160,6 +160,9 @@ func (t *memTx) UpdateJob(ctx context.Context, j *vibejobs.Job) error {
 	return nil
 }
 
+// AppendEvents keeps no feed: the fuzz target checks decoding, not events.
+func (t *memTx) AppendEvents(ctx context.Context, events ...*vibejobs.Event) error { return nil }
+
 func (t *memTx) DeleteFutureRuns(ctx context.Context, jobID string, after time.Time) (int, error) {
 	return 0, nil
 }
