@@ -93,6 +93,9 @@ func (p *Policy) ValidateURL(raw string) (*url.URL, error) {
 		return nil, invalidURL(msg)
 	}
 	if ip.IsValid() {
+		if !validZone(ip.Zone()) {
+			return nil, invalidURL("url has a malformed IPv6 zone")
+		}
 		if !p.Allowed(ip) {
 			return nil, urlNotAllowed("url points to an address the egress policy forbids")
 		}
@@ -126,6 +129,18 @@ func setHost(u *url.URL, host, port string) {
 		host += ":" + port
 	}
 	u.Host = host
+}
+
+// validZone reports whether an IPv6 zone is empty or made of unreserved URL
+// characters only, so the normalised URL parses back to the same host.
+func validZone(z string) bool {
+	for i := 0; i < len(z); i++ {
+		c := z[i]
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '.' || c == '_' || c == '~' || c == '-') {
+			return false
+		}
+	}
+	return true
 }
 
 // isLoopbackName reports whether name can only mean a loopback address
