@@ -3,6 +3,7 @@
 package metrics
 
 import (
+	"context"
 	"net/http"
 	"time"
 
@@ -95,4 +96,56 @@ func (m *Metrics) LeasesRecovered(n int) { m.leases.Add(float64(n)) }
 func (m *Metrics) Queue(s vibejobs.QueueStats) {
 	m.due.Set(float64(s.Due))
 	m.oldestDue.Set(s.OldestDueAge.Seconds())
+}
+
+// Subscription metrics, read from the store at every scrape so every
+// replica reports the same values and a deleted subscription's series
+// disappears with it. A project has at most 16 subscriptions, which bounds
+// the series.
+var (
+	subscriptionFailingDesc = prometheus.NewDesc("vibejobs_subscription_failing",
+		"1 while the subscription's latest delivery attempt failed: it holds at that event until the receiver accepts it.",
+		[]string{"subscription", "project"}, nil)
+	subscriptionLastSuccessDesc = prometheus.NewDesc("vibejobs_subscription_last_success_timestamp_seconds",
+		"When the receiver last accepted an event of the subscription (absent before the first).",
+		[]string{"subscription", "project"}, nil)
+)
+
+// subscriptionCollector reports the subscriptions' delivery state.
+type subscriptionCollector struct {
+	list func(ctx context.Context) ([]*vibejobs.Subscription, error)
+}
+
+func (c subscriptionCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- subscriptionFailingDesc
+	ch <- subscriptionLastSuccessDesc
+}
+
+func (c subscriptionCollector) Collect(ch chan<- prometheus.Metric) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	subs, err := c.list(ctx)
+	if err != nil {
+		// The database is down: the other metrics still matter (and say
+		// so); these series are absent until it answers again.
+		return
+	}
+	for _, s := range subs {
+		failing := 0.0
+		if s.Failing() {
+			failing = 1
+		}
+		ch <- prometheus.MustNewConstMetric(subscriptionFailingDesc, prometheus.GaugeValue, failing, s.ID, s.ProjectID)
+		if s.LastSuccessAt != nil {
+			ch <- prometheus.MustNewConstMetric(subscriptionLastSuccessDesc, prometheus.GaugeValue,
+				float64(s.LastSuccessAt.UnixMilli())/1000, s.ID, s.ProjectID)
+		}
+	}
+}
+
+// WatchSubscriptions registers vibejobs_subscription_failing and
+// vibejobs_subscription_last_success_timestamp_seconds (labels subscription,
+// project), read with list at every scrape.
+func (m *Metrics) WatchSubscriptions(list func(ctx context.Context) ([]*vibejobs.Subscription, error)) {
+	m.reg.MustRegister(subscriptionCollector{list: list})
 }

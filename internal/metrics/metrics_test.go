@@ -1,0 +1,58 @@
+package metrics_test
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/vibejobs/vibejobs"
+	"github.com/vibejobs/vibejobs/internal/metrics"
+)
+
+func scrape(t *testing.T, m *metrics.Metrics) string {
+	t.Helper()
+	rec := httptest.NewRecorder()
+	m.Handler().ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
+	b, _ := io.ReadAll(rec.Body)
+	return string(b)
+}
+
+func TestSubscriptionMetrics(t *testing.T) {
+	ok := time.Date(2026, 11, 30, 12, 0, 0, 500_000_000, time.UTC)
+	subs := []*vibejobs.Subscription{
+		{ID: "sub_a", ProjectID: "prj_1", URL: "https://secret-host.example/", LastSuccessAt: &ok},
+		{ID: "sub_b", ProjectID: "prj_2", ErrorCode: "http_5xx", Attempts: 3},
+	}
+	var listErr error
+	m := metrics.New()
+	m.WatchSubscriptions(func(context.Context) ([]*vibejobs.Subscription, error) { return subs, listErr })
+	out := scrape(t, m)
+	for _, want := range []string{
+		`vibejobs_subscription_failing{project="prj_1",subscription="sub_a"} 0`,
+		`vibejobs_subscription_failing{project="prj_2",subscription="sub_b"} 1`,
+		`vibejobs_subscription_last_success_timestamp_seconds{project="prj_1",subscription="sub_a"} 1.7960400005e+09`,
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("no %s in\n%s", want, out)
+		}
+	}
+	if strings.Contains(out, `last_success_timestamp_seconds{project="prj_2"`) || strings.Contains(out, "secret-host") {
+		t.Errorf("unexpected series:\n%s", out)
+	}
+	// A deleted subscription's series goes with it.
+	subs = subs[:1]
+	if out := scrape(t, m); strings.Contains(out, "sub_b") {
+		t.Errorf("deleted subscription still reported")
+	}
+	// The store down: the scrape still serves every other metric.
+	listErr = errors.New("database down")
+	rec := httptest.NewRecorder()
+	m.Handler().ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
+	if rec.Code != 200 || !strings.Contains(rec.Body.String(), "vibejobs_runs_due") || strings.Contains(rec.Body.String(), "sub_a") {
+		t.Errorf("scrape with the store down: %d\n%s", rec.Code, rec.Body)
+	}
+}

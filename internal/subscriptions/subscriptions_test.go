@@ -1,0 +1,662 @@
+package subscriptions_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/vibejobs/vibejobs"
+	"github.com/vibejobs/vibejobs/contract"
+	"github.com/vibejobs/vibejobs/internal/dispatcher"
+	"github.com/vibejobs/vibejobs/internal/egress"
+	"github.com/vibejobs/vibejobs/internal/secretbox"
+	"github.com/vibejobs/vibejobs/internal/sqlite"
+	"github.com/vibejobs/vibejobs/internal/subscriptions"
+	"github.com/vibejobs/vibejobs/receiver"
+)
+
+var t0 = time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
+
+// clock is a fake clock the test moves by hand.
+type clock struct {
+	mu sync.Mutex
+	t  time.Time
+}
+
+func (c *clock) Now() time.Time      { c.mu.Lock(); defer c.mu.Unlock(); return c.t }
+func (c *clock) Add(d time.Duration) { c.mu.Lock(); c.t = c.t.Add(d); c.mu.Unlock() }
+
+// syncBuffer is a log sink safe for concurrent writes.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) { s.mu.Lock(); defer s.mu.Unlock(); return s.b.Write(p) }
+func (s *syncBuffer) String() string              { s.mu.Lock(); defer s.mu.Unlock(); return s.b.String() }
+
+// request is one request a receiver got.
+type request struct {
+	path   string
+	header http.Header
+	body   []byte
+	event  map[string]any
+}
+
+func (r request) seq() int { return int(r.event["sequence"].(float64)) }
+
+// recv is a loopback receiver answering from a script (default 200).
+type recv struct {
+	srv    *httptest.Server
+	got    chan request
+	mu     sync.Mutex
+	script []int
+	hold   chan struct{} // when set, requests wait for it to close
+}
+
+func newRecv(t *testing.T) *recv {
+	t.Helper()
+	r := &recv{got: make(chan request, 1000)}
+	r.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		body, _ := io.ReadAll(req.Body)
+		var ev map[string]any
+		_ = json.Unmarshal(body, &ev)
+		r.mu.Lock()
+		status := 200
+		if len(r.script) > 0 {
+			status, r.script = r.script[0], r.script[1:]
+		}
+		hold := r.hold
+		r.mu.Unlock()
+		r.got <- request{path: req.URL.Path, header: req.Header.Clone(), body: body, event: ev}
+		if hold != nil {
+			<-hold
+		}
+		if status == 302 {
+			w.Header().Set("Location", "http://127.0.0.1:1/")
+		}
+		w.WriteHeader(status)
+	}))
+	t.Cleanup(r.srv.Close)
+	return r
+}
+
+func (r *recv) answer(statuses ...int) {
+	r.mu.Lock()
+	r.script = append(r.script, statuses...)
+	r.mu.Unlock()
+}
+
+// drain returns the requests received so far.
+func (r *recv) drain() []request {
+	var out []request
+	for {
+		select {
+		case x := <-r.got:
+			out = append(out, x)
+		default:
+			return out
+		}
+	}
+}
+
+func (r *recv) next(t *testing.T) request {
+	t.Helper()
+	select {
+	case x := <-r.got:
+		return x
+	case <-time.After(10 * time.Second):
+		t.Fatal("nothing received")
+		return request{}
+	}
+}
+
+func seqs(rs []request) []int {
+	var out []int
+	for _, r := range rs {
+		out = append(out, r.seq())
+	}
+	return out
+}
+
+type env struct {
+	t       *testing.T
+	store   *sqlite.Store
+	keys    *secretbox.Keyring
+	client  *egress.Client
+	clock   *clock
+	logs    *syncBuffer
+	project string
+	job     *vibejobs.Job
+}
+
+func newEnv(t *testing.T) *env {
+	t.Helper()
+	c := &clock{t: t0}
+	st, err := sqlite.Open(context.Background(), filepath.Join(t.TempDir(), "db"), sqlite.Options{Now: c.Now, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	key, _ := secretbox.NewKey()
+	keys, err := secretbox.Parse([]byte(key))
+	if err != nil {
+		t.Fatal(err)
+	}
+	policy, err := egress.NewPolicy([]string{"127.0.0.0/8"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	client, err := egress.NewClient(egress.Config{Policy: policy})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(client.CloseIdleConnections)
+	e := &env{t: t, store: st, keys: keys, client: client, clock: c, logs: &syncBuffer{}, project: "prj_test"}
+	e.update(func(tx vibejobs.Tx) error {
+		return tx.CreateProject(context.Background(), &vibejobs.Project{ID: e.project, Name: "test", CreatedAt: t0})
+	})
+	e.job = e.newJob("job_a", "http://127.0.0.1:1/")
+	return e
+}
+
+func (e *env) update(fn func(tx vibejobs.Tx) error) {
+	e.t.Helper()
+	if err := e.store.Update(context.Background(), fn); err != nil {
+		e.t.Fatal(err)
+	}
+}
+
+func (e *env) newJob(id, url string) *vibejobs.Job {
+	e.t.Helper()
+	now := e.clock.Now()
+	secret, _ := contract.NewSecret(nil)
+	sealed, _ := e.keys.Seal(secret, id)
+	j := &vibejobs.Job{ID: id, ProjectID: e.project, Name: id, Schedule: "0 0 1 1 *", Timezone: "UTC", URL: url,
+		Enabled: true, State: vibejobs.JobActive, Retry: vibejobs.RetryPolicy{MaxAttempts: 1, MinBackoff: time.Second, MaxBackoff: time.Second},
+		Timeout: 5 * time.Second, CatchUp: vibejobs.CatchUpAll, ScheduleAnchor: now, CreatedAt: now, UpdatedAt: now, Secret: sealed}
+	e.update(func(tx vibejobs.Tx) error { return tx.CreateJob(context.Background(), j) })
+	return j
+}
+
+// subscribe creates a subscription to url and returns it with its secret.
+func (e *env) subscribe(url string, mods ...func(*vibejobs.Subscription)) (*vibejobs.Subscription, string) {
+	e.t.Helper()
+	now := e.clock.Now()
+	s := &vibejobs.Subscription{ID: vibejobs.NewID("sub_", now, nil), ProjectID: e.project, URL: url, CreatedAt: now, UpdatedAt: now}
+	secret, _ := contract.NewSecret(nil)
+	s.Secret, _ = e.keys.Seal(secret, s.ID)
+	for _, m := range mods {
+		m(s)
+	}
+	e.update(func(tx vibejobs.Tx) error { return tx.CreateSubscription(context.Background(), s, vibejobs.MaxSubscriptionsPerProject) })
+	return s, secret
+}
+
+func (e *env) get(id string) *vibejobs.Subscription {
+	e.t.Helper()
+	s, err := e.store.GetSubscription(context.Background(), e.project, id)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return s
+}
+
+// emit appends job events of the given types for job.
+func (e *env) emit(job *vibejobs.Job, types ...vibejobs.EventType) {
+	e.t.Helper()
+	e.update(func(tx vibejobs.Tx) error {
+		var evs []*vibejobs.Event
+		for _, t := range types {
+			evs = append(evs, vibejobs.JobEvent(t, job, e.clock.Now()))
+		}
+		return tx.AppendEvents(context.Background(), evs...)
+	})
+}
+
+func (e *env) updates(n int) []vibejobs.EventType {
+	out := make([]vibejobs.EventType, n)
+	for i := range out {
+		out[i] = vibejobs.EventJobUpdated
+	}
+	return out
+}
+
+func (e *env) deliverer(owner string, store subscriptions.Store) *subscriptions.Deliverer {
+	if store == nil {
+		store = e.store
+	}
+	return subscriptions.New(subscriptions.Config{
+		Store: store, Sender: e.client, Opener: e.keys, Owner: owner, UserAgent: "vibejobs/test",
+		Logger: slog.New(slog.NewJSONHandler(e.logs, nil)), Now: e.clock.Now,
+		Rand: func() float64 { return 0.5 }, // jitter at the middle: the plain backoff
+		PollInterval: 10 * time.Millisecond,
+	})
+}
+
+func runOnce(t *testing.T, d *subscriptions.Deliverer) {
+	t.Helper()
+	if err := d.RunOnce(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestOrderKeptAcrossRetries(t *testing.T) {
+	e := newEnv(t)
+	r := newRecv(t)
+	sub, secret := e.subscribe(r.srv.URL + "/hook")
+	d := e.deliverer("w1", nil)
+	e.emit(e.job, e.updates(3)...)
+	r.answer(200, 500)
+
+	runOnce(t, d)
+	got := r.drain()
+	if s := seqs(got); len(s) != 2 || s[0] != 1 || s[1] != 2 {
+		t.Fatalf("first round received %v, want 1 2", s)
+	}
+	for _, x := range got {
+		if err := receiver.VerifyEvent(x.header.Get("Vibe-Signature"), x.body, e.clock.Now(), secret); err != nil {
+			t.Fatalf("signature: %v", err)
+		}
+		id := e.project + ":" + x.header.Get(subscriptions.HeaderEventID)[len(e.project)+1:]
+		if x.header.Get(subscriptions.HeaderEventID) != x.event["id"] || x.event["id"] != id ||
+			x.header.Get(subscriptions.HeaderEventType) != "job.updated" || x.header.Get("Content-Type") != "application/json" {
+			t.Fatalf("headers %v for %s", x.header, x.body)
+		}
+	}
+	s := e.get(sub.ID)
+	if s.Cursor != 1 || s.ErrorCode != "http_5xx" || s.Attempts != 1 || !s.NextAttemptAt.Equal(t0.Add(12*time.Second)) || s.LastSuccessAt == nil {
+		t.Fatalf("after a 500: %+v", s)
+	}
+
+	// Nothing before its time; then event 2 again (same id), refused again:
+	// the pause doubles.
+	e.emit(e.job, vibejobs.EventJobPaused)
+	e.clock.Add(12*time.Second - time.Millisecond)
+	runOnce(t, d)
+	if got := r.drain(); len(got) != 0 {
+		t.Fatalf("retried before its time: %v", seqs(got))
+	}
+	e.clock.Add(time.Millisecond)
+	r.answer(503)
+	runOnce(t, d)
+	again := r.drain()
+	if len(again) != 1 || again[0].seq() != 2 || !bytes.Equal(again[0].body, got[1].body) {
+		t.Fatalf("retry: %v", seqs(again))
+	}
+	s = e.get(sub.ID)
+	if s.Cursor != 1 || s.Attempts != 2 || !s.NextAttemptAt.Equal(e.clock.Now().Add(24*time.Second)) {
+		t.Fatalf("after a second failure: %+v", s)
+	}
+	// 12 s doubling, capped at 1 h.
+	for n, want := range map[int]time.Duration{1: 12 * time.Second, 3: 48 * time.Second, 9: 3072 * time.Second, 10: time.Hour, 30: time.Hour} {
+		if got := vibejobs.SubscriptionBackoff(n); got != want {
+			t.Errorf("backoff after %d failures = %v, want %v", n, got, want)
+		}
+	}
+
+	e.clock.Add(24 * time.Second)
+	runOnce(t, d)
+	if s := seqs(r.drain()); len(s) != 3 || s[0] != 2 || s[1] != 3 || s[2] != 4 {
+		t.Fatalf("after recovery received %v, want 2 3 4", s)
+	}
+	s = e.get(sub.ID)
+	if s.Cursor != 4 || s.Failing() || s.Attempts != 0 || s.NextAttemptAt != nil || !s.LastSuccessAt.Equal(e.clock.Now()) {
+		t.Fatalf("recovered: %+v", s)
+	}
+	logs := e.logs.String()
+	if strings.Count(logs, `"msg":"subscription.step_failed"`) != 2 || strings.Count(logs, `"msg":"subscription.recovered"`) != 1 {
+		t.Errorf("logs:\n%s", logs)
+	}
+	for _, bad := range []string{"127.0.0.1", "/hook", "vjs_", secret} {
+		if strings.Contains(logs, bad) {
+			t.Errorf("the log holds %q:\n%s", bad, logs)
+		}
+	}
+}
+
+// TestCursorOnlyAfter2xx: no answer but a 2xx moves the cursor, whatever
+// the refusal: a redirect, a 4xx (even 401), a timeout, a closed port.
+func TestCursorOnlyAfter2xx(t *testing.T) {
+	e := newEnv(t)
+	r := newRecv(t)
+	sub, _ := e.subscribe(r.srv.URL)
+	e.emit(e.job, e.updates(2)...)
+	d := e.deliverer("w1", nil)
+	for i, c := range []struct {
+		status int
+		code   string
+	}{{302, "redirect"}, {404, "http_4xx"}, {401, "http_4xx"}, {500, "http_5xx"}, {204, ""}} {
+		r.answer(c.status)
+		if c.code == "" {
+			r.answer(200)
+		}
+		runOnce(t, d)
+		s := e.get(sub.ID)
+		if c.code != "" {
+			if s.Cursor != 0 || s.ErrorCode != c.code || s.Attempts != i+1 {
+				t.Fatalf("after %d: %+v", c.status, s)
+			}
+			e.clock.Add(2 * time.Hour)
+			continue
+		}
+		if s.Cursor != 2 || s.Failing() {
+			t.Fatalf("after %d: %+v", c.status, s)
+		}
+	}
+	if got := seqs(r.drain()); len(got) != 6 {
+		t.Fatalf("received %v", got)
+	}
+
+	// A closed port: network, the cursor stays.
+	dead, _ := e.subscribe("http://127.0.0.1:1/")
+	e.emit(e.job, vibejobs.EventJobUpdated)
+	runOnce(t, d)
+	if s := e.get(dead.ID); s.Cursor != 2 || s.ErrorCode != egress.CodeNetwork {
+		t.Fatalf("closed port: %+v", s)
+	}
+}
+
+// failingStepStore fails the first delivered step after the receiver's 2xx:
+// the process "crashes" before the cursor is written.
+type failingStepStore struct {
+	subscriptions.Store
+	mu     sync.Mutex
+	failed bool
+}
+
+func (f *failingStepStore) RecordSubscriptionStep(ctx context.Context, owner string, st vibejobs.SubscriptionStep) (*vibejobs.Subscription, error) {
+	f.mu.Lock()
+	fail := st.Delivered && !f.failed
+	f.failed = f.failed || fail
+	f.mu.Unlock()
+	if fail {
+		return nil, errors.New("connection reset while writing the cursor")
+	}
+	return f.Store.RecordSubscriptionStep(ctx, owner, st)
+}
+
+func TestCrashBetween2xxAndCursorRepeatsEvent(t *testing.T) {
+	e := newEnv(t)
+	r := newRecv(t)
+	sub, _ := e.subscribe(r.srv.URL)
+	e.emit(e.job, e.updates(2)...)
+
+	runOnce(t, e.deliverer("dies", &failingStepStore{Store: e.store}))
+	first := r.drain()
+	if len(first) != 1 || first[0].seq() != 1 {
+		t.Fatalf("before the crash: %v", seqs(first))
+	}
+	if s := e.get(sub.ID); s.Cursor != 0 {
+		t.Fatalf("cursor moved without its write: %d", s.Cursor)
+	}
+	// Another process takes over once the lease expires.
+	next := e.deliverer("takes-over", nil)
+	runOnce(t, next)
+	if got := r.drain(); len(got) != 0 {
+		t.Fatalf("taken over while leased: %v", seqs(got))
+	}
+	e.clock.Add(subscriptions.DefaultLease + time.Millisecond)
+	runOnce(t, next)
+	again := r.drain()
+	if len(again) != 2 || again[0].seq() != 1 || again[1].seq() != 2 {
+		t.Fatalf("after the takeover: %v", seqs(again))
+	}
+	if again[0].event["id"] != first[0].event["id"] || again[0].header.Get(subscriptions.HeaderEventID) != first[0].header.Get(subscriptions.HeaderEventID) ||
+		!bytes.Equal(again[0].body, first[0].body) {
+		t.Fatalf("the repeated event changed: %s vs %s", again[0].body, first[0].body)
+	}
+	if s := e.get(sub.ID); s.Cursor != 2 {
+		t.Fatalf("cursor %d", s.Cursor)
+	}
+	if !strings.Contains(e.logs.String(), "subscription.step_failed") {
+		t.Error("the failed cursor write was not logged")
+	}
+}
+
+func TestFilters(t *testing.T) {
+	e := newEnv(t)
+	other := e.newJob("job_b", "http://127.0.0.1:1/")
+	r := newRecv(t)
+	sub, _ := e.subscribe(r.srv.URL, func(s *vibejobs.Subscription) {
+		s.Types = []vibejobs.EventType{vibejobs.EventJobPaused, vibejobs.EventJobDeleted}
+		s.JobIDs = []string{e.job.ID}
+	})
+	all, _ := e.subscribe(r.srv.URL + "/all")
+	e.emit(e.job, vibejobs.EventJobUpdated, vibejobs.EventJobPaused, vibejobs.EventJobUpdated)
+	e.emit(other, vibejobs.EventJobPaused, vibejobs.EventJobDeleted)
+	e.emit(e.job, vibejobs.EventJobDeleted, vibejobs.EventJobUpdated, vibejobs.EventJobUpdated)
+	runOnce(t, e.deliverer("w1", nil))
+	var filtered, unfiltered []int
+	for _, x := range r.drain() {
+		if x.path == "/all" {
+			unfiltered = append(unfiltered, x.seq())
+		} else {
+			filtered = append(filtered, x.seq())
+		}
+	}
+	if len(filtered) != 2 || filtered[0] != 2 || filtered[1] != 6 || len(unfiltered) != 8 {
+		t.Fatalf("the filtered subscription got %v (want 2 6), the other %v", filtered, unfiltered)
+	}
+	if s := e.get(sub.ID); s.Cursor != 8 || s.Failing() {
+		t.Fatalf("filtered subscription: cursor %d (excluded events move it without a request)", s.Cursor)
+	}
+	if s := e.get(all.ID); s.Cursor != 8 {
+		t.Fatalf("unfiltered subscription: cursor %d", s.Cursor)
+	}
+	// Only excluded events: the cursor moves, nothing is sent.
+	e.emit(other, vibejobs.EventJobUpdated, vibejobs.EventJobUpdated)
+	e.update(func(tx vibejobs.Tx) error { return tx.DeleteSubscription(context.Background(), e.project, all.ID) })
+	runOnce(t, e.deliverer("w1", nil))
+	if got := r.drain(); len(got) != 0 {
+		t.Fatalf("sent excluded events: %v", seqs(got))
+	}
+	if s := e.get(sub.ID); s.Cursor != 10 {
+		t.Fatalf("cursor %d, want 10", s.Cursor)
+	}
+}
+
+// TestSixteenSubscriptions: the cap is 16 per project and every one of them
+// gets every event.
+func TestSixteenSubscriptions(t *testing.T) {
+	e := newEnv(t)
+	r := newRecv(t)
+	for range vibejobs.MaxSubscriptionsPerProject {
+		e.subscribe(r.srv.URL)
+	}
+	err := e.store.Update(context.Background(), func(tx vibejobs.Tx) error {
+		s := &vibejobs.Subscription{ID: "sub_17", ProjectID: e.project, URL: r.srv.URL, Secret: vibejobs.SealedSecret{KeyID: "k", Ciphertext: []byte{1}}}
+		return tx.CreateSubscription(context.Background(), s, vibejobs.MaxSubscriptionsPerProject)
+	})
+	if vibejobs.ErrorKind(err) != vibejobs.ECONFLICT {
+		t.Fatalf("a 17th subscription: %v", err)
+	}
+	e.emit(e.job, e.updates(5)...)
+	runOnce(t, e.deliverer("w1", nil))
+	perEvent := map[string]int{}
+	for _, x := range r.drain() {
+		perEvent[x.header.Get(subscriptions.HeaderEventID)]++
+	}
+	if len(perEvent) != 5 {
+		t.Fatalf("events received: %v", perEvent)
+	}
+	for id, n := range perEvent {
+		if n != vibejobs.MaxSubscriptionsPerProject {
+			t.Errorf("event %s reached %d subscriptions, want 16", id, n)
+		}
+	}
+}
+
+func TestRotationSignsWithBothSecrets(t *testing.T) {
+	e := newEnv(t)
+	r := newRecv(t)
+	oldSecret, _ := contract.NewSecret(nil)
+	until := t0.Add(24 * time.Hour)
+	sub, newSecret := e.subscribe(r.srv.URL, func(s *vibejobs.Subscription) {
+		s.PreviousSecret, _ = e.keys.Seal(oldSecret, s.ID)
+		s.PreviousExpiresAt = &until
+	})
+	d := e.deliverer("w1", nil)
+	e.emit(e.job, vibejobs.EventJobUpdated)
+	runOnce(t, d)
+	x := r.next(t)
+	sig := x.header.Get("Vibe-Signature")
+	if strings.Count(sig, ",v1=") != 2 || len(x.header.Values("Vibe-Signature")) != 1 {
+		t.Fatalf("during the grace window: %q", sig)
+	}
+	now := e.clock.Now()
+	for name, secret := range map[string]string{"new": newSecret, "old": oldSecret} {
+		if err := receiver.VerifyEvent(sig, x.body, now, secret); err != nil {
+			t.Errorf("a receiver holding only the %s secret refuses: %v", name, err)
+		}
+	}
+	if err := receiver.VerifyEvent(sig, x.body, now, oldSecret, newSecret); err != nil {
+		t.Errorf("with both: %v", err)
+	}
+	other, _ := contract.NewSecret(nil)
+	if err := receiver.VerifyEvent(sig, x.body, now, other); !errors.Is(err, contract.ErrBadSignature) {
+		t.Errorf("another secret: %v", err)
+	}
+	if err := receiver.VerifyEvent(sig, []byte(strings.Replace(string(x.body), "job.updated", "job.deleted", 1)), now, newSecret); err == nil {
+		t.Error("a changed body verifies")
+	}
+
+	// After the window, only the new secret signs.
+	e.clock.Add(24 * time.Hour)
+	e.emit(e.job, vibejobs.EventJobUpdated)
+	runOnce(t, d)
+	x = r.next(t)
+	sig = x.header.Get("Vibe-Signature")
+	if strings.Count(sig, ",v1=") != 1 {
+		t.Fatalf("after the grace window: %q", sig)
+	}
+	if err := receiver.VerifyEvent(sig, x.body, e.clock.Now(), newSecret); err != nil {
+		t.Errorf("new secret: %v", err)
+	}
+	if err := receiver.VerifyEvent(sig, x.body, e.clock.Now(), oldSecret); err == nil {
+		t.Error("the old secret still verifies after the grace window")
+	}
+	if s := e.get(sub.ID); s.Cursor != 2 {
+		t.Errorf("cursor %d", s.Cursor)
+	}
+}
+
+// TestStuckSubscriptionDelaysNothing: a receiver that hangs and one that
+// keeps refusing hold only their own subscriptions; another subscription
+// and a run delivery, sharing the egress client, go on at once.
+func TestStuckSubscriptionDelaysNothing(t *testing.T) {
+	e := newEnv(t)
+	hanging, refusing, healthy, app := newRecv(t), newRecv(t), newRecv(t), newRecv(t)
+	hanging.hold = make(chan struct{})
+	for range 50 {
+		refusing.answer(500)
+	}
+	e.subscribe(hanging.srv.URL)
+	stuck, _ := e.subscribe(refusing.srv.URL)
+	ok, _ := e.subscribe(healthy.srv.URL)
+
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	subs := e.deliverer("w1", nil)
+	done := make(chan struct{})
+	go func() { subs.Run(ctx); close(done) }()
+	job := e.newJob("job_app", app.srv.URL)
+	disp := dispatcher.New(dispatcher.Config{Store: e.store, Sender: e.client, Opener: e.keys, Owner: "disp",
+		Now: e.clock.Now, Concurrency: 8, PollInterval: 10 * time.Millisecond})
+	dispDone := make(chan struct{})
+	go func() { disp.Run(ctx); close(dispDone) }()
+	defer func() { cancel(); close(hanging.hold); <-done; <-dispDone }()
+
+	e.emit(e.job, e.updates(3)...)
+	subs.Wake()
+	if x := hanging.next(t); x.seq() != 1 {
+		t.Fatalf("hanging receiver got %s", x.body)
+	}
+	for want := 1; want <= 3; want++ {
+		if x := healthy.next(t); x.seq() != want {
+			t.Fatalf("healthy receiver got %s, want sequence %d", x.body, want)
+		}
+	}
+	// A run goes out while the hanging receiver still holds its request.
+	run := vibejobs.NewRun("run_app", job, vibejobs.TriggerManual, e.clock.Now(), e.clock.Now())
+	e.update(func(tx vibejobs.Tx) error { return tx.CreateRun(context.Background(), run) })
+	disp.Wake()
+	if x := app.next(t); x.event["runId"] != "run_app" {
+		t.Fatalf("run delivery: %s", x.body)
+	}
+	// More events: the healthy subscription gets them, the refusing one
+	// waits for its retry, the hanging one is still on its first.
+	// plus the run's own run.succeeded, in whichever order they committed.
+	e.emit(e.job, e.updates(2)...)
+	subs.Wake()
+	sawRun := false
+	for want := 4; want <= 6; want++ {
+		x := healthy.next(t)
+		if x.seq() != want {
+			t.Fatalf("healthy receiver got %s, want sequence %d", x.body, want)
+		}
+		sawRun = sawRun || x.event["type"] == "run.succeeded" && x.event["runId"] == "run_app"
+	}
+	if !sawRun {
+		t.Error("the run's event did not reach the healthy subscription")
+	}
+	// The store is written just after the answer: wait for it (not a timing).
+	deadline := time.Now().Add(10 * time.Second)
+	for e.get(stuck.ID).Attempts != 1 || e.get(ok.ID).Cursor != 6 {
+		if time.Now().After(deadline) {
+			t.Fatalf("the refusing subscription: %+v; the healthy one: %+v", e.get(stuck.ID), e.get(ok.ID))
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if n := len(hanging.drain()); n != 0 {
+		t.Fatalf("the hanging receiver got %d more requests while its first hangs", n)
+	}
+	if s := e.get(stuck.ID); s.Cursor != 0 || s.ErrorCode != "http_5xx" {
+		t.Fatalf("refusing subscription: %+v", s)
+	}
+}
+
+// TestReplicasShareWithoutDoubling: two Deliverers (replicas) on one store
+// work the same subscriptions at once; each event reaches each receiver
+// once, in order.
+func TestReplicasShareWithoutDoubling(t *testing.T) {
+	e := newEnv(t)
+	var recvs []*recv
+	for range 6 {
+		r := newRecv(t)
+		recvs = append(recvs, r)
+		e.subscribe(r.srv.URL)
+	}
+	a, b := e.deliverer("a", nil), e.deliverer("b", nil)
+	for round := range 5 {
+		e.emit(e.job, e.updates(7)...)
+		var wg sync.WaitGroup
+		wg.Go(func() { runOnce(t, a) })
+		wg.Go(func() { runOnce(t, b) })
+		wg.Wait()
+		if round == 2 {
+			a = e.deliverer("c", nil) // a third replica joins
+		}
+	}
+	for i, r := range recvs {
+		got := seqs(r.drain())
+		if len(got) != 35 {
+			t.Fatalf("receiver %d got %d events: %v", i, len(got), got)
+		}
+		for j, s := range got {
+			if s != j+1 {
+				t.Fatalf("receiver %d: %v", i, got)
+			}
+		}
+	}
+}
