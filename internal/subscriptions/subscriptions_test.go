@@ -42,8 +42,12 @@ type syncBuffer struct {
 	b  bytes.Buffer
 }
 
-func (s *syncBuffer) Write(p []byte) (int, error) { s.mu.Lock(); defer s.mu.Unlock(); return s.b.Write(p) }
-func (s *syncBuffer) String() string              { s.mu.Lock(); defer s.mu.Unlock(); return s.b.String() }
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+func (s *syncBuffer) String() string { s.mu.Lock(); defer s.mu.Unlock(); return s.b.String() }
 
 // request is one request a receiver got.
 type request struct {
@@ -199,7 +203,9 @@ func (e *env) subscribe(url string, mods ...func(*vibejobs.Subscription)) (*vibe
 	for _, m := range mods {
 		m(s)
 	}
-	e.update(func(tx vibejobs.Tx) error { return tx.CreateSubscription(context.Background(), s, vibejobs.MaxSubscriptionsPerProject) })
+	e.update(func(tx vibejobs.Tx) error {
+		return tx.CreateSubscription(context.Background(), s, vibejobs.MaxSubscriptionsPerProject)
+	})
 	return s, secret
 }
 
@@ -239,7 +245,7 @@ func (e *env) deliverer(owner string, store subscriptions.Store) *subscriptions.
 	return subscriptions.New(subscriptions.Config{
 		Store: store, Sender: e.client, Opener: e.keys, Owner: owner, UserAgent: "vibejobs/test",
 		Logger: slog.New(slog.NewJSONHandler(e.logs, nil)), Now: e.clock.Now,
-		Rand: func() float64 { return 0.5 }, // jitter at the middle: the plain backoff
+		Rand:         func() float64 { return 0.5 }, // jitter at the middle: the plain backoff
 		PollInterval: 10 * time.Millisecond,
 	})
 }
