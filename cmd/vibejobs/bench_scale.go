@@ -31,6 +31,13 @@ func benchScale(ctx context.Context, out io.Writer, n, workers int, database str
 		return err
 	}
 	defer os.RemoveAll(dir)
+	// Jobs that fall due during the run are delivered to a loopback
+	// receiver: a benchmark never sends traffic anywhere else.
+	br, err := newBenchReceiver()
+	if err != nil {
+		return err
+	}
+	defer br.srv.Close()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return err
@@ -43,7 +50,7 @@ func benchScale(ctx context.Context, out io.Writer, n, workers int, database str
 	}
 	cmd := exec.CommandContext(ctx, self, "serve")
 	cmd.Env = append(os.Environ(), "VIBEJOBS_LISTEN="+addr, "VIBEJOBS_DATA_DIR="+dir, "VIBEJOBS_DATABASE="+database,
-		"VIBEJOBS_MAX_JOBS_PER_PROJECT="+strconv.Itoa(n+1), "VIBEJOBS_RATE_LIMIT=1000000", "VIBEJOBS_LOG_LEVEL=warn")
+		"VIBEJOBS_MAX_JOBS_PER_PROJECT="+strconv.Itoa(n+1), "VIBEJOBS_RATE_LIMIT=1000000", "VIBEJOBS_ALLOW_PRIVATE=127.0.0.0/8", "VIBEJOBS_LOG_LEVEL=warn")
 	cmd.Stdout, cmd.Stderr = io.Discard, os.Stderr
 	if err := cmd.Start(); err != nil {
 		return err
@@ -89,7 +96,7 @@ func benchScale(ctx context.Context, out io.Writer, n, workers int, database str
 					h, _ := rand.Int(rand.Reader, big.NewInt(24))
 					m, _ := rand.Int(rand.Reader, big.NewInt(60))
 					jobs = append(jobs, map[string]any{"name": fmt.Sprintf("daily-%d", i),
-						"schedule": fmt.Sprintf("%d %d * * *", m, h), "url": "https://example.com/hook"})
+						"schedule": fmt.Sprintf("%d %d * * *", m, h), "url": br.url})
 				}
 				body, _ := json.Marshal(map[string]any{"jobs": jobs})
 				req, _ := http.NewRequest("POST", base+"/v1/jobs/batch", bytes.NewReader(body))

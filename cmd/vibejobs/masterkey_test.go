@@ -73,7 +73,7 @@ func TestMasterKeyRotationKeepsDeliveriesValid(t *testing.T) {
 func TestWrongMasterKeyStopsTheStart(t *testing.T) {
 	dataDir := t.TempDir()
 	m, api := startMain(t, dataDir)
-	if code, job := api.do("POST", "/v1/jobs", map[string]any{"name": "k", "schedule": "@daily", "url": "https://example.com/"}); code != 201 {
+	if code, job := api.do("POST", "/v1/jobs", map[string]any{"name": "k", "schedule": "@daily", "url": "http://127.0.0.1:9/"}); code != 201 {
 		t.Fatalf("create: %d %v", code, job)
 	}
 	m.Close()
