@@ -433,3 +433,38 @@ func waitReady(t *testing.T, base string) {
 	}
 	t.Fatal("server never became ready")
 }
+
+// TestMetricsExposed: after a delivery, /metrics carries the platform's
+// collectors and the Go process metrics, and no URL or secret.
+func TestMetricsExposed(t *testing.T) {
+	rc := newReceiver(t, nil)
+	m, api := startMain(t, t.TempDir())
+	code, job := api.do("POST", "/v1/jobs", map[string]any{"name": "m", "schedule": "0 0 1 1 *", "url": rc.URL + "/x"})
+	if code != 201 {
+		t.Fatalf("create: %d", code)
+	}
+	_, run := api.do("POST", "/v1/jobs/"+job["id"].(string)+"/runs", nil)
+	waitRunState(t, api, run["id"].(string), "succeeded")
+	resp, err := http.Get("http://" + m.Addr() + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	text := string(body)
+	for _, want := range []string{
+		`vibejobs_attempts_total{error_code="",outcome="succeeded"} 1`,
+		`vibejobs_runs_finished_total{reason="",state="succeeded"} 1`,
+		"vibejobs_delivery_duration_seconds_count 1",
+		"vibejobs_first_attempt_lateness_seconds_count 1",
+		"vibejobs_runs_due", "vibejobs_oldest_due_run_age_seconds", "vibejobs_leases_recovered_total",
+		"vibejobs_skipped_occurrences_total", "vibejobs_runs_created_total", "go_goroutines", "process_resident_memory_bytes",
+	} {
+		if !strings.Contains(text, want) {
+			t.Errorf("/metrics lacks %q", want)
+		}
+	}
+	if strings.Contains(text, rc.URL) || strings.Contains(text, job["secret"].(string)) {
+		t.Error("/metrics carries a URL or secret")
+	}
+}

@@ -1,0 +1,87 @@
+package maintenance_test
+
+import (
+	"context"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/vibejobs/vibejobs"
+	"github.com/vibejobs/vibejobs/internal/maintenance"
+	"github.com/vibejobs/vibejobs/internal/sqlite"
+)
+
+var t0 = time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
+
+// finishedRun creates a run of j that finished at finished.
+func finishedRun(t *testing.T, st vibejobs.Store, j *vibejobs.Job, id string, finished time.Time) {
+	t.Helper()
+	ctx := context.Background()
+	r := vibejobs.NewRun(id, j, vibejobs.TriggerManual, finished.Add(-time.Second), finished.Add(-time.Second))
+	if err := st.Update(ctx, func(tx vibejobs.Tx) error { return tx.CreateRun(ctx, r) }); err != nil {
+		t.Fatal(err)
+	}
+	cs, err := st.ClaimDueRuns(ctx, "o", finished, 10, time.Second)
+	if err != nil || len(cs) != 1 {
+		t.Fatalf("claim: %v %d", err, len(cs))
+	}
+	a := vibejobs.Attempt{Number: 1, StartedAt: finished, FinishedAt: finished, StatusCode: 200}
+	if err := st.RecordOutcomes(ctx, "o", []vibejobs.Outcome{{RunID: id, Attempt: a, Step: vibejobs.Step{State: vibejobs.RunSucceeded}}}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestPruneHonoursProjectRetention: finished history older than each
+// project's retention goes (the installation's 90 days by default, a
+// project's own setting when it has one); unfinished runs always stay.
+func TestPruneHonoursProjectRetention(t *testing.T) {
+	ctx := context.Background()
+	now := t0
+	st, err := sqlite.Open(ctx, filepath.Join(t.TempDir(), "db"), sqlite.Options{Now: func() time.Time { return now }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	projects := []*vibejobs.Project{{ID: "prj_default", Name: "d", CreatedAt: t0}, {ID: "prj_short", Name: "s", RetentionDays: 10, CreatedAt: t0}}
+	jobs := map[string]*vibejobs.Job{}
+	for _, p := range projects {
+		j := &vibejobs.Job{ID: "job_" + p.Name, ProjectID: p.ID, Name: "j", Schedule: "0 0 1 1 *", Timezone: "UTC",
+			URL: "http://127.0.0.1:9/", Enabled: true, State: vibejobs.JobActive, Retry: vibejobs.DefaultRetryPolicy(),
+			Timeout: time.Second, CatchUp: vibejobs.CatchUpAll, ScheduleAnchor: t0, CreatedAt: t0, UpdatedAt: t0,
+			Secret: vibejobs.SealedSecret{KeyID: "k", Ciphertext: []byte("x")}}
+		jobs[p.ID] = j
+		if err := st.Update(ctx, func(tx vibejobs.Tx) error {
+			if err := tx.CreateProject(ctx, p); err != nil {
+				return err
+			}
+			return tx.CreateJob(ctx, j)
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// 30 days old: gone in the 10-day project, kept in the default one.
+	finishedRun(t, st, jobs["prj_default"], "run_d30", t0.AddDate(0, 0, -30))
+	finishedRun(t, st, jobs["prj_short"], "run_s30", t0.AddDate(0, 0, -30))
+	finishedRun(t, st, jobs["prj_short"], "run_s5", t0.AddDate(0, 0, -5))
+	finishedRun(t, st, jobs["prj_default"], "run_d100", t0.AddDate(0, 0, -100))
+	// An unfinished run, created long ago, is never pruned.
+	old := vibejobs.NewRun("run_open", jobs["prj_short"], vibejobs.TriggerManual, t0.AddDate(0, 0, -50), t0.AddDate(0, 0, -50))
+	later := t0.Add(time.Hour)
+	old.NextAttemptAt = &later
+	if err := st.Update(ctx, func(tx vibejobs.Tx) error { return tx.CreateRun(ctx, old) }); err != nil {
+		t.Fatal(err)
+	}
+
+	m := maintenance.New(maintenance.Config{Store: st, Now: func() time.Time { return now }, Batch: 1})
+	m.PruneOnce(ctx)
+	for id, want := range map[string]bool{"run_d30": true, "run_s30": false, "run_s5": true, "run_d100": false, "run_open": true} {
+		p := "prj_default"
+		if id[4] == 's' || id == "run_open" {
+			p = "prj_short"
+		}
+		_, err := st.GetRun(ctx, p, id)
+		if got := err == nil; got != want {
+			t.Errorf("%s kept = %v, want %v (%v)", id, got, want, err)
+		}
+	}
+}
