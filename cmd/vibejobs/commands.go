@@ -119,6 +119,55 @@ func masterKey(ctx context.Context, args []string, getenv func(string) string, s
 			break
 		}
 	}
+	for {
+		n, err := resealSubscriptions(ctx, store, keys)
+		if err != nil {
+			return fmt.Errorf("re-sealing subscription secrets (the new key is in place; run rotate again to finish): %w", err)
+		}
+		total += n
+		if n == 0 {
+			break
+		}
+	}
 	fmt.Fprintf(stdout, "master key rotated: new key %s, %d secrets re-sealed; older keys remain in %s until you remove them\n", keys.CurrentID(), total, path)
 	return nil
+}
+
+// resealSubscriptions re-seals, in one transaction, up to 200 subscriptions
+// whose current or previous secret is sealed under an older key, and
+// returns how many.
+func resealSubscriptions(ctx context.Context, store vibejobs.Store, keys *secretbox.Keyring) (int, error) {
+	n := 0
+	err := store.Update(ctx, func(tx vibejobs.Tx) error {
+		subs, err := tx.SubscriptionSecretsNotUnder(ctx, keys.CurrentID(), 200)
+		if err != nil {
+			return err
+		}
+		n = len(subs)
+		for _, s := range subs {
+			current, err := reseal(keys, s.Secret, s.ID)
+			if err != nil {
+				return err
+			}
+			previous := s.PreviousSecret
+			if previous.KeyID != "" {
+				if previous, err = reseal(keys, previous, s.ID); err != nil {
+					return err
+				}
+			}
+			if err := tx.SetSubscriptionSecrets(ctx, s.ID, current, previous); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	return n, err
+}
+
+func reseal(keys *secretbox.Keyring, sealed vibejobs.SealedSecret, aad string) (vibejobs.SealedSecret, error) {
+	plain, err := keys.Open(sealed, aad)
+	if err != nil {
+		return vibejobs.SealedSecret{}, fmt.Errorf("opening the secret of %s: %w", aad, err)
+	}
+	return keys.Seal(plain, aad)
 }

@@ -29,6 +29,7 @@ import (
 	"github.com/vibejobs/vibejobs/internal/scheduler"
 	"github.com/vibejobs/vibejobs/internal/secretbox"
 	"github.com/vibejobs/vibejobs/internal/sqlite"
+	"github.com/vibejobs/vibejobs/internal/subscriptions"
 	"github.com/vibejobs/vibejobs/internal/web"
 )
 
@@ -48,6 +49,9 @@ type Config struct {
 	RetentionDays     int
 	MaxJobsPerProject int
 	RateLimit         int // API requests per second per token; burst twice that
+	// RotationGrace is how long a subscription's replaced secret keeps
+	// signing requests after rotate-secret.
+	RotationGrace time.Duration
 }
 
 // Main is the whole server. Tests start it on port 0 with Run and stop it
@@ -116,6 +120,22 @@ func (c *Config) flagSet(fs *flag.FlagSet, getenv func(string) string) {
 	intFlag(&c.RetentionDays, "retention-days", "RETENTION_DAYS", maintenance.DefaultRetentionDays, "history retention in days, at least 7")
 	intFlag(&c.MaxJobsPerProject, "max-jobs-per-project", "MAX_JOBS_PER_PROJECT", 10000, "jobs per project at most")
 	intFlag(&c.RateLimit, "rate-limit", "RATE_LIMIT", api.DefaultRatePerSecond, "API requests per second per token (burst twice that)")
+	c.RotationGrace = vibejobs.DefaultRotationGrace
+	if v := getenv("VIBEJOBS_SUBSCRIPTION_ROTATION_GRACE"); v != "" {
+		c.RotationGrace = -1 // reported by validate unless it parses
+		if d, err := time.ParseDuration(v); err == nil {
+			c.RotationGrace = d
+		}
+	}
+	fs.Func("subscription-rotation-grace", "how long a subscription's replaced secret keeps signing requests after rotate-secret, 1m to 720h (VIBEJOBS_SUBSCRIPTION_ROTATION_GRACE, default 24h)",
+		func(s string) error {
+			d, err := time.ParseDuration(s)
+			if err != nil {
+				return errors.New("must be a duration such as 24h")
+			}
+			c.RotationGrace = d
+			return nil
+		})
 }
 
 func (c *Config) validate() error {
@@ -134,6 +154,8 @@ func (c *Config) validate() error {
 		return errors.New("log format must be text or json")
 	case c.DataDir == "":
 		return errors.New("data dir must not be empty")
+	case c.RotationGrace != 0 && (c.RotationGrace < time.Minute || c.RotationGrace > 720*time.Hour):
+		return errors.New("VIBEJOBS_SUBSCRIPTION_ROTATION_GRACE must be a duration from 1m to 720h")
 	}
 	if _, err := egress.ParseAllowList(c.AllowPrivate); err != nil {
 		return fmt.Errorf("allow-private: %w", err)
@@ -247,6 +269,15 @@ func (m *Main) Run(ctx context.Context) error {
 	if m.Observer != nil {
 		obs = observers{met, m.Observer}
 	}
+	// Webhooks of the event feed: their own goroutines and concurrency, so
+	// a receiver that hangs or refuses never holds up run deliveries.
+	subs := subscriptions.New(subscriptions.Config{
+		Store: store, Sender: client, Opener: sealer, Owner: owner,
+		UserAgent: "vibejobs/" + Version, Logger: m.logger, Now: now,
+	})
+	met.WatchSubscriptions(store.AllSubscriptions)
+	// Recorded outcomes appended run events: look for subscribers at once.
+	dispStore = wakeAfterRecord{DispatchStore: dispStore, wake: subs.Wake}
 	disp := dispatcher.New(dispatcher.Config{
 		Store: dispStore, Sender: client, Opener: sealer, Owner: owner,
 		UserAgent: "vibejobs/" + Version, Logger: m.logger, Now: now,
@@ -259,15 +290,16 @@ func (m *Main) Run(ctx context.Context) error {
 	})
 	maint := maintenance.New(maintenance.Config{
 		Store: store, Logger: m.logger, Now: now, RetentionDays: cfg.RetentionDays,
-		Observer: met, OnRecovered: disp.Wake,
+		Observer: met, OnRecovered: func() { disp.Wake(); subs.Wake() },
 	})
 	apiSrv := api.New(api.Config{
 		Store: store, Sealer: sealer, URLs: policy, Now: now, Logger: m.logger,
-		Wake:              func() { sched.Wake(); disp.Wake() },
+		Wake:              func() { sched.Wake(); disp.Wake(); subs.Wake() },
 		Metrics:           met.Handler(),
 		Extra:             web.New(web.Config{Store: store, Now: now, Logger: m.logger}),
 		MaxJobsPerProject: cfg.MaxJobsPerProject,
 		RateLimit:         api.RateLimit{PerSecond: float64(cmp.Or(cfg.RateLimit, api.DefaultRatePerSecond)), Burst: 2 * cmp.Or(cfg.RateLimit, api.DefaultRatePerSecond)},
+		RotationGrace:     cfg.RotationGrace,
 	})
 
 	ln, err := net.Listen("tcp", cfg.Listen)
@@ -297,6 +329,7 @@ func (m *Main) Run(ctx context.Context) error {
 	}
 	m.goRun(func() { sched.Run(workCtx) })
 	m.goRun(func() { disp.Run(workCtx) })
+	m.goRun(func() { subs.Run(workCtx) })
 	m.goRun(func() { maint.Run(workCtx) })
 	m.goRun(func() {
 		if err := m.srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
@@ -378,6 +411,15 @@ func checkMasterKey(ctx context.Context, store vibejobs.Store, keys *secretbox.K
 				return fmt.Errorf("the master key does not open the stored job secrets (wrong VIBEJOBS_MASTER_KEY_FILE?): %w", err)
 			}
 		}
+		subs, err := tx.SubscriptionSecretsNotUnder(ctx, "", 5)
+		if err != nil {
+			return fmt.Errorf("checking master key: %w", err)
+		}
+		for _, s := range subs {
+			if _, err := keys.Open(s.Secret, s.ID); err != nil {
+				return fmt.Errorf("the master key does not open the stored subscription secrets (wrong VIBEJOBS_MASTER_KEY_FILE?): %w", err)
+			}
+		}
 		return nil
 	})
 }
@@ -387,6 +429,22 @@ func newOwnerID() string {
 	var b [6]byte
 	_, _ = rand.Read(b[:])
 	return fmt.Sprintf("%s-%d-%s", cmp.Or(host, "host"), os.Getpid(), hex.EncodeToString(b[:]))
+}
+
+// wakeAfterRecord wakes the subscription deliverer after outcomes were
+// recorded: they appended run events. Polling alone would add up to its
+// interval to every event's delay.
+type wakeAfterRecord struct {
+	vibejobs.DispatchStore
+	wake func()
+}
+
+func (w wakeAfterRecord) RecordOutcomes(ctx context.Context, owner string, outcomes []vibejobs.Outcome) error {
+	err := w.DispatchStore.RecordOutcomes(ctx, owner, outcomes)
+	if err == nil {
+		w.wake()
+	}
+	return err
 }
 
 // observers fans dispatcher events out to several observers.
