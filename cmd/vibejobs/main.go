@@ -2,7 +2,7 @@
 //
 //	vibejobs serve              run the platform (embedded SQLite by default)
 //	vibejobs migrate            run the database migrations and exit
-//	vibejobs jobs|runs|projects|tokens …   talk to a running server's API
+//	vibejobs jobs|runs|events|subscriptions|projects|tokens …   talk to a running server's API
 //	vibejobs version
 package main
 
@@ -36,6 +36,8 @@ Usage:
   vibejobs master-key rotate    re-encrypt every job secret under a new master key
   vibejobs jobs <verb> …        create|list|get|update|pause|resume|delete|trigger|rotate-secret|next
   vibejobs runs <verb> …        list|get
+  vibejobs events tail          follow the project's event feed
+  vibejobs subscriptions <verb> …  create|list|get|update|delete|rotate-secret|reset
   vibejobs projects <verb> …    create|list
   vibejobs tokens <verb> …      create|list|revoke
   vibejobs version

@@ -1,5 +1,5 @@
 // Package cli is the command-line client of the management API: "vibejobs
-// jobs|runs|projects|tokens …" in the platform's binary. Every command sends
+// jobs|runs|events|subscriptions|projects|tokens …" in the platform's binary. Every command sends
 // one logical operation, with a fresh Idempotency-Key for a POST that it
 // reuses on its own retries.
 package cli
@@ -55,7 +55,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	e := &env{getenv: getenv, stdout: stdout, stderr: stderr, tune: tune}
 	if len(args) == 0 {
 		fmt.Fprint(stderr, topUsage)
-		return usagef("name a resource: jobs, runs, projects or tokens")
+		return usagef("name a resource: jobs, runs, events, subscriptions, projects or tokens")
 	}
 	if args[0] == "help" || args[0] == "-h" || args[0] == "--help" {
 		fmt.Fprint(stdout, topUsage)
@@ -237,10 +237,12 @@ func (e *env) resolveToken(g globalFlags) (string, error) {
 
 const topUsage = `Usage: vibejobs <resource> <verb> [arguments] [flags]
 
-  jobs      create|list|get|update|pause|resume|delete|trigger|rotate-secret|next
-  runs      list|get
-  projects  create|list
-  tokens    create|list|revoke
+  jobs           create|list|get|update|pause|resume|delete|trigger|rotate-secret|next
+  runs           list|get
+  events         tail
+  subscriptions  create|list|get|update|delete|rotate-secret|reset
+  projects       create|list
+  tokens         create|list|revoke
 
 Every command takes --server, --token, --token-file and --json.
 "vibejobs <resource> <verb> -h" describes a command.

@@ -8,7 +8,8 @@ import (
 	"strconv"
 )
 
-// resources maps "jobs", "runs", "projects" and "tokens" to their verbs.
+// resources maps "jobs", "runs", "events", "subscriptions", "projects" and
+// "tokens" to their verbs.
 var resources = map[string]map[string]command{
 	"jobs": {
 		"create": {summary: "Create a job; prints its signing secret, shown only this once.", flags: jobCreate},
@@ -31,6 +32,20 @@ var resources = map[string]map[string]command{
 	"projects": {
 		"create": {summary: "Create a project (installation token only).", flags: projectCreate},
 		"list":   {summary: "List projects (installation token only).", flags: projectList},
+	},
+	"events": {
+		"tail": {summary: "Print the project's event feed as it grows (--follow=false: up to now).", flags: eventsTail},
+	},
+	"subscriptions": {
+		"create": {summary: "Send the feed to a URL from now on; prints its signing secret, shown only this once.", flags: subscriptionCreate},
+		"list":   {summary: "List the project's subscriptions and their delivery state.", flags: subscriptionList},
+		"get":    {args: "<subscription-id> ", npos: 1, summary: "Show a subscription.", flags: subscriptionGet},
+		"update": {args: "<subscription-id> ", npos: 1, summary: "Change a subscription's URL or filters.", flags: subscriptionUpdate},
+		"delete": {args: "<subscription-id> ", npos: 1, summary: "Delete a subscription.", flags: subscriptionDelete},
+		"rotate-secret": {args: "<subscription-id> ", npos: 1, summary: "Give a subscription a new secret; the old one also signs for the grace window (24 h).",
+			flags: subscriptionAction("rotate-secret")},
+		"reset": {args: "<subscription-id> ", npos: 1, summary: "Jump a subscription's cursor to the head: the events in between are never sent.",
+			flags: subscriptionAction("reset")},
 	},
 	"tokens": {
 		"create": {summary: "Mint an API token for a project; prints it, shown only this once.", flags: tokenCreate},

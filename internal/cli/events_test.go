@@ -1,0 +1,126 @@
+package cli
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) { l.mu.Lock(); defer l.mu.Unlock(); return l.b.Write(p) }
+func (l *lockedBuffer) String() string              { l.mu.Lock(); defer l.mu.Unlock(); return l.b.String() }
+
+func TestEventsTail(t *testing.T) {
+	a := startAPI(t, nil)
+	if out := a.ok(t, "events", "tail", "--follow=false"); out != "" {
+		t.Errorf("tail from the head of an empty feed: %q", out)
+	}
+	id := a.okJSON(t, "jobs", "create", "--name", "n", "--schedule", "@daily", "--url", "https://example.com/")["id"].(string)
+	a.ok(t, "jobs", "pause", id)
+	a.ok(t, "jobs", "resume", id)
+
+	out := a.ok(t, "events", "tail", "--after", "0", "--follow=false")
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	if len(lines) != 3 || !strings.Contains(lines[0], "job.created") || !strings.Contains(lines[1], "job.paused") ||
+		!strings.HasPrefix(lines[2], "3 ") || !strings.Contains(lines[2], "next run 2026-10-10T00:00:00.000Z") {
+		t.Errorf("tail:\n%s", out)
+	}
+	if strings.Contains(out, "example.com") {
+		t.Errorf("an event shows the URL:\n%s", out)
+	}
+	out = a.ok(t, "events", "tail", "--after", "0", "--follow=false", "--type", "job.paused,job.resumed", "--job", id, "--json")
+	lines = strings.Split(strings.TrimSpace(out), "\n")
+	if len(lines) != 2 {
+		t.Fatalf("filtered tail --json:\n%s", out)
+	}
+	var e map[string]any
+	if err := json.Unmarshal([]byte(lines[1]), &e); err != nil || e["type"] != "job.resumed" || e["sequence"] != 3.0 {
+		t.Errorf("NDJSON line %q: %v", lines[1], err)
+	}
+	if _, _, err := a.cli(t, "events", "tail", "--type", "run.nope", "--follow=false"); err == nil || !strings.Contains(err.Error(), "invalid_type") {
+		t.Errorf("bad type: %v", err)
+	}
+
+	// Following: new events appear, then an interrupt ends the tail cleanly.
+	ctx, cancel := context.WithCancel(context.Background())
+	var buf lockedBuffer
+	done := make(chan error, 1)
+	go func() {
+		getenv := func(k string) string {
+			return map[string]string{"VIBEJOBS_SERVER": a.url, "VIBEJOBS_TOKEN": a.token}[k]
+		}
+		done <- run(ctx, []string{"events", "tail", "--after", "3", "--interval", "100ms"}, getenv, &buf, &bytes.Buffer{}, nil)
+	}()
+	a.ok(t, "jobs", "pause", id)
+	deadline := time.Now().Add(10 * time.Second)
+	for !strings.Contains(buf.String(), "job.paused") {
+		if time.Now().After(deadline) {
+			t.Fatalf("tail did not follow: %q", buf.String())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Errorf("interrupted tail: %v", err)
+	}
+	if got := buf.String(); strings.Count(got, "\n") != 1 || !strings.HasPrefix(got, "4 ") {
+		t.Errorf("following printed %q", got)
+	}
+}
+
+func TestSubscriptionCommands(t *testing.T) {
+	a := startAPI(t, nil)
+	out := a.ok(t, "subscriptions", "create", "--url", "https://hooks.example.com/vj", "--types", "run.failed,job.paused")
+	for _, want := range []string{"FIELD", "https://hooks.example.com/vj", "run.failed,job.paused", "all", "status", "ok", "secret: vjs_"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("create lacks %q:\n%s", want, out)
+		}
+	}
+	s := a.okJSON(t, "subscriptions", "create", "--url", "https://hooks.example.com/2", "--jobs", "job_a,job_b")
+	id := s["id"].(string)
+	if sec, _ := s["secret"].(string); !strings.HasPrefix(sec, "vjs_") {
+		t.Errorf("create --json: %v", s)
+	}
+	out = a.ok(t, "subscriptions", "list")
+	for _, want := range []string{"ID", "URL", "TYPES", "CURSOR", "STATUS", id, "job_a,job_b"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("list lacks %q:\n%s", want, out)
+		}
+	}
+	if strings.Contains(out, "vjs_") {
+		t.Errorf("list shows a secret:\n%s", out)
+	}
+	if l := a.okJSON(t, "subscriptions", "list"); len(l["subscriptions"].([]any)) != 2 {
+		t.Errorf("list --json: %v", l)
+	}
+	if g := a.okJSON(t, "subscriptions", "get", id); g["id"] != id || g["secret"] != nil {
+		t.Errorf("get: %v", g)
+	}
+	if u := a.okJSON(t, "subscriptions", "update", id, "--jobs", "", "--types", "run.failed"); len(u["jobIds"].([]any)) != 0 || len(u["types"].([]any)) != 1 {
+		t.Errorf("update: %v", u)
+	}
+	out = a.ok(t, "subscriptions", "rotate-secret", id)
+	if !strings.Contains(out, "secret: vjs_") || !strings.Contains(out, "old secret signs until") {
+		t.Errorf("rotate-secret:\n%s", out)
+	}
+	if r := a.okJSON(t, "subscriptions", "reset", id); r["cursor"] != 0.0 || r["failing"] != false {
+		t.Errorf("reset: %v", r)
+	}
+	if out := a.ok(t, "subscriptions", "delete", id); !strings.Contains(out, "deleted subscription "+id) {
+		t.Errorf("delete: %q", out)
+	}
+	if _, _, err := a.cli(t, "subscriptions", "get", id); err == nil || !strings.Contains(err.Error(), "subscription_not_found") {
+		t.Errorf("get after delete: %v", err)
+	}
+	if _, errOut, err := a.cli(t, "subscriptions", "create"); err == nil || !strings.Contains(errOut, "Usage: vibejobs subscriptions create") {
+		t.Errorf("create without --url: %v %q", err, errOut)
+	}
+}
