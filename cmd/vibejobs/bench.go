@@ -26,12 +26,13 @@ import (
 //	vibejobs bench burst    [--runs 20000] [--database URL] [--raw]
 //	vibejobs bench lateness [--jobs 1000] [--duration 60s] [--database URL] [--replicas N]
 //	vibejobs bench scale    [--jobs 1000000] [--concurrency 64] [--database URL]
+//	vibejobs bench events   [--jobs 200] [--duration 30s] [--subscriptions 1] [--burst 0] [--database URL]
 //
 // Everything is on this machine: the platform and a loopback receiver that
 // answers 200 at once, in one process.
 func bench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if len(args) == 0 {
-		return fmt.Errorf("%w: bench burst|lateness|scale [flags]", errUsage)
+		return fmt.Errorf("%w: bench burst|lateness|scale|events [flags]", errUsage)
 	}
 	fs := flag.NewFlagSet("vibejobs bench "+args[0], flag.ContinueOnError)
 	fs.SetOutput(stderr)
@@ -42,6 +43,8 @@ func bench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	raw := fs.Bool("raw", false, "burst: also measure a plain sign-and-POST loop with no database")
 	replicas := fs.Int("replicas", 1, "lateness: server processes sharing the database (PostgreSQL for more than one)")
 	conc := fs.Int("concurrency", 512, "delivery concurrency; scale: API client workers")
+	subs := fs.Int("subscriptions", 1, "events: subscriptions receiving every run event")
+	burst := fs.Int("burst", 0, "events: then this many runs due at once, and how fast their events drain")
 	if err := fs.Parse(args[1:]); err != nil {
 		return fmt.Errorf("%w: %v", errUsage, err)
 	}
@@ -52,8 +55,16 @@ func bench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return benchLateness(ctx, stdout, *jobs, *dur, *database, *replicas)
 	case "scale":
 		return benchScale(ctx, stdout, *jobs, *conc, *database)
+	case "events":
+		if !isSet(fs, "jobs") {
+			*jobs = 200
+		}
+		if !isSet(fs, "duration") {
+			*dur = 30 * time.Second
+		}
+		return benchEvents(ctx, stdout, *jobs, *dur, *subs, *burst, *database, *conc)
 	}
-	return fmt.Errorf("%w: bench burst|lateness|scale", errUsage)
+	return fmt.Errorf("%w: bench burst|lateness|scale|events", errUsage)
 }
 
 // benchReceiver counts deliveries and keeps, per request, the receive time
@@ -249,7 +260,20 @@ func benchBurst(ctx context.Context, out io.Writer, n int, database string, raw 
 	fmt.Fprintf(out, "burst (%s): %d runs due at once; received %d; all received in %v (%.0f runs/s); all recorded succeeded in %v (%.0f runs/s end to end); max RSS %s\n",
 		store, n, br.count.Load(), lastRecv.Sub(due).Round(time.Millisecond), float64(n)/lastRecv.Sub(due).Seconds(),
 		lastRec.Sub(due).Round(time.Millisecond), float64(n)/lastRec.Sub(due).Seconds(), maxRSS())
+	// Every recorded outcome appended its event in the same transaction.
+	if ps, err := m.store.ListProjects(ctx); err == nil && len(ps) > 0 {
+		if p, err := m.store.ListEvents(ctx, ps[0].ID, vibejobs.EventFilter{After: 1 << 62}); err == nil {
+			fmt.Fprintf(out, "  feed: %d events appended alongside (%.0f events/s)\n", p.Head, float64(p.Head)/lastRec.Sub(due).Seconds())
+		}
+	}
 	return nil
+}
+
+// isSet reports whether the flag name was given.
+func isSet(fs *flag.FlagSet, name string) bool {
+	set := false
+	fs.Visit(func(f *flag.Flag) { set = set || f.Name == name })
+	return set
 }
 
 func quantiles(d []time.Duration) string {
