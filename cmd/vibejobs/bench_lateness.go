@@ -11,9 +11,6 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"os/exec"
-	"path/filepath"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -73,52 +70,30 @@ func benchLateness(ctx context.Context, out io.Writer, n int, d time.Duration, d
 		return err
 	}
 	defer os.RemoveAll(dir)
-	self, err := os.Executable()
-	if err != nil {
-		return err
-	}
-	var procs []*exec.Cmd
-	var bases []string
+	var servers []*benchServer
 	defer func() {
-		for _, p := range procs {
-			p.Process.Signal(os.Interrupt)
-			p.Wait()
+		for _, s := range servers {
+			s.stop()
 		}
 	}()
 	for i := 0; i < replicas; i++ {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
+		s, err := startBenchServer(ctx, dir, database, n+1)
 		if err != nil {
 			return err
 		}
-		addr := l.Addr().String()
-		l.Close()
-		cmd := exec.CommandContext(ctx, self, "serve")
-		cmd.Env = append(os.Environ(), "VIBEJOBS_LISTEN="+addr, "VIBEJOBS_DATA_DIR="+dir, "VIBEJOBS_DATABASE="+database,
-			"VIBEJOBS_MAX_JOBS_PER_PROJECT="+strconv.Itoa(n+1), "VIBEJOBS_RATE_LIMIT=1000000",
-			"VIBEJOBS_LOG_LEVEL=warn", "VIBEJOBS_ALLOW_PRIVATE=127.0.0.0/8")
-		cmd.Stdout, cmd.Stderr = io.Discard, os.Stderr
-		if err := cmd.Start(); err != nil {
-			return err
-		}
-		procs = append(procs, cmd)
-		base := "http://" + addr
-		if err := awaitReady(base); err != nil {
-			return err
-		}
-		bases = append(bases, base)
+		servers = append(servers, s)
 	}
-	tok, err := os.ReadFile(filepath.Join(dir, "admin.token"))
+	token, err := adminToken(dir)
 	if err != nil {
 		return err
 	}
-	token := strings.TrimSpace(string(tok))
 	for start := 0; start < n; start += 100 {
 		jobs := []map[string]any{}
 		for i := start; i < min(start+100, n); i++ {
 			jobs = append(jobs, map[string]any{"name": fmt.Sprintf("tick-%d", i), "schedule": "@every 1s", "url": url})
 		}
 		body, _ := json.Marshal(map[string]any{"jobs": jobs})
-		req, _ := http.NewRequest("POST", bases[(start/100)%len(bases)]+"/v1/jobs/batch", bytes.NewReader(body))
+		req, _ := http.NewRequest("POST", servers[(start/100)%len(servers)].base+"/v1/jobs/batch", bytes.NewReader(body))
 		req.Header.Set("Authorization", "Bearer "+token)
 		var k [12]byte
 		rand.Read(k[:])
@@ -198,21 +173,8 @@ func benchLateness(ctx context.Context, out io.Writer, n int, d time.Duration, d
 		store, replicas, n, d, occurrences)
 	fmt.Fprintf(out, "  first attempt received − scheduledFor: %s\n", quantiles(samples))
 	fmt.Fprintf(out, "  duplicate runs for one occurrence: %d; runs delivered more than once: %d; missed occurrences: %d\n", dupRuns, dupDeliveries, missed)
-	for i, p := range procs {
-		fmt.Fprintf(out, "  replica %d max RSS: %s\n", i+1, procHWM(p.Process.Pid))
+	for i, s := range servers {
+		fmt.Fprintf(out, "  replica %d max RSS: %s\n", i+1, procHWM(s.cmd.Process.Pid))
 	}
 	return nil
-}
-
-func awaitReady(base string) error {
-	for i := 0; i < 600; i++ {
-		if resp, err := http.Get(base + "/readyz"); err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == 200 {
-				return nil
-			}
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	return fmt.Errorf("server at %s never became ready", base)
 }

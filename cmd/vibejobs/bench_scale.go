@@ -9,12 +9,9 @@ import (
 	"fmt"
 	"io"
 	"math/big"
-	"net"
 	"net/http"
 	"net/url"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -38,42 +35,16 @@ func benchScale(ctx context.Context, out io.Writer, n, workers int, database str
 		return err
 	}
 	defer br.srv.Close()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	srv, err := startBenchServer(ctx, dir, database, n+1)
 	if err != nil {
 		return err
 	}
-	addr := ln.Addr().String()
-	ln.Close()
-	self, err := os.Executable()
+	defer srv.stop()
+	base := srv.base
+	token, err := adminToken(dir)
 	if err != nil {
 		return err
 	}
-	cmd := exec.CommandContext(ctx, self, "serve")
-	cmd.Env = append(os.Environ(), "VIBEJOBS_LISTEN="+addr, "VIBEJOBS_DATA_DIR="+dir, "VIBEJOBS_DATABASE="+database,
-		"VIBEJOBS_MAX_JOBS_PER_PROJECT="+strconv.Itoa(n+1), "VIBEJOBS_RATE_LIMIT=1000000", "VIBEJOBS_ALLOW_PRIVATE=127.0.0.0/8", "VIBEJOBS_LOG_LEVEL=warn")
-	cmd.Stdout, cmd.Stderr = io.Discard, os.Stderr
-	if err := cmd.Start(); err != nil {
-		return err
-	}
-	defer func() { cmd.Process.Signal(os.Interrupt); cmd.Wait() }()
-	base := "http://" + addr
-	for i := 0; ; i++ {
-		if resp, err := http.Get(base + "/readyz"); err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == 200 {
-				break
-			}
-		}
-		if i > 600 {
-			return fmt.Errorf("server never became ready")
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	tok, err := os.ReadFile(filepath.Join(dir, "admin.token"))
-	if err != nil {
-		return err
-	}
-	token := strings.TrimSpace(string(tok))
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: workers, Proxy: nil}}
 
 	const batch = 100 // jobs per POST /v1/jobs/batch
@@ -126,9 +97,9 @@ func benchScale(ctx context.Context, out io.Writer, n, workers int, database str
 		n, el.Round(time.Millisecond), float64(n)/el.Seconds(), workers, failed.Load())
 
 	// Idle: no job is due for hours on average; measure CPU over 20 s.
-	cpu0 := procCPU(cmd.Process.Pid)
+	cpu0 := procCPU(srv.cmd.Process.Pid)
 	time.Sleep(20 * time.Second)
-	cpu1 := procCPU(cmd.Process.Pid)
+	cpu1 := procCPU(srv.cmd.Process.Pid)
 	fmt.Fprintf(out, "  idle CPU over 20 s: %.2f %% of one core\n", 100*(cpu1-cpu0).Seconds()/20)
 
 	// Page through the jobs: latency of each GET /v1/jobs page of 100.
@@ -161,7 +132,7 @@ func benchScale(ctx context.Context, out io.Writer, n, workers int, database str
 		cursor = page.NextCursor
 	}
 	fmt.Fprintf(out, "  GET /v1/jobs pages of 100: %s\n", quantiles(lat))
-	fmt.Fprintf(out, "  server max RSS: %s\n", procHWM(cmd.Process.Pid))
+	fmt.Fprintf(out, "  server max RSS: %s\n", procHWM(srv.cmd.Process.Pid))
 	return nil
 }
 
