@@ -19,6 +19,7 @@ import (
 
 	"github.com/vibejobs/vibejobs"
 	"github.com/vibejobs/vibejobs/contract"
+	"github.com/vibejobs/vibejobs/internal/egress"
 )
 
 // bench runs the benchmarks the issues name, on demand (never in CI):
@@ -41,6 +42,7 @@ func bench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	dur := fs.Duration("duration", 60*time.Second, "lateness: how long to run")
 	database := fs.String("database", "", "postgres://… to bench PostgreSQL; default a fresh SQLite")
 	raw := fs.Bool("raw", false, "burst: also measure a plain sign-and-POST loop with no database")
+	plain := fs.Bool("plain-client", false, "burst: deliver through a plain HTTP client instead of the egress client (prices the egress policy)")
 	replicas := fs.Int("replicas", 1, "lateness: server processes sharing the database (PostgreSQL for more than one)")
 	conc := fs.Int("concurrency", 512, "delivery concurrency; scale: API client workers")
 	subs := fs.Int("subscriptions", 1, "events: subscriptions receiving every run event")
@@ -50,7 +52,7 @@ func bench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 	switch args[0] {
 	case "burst":
-		return benchBurst(ctx, stdout, *runs, *database, *raw, *conc)
+		return benchBurst(ctx, stdout, *runs, *database, *raw, *plain, *conc)
 	case "lateness":
 		return benchLateness(ctx, stdout, *jobs, *dur, *database, *replicas)
 	case "scale":
@@ -139,7 +141,7 @@ func (s *sendLateness) AttemptFinished(_ string, _ vibejobs.Step, late time.Dura
 	}
 }
 
-func startBenchMain(ctx context.Context, database string, conc int) (*Main, *recordCounter, *sendLateness, func(), error) {
+func startBenchMain(ctx context.Context, database string, conc int, opts ...func(*Main)) (*Main, *recordCounter, *sendLateness, func(), error) {
 	dir, err := os.MkdirTemp("", "vibejobs-bench-")
 	if err != nil {
 		return nil, nil, nil, nil, err
@@ -151,6 +153,9 @@ func startBenchMain(ctx context.Context, database string, conc int) (*Main, *rec
 	sl := &sendLateness{}
 	m.WrapDispatchStore = func(s vibejobs.DispatchStore) vibejobs.DispatchStore { rc.DispatchStore = s; return rc }
 	m.Observer = sl
+	for _, o := range opts {
+		o(m)
+	}
 	if err := m.Run(ctx); err != nil {
 		return nil, nil, nil, nil, err
 	}
@@ -195,7 +200,7 @@ func createJobs(ctx context.Context, m *Main, n int, mk func(i int, j *vibejobs.
 	return nil
 }
 
-func benchBurst(ctx context.Context, out io.Writer, n int, database string, raw bool, conc int) error {
+func benchBurst(ctx context.Context, out io.Writer, n int, database string, raw, plain bool, conc int) error {
 	br, err := newBenchReceiver()
 	if err != nil {
 		return err
@@ -209,7 +214,13 @@ func benchBurst(ctx context.Context, out io.Writer, n int, database string, raw 
 		fmt.Fprintf(out, "raw sign+POST loop: %d requests, %.0f req/s (concurrency %d)\n", n, rate, conc)
 		br.count.Store(0)
 	}
-	m, rc, _, cleanup, err := startBenchMain(ctx, database, conc)
+	var opts []func(*Main)
+	client := "egress client"
+	if plain {
+		client = "plain client"
+		opts = append(opts, func(m *Main) { m.RunSender = newPlainSender(conc) })
+	}
+	m, rc, _, cleanup, err := startBenchMain(ctx, database, conc, opts...)
 	if err != nil {
 		return err
 	}
@@ -257,8 +268,8 @@ func benchBurst(ctx context.Context, out io.Writer, n int, database string, raw 
 	if database != "" {
 		store = "postgres"
 	}
-	fmt.Fprintf(out, "burst (%s): %d runs due at once; received %d; all received in %v (%.0f runs/s); all recorded succeeded in %v (%.0f runs/s end to end); max RSS %s\n",
-		store, n, br.count.Load(), lastRecv.Sub(due).Round(time.Millisecond), float64(n)/lastRecv.Sub(due).Seconds(),
+	fmt.Fprintf(out, "burst (%s, %s): %d runs due at once; received %d; all received in %v (%.0f runs/s); all recorded succeeded in %v (%.0f runs/s end to end); max RSS %s\n",
+		store, client, n, br.count.Load(), lastRecv.Sub(due).Round(time.Millisecond), float64(n)/lastRecv.Sub(due).Seconds(),
 		lastRec.Sub(due).Round(time.Millisecond), float64(n)/lastRec.Sub(due).Seconds(), maxRSS())
 	// Every recorded outcome appended its event in the same transaction.
 	if ps, err := m.store.ListProjects(ctx); err == nil && len(ps) > 0 {
@@ -338,4 +349,34 @@ func maxRSS() string {
 		return "unknown"
 	}
 	return fmt.Sprintf("%.0f MiB", float64(ru.Maxrss)/1024)
+}
+
+// plainSender delivers through a plain http.Client: no resolution check, no
+// dial control, no redirect or size policy. Only the egress benchmark uses it,
+// to price what the policy costs.
+type plainSender struct{ c *http.Client }
+
+func newPlainSender(conns int) *plainSender {
+	return &plainSender{c: &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: conns, MaxConnsPerHost: conns, Proxy: nil}}}
+}
+
+func (p *plainSender) Post(ctx context.Context, url string, h http.Header, body []byte, timeout time.Duration) egress.Result {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, "POST", url, bytes.NewReader(body))
+	if err != nil {
+		return egress.Result{ErrorCode: egress.CodeNetwork, Err: err}
+	}
+	req.Header = h
+	resp, err := p.c.Do(req)
+	if err != nil {
+		return egress.Result{ErrorCode: egress.CodeNetwork, Err: err}
+	}
+	defer resp.Body.Close()
+	snippet, _ := io.ReadAll(io.LimitReader(resp.Body, 1024))
+	res := egress.Result{StatusCode: resp.StatusCode, Snippet: snippet}
+	if resp.StatusCode/100 != 2 {
+		res.ErrorCode = egress.CodeHTTP5xx
+	}
+	return res
 }

@@ -69,6 +69,9 @@ type Main struct {
 	// WrapDispatchStore and Observer let benchmarks watch the delivery engine.
 	WrapDispatchStore func(vibejobs.DispatchStore) vibejobs.DispatchStore
 	Observer          dispatcher.Observer
+	// RunSender replaces the egress client for run deliveries; only the
+	// benchmark that prices the egress policy sets it.
+	RunSender dispatcher.Sender
 
 	logger  *slog.Logger
 	store   vibejobs.Store
@@ -278,8 +281,12 @@ func (m *Main) Run(ctx context.Context) error {
 	met.WatchSubscriptions(store.AllSubscriptions)
 	// Recorded outcomes appended run events: look for subscribers at once.
 	dispStore = wakeAfterRecord{DispatchStore: dispStore, wake: subs.Wake}
+	var runSender dispatcher.Sender = client
+	if m.RunSender != nil {
+		runSender = m.RunSender
+	}
 	disp := dispatcher.New(dispatcher.Config{
-		Store: dispStore, Sender: client, Opener: sealer, Owner: owner,
+		Store: dispStore, Sender: runSender, Opener: sealer, Owner: owner,
 		UserAgent: "vibejobs/" + Version, Logger: m.logger, Now: now,
 		Concurrency: cfg.Concurrency, PerHost: cfg.PerHost, Observer: obs,
 	})
