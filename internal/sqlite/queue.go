@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -277,15 +278,12 @@ func (s *Store) RecordOutcomes(ctx context.Context, owner string, outcomes []vib
 		rounds[r] = append(rounds[r], o)
 	}
 	err := s.write(ctx, func(t wtx) error {
-		var events []*vibejobs.Event
 		for _, batch := range rounds {
-			var err error
-			if events, err = recordRound(ctx, t, owner, batch, events); err != nil {
+			if err := recordRound(ctx, t, owner, batch); err != nil {
 				return err
 			}
 		}
-		// Once per call: the feed counter of each project is taken once.
-		return appendEvents(ctx, t, events)
+		return nil
 	})
 	if err != nil {
 		return fmt.Errorf("recording outcomes: %w", err)
@@ -293,16 +291,13 @@ func (s *Store) RecordOutcomes(ctx context.Context, owner string, outcomes []vib
 	return nil
 }
 
-// movedRun is a run an outcome moved.
-type movedRun struct {
-	seq              int64
-	project, jobID   string
-	cancelledDeleted bool // a retrying step of a deleted job's run, cancelled
-}
-
 // recordRound records outcomes of distinct runs and appends the events of
-// the runs it moved to events, in outcome order.
-func recordRound(ctx context.Context, t wtx, owner string, outcomes []*vibejobs.Outcome, events []*vibejobs.Event) ([]*vibejobs.Event, error) {
+// the runs it moved, in outcome order. The events are read back from the
+// attempts and runs just written (final state, reason, next attempt), so
+// the batch is not encoded a second time; each project's feed counter is
+// taken once per round, and a call has one round unless it holds two
+// outcomes of one run.
+func recordRound(ctx context.Context, t wtx, owner string, outcomes []*vibejobs.Outcome) error {
 	moves := make([][6]any, len(outcomes))
 	for i, o := range outcomes {
 		var next, finished any
@@ -318,28 +313,34 @@ func recordRound(ctx context.Context, t wtx, owner string, outcomes []*vibejobs.
 	}
 	rows, err := t.QueryContext(ctx, recordMoveSQL, jsonArray(moves), owner)
 	if err != nil {
-		return events, err
+		return err
 	}
-	moved := make(map[string]*movedRun, len(outcomes))
+	type movedRun struct {
+		seq     int64
+		project string
+	}
+	moved := make(map[string]movedRun, len(outcomes))
 	for rows.Next() {
 		var m movedRun
 		var id string
-		if err := rows.Scan(&m.seq, &id, &m.project, &m.jobID); err != nil {
+		if err := rows.Scan(&m.seq, &id, &m.project); err != nil {
 			rows.Close()
-			return events, err
+			return err
 		}
-		moved[id] = &m
+		moved[id] = m
 	}
 	rows.Close()
 	if err := rows.Err(); err != nil {
-		return events, err
+		return err
 	}
 	if len(moved) == 0 {
-		return events, nil // every lease was lost: the attempts belong to whoever holds the runs now
+		return nil // every lease was lost: the attempts belong to whoever holds the runs now
 	}
 
 	attempts := make([][8]any, 0, len(moved))
 	var retried [][2]any
+	projects := make([]string, 0, len(moved)) // of each attempt, in order
+	perProject := map[string]int64{}
 	for _, o := range outcomes {
 		m, ok := moved[o.RunID]
 		if !ok {
@@ -351,56 +352,73 @@ func recordRound(ctx context.Context, t wtx, owner string, outcomes []*vibejobs.
 		if o.Step.State == vibejobs.RunRetrying {
 			retried = append(retried, [2]any{m.seq, ms(a.FinishedAt)})
 		}
+		projects = append(projects, m.project)
+		perProject[m.project]++
 	}
-	if _, err := t.ExecContext(ctx, recordAttemptsSQL, jsonArray(attempts)); err != nil {
-		return events, fmt.Errorf("recording attempts: %w", err)
+	res, err := t.ExecContext(ctx, recordAttemptsSQL, jsonArray(attempts))
+	if err != nil {
+		return fmt.Errorf("recording attempts: %w", err)
+	}
+	// One INSERT under the single writer numbers its rows consecutively.
+	lastAttempt, err := res.LastInsertId()
+	if err != nil {
+		return fmt.Errorf("recording attempts: %w", err)
 	}
 	if len(retried) > 0 {
 		// No further attempt of a deleted job's run.
-		rows, err := t.QueryContext(ctx, recordCancelSQL, jsonArray(retried), vibejobs.ReasonJobDeleted)
-		if err != nil {
-			return events, fmt.Errorf("cancelling runs of deleted jobs: %w", err)
-		}
-		bySeq := make(map[int64]*movedRun, len(moved))
-		for _, m := range moved {
-			bySeq[m.seq] = m
-		}
-		for rows.Next() {
-			var seq int64
-			if err := rows.Scan(&seq); err != nil {
-				rows.Close()
-				return events, err
-			}
-			bySeq[seq].cancelledDeleted = true
-		}
-		rows.Close()
-		if err := rows.Err(); err != nil {
-			return events, fmt.Errorf("cancelling runs of deleted jobs: %w", err)
+		if _, err := t.ExecContext(ctx, recordCancelSQL, jsonArray(retried), vibejobs.ReasonJobDeleted); err != nil {
+			return fmt.Errorf("cancelling runs of deleted jobs: %w", err)
 		}
 	}
-	for _, o := range outcomes {
-		m, ok := moved[o.RunID]
-		if !ok {
-			continue
-		}
-		a := o.Attempt
-		state, reason := o.Step.State, o.Step.FailureReason
-		if m.cancelledDeleted {
-			state, reason = vibejobs.RunCancelled, vibejobs.ReasonJobDeleted
-		}
-		e := runEvent(o.RunID, m.project, m.jobID, state, reason, a.Number, a.FinishedAt)
-		e.ErrorCode, e.StatusCode = a.ErrorCode, a.StatusCode
-		if state == vibejobs.RunRetrying {
-			next := a.FinishedAt
-			if o.Step.NextAttemptAt != nil {
-				next = *o.Step.NextAttemptAt
-			}
-			e.NextAt = &next
-		}
-		events = append(events, e)
+	next, err := reserveSequences(ctx, t, perProject)
+	if err != nil {
+		return err
 	}
-	return events, nil
+	seqs := make([]int64, len(projects))
+	for i, p := range projects {
+		seqs[i] = next[p]
+		next[p]++
+	}
+	if _, err := t.ExecContext(ctx, recordEventsSQL, lastAttempt-int64(len(attempts)), jsonArray(seqs)); err != nil {
+		return fmt.Errorf("appending run events: %w", err)
+	}
+	return nil
 }
+
+// reserveSequences takes, in project order, counts[p] sequences of each
+// project's feed and returns the first of each.
+func reserveSequences(ctx context.Context, t wtx, counts map[string]int64) (map[string]int64, error) {
+	projects := make([]string, 0, len(counts))
+	for p := range counts {
+		projects = append(projects, p)
+	}
+	slices.Sort(projects)
+	first := make(map[string]int64, len(projects))
+	for _, p := range projects {
+		var head int64
+		if err := t.QueryRowContext(ctx, bumpHeadSQL, p, counts[p]).Scan(&head); err != nil {
+			return nil, fmt.Errorf("appending events: %w", err)
+		}
+		first[p] = head - counts[p] + 1
+	}
+	return first, nil
+}
+
+// recordEventsSQL appends the events of the attempts recorded after id ?1,
+// with their runs as they are now; ?2 holds the sequence of each attempt's
+// event, in attempt order. CROSS JOIN keeps the plan on the new attempts'
+// rowids and their runs by primary key: joined freely, the planner walked
+// every run of the project.
+const recordEventsSQL = `INSERT INTO events (project_id, sequence, type, occurred_at, job_id, run_id, state, reason,
+			attempt, error_code, status_code, next_at)
+		SELECT r.project_id, ?2 ->> (a.id - ?1 - 1),
+			CASE r.state WHEN 'succeeded' THEN 'run.succeeded' WHEN 'failed' THEN 'run.failed'
+				WHEN 'cancelled' THEN 'run.cancelled' ELSE 'run.retrying' END,
+			a.finished_at, r.job_id, r.id, r.state, r.failure_reason, a.number, a.error_code, a.status_code,
+			r.next_attempt_at
+		FROM attempts a CROSS JOIN runs r ON r.seq = a.run_seq
+		WHERE a.id > ?1
+		ORDER BY a.id`
 
 // applyAdvanceSQL advances the jobs of a round of plans that are still at their From.
 const applyAdvanceSQL = `UPDATE jobs SET next_run_at = p.value ->> 1,
@@ -449,7 +467,7 @@ const recordMoveSQL = `UPDATE runs SET state = o.value ->> 1, failure_reason = o
 		FROM jsonb_each(?1) AS o
 		WHERE runs.id = o.value ->> 0 AND runs.state = 'delivering' AND runs.lease_owner = ?2
 			AND runs.attempt = o.value ->> 5
-		RETURNING runs.seq, runs.id, runs.project_id, runs.job_id`
+		RETURNING runs.seq, runs.id, runs.project_id`
 
 // recordAttemptsSQL inserts the attempts of the outcomes that counted.
 const recordAttemptsSQL = `INSERT INTO attempts (run_seq, number, started_at, finished_at, status_code,
@@ -462,8 +480,7 @@ const recordCancelSQL = `UPDATE runs SET state = 'cancelled', failure_reason = ?
 			finished_at = c.value ->> 1, next_attempt_at = NULL
 		FROM jsonb_each(?1) AS c
 		WHERE runs.seq = c.value ->> 0
-			AND ` + jobDeleted + `
-		RETURNING runs.seq`
+			AND ` + jobDeleted
 
 // releaseSQL puts claims back in the queue.
 const releaseSQL = `UPDATE runs SET
@@ -483,7 +500,7 @@ const jobDeleted = `EXISTS (SELECT 1 FROM jobs j WHERE j.id = runs.job_id AND j.
 
 // writeStatements are prepared once on the write connection.
 var writeStatements = []string{applyAdvanceSQL, applyInsertSQL, claimPickSQL, claimSQL, claimJobsSQL,
-	recordMoveSQL, recordAttemptsSQL, recordCancelSQL, releaseSQL, bumpHeadSQL, insertEventsSQL,
+	recordMoveSQL, recordAttemptsSQL, recordCancelSQL, releaseSQL, bumpHeadSQL, insertEventsSQL, recordEventsSQL,
 	claimSubscriptionsSQL, recordStepSQL}
 
 // jsonArray encodes rows for json_each: one bound parameter however many.
