@@ -104,7 +104,9 @@ func benchServer(b *testing.B, st vibejobs.Store, idem bool) (http.Handler, stri
 
 func reportQuantiles(b *testing.B, lat []time.Duration) {
 	slices.Sort(lat)
-	q := func(p float64) float64 { return float64(lat[min(len(lat)-1, int(p*float64(len(lat))))].Microseconds()) / 1000 }
+	q := func(p float64) float64 {
+		return float64(lat[min(len(lat)-1, int(p*float64(len(lat))))].Microseconds()) / 1000
+	}
 	b.ReportMetric(q(0.5), "p50-ms")
 	b.ReportMetric(q(0.99), "p99-ms")
 }
