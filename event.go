@@ -184,11 +184,14 @@ type SubscriptionStep struct {
 	At time.Time
 	// Cursor is the last event handled; the stored cursor never moves back.
 	Cursor int64
-	// Delivered says the event at Cursor was accepted (a 2xx) at At: the
-	// failure state clears and LastSuccessAt becomes At.
+	// Delivered says the receiver accepted (a 2xx) events up to Cursor
+	// since the last step, the latest at At: LastSuccessAt becomes At and,
+	// unless ErrorCode is set too, the failure state clears.
 	Delivered bool
 	// ErrorCode, when set, says the event after Cursor failed: Attempts
-	// grows by one and the subscription waits until NextAttemptAt.
+	// grows by one and the subscription waits until NextAttemptAt. The
+	// caller sets it only on a subscription whose Attempts is 0 when it
+	// also sets Delivered (a failure right after a success is the first).
 	ErrorCode     string
 	NextAttemptAt time.Time
 	// LeaseUntil extends the lease; zero releases it.

@@ -7,7 +7,8 @@
 // exclude, without a request), so an event is sent again, under the same
 // id, until it is accepted; a process that dies between the receiver's 2xx
 // and the cursor write leaves the event to be sent again by whoever takes
-// the subscription over. A receiver that keeps refusing one event holds its
+// the subscription over. (A streaming session writes its cursor at least
+// every 100 ms and after each page of 100 events, not after every event.) A receiver that keeps refusing one event holds its
 // subscription there, retried after 12 s doubling up to 1 h (±20 %), while
 // every other subscription goes on: each is worked in its own goroutine,
 // and a failing one waits in the database, not in a worker.
@@ -211,86 +212,160 @@ func (d *Deliverer) claim(ctx context.Context, wg *sync.WaitGroup) error {
 // calls and the request in flight do not end with ctx: a shutdown lets them
 // finish, so the lease is left released and the cursor where it belongs.
 func (d *Deliverer) work(ctx context.Context, sub *vibejobs.Subscription) {
-	bg := context.WithoutCancel(ctx)
-	cursor := sub.Cursor // the last event handled, possibly ahead of sub.Cursor (filtered ones)
+	ss := &session{d: d, ctx: context.WithoutCancel(ctx), sub: sub, cursor: sub.Cursor, written: sub.Cursor,
+		lastWrite: d.cfg.Now()}
 	for {
 		if ctx.Err() != nil {
-			d.release(bg, sub, cursor)
+			ss.release()
 			return
 		}
-		page, err := d.cfg.Store.ListEvents(bg, sub.ProjectID, vibejobs.EventFilter{After: cursor, Limit: pageSize})
+		page, err := d.cfg.Store.ListEvents(ss.ctx, sub.ProjectID, vibejobs.EventFilter{After: ss.cursor, Limit: pageSize})
 		if err != nil {
-			d.ownFailure(bg, sub, cursor, err)
+			ss.ownFailure(err)
 			return
 		}
 		if len(page.Events) == 0 {
-			d.release(bg, sub, cursor)
+			ss.release()
 			return
 		}
 		for _, e := range page.Events {
 			if ctx.Err() != nil {
 				break // released at the top of the loop
 			}
-			if e.Sequence <= cursor {
+			if e.Sequence <= ss.cursor {
 				continue
 			}
-			if !sub.Matches(e) {
-				cursor = e.Sequence
+			if !ss.sub.Matches(e) {
+				ss.cursor = e.Sequence // passed over without a request
 				continue
 			}
-			next, ok := d.deliver(bg, sub, cursor, e)
-			if !ok {
+			if !ss.deliver(e) {
 				return
 			}
-			sub = next
-			cursor = max(cursor, e.Sequence)
-			if sub.Cursor > cursor {
+			if ss.sub.Cursor > ss.cursor {
 				// Reset while we worked: go on from the head it chose.
-				cursor = sub.Cursor
+				ss.cursor = ss.sub.Cursor
 				break
 			}
+		}
+		// A page done: the cursor is written before the next is read.
+		if ss.cursor > ss.written && !ss.flush() {
+			return
 		}
 	}
 }
 
-// deliver sends e and records the step. It returns the subscription as
-// stored after a 2xx, or false when the session ends (a failure, lost
-// lease, deleted subscription).
-func (d *Deliverer) deliver(ctx context.Context, sub *vibejobs.Subscription, cursor int64, e *vibejobs.Event) (*vibejobs.Subscription, bool) {
+// cursorWriteEvery bounds how long accepted events may wait for their
+// cursor write while a session streams: the cursor is written after the
+// first success of a failing subscription, at least this often, at the end
+// of each page and when the session ends. A crash in between sends those
+// events again under the same ids (at least once); writing after every
+// event would cost a commit per event and, in a burst, compete with the
+// run deliveries' own writes.
+const cursorWriteEvery = 100 * time.Millisecond
+
+// session is one claim of a subscription: the events handled (cursor) run
+// ahead of what is written (written) by at most a page or cursorWriteEvery.
+type session struct {
+	d         *Deliverer
+	ctx       context.Context
+	sub       *vibejobs.Subscription // as last read or written
+	cursor    int64                  // the last event handled: accepted, or passed over by the filters
+	written   int64                  // the cursor as last written
+	delivered bool                   // an event was accepted since the last write
+	lastWrite time.Time
+}
+
+// deliver sends e; after a 2xx it moves the cursor (and writes it when due)
+// and reports true; on a failure it records the step, releasing the lease,
+// and reports false, as it does when the session must end otherwise.
+func (ss *session) deliver(e *vibejobs.Event) bool {
+	d := ss.d
 	body := feed.Body(e)
-	header, err := d.sign(sub, e, body, d.cfg.Now())
+	header, err := d.sign(ss.sub, e, body, d.cfg.Now())
 	if err != nil {
-		d.ownFailure(ctx, sub, cursor, err)
-		return nil, false
+		ss.ownFailure(err)
+		return false
 	}
-	res := d.cfg.Sender.Post(ctx, sub.URL, header, body, d.cfg.Timeout)
+	res := d.cfg.Sender.Post(ss.ctx, ss.sub.URL, header, body, d.cfg.Timeout)
 	now := d.cfg.Now()
-	if res.ErrorCode == "" {
-		next, err := d.cfg.Store.RecordSubscriptionStep(ctx, d.cfg.Owner, vibejobs.SubscriptionStep{
-			ID: sub.ID, At: now, Cursor: e.Sequence, Delivered: true, LeaseUntil: now.Add(d.cfg.Lease),
+	if res.ErrorCode != "" {
+		attempts := 1 // a failure right after accepted events is the first at its event
+		if !ss.delivered {
+			attempts = ss.sub.Attempts + 1
+		}
+		retryAt := now.Add(vibejobs.Jitter(vibejobs.SubscriptionBackoff(attempts), d.cfg.Rand()))
+		_, err := d.cfg.Store.RecordSubscriptionStep(ss.ctx, d.cfg.Owner, vibejobs.SubscriptionStep{
+			ID: ss.sub.ID, At: now, Cursor: ss.cursor, Delivered: ss.delivered,
+			ErrorCode: res.ErrorCode, NextAttemptAt: retryAt,
 		})
-		if err != nil {
-			// The receiver has the event but the cursor did not move: it
-			// is sent again, under the same id, once the lease expires.
-			d.logStepFailed(sub, e.Sequence, "unavailable", 0, sub.Attempts, nil, err)
-			return nil, false
-		}
-		if next == nil {
-			return nil, false // deleted, or the lease went to another replica
-		}
-		if sub.Failing() {
-			d.cfg.Logger.Info("subscription.recovered", "subscription", sub.ID, "project", sub.ProjectID,
-				"sequence", e.Sequence, "failed_attempts", sub.Attempts)
-		}
-		return next, true
+		d.logStepFailed(ss.sub, e.Sequence, res.ErrorCode, res.StatusCode, attempts, &retryAt, err)
+		return false
 	}
-	attempts := sub.Attempts + 1
-	retryAt := now.Add(vibejobs.Jitter(vibejobs.SubscriptionBackoff(attempts), d.cfg.Rand()))
-	_, err = d.cfg.Store.RecordSubscriptionStep(ctx, d.cfg.Owner, vibejobs.SubscriptionStep{
-		ID: sub.ID, At: now, Cursor: cursor, ErrorCode: res.ErrorCode, NextAttemptAt: retryAt,
+	ss.cursor, ss.delivered = e.Sequence, true
+	if ss.sub.Failing() || now.Sub(ss.lastWrite) >= cursorWriteEvery {
+		return ss.flush()
+	}
+	return true
+}
+
+// flush writes the cursor and renews the lease. It reports false when the
+// session must end: the write failed, the lease was lost or the
+// subscription deleted.
+func (ss *session) flush() bool {
+	d := ss.d
+	now := d.cfg.Now()
+	wasFailing := ss.sub.Failing()
+	next, err := d.cfg.Store.RecordSubscriptionStep(ss.ctx, d.cfg.Owner, vibejobs.SubscriptionStep{
+		ID: ss.sub.ID, At: now, Cursor: ss.cursor, Delivered: ss.delivered, LeaseUntil: now.Add(d.cfg.Lease),
 	})
-	d.logStepFailed(sub, e.Sequence, res.ErrorCode, res.StatusCode, attempts, &retryAt, err)
-	return nil, false
+	if err != nil {
+		// The receiver has the events but the cursor did not move: they
+		// are sent again, under the same ids, once the lease expires.
+		d.logStepFailed(ss.sub, ss.cursor, errorCodeOf(err), 0, ss.sub.Attempts, nil, err)
+		return false
+	}
+	if next == nil {
+		return false // deleted, or the lease went to another replica
+	}
+	if wasFailing && ss.delivered {
+		d.cfg.Logger.Info("subscription.recovered", "subscription", ss.sub.ID, "project", ss.sub.ProjectID,
+			"sequence", ss.cursor, "failed_attempts", ss.sub.Attempts)
+	}
+	ss.sub, ss.written, ss.delivered, ss.lastWrite = next, ss.cursor, false, now
+	return true
+}
+
+// release writes the cursor and gives the lease back.
+func (ss *session) release() {
+	d := ss.d
+	_, err := d.cfg.Store.RecordSubscriptionStep(ss.ctx, d.cfg.Owner, vibejobs.SubscriptionStep{
+		ID: ss.sub.ID, At: d.cfg.Now(), Cursor: ss.cursor, Delivered: ss.delivered,
+	})
+	if err != nil {
+		d.cfg.Logger.Error("subscription.release_failed", "subscription", ss.sub.ID, "project", ss.sub.ProjectID, "error", err)
+	}
+}
+
+// ownFailure ends a session on a failure of ours: it is logged, not recorded
+// as the subscription's, and the subscription is tried again after
+// ErrorPause (its lease is kept until then, so no replica spins on it).
+func (ss *session) ownFailure(err error) {
+	d := ss.d
+	d.logStepFailed(ss.sub, ss.cursor+1, errorCodeOf(err), 0, ss.sub.Attempts, nil, err)
+	now := d.cfg.Now()
+	_, _ = d.cfg.Store.RecordSubscriptionStep(ss.ctx, d.cfg.Owner, vibejobs.SubscriptionStep{
+		ID: ss.sub.ID, At: now, Cursor: ss.cursor, Delivered: ss.delivered, LeaseUntil: now.Add(ErrorPause),
+	})
+}
+
+// errorCodeOf names a failure of ours in the log: unavailable (the
+// database) or internal.
+func errorCodeOf(err error) string {
+	if vibejobs.ErrorKind(err) == vibejobs.EUNAVAILABLE {
+		return "unavailable"
+	}
+	return "internal"
 }
 
 // sign returns the headers of e's request, signed at now with the current
@@ -320,31 +395,6 @@ func (d *Deliverer) sign(sub *vibejobs.Subscription, e *vibejobs.Event, body []b
 		HeaderEventType:  {string(e.Type)},
 		"Vibe-Signature": {string(sig)},
 	}, nil
-}
-
-// release writes the cursor past filtered events and gives the lease back.
-func (d *Deliverer) release(ctx context.Context, sub *vibejobs.Subscription, cursor int64) {
-	_, err := d.cfg.Store.RecordSubscriptionStep(ctx, d.cfg.Owner, vibejobs.SubscriptionStep{
-		ID: sub.ID, At: d.cfg.Now(), Cursor: cursor,
-	})
-	if err != nil {
-		d.cfg.Logger.Error("subscription.release_failed", "subscription", sub.ID, "project", sub.ProjectID, "error", err)
-	}
-}
-
-// ownFailure ends a session on a failure of ours: it is logged, not recorded
-// as the subscription's, and the subscription is tried again after
-// ErrorPause (its lease is kept until then, so no replica spins on it).
-func (d *Deliverer) ownFailure(ctx context.Context, sub *vibejobs.Subscription, cursor int64, err error) {
-	code := "internal"
-	if vibejobs.ErrorKind(err) == vibejobs.EUNAVAILABLE {
-		code = "unavailable"
-	}
-	d.logStepFailed(sub, cursor+1, code, 0, sub.Attempts, nil, err)
-	now := d.cfg.Now()
-	_, _ = d.cfg.Store.RecordSubscriptionStep(ctx, d.cfg.Owner, vibejobs.SubscriptionStep{
-		ID: sub.ID, At: now, Cursor: cursor, LeaseUntil: now.Add(ErrorPause),
-	})
 }
 
 // logStepFailed logs a failed step: ids, codes and counts only, never the

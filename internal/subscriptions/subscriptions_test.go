@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -392,6 +393,9 @@ func (f *failingStepStore) RecordSubscriptionStep(ctx context.Context, owner str
 	return f.Store.RecordSubscriptionStep(ctx, owner, st)
 }
 
+// TestCrashBetween2xxAndCursorRepeatsEvent: the receiver accepted events
+// but the cursor write failed (the process died): whoever takes the
+// subscription over sends them again, under the same ids, in order.
 func TestCrashBetween2xxAndCursorRepeatsEvent(t *testing.T) {
 	e := newEnv(t)
 	r := newRecv(t)
@@ -400,11 +404,11 @@ func TestCrashBetween2xxAndCursorRepeatsEvent(t *testing.T) {
 
 	runOnce(t, e.deliverer("dies", &failingStepStore{Store: e.store}))
 	first := r.drain()
-	if len(first) != 1 || first[0].seq() != 1 {
-		t.Fatalf("before the crash: %v", seqs(first))
+	if s := seqs(first); len(s) != 2 || s[0] != 1 || s[1] != 2 {
+		t.Fatalf("before the crash: %v", s)
 	}
-	if s := e.get(sub.ID); s.Cursor != 0 {
-		t.Fatalf("cursor moved without its write: %d", s.Cursor)
+	if s := e.get(sub.ID); s.Cursor != 0 || s.LastSuccessAt != nil {
+		t.Fatalf("cursor moved without its write: %+v", s)
 	}
 	// Another process takes over once the lease expires.
 	next := e.deliverer("takes-over", nil)
@@ -415,15 +419,18 @@ func TestCrashBetween2xxAndCursorRepeatsEvent(t *testing.T) {
 	e.clock.Add(subscriptions.DefaultLease + time.Millisecond)
 	runOnce(t, next)
 	again := r.drain()
-	if len(again) != 2 || again[0].seq() != 1 || again[1].seq() != 2 {
+	if len(again) != 2 {
 		t.Fatalf("after the takeover: %v", seqs(again))
 	}
-	if again[0].event["id"] != first[0].event["id"] || again[0].header.Get(subscriptions.HeaderEventID) != first[0].header.Get(subscriptions.HeaderEventID) ||
-		!bytes.Equal(again[0].body, first[0].body) {
-		t.Fatalf("the repeated event changed: %s vs %s", again[0].body, first[0].body)
+	for i := range again {
+		if again[i].event["id"] != first[i].event["id"] ||
+			again[i].header.Get(subscriptions.HeaderEventID) != first[i].header.Get(subscriptions.HeaderEventID) ||
+			!bytes.Equal(again[i].body, first[i].body) {
+			t.Fatalf("the repeated event changed: %s vs %s", again[i].body, first[i].body)
+		}
 	}
-	if s := e.get(sub.ID); s.Cursor != 2 {
-		t.Fatalf("cursor %d", s.Cursor)
+	if s := e.get(sub.ID); s.Cursor != 2 || s.LastSuccessAt == nil {
+		t.Fatalf("after the takeover: %+v", s)
 	}
 	if !strings.Contains(e.logs.String(), "subscription.step_failed") {
 		t.Error("the failed cursor write was not logged")
@@ -663,6 +670,51 @@ func TestReplicasShareWithoutDoubling(t *testing.T) {
 			if s != j+1 {
 				t.Fatalf("receiver %d: %v", i, got)
 			}
+		}
+	}
+}
+
+// countingStore counts the cursor writes that carry deliveries.
+type countingStore struct {
+	subscriptions.Store
+	mu      sync.Mutex
+	cursors []int64
+}
+
+func (c *countingStore) RecordSubscriptionStep(ctx context.Context, owner string, st vibejobs.SubscriptionStep) (*vibejobs.Subscription, error) {
+	if st.Delivered {
+		c.mu.Lock()
+		c.cursors = append(c.cursors, st.Cursor)
+		c.mu.Unlock()
+	}
+	return c.Store.RecordSubscriptionStep(ctx, owner, st)
+}
+
+// TestCursorWrittenWhileStreaming: a long stream writes its cursor at least
+// every 100 ms (of the clock) and at the end of each page, not once per
+// event and not only at the end.
+func TestCursorWrittenWhileStreaming(t *testing.T) {
+	e := newEnv(t)
+	r := newRecv(t)
+	slow := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		e.clock.Add(40 * time.Millisecond) // each request takes 40 ms of the fake clock
+		r.srv.Config.Handler.ServeHTTP(w, req)
+	}))
+	defer slow.Close()
+	e.subscribe(slow.URL)
+	e.emit(e.job, e.updates(250)...)
+	cs := &countingStore{Store: e.store}
+	runOnce(t, e.deliverer("w1", cs))
+	if got := len(r.drain()); got != 250 {
+		t.Fatalf("received %d events", got)
+	}
+	// Every third event (120 ms ≥ 100 ms), plus the ends of pages 100 and 200.
+	if n := len(cs.cursors); n < 80 || n > 90 {
+		t.Fatalf("%d cursor writes for 250 events: %v", n, cs.cursors)
+	}
+	for _, want := range []int64{100, 200, 250} {
+		if !slices.Contains(cs.cursors, want) {
+			t.Errorf("no cursor write at %d: %v", want, cs.cursors)
 		}
 	}
 }
