@@ -225,6 +225,12 @@ func (d *Deliverer) work(ctx context.Context, sub *vibejobs.Subscription) {
 			return
 		}
 		if len(page.Events) == 0 {
+			if page.Next > ss.cursor {
+				// Sequences without events (none are, but a feed with a
+				// hole must not hold the subscription): move past them.
+				ss.cursor = page.Next
+				continue
+			}
 			ss.release()
 			return
 		}
