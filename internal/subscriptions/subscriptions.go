@@ -7,11 +7,12 @@
 // exclude, without a request), so an event is sent again, under the same
 // id, until it is accepted; a process that dies between the receiver's 2xx
 // and the cursor write leaves the event to be sent again by whoever takes
-// the subscription over. (A streaming session writes its cursor at least
-// every 100 ms and after each page of 100 events, not after every event.) A receiver that keeps refusing one event holds its
-// subscription there, retried after 12 s doubling up to 1 h (±20 %), while
-// every other subscription goes on: each is worked in its own goroutine,
-// and a failing one waits in the database, not in a worker.
+// the subscription over (a streaming session writes its cursor at least
+// every 100 ms and after each page of 100 events, not after every event).
+// A receiver that keeps refusing one event holds its subscription there,
+// retried after 12 s doubling up to 1 h (±20 %), while every other
+// subscription goes on: each is worked in its own goroutine, and a failing
+// one waits in the database, not in a worker.
 //
 // Replicas share the work through a lease on the subscription row: one
 // replica at a time works a subscription, and a lease left by a dead
