@@ -225,30 +225,9 @@ func benchBurst(ctx context.Context, out io.Writer, n int, database string, raw,
 		return err
 	}
 	defer cleanup()
-	// The jobs exist first (yearly, not due); then one run each is planned
-	// for the same instant, as the scheduler would, so creating 20,000 jobs
-	// never eats into the measured window.
-	far := time.Date(time.Now().Year()+1, 1, 1, 0, 0, 0, 0, time.UTC)
-	var created []*vibejobs.Job
-	if err := createJobs(ctx, m, n, func(i int, j *vibejobs.Job) {
-		j.Schedule = "0 0 1 1 *"
-		j.URL = br.url
-		j.NextRunAt = &far
-		created = append(created, j)
-	}); err != nil {
+	due, err := planBurst(ctx, m, n, br.url)
+	if err != nil {
 		return err
-	}
-	due := time.Now().Add(10 * time.Second).UTC().Truncate(time.Millisecond)
-	plans := make([]vibejobs.RunPlan, 0, len(created))
-	for _, j := range created {
-		next := far
-		plans = append(plans, vibejobs.RunPlan{JobID: j.ID, From: far, Next: &next,
-			Runs: []*vibejobs.Run{vibejobs.NewRun(vibejobs.NewID("run_", due, rand.Reader), j, vibejobs.TriggerSchedule, due, time.Now())}})
-	}
-	for start := 0; start < len(plans); start += 2000 {
-		if _, err := m.store.ApplyRunPlans(ctx, plans[start:min(start+2000, len(plans))], time.Now()); err != nil {
-			return err
-		}
 	}
 	if time.Now().After(due) {
 		return errors.New("planning the runs took longer than 10 s; is the machine busy?")
@@ -379,4 +358,34 @@ func (p *plainSender) Post(ctx context.Context, url string, h http.Header, body 
 		res.ErrorCode = egress.CodeHTTP5xx
 	}
 	return res
+}
+
+// planBurst creates n jobs and one run of each, all due at one instant about
+// 10 s ahead, which it returns. The jobs exist first (yearly, not due); then
+// the runs are planned as the scheduler would, so creating thousands of jobs
+// never eats into the measured window.
+func planBurst(ctx context.Context, m *Main, n int, url string) (time.Time, error) {
+	far := time.Date(time.Now().Year()+1, 1, 1, 0, 0, 0, 0, time.UTC)
+	var created []*vibejobs.Job
+	if err := createJobs(ctx, m, n, func(i int, j *vibejobs.Job) {
+		j.Schedule = "0 0 1 1 *"
+		j.URL = url
+		j.NextRunAt = &far
+		created = append(created, j)
+	}); err != nil {
+		return time.Time{}, err
+	}
+	due := time.Now().Add(10 * time.Second).UTC().Truncate(time.Millisecond)
+	plans := make([]vibejobs.RunPlan, 0, len(created))
+	for _, j := range created {
+		next := far
+		plans = append(plans, vibejobs.RunPlan{JobID: j.ID, From: far, Next: &next,
+			Runs: []*vibejobs.Run{vibejobs.NewRun(vibejobs.NewID("run_", due, rand.Reader), j, vibejobs.TriggerSchedule, due, time.Now())}})
+	}
+	for start := 0; start < len(plans); start += 2000 {
+		if _, err := m.store.ApplyRunPlans(ctx, plans[start:min(start+2000, len(plans))], time.Now()); err != nil {
+			return time.Time{}, err
+		}
+	}
+	return due, nil
 }

@@ -173,27 +173,9 @@ func benchEvents(ctx context.Context, out io.Writer, n int, d time.Duration, sub
 	er.delays = er.delays[:0]
 	er.mu.Unlock()
 	rc.succeeded.Store(0)
-	far := time.Date(time.Now().Year()+1, 1, 1, 0, 0, 0, 0, time.UTC)
-	var created []*vibejobs.Job
-	if err := createJobs(ctx, m, burst, func(i int, j *vibejobs.Job) {
-		j.Schedule = "0 0 1 1 *"
-		j.URL = br.url
-		j.NextRunAt = &far
-		created = append(created, j)
-	}); err != nil {
+	due, err := planBurst(ctx, m, burst, br.url)
+	if err != nil {
 		return err
-	}
-	due := time.Now().Add(10 * time.Second).UTC().Truncate(time.Millisecond)
-	plans := make([]vibejobs.RunPlan, 0, len(created))
-	for _, j := range created {
-		next := far
-		plans = append(plans, vibejobs.RunPlan{JobID: j.ID, From: far, Next: &next,
-			Runs: []*vibejobs.Run{vibejobs.NewRun(vibejobs.NewID("run_", due, rand.Reader), j, vibejobs.TriggerSchedule, due, time.Now())}})
-	}
-	for s := 0; s < len(plans); s += 2000 {
-		if _, err := m.store.ApplyRunPlans(ctx, plans[s:min(s+2000, len(plans))], time.Now()); err != nil {
-			return err
-		}
 	}
 	deadline = due.Add(10 * time.Minute)
 	for {
