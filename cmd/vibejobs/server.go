@@ -225,6 +225,13 @@ func (m *Main) Run(ctx context.Context) error {
 	if now == nil {
 		now = time.Now
 	}
+	// Bind first: a taken port must stop the start before it creates
+	// anything (a first start prints the admin token only once).
+	ln, err := net.Listen("tcp", cfg.Listen)
+	if err != nil {
+		return fmt.Errorf("listening: %w", err)
+	}
+	m.ln = ln
 	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
 		return fmt.Errorf("creating data dir: %w", err)
 	}
@@ -309,11 +316,6 @@ func (m *Main) Run(ctx context.Context) error {
 		RotationGrace:     cfg.RotationGrace,
 	})
 
-	ln, err := net.Listen("tcp", cfg.Listen)
-	if err != nil {
-		return fmt.Errorf("listening: %w", err)
-	}
-	m.ln = ln
 	m.srv = &http.Server{
 		Handler:           apiSrv.Handler(),
 		ReadHeaderTimeout: 10 * time.Second,
@@ -368,6 +370,9 @@ func (m *Main) Close() error {
 	}
 	m.closed = true
 	var errs []error
+	if m.srv == nil && m.ln != nil {
+		errs = append(errs, m.ln.Close()) // Run failed before serving
+	}
 	if m.srv != nil {
 		sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		errs = append(errs, m.srv.Shutdown(sctx))
