@@ -87,20 +87,7 @@ func (s *Store) ApplyRunPlans(ctx context.Context, plans []vibejobs.RunPlan, now
 	// One statement takes each job at most once (an UPDATE … FROM changes a
 	// row once however many plan rows match), so plans for a job already in
 	// the batch start the next statement, in the order given.
-	var batches [][]vibejobs.RunPlan
-	seen := map[string]bool{}
-	start := 0
-	for i, p := range plans {
-		if seen[p.JobID] {
-			batches = append(batches, plans[start:i])
-			clear(seen)
-			start = i
-		}
-		seen[p.JobID] = true
-	}
-	if start < len(plans) {
-		batches = append(batches, plans[start:])
-	}
+	batches := splitByKey(plans, func(p vibejobs.RunPlan) string { return p.JobID })
 	switch len(batches) {
 	case 0:
 		return 0, nil
@@ -333,20 +320,7 @@ SELECT count(*) FROM appended`
 func (s *Store) RecordOutcomes(ctx context.Context, owner string, outcomes []vibejobs.Outcome) error {
 	// One UPDATE changes a run once: a run's second outcome in one batch
 	// (which cannot be current anyway) goes in a later statement.
-	var batches [][]vibejobs.Outcome
-	seen := map[string]bool{}
-	start := 0
-	for i, o := range outcomes {
-		if seen[o.RunID] {
-			batches = append(batches, outcomes[start:i])
-			clear(seen)
-			start = i
-		}
-		seen[o.RunID] = true
-	}
-	if start < len(outcomes) {
-		batches = append(batches, outcomes[start:])
-	}
+	batches := splitByKey(outcomes, func(o vibejobs.Outcome) string { return o.RunID })
 	switch len(batches) {
 	case 0:
 		return nil
@@ -586,4 +560,25 @@ func snippet(s string) string {
 		cut--
 	}
 	return s[:cut]
+}
+
+// splitByKey cuts items, in order, into consecutive batches in which no key
+// repeats: a statement that updates rows FROM a batch changes each row once.
+func splitByKey[T any](items []T, key func(T) string) [][]T {
+	var batches [][]T
+	seen := map[string]bool{}
+	start := 0
+	for i, it := range items {
+		k := key(it)
+		if seen[k] {
+			batches = append(batches, items[start:i])
+			clear(seen)
+			start = i
+		}
+		seen[k] = true
+	}
+	if start < len(items) {
+		batches = append(batches, items[start:])
+	}
+	return batches
 }
