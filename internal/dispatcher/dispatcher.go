@@ -148,13 +148,7 @@ func (d *Dispatcher) Run(ctx context.Context) {
 		if wait == 0 {
 			continue
 		}
-		if !timer.Stop() {
-			select {
-			case <-timer.C:
-			default:
-			}
-		}
-		timer.Reset(wait)
+		timer.Reset(wait) // Go ≥ 1.23: no stale tick survives a Reset
 		select {
 		case <-ctx.Done():
 			return

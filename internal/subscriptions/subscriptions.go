@@ -145,13 +145,7 @@ func (d *Deliverer) Run(ctx context.Context) {
 			d.cfg.Logger.Error("subscription.claim_failed", "error", err)
 			wait = ErrorPause
 		}
-		if !timer.Stop() {
-			select {
-			case <-timer.C:
-			default:
-			}
-		}
-		timer.Reset(wait)
+		timer.Reset(wait) // Go ≥ 1.23: no stale tick survives a Reset
 		select {
 		case <-ctx.Done():
 			return
