@@ -110,10 +110,35 @@ type recordCounter struct {
 	vibejobs.DispatchStore
 	succeeded atomic.Int64
 	last      atomic.Int64 // unix nanos of the last successful record
+	// Statement counts and the rows they carried: the batching the
+	// dispatcher achieved.
+	claimCalls, claimed, recordCalls, recorded atomic.Int64
+	claimNanos, recordNanos                    atomic.Int64
+}
+
+func (c *recordCounter) ClaimDueRuns(ctx context.Context, owner string, now time.Time, limit int, margin time.Duration) ([]*vibejobs.Claim, error) {
+	start := time.Now()
+	claims, err := c.DispatchStore.ClaimDueRuns(ctx, owner, now, limit, margin)
+	c.claimNanos.Add(int64(time.Since(start)))
+	c.claimCalls.Add(1)
+	c.claimed.Add(int64(len(claims)))
+	return claims, err
+}
+
+// batching describes the claim and record statements made so far.
+func (c *recordCounter) batching() string {
+	mean := func(rows, calls int64) float64 { return float64(rows) / float64(max(calls, 1)) }
+	return fmt.Sprintf("%d claims (%.1f runs each, %v in all), %d records (%.1f outcomes each, %v in all)",
+		c.claimCalls.Load(), mean(c.claimed.Load(), c.claimCalls.Load()), time.Duration(c.claimNanos.Load()).Round(time.Millisecond),
+		c.recordCalls.Load(), mean(c.recorded.Load(), c.recordCalls.Load()), time.Duration(c.recordNanos.Load()).Round(time.Millisecond))
 }
 
 func (c *recordCounter) RecordOutcomes(ctx context.Context, owner string, o []vibejobs.Outcome) error {
+	start := time.Now()
 	err := c.DispatchStore.RecordOutcomes(ctx, owner, o)
+	c.recordNanos.Add(int64(time.Since(start)))
+	c.recordCalls.Add(1)
+	c.recorded.Add(int64(len(o)))
 	if err == nil {
 		n := 0
 		for _, x := range o {
@@ -250,6 +275,7 @@ func benchBurst(ctx context.Context, out io.Writer, n int, database string, raw,
 	fmt.Fprintf(out, "burst (%s, %s): %d runs due at once; received %d; all received in %v (%.0f runs/s); all recorded succeeded in %v (%.0f runs/s end to end); max RSS %s\n",
 		store, client, n, br.count.Load(), lastRecv.Sub(due).Round(time.Millisecond), float64(n)/lastRecv.Sub(due).Seconds(),
 		lastRec.Sub(due).Round(time.Millisecond), float64(n)/lastRec.Sub(due).Seconds(), maxRSS())
+	fmt.Fprintf(out, "  statements: %s\n", rc.batching())
 	// Every recorded outcome appended its event in the same transaction.
 	if ps, err := m.store.ListProjects(ctx); err == nil && len(ps) > 0 {
 		if p, err := m.store.ListEvents(ctx, ps[0].ID, vibejobs.EventFilter{After: 1 << 62}); err == nil {
