@@ -279,6 +279,9 @@ func (s *Store) update(ctx context.Context, fn func(tx vibejobs.Tx) error) error
 	if err := fn(t); err != nil {
 		return err
 	}
+	if err := t.flushJobCounts(ctx); err != nil {
+		return err
+	}
 	if err := ptx.Commit(ctx); err != nil {
 		return mapError(err, "committing")
 	}

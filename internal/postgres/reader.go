@@ -182,10 +182,12 @@ func (r reader) ListJobs(ctx context.Context, projectID string, p vibejobs.Page)
 	return jobs, next, nil
 }
 
-// CountJobs returns the number of projectID's live jobs.
+// CountJobs returns the number of projectID's live jobs (committed ones;
+// see project_job_counts).
 func (r reader) CountJobs(ctx context.Context, projectID string) (int, error) {
 	var n int
-	err := r.q.QueryRow(ctx, `SELECT count(*) FROM jobs WHERE project_id = $1 AND deleted_at IS NULL`, projectID).Scan(&n)
+	err := r.q.QueryRow(ctx, `SELECT coalesce((SELECT live_jobs FROM project_job_counts WHERE project_id = $1), 0)`,
+		projectID).Scan(&n)
 	return n, mapError(err, "counting jobs")
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/vibejobs/vibejobs"
@@ -15,6 +16,49 @@ type tx struct {
 	s *Store
 	// notified is set once this transaction queued its NOTIFY.
 	notified bool
+	// jobDelta is the net change to each project's live jobs made so far,
+	// written to project_job_counts by flushJobCounts before commit.
+	jobDelta map[string]int64
+}
+
+// addJobs notes n more (or fewer) live jobs in projectID.
+func (t *tx) addJobs(projectID string, n int64) {
+	if t.jobDelta == nil {
+		t.jobDelta = map[string]int64{}
+	}
+	t.jobDelta[projectID] += n
+}
+
+// CountJobs returns the number of projectID's live jobs, this
+// transaction's own creations and deletions included.
+func (t *tx) CountJobs(ctx context.Context, projectID string) (int, error) {
+	n, err := t.reader.CountJobs(ctx, projectID)
+	return n + int(t.jobDelta[projectID]), err
+}
+
+// flushJobCounts writes the transaction's job count changes, in project
+// order, as its last statement before commit: the counter rows are locked
+// only from here to the commit, and two transactions take them in the same
+// order.
+func (t *tx) flushJobCounts(ctx context.Context) error {
+	if len(t.jobDelta) == 0 {
+		return nil
+	}
+	projects := make([]string, 0, len(t.jobDelta))
+	for p, n := range t.jobDelta {
+		if n != 0 {
+			projects = append(projects, p)
+		}
+	}
+	slices.Sort(projects)
+	deltas := make([]int64, len(projects))
+	for i, p := range projects {
+		deltas[i] = t.jobDelta[p]
+	}
+	_, err := t.q.Exec(ctx, `INSERT INTO project_job_counts AS c (project_id, live_jobs)
+		SELECT * FROM unnest($1::text[], $2::bigint[]) ORDER BY 1
+		ON CONFLICT (project_id) DO UPDATE SET live_jobs = c.live_jobs + EXCLUDED.live_jobs`, projects, deltas)
+	return mapError(err, "counting jobs")
 }
 
 var _ vibejobs.Tx = (*tx)(nil)
@@ -113,6 +157,7 @@ func (t *tx) CreateJob(ctx context.Context, j *vibejobs.Job) error {
 	case tag.RowsAffected() == 0:
 		return vibejobs.Errorf(vibejobs.ECONFLICT, "job_exists", "a job with this id exists")
 	}
+	t.addJobs(j.ProjectID, 1)
 	return nil
 }
 
@@ -148,6 +193,7 @@ func (t *tx) DeleteJob(ctx context.Context, projectID, id string, at time.Time) 
 	if tag.RowsAffected() == 0 {
 		return vibejobs.ErrNotFound("job")
 	}
+	t.addJobs(projectID, -1)
 	_, err = t.q.Exec(ctx, `WITH cancelled AS (
 		UPDATE runs SET state = 'cancelled', failure_reason = $2, finished_at = $3,
 			next_attempt_at = NULL, redeliver = false
