@@ -159,12 +159,15 @@ func (s *Store) applyPlans(ctx context.Context, q querier, plans []vibejobs.RunP
 
 // claimSQL moves due runs to delivering. SKIP LOCKED lets replicas claim at
 // once without waiting for each other or taking the same run; the job's
-// delivery settings are read at claim time. Locked runs are updated by ctid
+// delivery settings are read at claim time. The claim changes no indexed
+// column (next_attempt_at stays, see migration 00004), so it is a HOT
+// update; the runs in flight stay in the queue index and are passed over by
+// their state. Locked runs are updated by ctid
 // (see applyPlansSQL): joined by id, the planner hashed the whole runs table
 // for every claim once it held a few thousand rows.
 const claimSQL = `WITH due AS (
-	SELECT ctid AS tid, next_attempt_at FROM runs
-	WHERE state IN ('scheduled', 'retrying') AND next_attempt_at <= $1 AND deadline_at >= $1
+	SELECT ctid AS tid FROM runs
+	WHERE next_attempt_at <= $1 AND state IN ('scheduled', 'retrying') AND deadline_at >= $1
 	ORDER BY next_attempt_at, id
 	LIMIT $3
 	FOR UPDATE SKIP LOCKED
@@ -175,13 +178,12 @@ UPDATE runs r SET
 	redeliver = false,
 	late = CASE WHEN r.late_decided THEN r.late ELSE r.scheduled_for + interval '60 seconds' < $1 END,
 	late_decided = true,
-	next_attempt_at = NULL,
 	attempt_started_at = $1,
 	lease_owner = $2,
 	lease_expires_at = $1::timestamptz + ((j.timeout_ns + $4::bigint) / 1000) * interval '1 microsecond'
 FROM due, jobs j
 WHERE r.ctid = due.tid AND j.id = r.job_id
-RETURNING ` + runColumns + `, due.next_attempt_at,
+RETURNING ` + runColumns + `, r.next_attempt_at,
 	j.url, j.secret_key_id, j.secret_ciphertext, j.timeout_ns, j.max_attempts, j.min_backoff_ns, j.max_backoff_ns`
 
 // ClaimDueRuns moves up to limit due runs (scheduled or retrying, NextAttemptAt
@@ -282,7 +284,8 @@ const recordSQL = `WITH o AS (
 	SELECT o.*, o.step_state = 'retrying' AND l.job_deleted AS retry_ends, l.tid
 	FROM o CROSS JOIN LATERAL (
 		SELECT r.ctid AS tid,
-			EXISTS (SELECT 1 FROM jobs j WHERE j.id = r.job_id AND j.deleted_at IS NOT NULL) AS job_deleted
+			o.step_state = 'retrying'
+				AND EXISTS (SELECT 1 FROM jobs j WHERE j.id = r.job_id AND j.deleted_at IS NOT NULL) AS job_deleted
 		FROM runs r
 		WHERE r.id = o.run_id AND r.lease_owner = $1 AND r.attempt = o.number
 		FOR UPDATE) l
@@ -413,7 +416,8 @@ func (s *Store) ReleaseClaims(ctx context.Context, owner string, runIDs []string
 // same attempt number (back to scheduled for a first attempt, retrying
 // otherwise); a run past its deadline fails (deadline_exceeded) and a run of
 // a deleted job is cancelled (job_deleted). Replicas running it at once skip
-// each other's rows.
+// each other's rows. It walks the queue index: a delivering run keeps there
+// the due time of its attempt, which is before its lease expired.
 func (s *Store) RecoverExpiredLeases(ctx context.Context, now time.Time, limit int) (int, error) {
 	if limit <= 0 {
 		return 0, nil
@@ -421,8 +425,8 @@ func (s *Store) RecoverExpiredLeases(ctx context.Context, now time.Time, limit i
 	var n int
 	err := s.pool.QueryRow(ctx, `WITH expired AS (
 		SELECT ctid AS tid, attempt_started_at FROM runs
-		WHERE state = 'delivering' AND lease_expires_at < $1
-		ORDER BY lease_expires_at, id
+		WHERE next_attempt_at < $1 AND state = 'delivering' AND lease_expires_at < $1
+		ORDER BY next_attempt_at, id
 		LIMIT $2
 		FOR UPDATE SKIP LOCKED
 	), recovered AS (
@@ -496,22 +500,31 @@ func (s *Store) FailExpiredRuns(ctx context.Context, now time.Time, limit int) (
 }
 
 // PruneRuns deletes up to limit of projectID's finished runs (with their
-// attempts), oldest first, that finished before cutoff.
+// attempts), oldest first, that finished before cutoff. Attempts carry no
+// foreign key to their run (its check cost every recorded outcome a
+// lookup), so they are deleted here, in the same statement.
 func (s *Store) PruneRuns(ctx context.Context, projectID string, cutoff time.Time, limit int) (int, error) {
 	if limit <= 0 {
 		return 0, nil
 	}
-	tag, err := s.pool.Exec(ctx, `DELETE FROM runs WHERE ctid = ANY(ARRAY(
-		SELECT ctid FROM runs
-		WHERE project_id = $1 AND finished_at IS NOT NULL AND finished_at < $2
-			AND state IN ('succeeded', 'failed', 'cancelled')
-		ORDER BY finished_at
-		LIMIT $3
-		FOR UPDATE SKIP LOCKED))`, projectID, cutoff, limit)
+	var n int
+	err := s.pool.QueryRow(ctx, `WITH pruned AS (
+		DELETE FROM runs WHERE ctid = ANY(ARRAY(
+			SELECT ctid FROM runs
+			WHERE project_id = $1 AND finished_at IS NOT NULL AND finished_at < $2
+				AND state IN ('succeeded', 'failed', 'cancelled')
+			ORDER BY finished_at
+			LIMIT $3
+			FOR UPDATE SKIP LOCKED))
+		RETURNING id
+	), attempts_pruned AS (
+		DELETE FROM attempts WHERE run_id = ANY(ARRAY(SELECT id FROM pruned))
+	)
+	SELECT count(*) FROM pruned`, projectID, cutoff, limit).Scan(&n)
 	if err != nil {
 		return 0, mapError(err, "pruning runs")
 	}
-	return int(tag.RowsAffected()), nil
+	return n, nil
 }
 
 // PruneIdempotencyKeys deletes up to limit records expired at now.
