@@ -159,15 +159,12 @@ func (s *Store) applyPlans(ctx context.Context, q querier, plans []vibejobs.RunP
 
 // claimSQL moves due runs to delivering. SKIP LOCKED lets replicas claim at
 // once without waiting for each other or taking the same run; the job's
-// delivery settings are read at claim time. The claim changes no indexed
-// column (next_attempt_at stays, see migration 00004), so it is a HOT
-// update; the runs in flight stay in the queue index and are passed over by
-// their state. Locked runs are updated by ctid
+// delivery settings are read at claim time. Locked runs are updated by ctid
 // (see applyPlansSQL): joined by id, the planner hashed the whole runs table
 // for every claim once it held a few thousand rows.
 const claimSQL = `WITH due AS (
-	SELECT ctid AS tid FROM runs
-	WHERE next_attempt_at <= $1 AND state IN ('scheduled', 'retrying') AND deadline_at >= $1
+	SELECT ctid AS tid, next_attempt_at FROM runs
+	WHERE state IN ('scheduled', 'retrying') AND next_attempt_at <= $1 AND deadline_at >= $1
 	ORDER BY next_attempt_at, id
 	LIMIT $3
 	FOR UPDATE SKIP LOCKED
@@ -178,12 +175,13 @@ UPDATE runs r SET
 	redeliver = false,
 	late = CASE WHEN r.late_decided THEN r.late ELSE r.scheduled_for + interval '60 seconds' < $1 END,
 	late_decided = true,
+	next_attempt_at = NULL,
 	attempt_started_at = $1,
 	lease_owner = $2,
 	lease_expires_at = $1::timestamptz + ((j.timeout_ns + $4::bigint) / 1000) * interval '1 microsecond'
 FROM due, jobs j
 WHERE r.ctid = due.tid AND j.id = r.job_id
-RETURNING ` + runColumns + `, r.next_attempt_at,
+RETURNING ` + runColumns + `, due.next_attempt_at,
 	j.url, j.secret_key_id, j.secret_ciphertext, j.timeout_ns, j.max_attempts, j.min_backoff_ns, j.max_backoff_ns`
 
 // ClaimDueRuns moves up to limit due runs (scheduled or retrying, NextAttemptAt
@@ -416,8 +414,7 @@ func (s *Store) ReleaseClaims(ctx context.Context, owner string, runIDs []string
 // same attempt number (back to scheduled for a first attempt, retrying
 // otherwise); a run past its deadline fails (deadline_exceeded) and a run of
 // a deleted job is cancelled (job_deleted). Replicas running it at once skip
-// each other's rows. It walks the queue index: a delivering run keeps there
-// the due time of its attempt, which is before its lease expired.
+// each other's rows.
 func (s *Store) RecoverExpiredLeases(ctx context.Context, now time.Time, limit int) (int, error) {
 	if limit <= 0 {
 		return 0, nil
@@ -425,8 +422,8 @@ func (s *Store) RecoverExpiredLeases(ctx context.Context, now time.Time, limit i
 	var n int
 	err := s.pool.QueryRow(ctx, `WITH expired AS (
 		SELECT ctid AS tid, attempt_started_at FROM runs
-		WHERE next_attempt_at < $1 AND state = 'delivering' AND lease_expires_at < $1
-		ORDER BY next_attempt_at, id
+		WHERE state = 'delivering' AND lease_expires_at < $1
+		ORDER BY lease_expires_at, id
 		LIMIT $2
 		FOR UPDATE SKIP LOCKED
 	), recovered AS (

@@ -192,7 +192,7 @@ func (r reader) CountJobs(ctx context.Context, projectID string) (int, error) {
 }
 
 const runColumns = `r.id, r.job_id, r.project_id, r.trigger, r.scheduled_for, r.deadline_at, r.late, r.state,
-	r.attempt, CASE WHEN r.state <> 'delivering' THEN r.next_attempt_at END, r.failure_reason, r.created_at, r.finished_at`
+	r.attempt, r.next_attempt_at, r.failure_reason, r.created_at, r.finished_at`
 
 func scanRun(row rowScanner, extra ...any) (*vibejobs.Run, error) {
 	var run vibejobs.Run
