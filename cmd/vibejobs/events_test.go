@@ -166,7 +166,15 @@ func TestSubscriptionEndToEnd(t *testing.T) {
 	if !slices.Equal(types, []string{"job.created", "job.created", "run.succeeded", "run.failed"}) {
 		t.Fatalf("feed %v", types)
 	}
-	_, got := api.do("GET", "/v1/subscriptions/"+sub["id"].(string), nil)
+	// The deliverer stores the cursor once the sink's answer is back, a
+	// moment after the sink saw the event: wait for it (bounded).
+	var got map[string]any
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		_, got = api.do("GET", "/v1/subscriptions/"+sub["id"].(string), nil)
+		if got["cursor"] == 4.0 || time.Now().After(deadline) {
+			break
+		}
+	}
 	if got["cursor"] != 4.0 || got["failing"] != false || got["lastSuccessAt"] == nil {
 		t.Fatalf("subscription %v", got)
 	}
