@@ -785,10 +785,11 @@ func TestCloseEndsWakeups(t *testing.T) {
 	}
 }
 
-// TestJobCountsFollowCreatesAndDeletes checks project_job_counts against the
-// jobs themselves after concurrent creating and deleting transactions, a
-// rolled-back one among them.
-func TestJobCountsFollowCreatesAndDeletes(t *testing.T) {
+// TestJobCountsUnderConcurrentCreates checks project_job_counts against the
+// jobs themselves after concurrent creating transactions: each adds its
+// count just before it commits (the conformance suite covers deletes and
+// rollbacks).
+func TestJobCountsUnderConcurrentCreates(t *testing.T) {
 	ctx := context.Background()
 	s := open(t, "")
 	prj := newProject(t, s)
@@ -810,27 +811,6 @@ func TestJobCountsFollowCreatesAndDeletes(t *testing.T) {
 		})
 	}
 	wg.Wait()
-	deleted := newJobs(t, s, prj, 2)
-	mustUpdate(t, s, func(tx vibejobs.Tx) error {
-		for _, j := range deleted {
-			if err := tx.DeleteJob(ctx, prj, j.ID, t0); err != nil {
-				return err
-			}
-		}
-		if n, err := tx.CountJobs(ctx, prj); err != nil || n != 60 {
-			t.Errorf("CountJobs inside the deleting transaction = %d, %v; want 60", n, err)
-		}
-		return nil
-	})
-	rollback := errors.New("roll back")
-	if err := s.Update(ctx, func(tx vibejobs.Tx) error {
-		if err := tx.CreateJob(ctx, jobFor(prj)); err != nil {
-			return err
-		}
-		return rollback
-	}); err != rollback {
-		t.Fatalf("Update = %v, want the rollback", err)
-	}
 	var live int
 	if err := s.Pool().QueryRow(ctx, `SELECT count(*) FROM jobs WHERE project_id = $1 AND deleted_at IS NULL`, prj).Scan(&live); err != nil {
 		t.Fatal(err)

@@ -216,7 +216,7 @@ func (r reader) ListJobs(ctx context.Context, projectID string, p vibejobs.Page)
 func (r reader) CountJobs(ctx context.Context, projectID string) (int, error) {
 	var n int
 	err := r.q.QueryRowContext(ctx,
-		`SELECT count(*) FROM jobs WHERE project_id = ? AND deleted_at IS NULL`, projectID).Scan(&n)
+		`SELECT coalesce((SELECT live_jobs FROM project_job_counts WHERE project_id = ?), 0)`, projectID).Scan(&n)
 	if err != nil {
 		return 0, fmt.Errorf("counting jobs: %w", err)
 	}

@@ -93,6 +93,16 @@ func (t *tx) CreateJob(ctx context.Context, j *vibejobs.Job) error {
 	case err != nil:
 		return fmt.Errorf("creating job: %w", err)
 	}
+	return t.addJobs(ctx, j.ProjectID, 1)
+}
+
+// addJobs adds n (or removes -n) live jobs to projectID's count.
+func (t *tx) addJobs(ctx context.Context, projectID string, n int) error {
+	_, err := t.t.ExecContext(ctx, `INSERT INTO project_job_counts (project_id, live_jobs) VALUES (?, ?)
+		ON CONFLICT (project_id) DO UPDATE SET live_jobs = live_jobs + excluded.live_jobs`, projectID, n)
+	if err != nil {
+		return fmt.Errorf("counting jobs: %w", err)
+	}
 	return nil
 }
 
@@ -124,6 +134,9 @@ func (t *tx) DeleteJob(ctx context.Context, projectID, id string, at time.Time) 
 	}
 	if n == 0 {
 		return vibejobs.ErrNotFound("job")
+	}
+	if err := t.addJobs(ctx, projectID, -1); err != nil {
+		return err
 	}
 	rows, err := t.t.QueryContext(ctx, `UPDATE runs SET state = 'cancelled', failure_reason = ?, finished_at = ?,
 		next_attempt_at = NULL, redeliver = 0

@@ -1,6 +1,7 @@
 package storetest
 
 import (
+	"errors"
 	"slices"
 	"testing"
 	"time"
@@ -521,4 +522,49 @@ func testSecretRotation(t *testing.T, f *fixture) {
 	})
 	err := f.s.Update(f.ctx, func(tx vibejobs.Tx) error { return tx.SetJobSecret(f.ctx, "job_missing", resealed) })
 	wantNotFound(t, "SetJobSecret of a missing job", err, "job")
+}
+
+// testCountJobs: CountJobs counts a project's live jobs through creates and
+// deletes, in and after their transaction, and not a rolled-back create or
+// another project's jobs.
+func testCountJobs(t *testing.T, f *fixture) {
+	f.projects()
+	count := func(r vibejobs.Reader, what string, want int) {
+		t.Helper()
+		if n, err := r.CountJobs(f.ctx, projectA); err != nil || n != want {
+			t.Errorf("CountJobs %s = %d, %v; want %d", what, n, err, want)
+		}
+	}
+	count(f.s, "of a new project", 0)
+	jobs := []*vibejobs.Job{f.job(projectA), f.job(projectA), f.job(projectA)}
+	f.job(projectB)
+	count(f.s, "after three creates", 3)
+	f.update(func(tx vibejobs.Tx) error {
+		if err := tx.DeleteJob(f.ctx, projectA, jobs[0].ID, T0); err != nil {
+			return err
+		}
+		count(tx, "in the deleting transaction", 2)
+		if err := tx.CreateJob(f.ctx, f.newJob(projectA)); err != nil {
+			return err
+		}
+		count(tx, "after a create in the same transaction", 3)
+		return nil
+	})
+	count(f.s, "after the delete and the create", 3)
+	rollback := errors.New("roll back")
+	if err := f.s.Update(f.ctx, func(tx vibejobs.Tx) error {
+		if err := tx.CreateJob(f.ctx, f.newJob(projectA)); err != nil {
+			return err
+		}
+		return rollback
+	}); !errors.Is(err, rollback) {
+		t.Fatalf("Update = %v, want the rollback", err)
+	}
+	count(f.s, "after a rolled-back create", 3)
+	if err := f.s.Update(f.ctx, func(tx vibejobs.Tx) error {
+		return tx.DeleteJob(f.ctx, projectA, jobs[0].ID, T0)
+	}); err == nil {
+		t.Fatalf("deleting a deleted job succeeded")
+	}
+	count(f.s, "after deleting a deleted job", 3)
 }

@@ -46,6 +46,7 @@ func Run(t *testing.T, open func(t *testing.T) vibejobs.Store) {
 		{"PageValidation", testPageValidation},
 		{"ProjectIsolation", testProjectIsolation},
 		{"DeleteJob", testDeleteJob},
+		{"CountJobs", testCountJobs},
 		{"DeleteFutureRuns", testDeleteFutureRuns},
 		{"LastRun", testLastRun},
 		{"SecretRotation", testSecretRotation},
