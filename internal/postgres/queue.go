@@ -157,25 +157,30 @@ func (s *Store) applyPlans(ctx context.Context, q querier, plans []vibejobs.RunP
 	return created, nil
 }
 
-// claimSQL moves due runs to delivering. SKIP LOCKED lets replicas claim at
-// once without waiting for each other or taking the same run; the job's
-// delivery settings are read at claim time. Locked runs are updated by ctid
+// claimSQL moves due runs to delivering: it leases them. SKIP LOCKED lets
+// replicas claim at once without waiting for each other or taking the same
+// run; the job's delivery settings are read at claim time. The claim writes
+// only columns no index covers (state and next_attempt_at keep the waiting
+// state and the due time: see migration 00005), so PostgreSQL updates the
+// row in place (HOT) instead of adding an entry to every index of runs. The
+// runs in flight stay in runs_claim_idx and are passed over by their lease;
+// the index's predicate still matches the statement, which keeps the
+// planner on it. Locked runs are updated by ctid
 // (see applyPlansSQL): joined by id, the planner hashed the whole runs table
 // for every claim once it held a few thousand rows.
 const claimSQL = `WITH due AS (
 	SELECT ctid AS tid, next_attempt_at FROM runs
-	WHERE state IN ('scheduled', 'retrying') AND next_attempt_at <= $1 AND deadline_at >= $1
+	WHERE state IN ('scheduled', 'retrying') AND next_attempt_at <= $1 AND lease_owner IS NULL
+		AND deadline_at >= $1
 	ORDER BY next_attempt_at, id
 	LIMIT $3
 	FOR UPDATE SKIP LOCKED
 )
 UPDATE runs r SET
-	state = 'delivering',
 	attempt = CASE WHEN r.redeliver THEN r.attempt ELSE r.attempt + 1 END,
 	redeliver = false,
 	late = CASE WHEN r.late_decided THEN r.late ELSE r.scheduled_for + interval '60 seconds' < $1 END,
 	late_decided = true,
-	next_attempt_at = NULL,
 	attempt_started_at = $1,
 	lease_owner = $2,
 	lease_expires_at = $1::timestamptz + ((j.timeout_ns + $4::bigint) / 1000) * interval '1 microsecond'
@@ -198,7 +203,8 @@ func (s *Store) ClaimDueRuns(ctx context.Context, owner string, now time.Time, l
 		c   *vibejobs.Claim
 		due time.Time
 	}
-	rows, err := s.pool.Query(ctx, claimSQL, now, owner, limit, int64(leaseMargin))
+	// On the queue pool: see Store.queue.
+	rows, err := s.queue.Query(ctx, claimSQL, now, owner, limit, int64(leaseMargin))
 	if err != nil {
 		return nil, mapError(err, "claiming runs")
 	}
@@ -249,8 +255,9 @@ func cmpString(a, b string) int {
 // or retrying whose deadline has not passed (by the Store's clock).
 func (s *Store) NextDueAt(ctx context.Context) (time.Time, bool, error) {
 	var t time.Time
-	err := s.pool.QueryRow(ctx, `SELECT next_attempt_at FROM runs
-		WHERE state IN ('scheduled', 'retrying') AND next_attempt_at IS NOT NULL AND deadline_at >= $1
+	err := s.queue.QueryRow(ctx, `SELECT next_attempt_at FROM runs
+		WHERE state IN ('scheduled', 'retrying') AND next_attempt_at IS NOT NULL AND lease_owner IS NULL
+			AND deadline_at >= $1
 		ORDER BY next_attempt_at LIMIT 1`, s.now()).Scan(&t)
 	if err == pgx.ErrNoRows {
 		return time.Time{}, false, nil
@@ -276,9 +283,7 @@ const recordSQL = `WITH o AS (
 	-- The outcomes whose run is still delivering under owner's lease at
 	-- their attempt number, locked; retry_ends marks a retrying step of a
 	-- deleted job's run. A run has a lease owner exactly while it is
-	-- delivering (a CHECK constraint), so the state is not tested: that
-	-- test leads the planner to the small lease index and a scan of every
-	-- run in flight for each outcome.
+	-- delivering.
 	SELECT o.*, o.step_state = 'retrying' AND l.job_deleted AS retry_ends, l.tid
 	FROM o CROSS JOIN LATERAL (
 		SELECT r.ctid AS tid,
@@ -395,7 +400,7 @@ func (s *Store) ReleaseClaims(ctx context.Context, owner string, runIDs []string
 			lease_owner = NULL,
 			lease_expires_at = NULL
 		FROM jobs j
-		WHERE j.id = r.job_id AND r.id = ANY($2) AND r.state = 'delivering' AND r.lease_owner = $1
+		WHERE j.id = r.job_id AND r.id = ANY($2) AND r.lease_owner = $1
 		RETURNING j.deleted_at IS NULL AS claimable, r.id, r.project_id, r.job_id, r.state, r.failure_reason,
 			r.attempt
 	), ev AS (
@@ -414,7 +419,9 @@ func (s *Store) ReleaseClaims(ctx context.Context, owner string, runIDs []string
 // same attempt number (back to scheduled for a first attempt, retrying
 // otherwise); a run past its deadline fails (deadline_exceeded) and a run of
 // a deleted job is cancelled (job_deleted). Replicas running it at once skip
-// each other's rows.
+// each other's rows. The runs in flight are found in runs_claim_idx: a
+// leased run keeps there the due time of its attempt, which came before its
+// lease expired.
 func (s *Store) RecoverExpiredLeases(ctx context.Context, now time.Time, limit int) (int, error) {
 	if limit <= 0 {
 		return 0, nil
@@ -422,8 +429,9 @@ func (s *Store) RecoverExpiredLeases(ctx context.Context, now time.Time, limit i
 	var n int
 	err := s.pool.QueryRow(ctx, `WITH expired AS (
 		SELECT ctid AS tid, attempt_started_at FROM runs
-		WHERE state = 'delivering' AND lease_expires_at < $1
-		ORDER BY lease_expires_at, id
+		WHERE state IN ('scheduled', 'retrying') AND next_attempt_at < $1 AND lease_owner IS NOT NULL
+			AND lease_expires_at < $1
+		ORDER BY next_attempt_at, id
 		LIMIT $2
 		FOR UPDATE SKIP LOCKED
 	), recovered AS (
@@ -474,7 +482,7 @@ func (s *Store) FailExpiredRuns(ctx context.Context, now time.Time, limit int) (
 	var n int
 	err := s.pool.QueryRow(ctx, `WITH expired AS (
 		SELECT ctid AS tid FROM runs
-		WHERE state IN ('scheduled', 'retrying') AND deadline_at < $1
+		WHERE state IN ('scheduled', 'retrying') AND lease_owner IS NULL AND deadline_at < $1
 		ORDER BY next_attempt_at, id
 		LIMIT $2
 		FOR UPDATE SKIP LOCKED
@@ -548,7 +556,8 @@ func (s *Store) QueueStats(ctx context.Context, now time.Time) (vibejobs.QueueSt
 		oldest *time.Time
 	)
 	err := s.pool.QueryRow(ctx, `SELECT count(*), min(next_attempt_at) FROM runs
-		WHERE state IN ('scheduled', 'retrying') AND next_attempt_at <= $1 AND deadline_at >= $1`, now).
+		WHERE state IN ('scheduled', 'retrying') AND next_attempt_at <= $1 AND lease_owner IS NULL
+			AND deadline_at >= $1`, now).
 		Scan(&st.Due, &oldest)
 	if err != nil {
 		return st, mapError(err, "reading queue stats")

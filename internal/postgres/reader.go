@@ -111,7 +111,7 @@ const jobColumns = `j.id, j.project_id, j.name, j.schedule, j.at, j.timezone, j.
 
 // lastRunJoin reads the job's last run (see the package doc).
 const lastRunJoin = ` LEFT JOIN LATERAL (
-	SELECT id, state, scheduled_for FROM runs
+	SELECT id, ` + runState + ` AS state, scheduled_for FROM runs
 	WHERE runs.job_id = j.id AND (runs.attempt > 0 OR runs.finished_at IS NOT NULL)
 	ORDER BY scheduled_for DESC, id DESC
 	LIMIT 1) lr ON true`
@@ -191,8 +191,16 @@ func (r reader) CountJobs(ctx context.Context, projectID string) (int, error) {
 	return n, mapError(err, "counting jobs")
 }
 
-const runColumns = `r.id, r.job_id, r.project_id, r.trigger, r.scheduled_for, r.deadline_at, r.late, r.state,
-	r.attempt, r.next_attempt_at, r.failure_reason, r.created_at, r.finished_at`
+// runState is a run's state as readers see it: a run under a lease is
+// delivering, though its state column keeps the waiting state it was
+// claimed from (see migration 00005).
+const runState = `CASE WHEN lease_owner IS NOT NULL THEN 'delivering' ELSE state END`
+
+// runColumns are read from runs r; a delivering run has no NextAttemptAt.
+const runColumns = `r.id, r.job_id, r.project_id, r.trigger, r.scheduled_for, r.deadline_at, r.late,
+	CASE WHEN r.lease_owner IS NOT NULL THEN 'delivering' ELSE r.state END,
+	r.attempt, CASE WHEN r.lease_owner IS NULL THEN r.next_attempt_at END, r.failure_reason, r.created_at,
+	r.finished_at`
 
 func scanRun(row rowScanner, extra ...any) (*vibejobs.Run, error) {
 	var run vibejobs.Run
@@ -248,7 +256,7 @@ func (r reader) ListRuns(ctx context.Context, projectID string, f vibejobs.RunFi
 	if err != nil {
 		return nil, "", err
 	}
-	// The statement is built per filter combination (four shapes, each
+	// The statement is built per filter combination (a few shapes, each
 	// prepared once) so the planner picks the index that fits each.
 	var sb strings.Builder
 	args := []any{projectID}
@@ -257,7 +265,14 @@ func (r reader) ListRuns(ctx context.Context, projectID string, f vibejobs.RunFi
 		args = append(args, f.JobID)
 		sb.WriteString(` AND r.job_id = $` + strconv.Itoa(len(args)))
 	}
-	if f.State != "" {
+	switch f.State {
+	case "":
+	case vibejobs.RunDelivering:
+		sb.WriteString(` AND r.lease_owner IS NOT NULL`)
+	case vibejobs.RunScheduled, vibejobs.RunRetrying:
+		args = append(args, string(f.State))
+		sb.WriteString(` AND r.state = $` + strconv.Itoa(len(args)) + ` AND r.lease_owner IS NULL`)
+	default:
 		args = append(args, string(f.State))
 		sb.WriteString(` AND r.state = $` + strconv.Itoa(len(args)))
 	}

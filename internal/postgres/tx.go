@@ -197,7 +197,7 @@ func (t *tx) DeleteJob(ctx context.Context, projectID, id string, at time.Time) 
 	_, err = t.q.Exec(ctx, `WITH cancelled AS (
 		UPDATE runs SET state = 'cancelled', failure_reason = $2, finished_at = $3,
 			next_attempt_at = NULL, redeliver = false
-		WHERE job_id = $1 AND state IN ('scheduled', 'retrying')
+		WHERE job_id = $1 AND state IN ('scheduled', 'retrying') AND lease_owner IS NULL
 		RETURNING id, project_id, job_id, attempt
 	), ev AS (
 		SELECT project_id, id AS ord, 'run.cancelled' AS type, $3::timestamptz AS occurred_at, job_id,
@@ -214,7 +214,7 @@ func (t *tx) DeleteJob(ctx context.Context, projectID, id string, at time.Time) 
 // claimed and released without being sent).
 func (t *tx) DeleteFutureRuns(ctx context.Context, jobID string, after time.Time) (int, error) {
 	tag, err := t.q.Exec(ctx, `DELETE FROM runs
-		WHERE job_id = $1 AND trigger = $2 AND scheduled_for > $3 AND state = 'scheduled'
+		WHERE job_id = $1 AND trigger = $2 AND scheduled_for > $3 AND state = 'scheduled' AND lease_owner IS NULL
 			AND NOT EXISTS (SELECT 1 FROM attempts a WHERE a.run_id = runs.id)`,
 		jobID, vibejobs.TriggerSchedule, after)
 	if err != nil {
