@@ -111,9 +111,9 @@ const jobColumns = `j.id, j.project_id, j.name, j.schedule, j.at, j.timezone, j.
 
 // lastRunJoin reads the job's last run (see the package doc).
 const lastRunJoin = ` LEFT JOIN LATERAL (
-	SELECT id, ` + runState + ` AS state, scheduled_for FROM runs
-	WHERE runs.job_id = j.id AND (runs.attempt > 0 OR runs.finished_at IS NOT NULL)
-	ORDER BY scheduled_for DESC, id DESC
+	SELECT r.id, ` + runState + ` AS state, r.scheduled_for FROM runs r
+	WHERE r.job_id = j.id AND (r.attempt > 0 OR r.finished_at IS NOT NULL)
+	ORDER BY r.scheduled_for DESC, r.id DESC
 	LIMIT 1) lr ON true`
 
 const noLastRun = ` CROSS JOIN (SELECT NULL::text AS id, NULL::text AS state, NULL::timestamptz AS scheduled_for) lr`
@@ -191,14 +191,14 @@ func (r reader) CountJobs(ctx context.Context, projectID string) (int, error) {
 	return n, mapError(err, "counting jobs")
 }
 
-// runState is a run's state as readers see it: a run under a lease is
+// runState is the state of run r as readers see it: a run under a lease is
 // delivering, though its state column keeps the waiting state it was
 // claimed from (see migration 00005).
-const runState = `CASE WHEN lease_owner IS NOT NULL THEN 'delivering' ELSE state END`
+const runState = `CASE WHEN r.lease_owner IS NOT NULL THEN 'delivering' ELSE r.state END`
 
 // runColumns are read from runs r; a delivering run has no NextAttemptAt.
 const runColumns = `r.id, r.job_id, r.project_id, r.trigger, r.scheduled_for, r.deadline_at, r.late,
-	CASE WHEN r.lease_owner IS NOT NULL THEN 'delivering' ELSE r.state END,
+	` + runState + `,
 	r.attempt, CASE WHEN r.lease_owner IS NULL THEN r.next_attempt_at END, r.failure_reason, r.created_at,
 	r.finished_at`
 
