@@ -11,6 +11,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"runtime/pprof"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -24,7 +25,7 @@ import (
 
 // bench runs the benchmarks the issues name, on demand (never in CI):
 //
-//	vibejobs bench burst    [--runs 20000] [--database URL] [--raw]
+//	vibejobs bench burst    [--runs 20000] [--database URL] [--raw] [--cpuprofile FILE]
 //	vibejobs bench lateness [--jobs 1000] [--duration 60s] [--database URL] [--replicas N]
 //	vibejobs bench scale    [--jobs 1000000] [--concurrency 64] [--database URL]
 //	vibejobs bench events   [--jobs 200] [--duration 30s] [--subscriptions 1] [--burst 0] [--database URL]
@@ -47,12 +48,13 @@ func bench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	conc := fs.Int("concurrency", 512, "delivery concurrency; scale: API client workers")
 	subs := fs.Int("subscriptions", 1, "events: subscriptions receiving every run event")
 	burst := fs.Int("burst", 0, "events: then this many runs due at once, and how fast their events drain")
+	cpuprofile := fs.String("cpuprofile", "", "burst: write a CPU profile of the delivery window to this file")
 	if err := fs.Parse(args[1:]); err != nil {
 		return fmt.Errorf("%w: %v", errUsage, err)
 	}
 	switch args[0] {
 	case "burst":
-		return benchBurst(ctx, stdout, *runs, *database, *raw, *plain, *conc)
+		return benchBurst(ctx, stdout, *runs, *database, *raw, *plain, *conc, *cpuprofile)
 	case "lateness":
 		return benchLateness(ctx, stdout, *jobs, *dur, *database, *replicas)
 	case "scale":
@@ -225,7 +227,7 @@ func createJobs(ctx context.Context, m *Main, n int, mk func(i int, j *vibejobs.
 	return nil
 }
 
-func benchBurst(ctx context.Context, out io.Writer, n int, database string, raw, plain bool, conc int) error {
+func benchBurst(ctx context.Context, out io.Writer, n int, database string, raw, plain bool, conc int, cpuprofile string) error {
 	br, err := newBenchReceiver()
 	if err != nil {
 		return err
@@ -257,6 +259,13 @@ func benchBurst(ctx context.Context, out io.Writer, n int, database string, raw,
 	if time.Now().After(due) {
 		return errors.New("planning the runs took longer than 10 s; is the machine busy?")
 	}
+	if cpuprofile != "" {
+		stop, err := profileFrom(due, cpuprofile)
+		if err != nil {
+			return err
+		}
+		defer stop()
+	}
 	deadline := due.Add(5 * time.Minute)
 	for rc.succeeded.Load() < int64(n) {
 		if time.Now().After(deadline) {
@@ -283,6 +292,21 @@ func benchBurst(ctx context.Context, out io.Writer, n int, database string, raw,
 		}
 	}
 	return nil
+}
+
+// profileFrom waits until at, then starts a CPU profile written to path; the
+// returned func stops it.
+func profileFrom(at time.Time, path string) (func(), error) {
+	f, err := os.Create(path)
+	if err != nil {
+		return nil, err
+	}
+	time.Sleep(time.Until(at))
+	if err := pprof.StartCPUProfile(f); err != nil {
+		f.Close()
+		return nil, err
+	}
+	return func() { pprof.StopCPUProfile(); f.Close() }, nil
 }
 
 // isSet reports whether the flag name was given.

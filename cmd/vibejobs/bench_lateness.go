@@ -2,15 +2,18 @@ package main
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"net/http"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -34,6 +37,7 @@ func benchLateness(ctx context.Context, out io.Writer, n int, d time.Duration, d
 	var mu sync.Mutex
 	var window struct{ from, to time.Time } // guarded by mu
 	lateness := []time.Duration{}
+	worst := map[int64]time.Duration{} // second of scheduledFor (unix) → its worst lateness
 	runsOf := map[key]map[string]int{} // occurrence → run id → deliveries
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -56,6 +60,7 @@ func benchLateness(ctx context.Context, out io.Writer, n int, d time.Duration, d
 			if at, err := time.Parse(contract.ScheduledForLayout, p.ScheduledFor); err == nil && p.Attempt == 1 && runsOf[k][p.RunID] == 1 &&
 				!window.from.IsZero() && !at.Before(window.from) && (window.to.IsZero() || !at.After(window.to)) {
 				lateness = append(lateness, now.Sub(at))
+				worst[at.Unix()] = max(worst[at.Unix()], now.Sub(at))
 			}
 			mu.Unlock()
 		}
@@ -173,8 +178,24 @@ func benchLateness(ctx context.Context, out io.Writer, n int, d time.Duration, d
 		store, replicas, n, d, occurrences)
 	fmt.Fprintf(out, "  first attempt received − scheduledFor: %s\n", quantiles(samples))
 	fmt.Fprintf(out, "  duplicate runs for one occurrence: %d; runs delivered more than once: %d; missed occurrences: %d\n", dupRuns, dupDeliveries, missed)
+	fmt.Fprintf(out, "  worst seconds (UTC, to set beside the database's log): %s\n", worstSeconds(worst, 5))
 	for i, s := range servers {
 		fmt.Fprintf(out, "  replica %d max RSS: %s\n", i+1, procHWM(s.cmd.Process.Pid))
 	}
 	return nil
+}
+
+// worstSeconds lists the n seconds with the highest worst lateness, worst
+// first.
+func worstSeconds(worst map[int64]time.Duration, n int) string {
+	secs := slices.Collect(maps.Keys(worst))
+	slices.SortFunc(secs, func(a, b int64) int { return cmp.Compare(worst[b], worst[a]) })
+	var sb strings.Builder
+	for i, s := range secs[:min(n, len(secs))] {
+		if i > 0 {
+			sb.WriteString(", ")
+		}
+		fmt.Fprintf(&sb, "%s %v", time.Unix(s, 0).UTC().Format(time.TimeOnly), worst[s].Round(time.Millisecond))
+	}
+	return sb.String()
 }
