@@ -36,6 +36,7 @@ type Store interface {
 	DispatchStore
 	MaintenanceStore
 	SubscriptionStore
+	SessionStore
 
 	// Ping checks that the database answers (readiness).
 	Ping(ctx context.Context) error
@@ -217,6 +218,30 @@ type DispatchStore interface {
 	// again at once, keeping their attempt number. A run of a deleted job is
 	// cancelled instead, with its run.cancelled event.
 	ReleaseClaims(ctx context.Context, owner string, runIDs []string, now time.Time) error
+}
+
+// DashboardSession is one dashboard login. It lives in the database, so
+// every replica behind a load balancer knows it. Key is the SHA-256 of the
+// session id the browser holds; the id itself is never stored.
+type DashboardSession struct {
+	Key       []byte
+	TokenID   string
+	ProjectID string
+	ExpiresAt time.Time
+}
+
+// SessionStore keeps dashboard logins.
+type SessionStore interface {
+	// CreateSession stores s; then, when s's token has more than max
+	// sessions, it ends the ones that expire first (max ≤ 0: no bound).
+	CreateSession(ctx context.Context, s *DashboardSession, max int) error
+	// GetSession returns the session of key while it is live at now
+	// (ExpiresAt > now), else ENOTFOUND.
+	GetSession(ctx context.Context, key []byte, now time.Time) (*DashboardSession, error)
+	// DeleteSession ends the session of key; ending none is not an error.
+	DeleteSession(ctx context.Context, key []byte) error
+	// PruneSessions deletes up to limit sessions expired at now.
+	PruneSessions(ctx context.Context, now time.Time, limit int) (int, error)
 }
 
 // SubscriptionStore is the subscriptions table used by the delivery loop of

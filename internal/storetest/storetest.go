@@ -82,6 +82,7 @@ func Run(t *testing.T, open func(t *testing.T) vibejobs.Store) {
 		{"PruneRuns", testPruneRuns},
 		{"Idempotency", testIdempotency},
 		{"PruneIdempotencyKeys", testPruneIdempotencyKeys},
+		{"Sessions", testSessions},
 
 		{"EventsOfOutcomes", testEventsOfOutcomes},
 		{"EventsOfCancellationsAndRecovery", testEventsOfCancellationsAndRecovery},
