@@ -123,7 +123,7 @@ func (m *Maintainer) RecoverOnce(ctx context.Context) {
 }
 
 // PruneOnce deletes finished history older than each project's retention,
-// in small batches, and expired idempotency records.
+// in small batches, and expired idempotency records and dashboard sessions.
 func (m *Maintainer) PruneOnce(ctx context.Context) {
 	now := m.cfg.Now()
 	projects, err := m.cfg.Store.ListProjects(ctx)
@@ -148,14 +148,18 @@ func (m *Maintainer) PruneOnce(ctx context.Context) {
 			}
 		}
 	}
-	for ctx.Err() == nil {
-		n, err := m.cfg.Store.PruneIdempotencyKeys(ctx, now, m.cfg.Batch)
-		if err != nil {
-			m.logErr(ctx, "maintenance.prune_failed", err)
-			break
-		}
-		if n < m.cfg.Batch {
-			break
+	for _, prune := range []func(context.Context, time.Time, int) (int, error){
+		m.cfg.Store.PruneIdempotencyKeys, m.cfg.Store.PruneSessions,
+	} {
+		for ctx.Err() == nil {
+			n, err := prune(ctx, now, m.cfg.Batch)
+			if err != nil {
+				m.logErr(ctx, "maintenance.prune_failed", err)
+				break
+			}
+			if n < m.cfg.Batch {
+				break
+			}
 		}
 	}
 }

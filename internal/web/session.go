@@ -1,42 +1,35 @@
 package web
 
 import (
-	"container/list"
+	"context"
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/base64"
-	"sync"
 	"time"
+
+	"github.com/vibejobs/vibejobs"
 )
 
 // session is one login: which token it acts for, the token's project (a
 // session never changes project) and the secret its forms carry against
 // cross-site request forgery.
 type session struct {
-	key       [32]byte // SHA-256 of the session id
 	tokenID   string
 	projectID string
 	csrf      string
-	expires   time.Time
 }
 
-// sessions is the in-memory table of logins. The browser holds the session
-// id (32 random bytes); the table is keyed by its SHA-256, so a lookup's
-// timing or a dump of the table does not give away a usable id. It holds at
-// most max sessions: a new login drops the oldest. Every session lasts a
-// fixed lifetime from its login, so the oldest is also the first to expire.
-// The table is per process: behind several replicas a browser must come back
-// to the replica it logged in on (or log in again).
+// sessions keeps the logins in the Store, so that every replica behind a
+// load balancer knows them. The browser holds the session id (32 random
+// bytes); the Store holds only its SHA-256, so a dump of the table gives
+// away no usable id. The form secret is derived from the id, so it is not
+// stored either. Each token keeps at most max sessions: a new login ends
+// the one that expires first. Every session lasts a fixed lifetime from its
+// login.
 type sessions struct {
-	mu       sync.Mutex
+	store    vibejobs.SessionStore
 	max      int
 	lifetime time.Duration
-	byKey    map[[32]byte]*list.Element // of *session
-	order    *list.List                 // of *session, oldest first
-}
-
-func newSessions(max int, lifetime time.Duration) *sessions {
-	return &sessions{max: max, lifetime: lifetime, byKey: map[[32]byte]*list.Element{}, order: list.New()}
 }
 
 // randomToken returns the unpadded base64url of 32 random bytes.
@@ -46,70 +39,61 @@ func randomToken() string {
 	return base64.RawURLEncoding.EncodeToString(b[:])
 }
 
-// keyOf returns the table key of a session id, or false when id cannot be
+// keyOf returns the stored key of a session id, or false when id cannot be
 // one we issued.
-func keyOf(id string) ([32]byte, bool) {
+func keyOf(id string) ([]byte, bool) {
 	if len(id) != 43 {
-		return [32]byte{}, false
+		return nil, false
 	}
 	if _, err := base64.RawURLEncoding.Strict().DecodeString(id); err != nil {
-		return [32]byte{}, false
+		return nil, false
 	}
-	return sha256.Sum256([]byte(id)), true
+	k := sha256.Sum256([]byte(id))
+	return k[:], true
+}
+
+// formSecret is the CSRF secret of the session id: a hash the Store's key
+// (the id's plain SHA-256) does not give.
+func formSecret(id string) string {
+	sum := sha256.Sum256([]byte("vibejobs dashboard form secret\x00" + id))
+	return base64.RawURLEncoding.EncodeToString(sum[:])
 }
 
 // create starts a session for a token at now and returns its id, for the
 // cookie.
-func (s *sessions) create(tokenID, projectID string, now time.Time) string {
+func (s *sessions) create(ctx context.Context, tokenID, projectID string, now time.Time) (string, error) {
 	id := randomToken()
 	key, _ := keyOf(id)
-	sess := &session{key: key, tokenID: tokenID, projectID: projectID, csrf: randomToken(), expires: now.Add(s.lifetime)}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	for e := s.order.Front(); e != nil && !now.Before(e.Value.(*session).expires); e = s.order.Front() {
-		s.removeLocked(e)
+	err := s.store.CreateSession(ctx, &vibejobs.DashboardSession{
+		Key: key, TokenID: tokenID, ProjectID: projectID, ExpiresAt: now.Add(s.lifetime),
+	}, s.max)
+	if err != nil {
+		return "", err
 	}
-	for s.order.Len() >= s.max {
-		s.removeLocked(s.order.Front())
-	}
-	s.byKey[key] = s.order.PushBack(sess)
-	return id
+	return id, nil
 }
 
-// get returns the live session of id at now; an expired one is dropped.
-func (s *sessions) get(id string, now time.Time) (session, bool) {
+// get returns the live session of id at now; false when there is none.
+func (s *sessions) get(ctx context.Context, id string, now time.Time) (session, bool, error) {
 	key, ok := keyOf(id)
 	if !ok {
-		return session{}, false
+		return session{}, false, nil
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	e := s.byKey[key]
-	if e == nil {
-		return session{}, false
+	sess, err := s.store.GetSession(ctx, key, now)
+	if vibejobs.ErrorKind(err) == vibejobs.ENOTFOUND {
+		return session{}, false, nil
 	}
-	sess := e.Value.(*session)
-	if !now.Before(sess.expires) {
-		s.removeLocked(e)
-		return session{}, false
+	if err != nil {
+		return session{}, false, err
 	}
-	return *sess, true
+	return session{tokenID: sess.TokenID, projectID: sess.ProjectID, csrf: formSecret(id)}, true, nil
 }
 
 // delete ends the session of id, if any.
-func (s *sessions) delete(id string) {
+func (s *sessions) delete(ctx context.Context, id string) error {
 	key, ok := keyOf(id)
 	if !ok {
-		return
+		return nil
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if e := s.byKey[key]; e != nil {
-		s.removeLocked(e)
-	}
-}
-
-func (s *sessions) removeLocked(e *list.Element) {
-	delete(s.byKey, e.Value.(*session).key)
-	s.order.Remove(e)
+	return s.store.DeleteSession(ctx, key)
 }

@@ -2,8 +2,9 @@
 // one project's jobs, runs and attempts. An operator logs in with an API
 // token of the project; changes go through the API or the CLI.
 //
-// The dashboard keeps its sessions in memory and never puts the token in a
-// cookie: the browser holds a random session id only. Every request checks
+// The dashboard keeps its sessions in the Store, so every replica knows
+// them, and never puts the token in a cookie: the browser holds a random
+// session id only. Every request checks
 // the token again, so revoking it ends its sessions at once. Pages carry no
 // script, every response forbids framing, sniffing and referrers, and
 // nothing it logs holds a token, a session id, a URL or a response snippet.
@@ -33,7 +34,7 @@ import (
 
 // Defaults of Config.
 const (
-	DefaultMaxSessions     = 10000
+	DefaultMaxSessions     = 100
 	DefaultSessionLifetime = 12 * time.Hour
 )
 
@@ -60,8 +61,8 @@ type Config struct {
 	Store  vibejobs.Store
 	Now    func() time.Time // time.Now when nil
 	Logger *slog.Logger     // slog.Default() when nil
-	// MaxSessions bounds the sessions held in memory (0: DefaultMaxSessions);
-	// a login beyond it ends the oldest session.
+	// MaxSessions bounds each token's sessions (0: DefaultMaxSessions); a
+	// login beyond it ends the one that expires first.
 	MaxSessions int
 	// SessionLifetime is how long a login lasts, however active
 	// (0: DefaultSessionLifetime).
@@ -101,8 +102,8 @@ func New(cfg Config) http.Handler {
 		store: cfg.Store,
 		now:   cfg.Now,
 		log:   cmp.Or(cfg.Logger, slog.Default()),
-		sessions: newSessions(cmp.Or(max(cfg.MaxSessions, 0), DefaultMaxSessions),
-			cmp.Or(max(cfg.SessionLifetime, 0), DefaultSessionLifetime)),
+		sessions: &sessions{store: cfg.Store, max: cmp.Or(max(cfg.MaxSessions, 0), DefaultMaxSessions),
+			lifetime: cmp.Or(max(cfg.SessionLifetime, 0), DefaultSessionLifetime)},
 		pages: parsePages(),
 	}
 	if d.now == nil {
@@ -211,20 +212,27 @@ func (d *dashboard) authenticate(ctx context.Context, r *http.Request) (*viewer,
 		return nil, errNoSession
 	}
 	now := d.now()
-	sess, ok := d.sessions.get(c.Value, now)
+	sess, ok, err := d.sessions.get(ctx, c.Value, now)
+	if err != nil {
+		return nil, fmt.Errorf("reading the session: %w", err)
+	}
 	if !ok {
 		return nil, errNoSession
 	}
 	tok, err := d.store.GetToken(ctx, sess.tokenID)
 	switch {
 	case vibejobs.ErrorKind(err) == vibejobs.ENOTFOUND:
-		d.sessions.delete(c.Value)
+		if err := d.sessions.delete(ctx, c.Value); err != nil {
+			return nil, fmt.Errorf("ending a session: %w", err)
+		}
 		d.log.Info("web.session_ended", "reason", "token_gone", "token_id", sess.tokenID)
 		return nil, errNoSession
 	case err != nil:
 		return nil, fmt.Errorf("checking the session's token: %w", err)
 	case tok.RevokedAt != nil || tok.ProjectID != sess.projectID:
-		d.sessions.delete(c.Value)
+		if err := d.sessions.delete(ctx, c.Value); err != nil {
+			return nil, fmt.Errorf("ending a session: %w", err)
+		}
 		d.log.Info("web.session_ended", "reason", "token_revoked", "token_id", sess.tokenID, "project", sess.projectID)
 		return nil, errNoSession
 	}
@@ -400,9 +408,16 @@ func (d *dashboard) login(w http.ResponseWriter, r *http.Request) {
 	}
 	// A new id at every login: an id planted before the login is worthless.
 	if old, err := r.Cookie(SessionCookie); err == nil {
-		d.sessions.delete(old.Value)
+		if err := d.sessions.delete(r.Context(), old.Value); err != nil {
+			d.internalError(w, r, nil, fmt.Errorf("ending the previous session: %w", err))
+			return
+		}
 	}
-	id := d.sessions.create(tok.ID, tok.ProjectID, d.now())
+	id, err := d.sessions.create(r.Context(), tok.ID, tok.ProjectID, d.now())
+	if err != nil {
+		d.internalError(w, r, nil, fmt.Errorf("starting a session: %w", err))
+		return
+	}
 	setCookie(w, r, SessionCookie, id, "/", 0)
 	clearCookie(w, r, LoginCookie, "/login")
 	d.log.Info("web.login", "token_id", tok.ID, "project", tok.ProjectID)
@@ -421,7 +436,11 @@ func (d *dashboard) logout(w http.ResponseWriter, r *http.Request) {
 		http.Redirect(w, r, "/login", http.StatusSeeOther)
 		return
 	}
-	sess, ok := d.sessions.get(c.Value, d.now())
+	sess, ok, err := d.sessions.get(r.Context(), c.Value, d.now())
+	if err != nil {
+		d.internalError(w, r, nil, fmt.Errorf("reading the session: %w", err))
+		return
+	}
 	if !ok {
 		clearCookie(w, r, SessionCookie, "/")
 		http.Redirect(w, r, "/login", http.StatusSeeOther)
@@ -433,7 +452,10 @@ func (d *dashboard) logout(w http.ResponseWriter, r *http.Request) {
 			"This form expired or came from another site. Go back, reload the page and try again.")
 		return
 	}
-	d.sessions.delete(c.Value)
+	if err := d.sessions.delete(r.Context(), c.Value); err != nil {
+		d.internalError(w, r, nil, fmt.Errorf("ending the session: %w", err))
+		return
+	}
 	clearCookie(w, r, SessionCookie, "/")
 	d.log.Info("web.logout", "token_id", sess.tokenID, "project", sess.projectID)
 	http.Redirect(w, r, "/login", http.StatusSeeOther)

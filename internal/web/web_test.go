@@ -6,6 +6,7 @@ import (
 	"encoding/base64"
 	"encoding/hex"
 	"fmt"
+	"io"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
@@ -259,6 +260,51 @@ func TestSessionExpires(t *testing.T) {
 	e.clock.Advance(time.Second)
 	if a := b.get("/"); a.status != http.StatusSeeOther {
 		t.Fatalf("after %v: %d, want a redirect", web.DefaultSessionLifetime, a.status)
+	}
+}
+
+// TestSessionsSharedByReplicas: two dashboards over one database, as two
+// replicas behind a load balancer: a login on one is known to the other,
+// with the same form secret, and a logout on one ends it on both.
+func TestSessionsSharedByReplicas(t *testing.T) {
+	e := newEnv(t)
+	replica := httptest.NewServer(web.New(web.Config{Store: e.store, Now: e.clock.Now,
+		Logger: slog.New(slog.DiscardHandler)}))
+	t.Cleanup(replica.Close)
+	b := e.browser()
+	b.login(tokenA)
+	id := b.sessionID()
+	client := &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	home := func(base string) (int, string) {
+		t.Helper()
+		req, err := http.NewRequest("GET", base+"/", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.AddCookie(&http.Cookie{Name: web.SessionCookie, Value: id})
+		resp, err := client.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		var sb strings.Builder
+		if _, err := io.Copy(&sb, resp.Body); err != nil {
+			t.Fatal(err)
+		}
+		return resp.StatusCode, sb.String()
+	}
+	status, body := home(replica.URL)
+	if status != http.StatusOK {
+		t.Fatalf("the other replica with the session: %d, want 200", status)
+	}
+	if got, want := b.csrf(&answer{body: body}), b.csrf(b.get("/")); got != want {
+		t.Errorf("the replicas give the session different form secrets")
+	}
+	if a := b.post("/logout", url.Values{"csrf": {b.csrf(b.get("/"))}}); a.status != http.StatusSeeOther {
+		t.Fatalf("logout: %d", a.status)
+	}
+	if status, _ := home(replica.URL); status != http.StatusSeeOther {
+		t.Errorf("the other replica after the logout: %d, want a redirect to the login", status)
 	}
 }
 
