@@ -43,6 +43,13 @@ func (s *Store) DueJobs(ctx context.Context, before time.Time, limit int) ([]*vi
 // tables, to scan every due job for every plan row (seconds per batch), or
 // to hash the whole table for a batch of a thousand rows.
 //
+// The ctid join also names the locked ctids as a list (ctid = ANY(ARRAY(…))),
+// which PostgreSQL can only read by TID: on their own, on tables of a few
+// thousand rows (2,000 jobs ticking every second, or runs in the first
+// seconds of an installation), the planner hashed the locked rows and read
+// the whole table for them, on every batch. Every statement below that
+// updates locked rows by ctid does the same.
+//
 // Updating by the locked row's ctid is safe: the lock keeps the row version
 // in place until commit. Should a concurrent commit have made the locked
 // version newer than this statement's snapshot, the UPDATE finds no row and
@@ -61,7 +68,7 @@ const applyPlansSQL = `WITH plan AS (
 	UPDATE jobs j SET next_run_at = locked.next_at, skipped_runs = j.skipped_runs + locked.skipped,
 		state = CASE WHEN locked.complete THEN 'completed' ELSE j.state END
 	FROM locked
-	WHERE j.ctid = locked.tid
+	WHERE j.ctid = locked.tid AND j.ctid = ANY(ARRAY(SELECT tid FROM locked))
 	RETURNING j.id
 ), created AS (
 	INSERT INTO runs (id, job_id, project_id, trigger, scheduled_for, occurrence_at, deadline_at, state,
@@ -112,6 +119,16 @@ func (s *Store) ApplyRunPlans(ctx context.Context, plans []vibejobs.RunPlan, now
 }
 
 func (s *Store) applyPlans(ctx context.Context, q querier, plans []vibejobs.RunPlan) (int, error) {
+	var created int
+	err := q.QueryRow(ctx, applyPlansSQL, s.applyPlansArgs(plans)...).Scan(&created, nil)
+	if err != nil {
+		return 0, mapError(err, "applying run plans")
+	}
+	return created, nil
+}
+
+// applyPlansArgs are the arguments of applyPlansSQL for plans.
+func (s *Store) applyPlansArgs(plans []vibejobs.RunPlan) []any {
 	nRuns := 0
 	for _, p := range plans {
 		nRuns += len(p.Runs)
@@ -147,14 +164,9 @@ func (s *Store) applyPlans(ctx context.Context, q querier, plans []vibejobs.RunP
 			createdAts = append(createdAts, r.CreatedAt)
 		}
 	}
-	var created int
-	err := q.QueryRow(ctx, applyPlansSQL, jobIDs, froms, nexts, skipped, complete,
+	return []any{jobIDs, froms, nexts, skipped, complete,
 		ids, runJobs, projects, triggers, scheduled, deadlines, states, nextTries, createdAts,
-		NotifyChannel, s.schema).Scan(&created, nil)
-	if err != nil {
-		return 0, mapError(err, "applying run plans")
-	}
-	return created, nil
+		NotifyChannel, s.schema}
 }
 
 // claimSQL moves due runs to delivering: it leases them. SKIP LOCKED lets
@@ -185,7 +197,7 @@ UPDATE runs r SET
 	lease_owner = $2,
 	lease_expires_at = $1::timestamptz + ((j.timeout_ns + $4::bigint) / 1000) * interval '1 microsecond'
 FROM due, jobs j
-WHERE r.ctid = due.tid AND j.id = r.job_id
+WHERE r.ctid = due.tid AND r.ctid = ANY(ARRAY(SELECT tid FROM due)) AND j.id = r.job_id
 RETURNING ` + runColumns + `, due.next_attempt_at,
 	j.url, j.secret_key_id, j.secret_ciphertext, j.timeout_ns, j.max_attempts, j.min_backoff_ns, j.max_backoff_ns`
 
@@ -303,7 +315,7 @@ const recordSQL = `WITH o AS (
 		lease_owner = NULL,
 		lease_expires_at = NULL
 	FROM held c
-	WHERE r.ctid = c.tid
+	WHERE r.ctid = c.tid AND r.ctid = ANY(ARRAY(SELECT tid FROM held))
 	RETURNING c.run_id, c.number, c.started_at, c.finished_at, c.status_code, c.error_code,
 		c.signature_timestamp, c.response_snippet, c.ord, r.project_id, r.job_id, r.state, r.failure_reason,
 		r.next_attempt_at
@@ -345,6 +357,16 @@ func (s *Store) RecordOutcomes(ctx context.Context, owner string, outcomes []vib
 }
 
 func (s *Store) recordOutcomes(ctx context.Context, q querier, owner string, outcomes []vibejobs.Outcome) error {
+	args, err := recordArgs(owner, outcomes)
+	if err != nil {
+		return err
+	}
+	_, err = q.Exec(ctx, recordSQL, args...)
+	return mapError(err, "recording outcomes")
+}
+
+// recordArgs are the arguments of recordSQL for owner's outcomes.
+func recordArgs(owner string, outcomes []vibejobs.Outcome) ([]any, error) {
 	n := len(outcomes)
 	var (
 		runIDs     = make([]string, n)
@@ -370,12 +392,11 @@ func (s *Store) recordOutcomes(ctx context.Context, q querier, owner string, out
 		switch o.Step.State {
 		case vibejobs.RunSucceeded, vibejobs.RunFailed, vibejobs.RunCancelled, vibejobs.RunRetrying:
 		default:
-			return fmt.Errorf("postgres: recording outcomes: run %s: step to %q is not an outcome", o.RunID, o.Step.State)
+			return nil, fmt.Errorf("postgres: recording outcomes: run %s: step to %q is not an outcome", o.RunID, o.Step.State)
 		}
 	}
-	_, err := q.Exec(ctx, recordSQL, owner, runIDs, numbers, starts, ends, statuses, errCodes, sigTimes,
-		snippets, stepStates, reasons, stepNexts, vibejobs.ReasonJobDeleted)
-	return mapError(err, "recording outcomes")
+	return []any{owner, runIDs, numbers, starts, ends, statuses, errCodes, sigTimes,
+		snippets, stepStates, reasons, stepNexts, vibejobs.ReasonJobDeleted}, nil
 }
 
 // ReleaseClaims puts owner's delivering runs among runIDs back to be claimed
@@ -448,7 +469,7 @@ func (s *Store) RecoverExpiredLeases(ctx context.Context, now time.Time, limit i
 			lease_owner = NULL,
 			lease_expires_at = NULL
 		FROM expired, jobs j
-		WHERE r.ctid = expired.tid AND j.id = r.job_id
+		WHERE r.ctid = expired.tid AND r.ctid = ANY(ARRAY(SELECT tid FROM expired)) AND j.id = r.job_id
 		RETURNING r.id, r.attempt, COALESCE(expired.attempt_started_at, $1) AS started_at, r.redeliver AS claimable,
 			r.project_id, r.job_id, r.state, r.failure_reason, r.next_attempt_at
 	), interrupted AS (
@@ -489,7 +510,7 @@ func (s *Store) FailExpiredRuns(ctx context.Context, now time.Time, limit int) (
 	), failed AS (
 		UPDATE runs r SET state = 'failed', failure_reason = $3, finished_at = $1, next_attempt_at = NULL,
 			redeliver = false
-		FROM expired WHERE r.ctid = expired.tid
+		FROM expired WHERE r.ctid = expired.tid AND r.ctid = ANY(ARRAY(SELECT tid FROM expired))
 		RETURNING r.id, r.project_id, r.job_id, r.attempt
 	), ev AS (
 		SELECT project_id, id AS ord, 'run.failed' AS type, $1::timestamptz AS occurred_at, job_id, id AS run_id,

@@ -1,0 +1,115 @@
+package postgres
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/vibejobs/vibejobs"
+)
+
+// explain returns the plan PostgreSQL picks for sql with args on q.
+func explain(t *testing.T, q querier, sql string, args ...any) string {
+	t.Helper()
+	rows, err := q.Query(context.Background(), "EXPLAIN "+sql, args...)
+	if err != nil {
+		t.Fatalf("EXPLAIN: %v", err)
+	}
+	var lines []string
+	for rows.Next() {
+		var l string
+		if err := rows.Scan(&l); err != nil {
+			t.Fatal(err)
+		}
+		lines = append(lines, l)
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return strings.Join(lines, "\n")
+}
+
+// TestRowsLockedByCTIDAreFetchedByCTID: the statements that lock rows and
+// then update them by ctid must fetch exactly those rows. On tables of a
+// few thousand rows the planner preferred hashing the locked rows and
+// scanning the whole table for them, on every batch: the jobs table of
+// 2,000 jobs ticking every second (bloated by those ticks), or runs a few
+// seconds into a fresh installation.
+func TestRowsLockedByCTIDAreFetchedByCTID(t *testing.T) {
+	ctx := context.Background()
+	t0 := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
+	s := MustOpenTestWith(t, Options{Now: func() time.Time { return t0 }})
+	seq := 0
+	id := func(prefix string) string {
+		seq++
+		return fmt.Sprintf("%s%012x%016x", prefix, t0.UnixMilli(), seq)
+	}
+	project := &vibejobs.Project{ID: id("prj_"), Name: "plans", CreatedAt: t0}
+	jobs := make([]*vibejobs.Job, 2000)
+	err := s.Update(ctx, func(tx vibejobs.Tx) error {
+		if err := tx.CreateProject(ctx, project); err != nil {
+			return err
+		}
+		for i := range jobs {
+			next := t0
+			jobs[i] = &vibejobs.Job{
+				ID: id("job_"), ProjectID: project.ID, Name: "tick", Schedule: "@every 1s", Timezone: "UTC",
+				URL: "https://example.com/hook", Enabled: true, State: vibejobs.JobActive,
+				Retry: vibejobs.DefaultRetryPolicy(), Timeout: 10 * time.Second, CatchUp: vibejobs.CatchUpAll,
+				ScheduleAnchor: t0, NextRunAt: &next, CreatedAt: t0, UpdatedAt: t0,
+				Secret: vibejobs.SealedSecret{KeyID: "k1", Ciphertext: []byte("sealed")},
+			}
+			if err := tx.CreateJob(ctx, jobs[i]); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Two ticks of every job: 4,000 runs, and jobs rows rewritten.
+	plans := func(jobs []*vibejobs.Job) []vibejobs.RunPlan {
+		var ps []vibejobs.RunPlan
+		for _, j := range jobs {
+			at := *j.NextRunAt
+			next := at.Add(time.Second)
+			ps = append(ps, vibejobs.RunPlan{JobID: j.ID, From: at, Next: &next,
+				Runs: []*vibejobs.Run{vibejobs.NewRun(id("run_"), j, vibejobs.TriggerSchedule, at, t0)}})
+			j.NextRunAt = &next
+		}
+		return ps
+	}
+	for range 2 {
+		if n, err := s.ApplyRunPlans(ctx, plans(jobs), t0); err != nil || n != len(jobs) {
+			t.Fatalf("ApplyRunPlans = %d, %v", n, err)
+		}
+	}
+
+	if p := explain(t, s.pool, applyPlansSQL, s.applyPlansArgs(plans(jobs[:100]))...); strings.Contains(p, "Seq Scan on jobs") {
+		t.Errorf("applying 100 plans scans every job:\n%s", p)
+	}
+	claims, err := s.ClaimDueRuns(ctx, "w1", t0.Add(time.Minute), 64, time.Second)
+	if err != nil || len(claims) != 64 {
+		t.Fatalf("ClaimDueRuns = %d, %v", len(claims), err)
+	}
+	outcomes := make([]vibejobs.Outcome, len(claims))
+	for i, c := range claims {
+		outcomes[i] = vibejobs.Outcome{RunID: c.Run.ID,
+			Attempt: vibejobs.Attempt{Number: c.Run.Attempt, StartedAt: t0, FinishedAt: t0, StatusCode: 200},
+			Step:    vibejobs.Step{State: vibejobs.RunSucceeded}}
+	}
+	args, err := recordArgs("w1", outcomes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p := explain(t, s.pool, recordSQL, args...); strings.Contains(p, "Seq Scan on runs") {
+		t.Errorf("recording 64 outcomes scans every run:\n%s", p)
+	}
+	claimArgs := []any{t0.Add(time.Minute), "w2", 64, int64(time.Second)}
+	if p := explain(t, s.queue, claimSQL, claimArgs...); strings.Contains(p, "Seq Scan") {
+		t.Errorf("claiming 64 runs scans a table:\n%s", p)
+	}
+}
