@@ -82,6 +82,9 @@ type Dispatcher struct {
 	mu       sync.Mutex
 	inflight int
 	perHost  map[string]int
+	// starved says the claim loop waits for a free slot: the next attempt
+	// to finish wakes it.
+	starved bool
 
 	outcomes chan vibejobs.Outcome
 	wg       sync.WaitGroup // attempts in flight
@@ -160,20 +163,40 @@ func (d *Dispatcher) Run(ctx context.Context) {
 
 // dispatchOnce claims what it has room for and starts the attempts. It
 // returns how long to wait before the next call: 0 to call again at once.
+//
+// It asks for the next due time first, a cheap read, and claims only when a
+// run falls due within ClaimAhead: a wake-up for runs materialised seconds
+// ahead, or one that another replica has already served, then costs no
+// claim. A claim for runs due now comes before one for runs about to fall
+// due, so that a run already due is judged late against the true time.
 func (d *Dispatcher) dispatchOnce(ctx context.Context) (time.Duration, error) {
 	d.mu.Lock()
 	free := d.cfg.Concurrency - d.inflight
+	d.starved = free <= 0
 	d.mu.Unlock()
 	if free <= 0 {
 		return d.cfg.PollInterval, nil // a finishing attempt wakes us sooner
 	}
-	want := min(free, d.cfg.ClaimBatch)
-	now := d.cfg.Now()
-	claims, err := d.cfg.Store.ClaimDueRuns(ctx, d.cfg.Owner, now, want, d.cfg.LeaseMargin)
+	next, ok, err := d.cfg.Store.NextDueAt(ctx)
 	if err != nil {
 		return 0, err
 	}
-	full := d.start(ctx, claims, now, time.Time{})
+	if !ok {
+		return d.cfg.PollInterval, nil
+	}
+	now := d.cfg.Now()
+	if wait := next.Sub(now) - d.cfg.ClaimAhead; wait > 0 {
+		return min(wait, d.cfg.PollInterval), nil
+	}
+	want := min(free, d.cfg.ClaimBatch)
+	var claims []*vibejobs.Claim
+	full := false
+	if !next.After(now) {
+		if claims, err = d.cfg.Store.ClaimDueRuns(ctx, d.cfg.Owner, now, want, d.cfg.LeaseMargin); err != nil {
+			return 0, err
+		}
+		full = d.start(ctx, claims, now, time.Time{})
+	}
 	if len(claims) < want && d.cfg.ClaimAhead > 0 && !full {
 		// Nothing else is due now: take what falls due within the window.
 		// These are first attempts not yet due (late is false for them)
@@ -188,24 +211,22 @@ func (d *Dispatcher) dispatchOnce(ctx context.Context) (time.Duration, error) {
 	}
 	if full {
 		// Those hosts are full: wait for a finishing attempt (it wakes us).
+		d.mu.Lock()
+		d.starved = true
+		d.mu.Unlock()
 		return d.cfg.PollInterval, nil
 	}
-	if len(claims) == want {
-		return 0, nil
+	if len(claims) == 0 {
+		// The due run is held by another replica's claim, about to
+		// commit: look again shortly rather than at once.
+		return min(d.cfg.PollInterval, retakePause), nil
 	}
-	next, ok, err := d.cfg.Store.NextDueAt(ctx)
-	if err != nil {
-		return 0, err
-	}
-	if !ok {
-		return d.cfg.PollInterval, nil
-	}
-	wait := next.Sub(d.cfg.Now()) - d.cfg.ClaimAhead
-	if wait <= 0 {
-		return 0, nil
-	}
-	return min(wait, d.cfg.PollInterval), nil
+	return 0, nil
 }
+
+// retakePause is how long dispatchOnce waits after finding a run due but
+// claiming none.
+const retakePause = 5 * time.Millisecond
 
 // start begins the attempts of claims, releasing those whose host is full;
 // it reports whether any was released. A claim made ahead of time (ahead is
@@ -248,14 +269,20 @@ func (d *Dispatcher) acquire(host string) bool {
 	return true
 }
 
+// releaseSlot frees an attempt's slot, and wakes the claim loop when it
+// was waiting for one.
 func (d *Dispatcher) releaseSlot(host string) {
 	d.mu.Lock()
 	if d.perHost[host]--; d.perHost[host] <= 0 {
 		delete(d.perHost, host)
 	}
 	d.inflight--
+	starved := d.starved
+	d.starved = false
 	d.mu.Unlock()
-	d.Wake()
+	if starved {
+		d.Wake()
+	}
 }
 
 // deliver makes one attempt of a claimed run. The attempt is not cancelled by
