@@ -86,6 +86,10 @@ type Dispatcher struct {
 	// to finish wakes it.
 	starved bool
 
+	// backlog says the last claim for runs due now came back full; only
+	// the claim loop uses it.
+	backlog bool
+
 	outcomes chan vibejobs.Outcome
 	wg       sync.WaitGroup // attempts in flight
 }
@@ -167,8 +171,10 @@ func (d *Dispatcher) Run(ctx context.Context) {
 // It asks for the next due time first, a cheap read, and claims only when a
 // run falls due within ClaimAhead: a wake-up for runs materialised seconds
 // ahead, or one that another replica has already served, then costs no
-// claim. A claim for runs due now comes before one for runs about to fall
-// due, so that a run already due is judged late against the true time.
+// claim. While claims for runs due now come back full (a backlog), it
+// claims again without asking. A claim for runs due now comes before one
+// for runs about to fall due, so that a run already due is judged late
+// against the true time.
 func (d *Dispatcher) dispatchOnce(ctx context.Context) (time.Duration, error) {
 	d.mu.Lock()
 	free := d.cfg.Concurrency - d.inflight
@@ -177,24 +183,32 @@ func (d *Dispatcher) dispatchOnce(ctx context.Context) (time.Duration, error) {
 	if free <= 0 {
 		return d.cfg.PollInterval, nil // a finishing attempt wakes us sooner
 	}
-	next, ok, err := d.cfg.Store.NextDueAt(ctx)
-	if err != nil {
-		return 0, err
-	}
-	if !ok {
-		return d.cfg.PollInterval, nil
-	}
 	now := d.cfg.Now()
-	if wait := next.Sub(now) - d.cfg.ClaimAhead; wait > 0 {
-		return min(wait, d.cfg.PollInterval), nil
+	dueNow := d.backlog
+	if !dueNow {
+		next, ok, err := d.cfg.Store.NextDueAt(ctx)
+		if err != nil {
+			return 0, err
+		}
+		if !ok {
+			return d.cfg.PollInterval, nil
+		}
+		now = d.cfg.Now()
+		if wait := next.Sub(now) - d.cfg.ClaimAhead; wait > 0 {
+			return min(wait, d.cfg.PollInterval), nil
+		}
+		dueNow = !next.After(now)
 	}
 	want := min(free, d.cfg.ClaimBatch)
 	var claims []*vibejobs.Claim
 	full := false
-	if !next.After(now) {
+	if dueNow {
+		var err error
 		if claims, err = d.cfg.Store.ClaimDueRuns(ctx, d.cfg.Owner, now, want, d.cfg.LeaseMargin); err != nil {
+			d.backlog = false
 			return 0, err
 		}
+		d.backlog = len(claims) == want
 		full = d.start(ctx, claims, now, time.Time{})
 	}
 	if len(claims) < want && d.cfg.ClaimAhead > 0 && !full {
