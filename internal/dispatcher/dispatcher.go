@@ -224,10 +224,8 @@ func (d *Dispatcher) dispatchOnce(ctx context.Context) (time.Duration, error) {
 		claims = append(claims, more...)
 	}
 	if full {
-		// Those hosts are full: wait for a finishing attempt (it wakes us).
-		d.mu.Lock()
-		d.starved = true
-		d.mu.Unlock()
+		// Those hosts are full: wait for a finishing attempt (acquire
+		// marked us starved, so it wakes us).
 		return d.cfg.PollInterval, nil
 	}
 	if len(claims) == 0 {
@@ -272,10 +270,14 @@ func (d *Dispatcher) start(ctx context.Context, claims []*vibejobs.Claim, now, a
 	return len(release) > 0
 }
 
+// acquire takes a slot for host; when the host is full it marks the claim
+// loop starved, under the same lock a finishing attempt checks, so that
+// attempt's wake-up cannot slip in between.
 func (d *Dispatcher) acquire(host string) bool {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.perHost[host] >= d.cfg.PerHost {
+		d.starved = true
 		return false
 	}
 	d.perHost[host]++
