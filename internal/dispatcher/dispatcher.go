@@ -31,7 +31,7 @@ const (
 	DefaultLeaseMargin  = 5 * time.Second
 	DefaultPollInterval = time.Second
 	DefaultFlushBatch   = 500
-	DefaultClaimAhead   = 50 * time.Millisecond
+	DefaultClaimAhead   = 200 * time.Millisecond
 )
 
 // Sender sends one attempt; *egress.Client is the production one.
@@ -68,8 +68,11 @@ type Config struct {
 	PollInterval time.Duration
 	// ClaimAhead lets the dispatcher claim runs falling due within this
 	// window and hold each until its time, so a second full of occurrences
-	// costs a few claims instead of one per millisecond. A negative value
-	// turns it off.
+	// costs a few claims instead of one per millisecond, and a claim held
+	// up by the database (a slow commit) is not yet late. The job's
+	// delivery settings are read at the claim, so an edit made less than
+	// ClaimAhead before an attempt may apply from the next one. A negative
+	// value turns it off.
 	ClaimAhead time.Duration
 	Observer   Observer
 }
