@@ -4,10 +4,10 @@
 //
 // The dashboard keeps its sessions in the Store, so every replica knows
 // them, and never puts the token in a cookie: the browser holds a random
-// session id only. Every request checks
-// the token again, so revoking it ends its sessions at once. Pages carry no
-// script, every response forbids framing, sniffing and referrers, and
-// nothing it logs holds a token, a session id, a URL or a response snippet.
+// session id only. Every request checks the token again, so revoking it
+// ends its sessions at once. Pages carry no script, every response forbids
+// framing, sniffing and referrers, and nothing it logs holds a token, a
+// session id, a URL or a response snippet.
 package web
 
 import (
