@@ -555,17 +555,24 @@ func (s *Store) PruneRuns(ctx context.Context, projectID string, cutoff time.Tim
 
 // PruneIdempotencyKeys deletes up to limit records expired at now.
 func (s *Store) PruneIdempotencyKeys(ctx context.Context, now time.Time, limit int) (int, error) {
+	return s.pruneExpired(ctx, "idempotency_keys", now, limit)
+}
+
+// pruneExpired deletes up to limit rows of table (idempotency_keys or
+// dashboard_sessions) whose expires_at ≤ now, the earliest first; replicas
+// pruning at once skip each other's rows.
+func (s *Store) pruneExpired(ctx context.Context, table string, now time.Time, limit int) (int, error) {
 	if limit <= 0 {
 		return 0, nil
 	}
-	tag, err := s.pool.Exec(ctx, `DELETE FROM idempotency_keys WHERE ctid = ANY(ARRAY(
-		SELECT ctid FROM idempotency_keys
+	tag, err := s.pool.Exec(ctx, `DELETE FROM `+table+` WHERE ctid = ANY(ARRAY(
+		SELECT ctid FROM `+table+`
 		WHERE expires_at <= $1
 		ORDER BY expires_at
 		LIMIT $2
 		FOR UPDATE SKIP LOCKED))`, now, limit)
 	if err != nil {
-		return 0, mapError(err, "pruning idempotency keys")
+		return 0, mapError(err, "pruning "+table)
 	}
 	return int(tag.RowsAffected()), nil
 }

@@ -46,20 +46,7 @@ func (s *Store) DeleteSession(ctx context.Context, key []byte) error {
 	return mapError(err, "deleting a dashboard session")
 }
 
-// PruneSessions deletes up to limit sessions expired at now; replicas
-// pruning at once skip each other's rows.
+// PruneSessions deletes up to limit sessions expired at now.
 func (s *Store) PruneSessions(ctx context.Context, now time.Time, limit int) (int, error) {
-	if limit <= 0 {
-		return 0, nil
-	}
-	tag, err := s.pool.Exec(ctx, `DELETE FROM dashboard_sessions WHERE ctid = ANY(ARRAY(
-		SELECT ctid FROM dashboard_sessions
-		WHERE expires_at <= $1
-		ORDER BY expires_at
-		LIMIT $2
-		FOR UPDATE SKIP LOCKED))`, now, limit)
-	if err != nil {
-		return 0, mapError(err, "pruning dashboard sessions")
-	}
-	return int(tag.RowsAffected()), nil
+	return s.pruneExpired(ctx, "dashboard_sessions", now, limit)
 }

@@ -676,18 +676,25 @@ func (s *Store) PruneRuns(ctx context.Context, projectID string, cutoff time.Tim
 
 // PruneIdempotencyKeys deletes up to limit records with ExpiresAt ≤ now.
 func (s *Store) PruneIdempotencyKeys(ctx context.Context, now time.Time, limit int) (int, error) {
+	return s.pruneExpired(ctx, "idempotency_keys", "rowid", now, limit)
+}
+
+// pruneExpired deletes up to limit rows of table (idempotency_keys or
+// dashboard_sessions), found by their key column, whose expires_at ≤ now,
+// the earliest first.
+func (s *Store) pruneExpired(ctx context.Context, table, key string, now time.Time, limit int) (int, error) {
 	if limit <= 0 {
 		return 0, nil
 	}
 	var n int64
 	err := s.write(ctx, func(t wtx) error {
 		var err error
-		n, err = changed(t.ExecContext(ctx, `DELETE FROM idempotency_keys WHERE rowid IN (
-			SELECT rowid FROM idempotency_keys WHERE expires_at <= ? ORDER BY expires_at LIMIT ?)`, ms(now), limit))
+		n, err = changed(t.ExecContext(ctx, `DELETE FROM `+table+` WHERE `+key+` IN (
+			SELECT `+key+` FROM `+table+` WHERE expires_at <= ? ORDER BY expires_at LIMIT ?)`, ms(now), limit))
 		return err
 	})
 	if err != nil {
-		return 0, fmt.Errorf("pruning idempotency keys: %w", err)
+		return 0, fmt.Errorf("pruning %s: %w", table, err)
 	}
 	return int(n), nil
 }

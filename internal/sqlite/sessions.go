@@ -61,18 +61,5 @@ func (s *Store) DeleteSession(ctx context.Context, key []byte) error {
 
 // PruneSessions deletes up to limit sessions expired at now.
 func (s *Store) PruneSessions(ctx context.Context, now time.Time, limit int) (int, error) {
-	if limit <= 0 {
-		return 0, nil
-	}
-	var n int64
-	err := s.write(ctx, func(t wtx) error {
-		var err error
-		n, err = changed(t.ExecContext(ctx, `DELETE FROM dashboard_sessions WHERE key IN (
-			SELECT key FROM dashboard_sessions WHERE expires_at <= ? ORDER BY expires_at LIMIT ?)`, ms(now), limit))
-		return err
-	})
-	if err != nil {
-		return 0, fmt.Errorf("pruning dashboard sessions: %w", err)
-	}
-	return int(n), nil
+	return s.pruneExpired(ctx, "dashboard_sessions", "key", now, limit)
 }
