@@ -28,13 +28,14 @@ func (s *Store) DueJobs(ctx context.Context, before time.Time, limit int) ([]*vi
 
 // applyPlansSQL applies a batch of plans in one statement. A job advances
 // only while it still has the plan's From, is active, enabled and not
-// deleted. Its
-// row is locked with SKIP LOCKED: a job another replica is advancing right
-// now is skipped rather than waited for (that plan is stale once the other
-// commits, and if it rolls back the next scan plans the job again), so
-// replicas applying overlapping batches neither wait nor deadlock. Runs are
-// inserted only for the jobs that advanced, and the unique (job_id,
-// occurrence_at) skips an occurrence that already has its run. The NOTIFY
+// deleted. Its row is locked with SKIP LOCKED: a job another replica is
+// advancing right now is skipped rather than waited for (that plan is stale
+// once the other commits, and if it rolls back the next scan plans the job
+// again), so replicas applying overlapping batches neither wait nor
+// deadlock. Runs are inserted only for the jobs that advanced, and the
+// unique (job_id, scheduled_for, occurrence_at) skips an occurrence that
+// already has its run (occurrence_at is scheduled_for for a
+// schedule-triggered run; see migration 00007). The NOTIFY
 // goes out at commit when runs were created.
 //
 // Rows are reached by primary-key probes from the plan array (a LATERAL
@@ -80,7 +81,7 @@ const applyPlansSQL = `WITH plan AS (
 			$12::text[], $13::timestamptz[], $14::timestamptz[])
 		AS n(id, job_id, project_id, trigger, scheduled_for, deadline_at, state, next_attempt_at, created_at)
 	WHERE n.job_id IN (SELECT id FROM advanced)
-	ON CONFLICT (job_id, occurrence_at) DO NOTHING
+	ON CONFLICT (job_id, scheduled_for, occurrence_at) DO NOTHING
 	RETURNING 1
 )
 SELECT count(*), CASE WHEN count(*) > 0 THEN pg_notify($15, $16) END FROM created`
