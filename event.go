@@ -115,9 +115,34 @@ type EventPage struct {
 	Events []*Event
 	// Head is the project's latest sequence (0 before its first event).
 	Head int64
+	// Oldest is the lowest sequence the feed still holds: retention prunes
+	// the feed from its start, so it holds every event from Oldest to Head
+	// (Oldest is Head+1 when it holds none). A read after a sequence below
+	// Oldest-1 starts at Oldest; its reader missed the events in between.
+	Oldest int64
 	// Next is where the next read continues (its After): every event up to
-	// Next was looked at. It equals After only when After ≥ Head.
+	// Next was looked at (or pruned). It equals After only when After ≥ Head.
 	Next int64
+}
+
+// NextAfter is where a read of a feed continues after a page of events
+// read after "after" (already past the pruned start) with this limit: the
+// last event of a full page, else the end of the window looked at.
+func NextAfter(after, head int64, limit int, events []*Event) int64 {
+	after = max(after, 0)
+	if len(events) == limit {
+		return events[len(events)-1].Sequence
+	}
+	return max(after, min(head, after+EventScanWindow))
+}
+
+// Missed reports the sequences a read after "after" could no longer see,
+// first to last (ok false when none was pruned).
+func (p EventPage) Missed(after int64) (first, last int64, ok bool) {
+	if after+1 >= p.Oldest {
+		return 0, 0, false
+	}
+	return after + 1, p.Oldest - 1, true
 }
 
 // Subscription sends a project's events, one at a time in sequence order,

@@ -71,7 +71,8 @@ type Reader interface {
 	// EventScanWindow sequences. The events, Head and Next come from one
 	// snapshot, in which every event up to Head is visible: sequence order
 	// is commit order, so continuing from Next never misses or repeats an
-	// event. An invalid limit is EINVALID (invalid_limit).
+	// event that retention has not pruned. A read after a sequence below
+	// Oldest-1 starts at Oldest. An invalid limit is EINVALID (invalid_limit).
 	ListEvents(ctx context.Context, projectID string, f EventFilter) (EventPage, error)
 
 	// GetSubscription returns a subscription of the project, or ENOTFOUND.
@@ -284,6 +285,12 @@ type MaintenanceStore interface {
 	// PruneRuns deletes up to limit finished runs (and their attempts) that
 	// finished before cutoff; an unfinished run is never pruned.
 	PruneRuns(ctx context.Context, projectID string, cutoff time.Time, limit int) (int, error)
+	// PruneEvents deletes up to limit of the project's events from the start
+	// of its feed, in sequence order, that occurred before cutoff and that
+	// every subscription of the project has passed (its cursor is at or
+	// after them). It stops at the first event that is not so, so the feed
+	// keeps every event from its Oldest to its Head.
+	PruneEvents(ctx context.Context, projectID string, cutoff time.Time, limit int) (int, error)
 	// PruneIdempotencyKeys deletes up to limit records expired before now.
 	PruneIdempotencyKeys(ctx context.Context, now time.Time, limit int) (int, error)
 	QueueStats(ctx context.Context, now time.Time) (QueueStats, error)

@@ -122,8 +122,9 @@ func (m *Maintainer) RecoverOnce(ctx context.Context) {
 	}
 }
 
-// PruneOnce deletes finished history older than each project's retention,
-// in small batches, and expired idempotency records and dashboard sessions.
+// PruneOnce deletes finished history older than each project's retention
+// (runs with their attempts, and the start of the event feed), in small
+// batches, and expired idempotency records and dashboard sessions.
 func (m *Maintainer) PruneOnce(ctx context.Context) {
 	now := m.cfg.Now()
 	projects, err := m.cfg.Store.ListProjects(ctx)
@@ -137,29 +138,31 @@ func (m *Maintainer) PruneOnce(ctx context.Context) {
 			days = max(p.RetentionDays, MinRetentionDays)
 		}
 		cutoff := now.AddDate(0, 0, -days)
-		for ctx.Err() == nil {
-			n, err := m.cfg.Store.PruneRuns(ctx, p.ID, cutoff, m.cfg.Batch)
-			if err != nil {
-				m.logErr(ctx, "maintenance.prune_failed", err)
-				break
-			}
-			if n < m.cfg.Batch {
-				break
-			}
-		}
+		m.pruneAll(ctx, func(ctx context.Context, limit int) (int, error) {
+			return m.cfg.Store.PruneRuns(ctx, p.ID, cutoff, limit)
+		})
+		m.pruneAll(ctx, func(ctx context.Context, limit int) (int, error) {
+			return m.cfg.Store.PruneEvents(ctx, p.ID, cutoff, limit)
+		})
 	}
 	for _, prune := range []func(context.Context, time.Time, int) (int, error){
 		m.cfg.Store.PruneIdempotencyKeys, m.cfg.Store.PruneSessions,
 	} {
-		for ctx.Err() == nil {
-			n, err := prune(ctx, now, m.cfg.Batch)
-			if err != nil {
-				m.logErr(ctx, "maintenance.prune_failed", err)
-				break
-			}
-			if n < m.cfg.Batch {
-				break
-			}
+		m.pruneAll(ctx, func(ctx context.Context, limit int) (int, error) { return prune(ctx, now, limit) })
+	}
+}
+
+// pruneAll calls prune with the batch size until a batch comes back short,
+// an error (logged) or the end of ctx.
+func (m *Maintainer) pruneAll(ctx context.Context, prune func(ctx context.Context, limit int) (int, error)) {
+	for ctx.Err() == nil {
+		n, err := prune(ctx, m.cfg.Batch)
+		if err != nil {
+			m.logErr(ctx, "maintenance.prune_failed", err)
+			return
+		}
+		if n < m.cfg.Batch {
+			return
 		}
 	}
 }

@@ -33,7 +33,9 @@ func finishedRun(t *testing.T, st vibejobs.Store, j *vibejobs.Job, id string, fi
 
 // TestPruneHonoursProjectRetention: finished history older than each
 // project's retention goes (the installation's 90 days by default, a
-// project's own setting when it has one); unfinished runs always stay.
+// project's own setting when it has one); unfinished runs always stay. The
+// start of each feed goes under the same retention, up to its first recent
+// event.
 func TestPruneHonoursProjectRetention(t *testing.T) {
 	ctx := context.Background()
 	now := t0
@@ -82,6 +84,15 @@ func TestPruneHonoursProjectRetention(t *testing.T) {
 		_, err := st.GetRun(ctx, p, id)
 		if got := err == nil; got != want {
 			t.Errorf("%s kept = %v, want %v (%v)", id, got, want, err)
+		}
+	}
+	// Each finished run appended its event when it finished. The short
+	// project's feed loses its 30-day-old event; the default one keeps both,
+	// since its first event (30 days) is recent for it.
+	for p, oldest := range map[string]int64{"prj_short": 2, "prj_default": 1} {
+		page, err := st.ListEvents(ctx, p, vibejobs.EventFilter{})
+		if err != nil || page.Head != 2 || page.Oldest != oldest {
+			t.Errorf("%s feed: head %d, oldest %d, %v; want head 2, oldest %d", p, page.Head, page.Oldest, err, oldest)
 		}
 	}
 }

@@ -99,16 +99,20 @@ func (t *tx) AppendEvents(ctx context.Context, events ...*vibejobs.Event) error 
 	return nil
 }
 
-// listEventsSQL reads the head and a page of events in one statement, so in
-// one snapshot: every event up to the head it reads is visible to it.
+// listEventsSQL reads the head, the oldest event kept and a page of events
+// in one statement, so in one snapshot: every event up to the head it reads
+// is visible to it. A read from before the oldest event starts there.
 const listEventsSQL = `WITH h AS (
-	SELECT coalesce((SELECT head FROM event_heads WHERE project_id = $1), 0) AS head
+	SELECT head, coalesce((SELECT min(sequence) FROM events WHERE project_id = $1), head + 1) AS oldest
+	FROM (SELECT coalesce((SELECT head FROM event_heads WHERE project_id = $1), 0) AS head) h
+), w AS (
+	SELECT head, oldest, greatest($2, oldest - 1) AS after FROM h
 )
-SELECT h.head, e.sequence, e.type, e.occurred_at, e.job_id, e.run_id, e.state, e.reason, e.attempt, e.error_code,
-	e.status_code, e.next_at
-FROM h LEFT JOIN LATERAL (
+SELECT w.head, w.oldest, e.sequence, e.type, e.occurred_at, e.job_id, e.run_id, e.state, e.reason, e.attempt,
+	e.error_code, e.status_code, e.next_at
+FROM w LEFT JOIN LATERAL (
 	SELECT * FROM events e
-	WHERE e.project_id = $1 AND e.sequence > $2 AND e.sequence <= least(h.head, $2 + $3)
+	WHERE e.project_id = $1 AND e.sequence > w.after AND e.sequence <= least(w.head, w.after + $3)
 		AND (cardinality($4::text[]) = 0 OR e.type = ANY($4::text[]))
 		AND ($5 = '' OR e.job_id = $5)
 	ORDER BY e.sequence
@@ -142,7 +146,7 @@ func (r reader) ListEvents(ctx context.Context, projectID string, f vibejobs.Eve
 			at, next                          *time.Time
 			attempt, status                   *int32
 		)
-		if err := row.Scan(&page.Head, &seq, &typ, &at, &job, &run, &state, &reason, &attempt, &ecd, &status, &next); err != nil {
+		if err := row.Scan(&page.Head, &page.Oldest, &seq, &typ, &at, &job, &run, &state, &reason, &attempt, &ecd, &status, &next); err != nil {
 			return struct{}{}, err
 		}
 		if seq == nil {
@@ -158,13 +162,37 @@ func (r reader) ListEvents(ctx context.Context, projectID string, f vibejobs.Eve
 	if err != nil {
 		return page, mapError(err, "listing events")
 	}
-	page.Next = after
-	if len(page.Events) == limit {
-		page.Next = page.Events[limit-1].Sequence
-	} else {
-		page.Next = max(after, min(page.Head, after+vibejobs.EventScanWindow))
-	}
+	page.Next = vibejobs.NextAfter(max(after, page.Oldest-1), page.Head, limit, page.Events)
 	return page, nil
+}
+
+// PruneEvents deletes the start of projectID's feed; see
+// vibejobs.MaintenanceStore. Replicas pruning at once compute the same
+// start (without SKIP LOCKED, so none can skip a kept event and cut a hole
+// in the feed): the later one waits for the earlier one's deletes, finds
+// those rows gone and deletes nothing more.
+func (s *Store) PruneEvents(ctx context.Context, projectID string, cutoff time.Time, limit int) (int, error) {
+	if limit <= 0 {
+		return 0, nil
+	}
+	tag, err := s.pool.Exec(ctx, `WITH head AS (
+		SELECT sequence, occurred_at FROM events
+		WHERE project_id = $1
+			AND sequence <= coalesce((SELECT min(cursor_seq) FROM subscriptions WHERE project_id = $1),
+				9223372036854775807)
+		ORDER BY sequence
+		LIMIT $3
+	), kept AS (
+		SELECT min(sequence) AS sequence FROM head WHERE occurred_at >= $2
+	)
+	DELETE FROM events WHERE project_id = $1 AND sequence = ANY(ARRAY(
+		SELECT sequence FROM head
+		WHERE sequence < coalesce((SELECT sequence FROM kept), 9223372036854775807)))`,
+		projectID, cutoff, limit)
+	if err != nil {
+		return 0, mapError(err, "pruning events")
+	}
+	return int(tag.RowsAffected()), nil
 }
 
 const subscriptionColumns = `id, project_id, url, types, job_ids, secret_key_id, secret_ciphertext,

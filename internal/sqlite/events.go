@@ -100,12 +100,19 @@ func (t *tx) AppendEvents(ctx context.Context, events ...*vibejobs.Event) error 
 	return appendEvents(ctx, t.t, events)
 }
 
-// listEventsSQL reads the head and a page of events in one statement, so in
-// one snapshot.
-const listEventsSQL = `SELECT h.head, e.sequence, e.type, e.occurred_at, e.job_id, e.run_id, e.state, e.reason,
+// listEventsSQL reads the head, the oldest event kept and a page of events
+// in one statement, so in one snapshot. A read from before the oldest event
+// starts there.
+const listEventsSQL = `WITH h AS (
+		SELECT head, coalesce((SELECT min(sequence) FROM events WHERE project_id = ?1), head + 1) AS oldest
+		FROM (SELECT coalesce((SELECT head FROM event_heads WHERE project_id = ?1), 0) AS head)
+	), w AS (
+		SELECT head, oldest, max(?2, oldest - 1) AS after FROM h
+	)
+	SELECT w.head, w.oldest, e.sequence, e.type, e.occurred_at, e.job_id, e.run_id, e.state, e.reason,
 		e.attempt, e.error_code, e.status_code, e.next_at
-	FROM (SELECT coalesce((SELECT head FROM event_heads WHERE project_id = ?1), 0) AS head) AS h
-	LEFT JOIN events e ON e.project_id = ?1 AND e.sequence > ?2 AND e.sequence <= min(h.head, ?2 + ?3)
+	FROM w
+	LEFT JOIN events e ON e.project_id = ?1 AND e.sequence > w.after AND e.sequence <= min(w.head, w.after + ?3)
 		AND (?4 = '[]' OR e.type IN (SELECT value FROM json_each(?4)))
 		AND (?5 = '' OR e.job_id = ?5)
 	ORDER BY e.sequence LIMIT ?6`
@@ -131,7 +138,7 @@ func (r reader) ListEvents(ctx context.Context, projectID string, f vibejobs.Eve
 		var seq, occurred, attempt, status sql.NullInt64
 		var typ, job, run, state, reason, code sql.NullString
 		var next sql.NullInt64
-		if err := rows.Scan(&page.Head, &seq, &typ, &occurred, &job, &run, &state, &reason, &attempt, &code, &status, &next); err != nil {
+		if err := rows.Scan(&page.Head, &page.Oldest, &seq, &typ, &occurred, &job, &run, &state, &reason, &attempt, &code, &status, &next); err != nil {
 			return page, fmt.Errorf("listing events: %w", err)
 		}
 		if !seq.Valid {
@@ -147,18 +154,37 @@ func (r reader) ListEvents(ctx context.Context, projectID string, f vibejobs.Eve
 	if err := rows.Err(); err != nil {
 		return page, fmt.Errorf("listing events: %w", err)
 	}
-	page.Next = nextAfter(f.After, page.Head, limit, page.Events)
+	page.Next = vibejobs.NextAfter(max(f.After, page.Oldest-1), page.Head, limit, page.Events)
 	return page, nil
 }
 
-// nextAfter is where the read after a page continues: the last event of a
-// full page, else the end of the window looked at.
-func nextAfter(after, head int64, limit int, events []*vibejobs.Event) int64 {
-	after = max(after, 0)
-	if len(events) == limit {
-		return events[len(events)-1].Sequence
+// PruneEvents deletes the start of projectID's feed; see
+// vibejobs.MaintenanceStore.
+func (s *Store) PruneEvents(ctx context.Context, projectID string, cutoff time.Time, limit int) (int, error) {
+	if limit <= 0 {
+		return 0, nil
 	}
-	return max(after, min(head, after+vibejobs.EventScanWindow))
+	var n int64
+	err := s.write(ctx, func(t wtx) error {
+		var err error
+		n, err = changed(t.ExecContext(ctx, `WITH head AS (
+				SELECT sequence, occurred_at FROM events
+				WHERE project_id = ?1
+					AND sequence <= coalesce((SELECT min(cursor_seq) FROM subscriptions WHERE project_id = ?1),
+						9223372036854775807)
+				ORDER BY sequence
+				LIMIT ?3
+			)
+			DELETE FROM events WHERE project_id = ?1 AND sequence IN (
+				SELECT sequence FROM head
+				WHERE sequence < coalesce((SELECT min(sequence) FROM head WHERE occurred_at >= ?2),
+					9223372036854775807))`, projectID, ms(cutoff), limit))
+		return err
+	})
+	if err != nil {
+		return 0, fmt.Errorf("pruning events: %w", err)
+	}
+	return int(n), nil
 }
 
 // subscriptionColumns are the columns scanSubscription reads.

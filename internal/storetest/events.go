@@ -537,3 +537,92 @@ func testSubscriptionDelivery(t *testing.T, f *fixture) {
 	}
 	_ = idle
 }
+
+// appendJobEventsAt appends n job.updated events of j that occurred at "at".
+func (f *fixture) appendJobEventsAt(j *vibejobs.Job, n int, at time.Time) {
+	f.t.Helper()
+	f.update(func(tx vibejobs.Tx) error {
+		for range n {
+			if err := tx.AppendEvents(f.ctx, vibejobs.JobEvent(vibejobs.EventJobUpdated, j, at)); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}
+
+// testPruneEvents: retention deletes the start of a feed, never past a
+// subscription's cursor nor past the first recent event, and a read from
+// before the start learns what it missed.
+func testPruneEvents(t *testing.T, f *fixture) {
+	f.projects()
+	j := f.job(projectA)
+	k := f.job(projectB)
+	day := 24 * time.Hour
+	old, recent, cutoff := T0.Add(-20*day), T0.Add(-day), T0.Add(-7*day)
+
+	empty, err := f.s.ListEvents(f.ctx, projectA, vibejobs.EventFilter{})
+	if err != nil || empty.Head != 0 || empty.Oldest != 1 || empty.Next != 0 {
+		t.Fatalf("empty feed: head %d oldest %d next %d, %v; want 0 1 0", empty.Head, empty.Oldest, empty.Next, err)
+	}
+	f.appendJobEventsAt(j, 3, old) // 1–3
+	s := f.subscription(projectA)  // cursor 3
+	f.appendJobEventsAt(j, 2, old) // 4–5
+	f.appendJobEventsAt(j, 1, recent)
+	f.appendJobEventsAt(j, 2, old) // 7–8, old but after a recent one
+	f.appendJobEventsAt(k, 2, old)
+
+	prune := func(projectID string, limit, want int, oldest int64) {
+		t.Helper()
+		if n, err := f.s.PruneEvents(f.ctx, projectID, cutoff, limit); err != nil || n != want {
+			t.Fatalf("PruneEvents(%s, limit %d) = %d, %v; want %d", projectID, limit, n, err, want)
+		}
+		p, err := f.s.ListEvents(f.ctx, projectID, vibejobs.EventFilter{})
+		if err != nil || p.Oldest != oldest {
+			t.Fatalf("after PruneEvents(%s, limit %d): oldest %d, %v; want %d", projectID, limit, p.Oldest, err, oldest)
+		}
+	}
+	prune(projectA, 2, 2, 3)
+	prune(projectA, 10, 1, 4) // the subscription has not passed event 4
+	f.update(func(tx vibejobs.Tx) error {
+		_, err := tx.ResetSubscription(f.ctx, projectA, s.ID, T0)
+		return err
+	})
+	prune(projectA, 10, 2, 6) // event 6 is recent: it and all after it stay
+	prune(projectA, 10, 0, 6)
+
+	p, err := f.s.ListEvents(f.ctx, projectA, vibejobs.EventFilter{After: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantSequences(t, "the feed read from before its start", p.Events, 5)
+	if len(p.Events) != 3 || p.Head != 8 || p.Next != 8 {
+		t.Errorf("read after 1: %d events, head %d, next %d; want 3 events, head 8, next 8", len(p.Events), p.Head, p.Next)
+	}
+	if first, last, ok := p.Missed(1); !ok || first != 2 || last != 5 {
+		t.Errorf("Missed(1) = %d–%d %v; want 2–5", first, last, ok)
+	}
+	if p, err := f.s.ListEvents(f.ctx, projectA, vibejobs.EventFilter{After: 5}); err != nil || len(p.Events) != 3 {
+		t.Errorf("read after 5: %d events, %v; want 3", len(p.Events), err)
+	} else if _, _, ok := p.Missed(5); ok {
+		t.Errorf("a read after Oldest-1 missed nothing, yet Missed(5) is true")
+	}
+
+	// The other project's feed was untouched; pruned whole, it holds
+	// nothing and its head stays.
+	if got := f.events(projectB, 0); len(got) != 2 {
+		t.Fatalf("project B: %d events, want 2", len(got))
+	}
+	prune(projectB, 10, 2, 3)
+	p, err = f.s.ListEvents(f.ctx, projectB, vibejobs.EventFilter{})
+	if err != nil || len(p.Events) != 0 || p.Head != 2 || p.Next != 2 {
+		t.Errorf("pruned feed: %d events, head %d, next %d, %v; want none, 2, 2", len(p.Events), p.Head, p.Next, err)
+	}
+	if first, last, ok := p.Missed(0); !ok || first != 1 || last != 2 {
+		t.Errorf("Missed(0) of a pruned feed = %d–%d %v; want 1–2", first, last, ok)
+	}
+	f.appendJobEventsAt(k, 1, T0)
+	if got := f.events(projectB, 0); len(got) != 1 || got[0].Sequence != 3 {
+		t.Errorf("after pruning the whole feed, the next event is %v; want sequence 3", eventLines(got))
+	}
+}

@@ -88,6 +88,7 @@ func Run(t *testing.T, open func(t *testing.T) vibejobs.Store) {
 		{"EventsOfCancellationsAndRecovery", testEventsOfCancellationsAndRecovery},
 		{"EventsAppendedAtomically", testEventsAppendedAtomically},
 		{"ListEventsFilters", testListEventsFilters},
+		{"PruneEvents", testPruneEvents},
 		{"Subscriptions", testSubscriptions},
 		{"SubscriptionDelivery", testSubscriptionDelivery},
 	}
