@@ -12,15 +12,17 @@ import (
 
 // eventListJSON is the answer of GET /v1/events.
 type eventListJSON struct {
-	Items []feed.Item `json:"items"`
-	Head  int64       `json:"head"`
-	Next  int64       `json:"next"`
+	Items  []feed.Item `json:"items"`
+	Head   int64       `json:"head"`
+	Oldest int64       `json:"oldest"`
+	Next   int64       `json:"next"`
 }
 
 // listEvents reads the project's feed after a sequence: at most limit
 // events of the given types and job among the next 1000 sequences. next is
 // the after of the following read; a reader that is caught up has next =
-// head.
+// head. oldest is the first sequence retention has kept: a read after an
+// earlier sequence starts there, and its reader missed the ones before.
 func (s *Server) listEvents(ctx context.Context, c *call) (*response, error) {
 	q := c.r.URL.Query()
 	var f vibejobs.EventFilter
@@ -54,7 +56,7 @@ func (s *Server) listEvents(ctx context.Context, c *call) (*response, error) {
 	if err != nil {
 		return nil, err
 	}
-	out := eventListJSON{Items: make([]feed.Item, 0, len(page.Events)), Head: page.Head, Next: page.Next}
+	out := eventListJSON{Items: make([]feed.Item, 0, len(page.Events)), Head: page.Head, Oldest: page.Oldest, Next: page.Next}
 	for _, ev := range page.Events {
 		out.Items = append(out.Items, feed.ItemOf(ev))
 	}

@@ -72,8 +72,8 @@ func TestJobEvents(t *testing.T) {
 		"data": map[string]any{"state": "retrying", "attempt": 1.0, "errorCode": "http_5xx", "statusCode": 503.0,
 			"nextAttemptAt": "2026-10-09T08:00:30.120Z"},
 	})
-	if m["head"] != 12.0 || m["next"] != 10.0 {
-		t.Errorf("head %v next %v, want 12 10", m["head"], m["next"])
+	if m["head"] != 12.0 || m["next"] != 10.0 || m["oldest"] != 1.0 {
+		t.Errorf("head %v next %v oldest %v, want 12 10 1", m["head"], m["next"], m["oldest"])
 	}
 	first := e.must(200, "GET", "/v1/events?limit=1", e.admin, nil)["items"].([]any)[0].(map[string]any)
 	checkFields(t, "job.created", first, map[string]any{

@@ -89,6 +89,10 @@ func eventsTail(fs *flag.FlagSet) func(*call) error {
 			if err != nil {
 				return err
 			}
+			if cursor+1 < page.Oldest {
+				// Said on stderr, so that --json output stays one event per line.
+				fmt.Fprintf(c.stderr, "events %d to %d were pruned by retention before they were read\n", cursor+1, page.Oldest-1)
+			}
 			for _, raw := range page.Items {
 				if c.json {
 					if _, err := fmt.Fprintf(c.stdout, "%s\n", raw); err != nil {
@@ -122,9 +126,10 @@ func eventsTail(fs *flag.FlagSet) func(*call) error {
 }
 
 type eventPageJSON struct {
-	Items []json.RawMessage `json:"items"`
-	Head  int64             `json:"head"`
-	Next  int64             `json:"next"`
+	Items  []json.RawMessage `json:"items"`
+	Head   int64             `json:"head"`
+	Oldest int64             `json:"oldest"`
+	Next   int64             `json:"next"`
 }
 
 func (c *call) eventPage(q url.Values, after int64) (*eventPageJSON, error) {

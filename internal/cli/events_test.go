@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"io"
+	"net/http"
 	"strings"
 	"sync"
 	"testing"
@@ -126,5 +128,35 @@ func TestSubscriptionCommands(t *testing.T) {
 	}
 	if _, errOut, err := a.cli(t, "subscriptions", "create"); err == nil || !strings.Contains(errOut, "Usage: vibejobs subscriptions create") {
 		t.Errorf("create without --url: %v %q", err, errOut)
+	}
+}
+
+// TestEventsTailSaysWhatRetentionPruned: a tail that starts before the
+// feed's oldest kept event says on stderr which sequences it missed, and
+// prints the rest as usual.
+func TestEventsTailSaysWhatRetentionPruned(t *testing.T) {
+	a := startAPI(t, func(h http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if r.URL.Path != "/v1/events" {
+				h.ServeHTTP(w, r)
+				return
+			}
+			w.Header().Set("Content-Type", "application/json")
+			io.WriteString(w, `{"items":[{"sequence":5,"type":"job.paused","occurredAt":"2026-10-09T08:00:00.000Z",`+
+				`"jobId":"job_x","runId":null,"data":{"state":"paused"}}],"head":5,"oldest":5,"next":5}`)
+		})
+	})
+	out, errOut, err := a.cli(t, "events", "tail", "--after", "0", "--follow=false")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.HasPrefix(out, "5 ") || strings.Count(out, "\n") != 1 {
+		t.Errorf("stdout %q, want the one event kept", out)
+	}
+	if !strings.Contains(errOut, "events 1 to 4 were pruned by retention") {
+		t.Errorf("stderr %q does not name the pruned events", errOut)
+	}
+	if _, errOut, _ := a.cli(t, "events", "tail", "--after", "4", "--follow=false"); errOut != "" {
+		t.Errorf("a tail from the oldest kept event says %q", errOut)
 	}
 }
