@@ -25,7 +25,7 @@ import (
 
 // bench runs the benchmarks the issues name, on demand (never in CI):
 //
-//	vibejobs bench burst    [--runs 20000] [--database URL] [--raw] [--cpuprofile FILE]
+//	vibejobs bench burst    [--runs 20000] [--database URL] [--raw|--raw-only] [--cpuprofile FILE]
 //	vibejobs bench lateness [--jobs 1000] [--duration 60s] [--database URL] [--replicas N]
 //	vibejobs bench scale    [--jobs 1000000] [--concurrency 64] [--database URL]
 //	vibejobs bench events   [--jobs 200] [--duration 30s] [--subscriptions 1] [--burst 0] [--database URL]
@@ -43,6 +43,7 @@ func bench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	dur := fs.Duration("duration", 60*time.Second, "lateness: how long to run")
 	database := fs.String("database", "", "postgres://… to bench PostgreSQL; default a fresh SQLite")
 	raw := fs.Bool("raw", false, "burst: also measure a plain sign-and-POST loop with no database")
+	rawOnly := fs.Bool("raw-only", false, "burst: measure only the plain sign-and-POST loop")
 	plain := fs.Bool("plain-client", false, "burst: deliver through a plain HTTP client instead of the egress client (prices the egress policy)")
 	replicas := fs.Int("replicas", 1, "lateness: server processes sharing the database (PostgreSQL for more than one)")
 	conc := fs.Int("concurrency", 512, "delivery concurrency; scale: API client workers")
@@ -52,8 +53,17 @@ func bench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if err := fs.Parse(args[1:]); err != nil {
 		return fmt.Errorf("%w: %v", errUsage, err)
 	}
+	switch {
+	case *runs < 1, *jobs < 1, *conc < 1, *replicas < 1, *subs < 0, *burst < 0:
+		return fmt.Errorf("%w: --runs, --jobs, --concurrency and --replicas must be at least 1, --subscriptions and --burst at least 0", errUsage)
+	case *dur <= 0:
+		return fmt.Errorf("%w: --duration must be positive", errUsage)
+	}
 	switch args[0] {
 	case "burst":
+		if *rawOnly {
+			return benchRaw(stdout, *runs, *conc)
+		}
 		return benchBurst(ctx, stdout, *runs, *database, *raw, *plain, *conc, *cpuprofile)
 	case "lateness":
 		return benchLateness(ctx, stdout, *jobs, *dur, *database, *replicas)
@@ -234,11 +244,9 @@ func benchBurst(ctx context.Context, out io.Writer, n int, database string, raw,
 	}
 	defer br.srv.Close()
 	if raw {
-		rate, err := rawLoop(br.url, n, conc)
-		if err != nil {
+		if err := measureRaw(out, br.url, n, conc); err != nil {
 			return err
 		}
-		fmt.Fprintf(out, "raw sign+POST loop: %d requests, %.0f req/s (concurrency %d)\n", n, rate, conc)
 		br.count.Store(0)
 	}
 	var opts []func(*Main)
@@ -324,6 +332,26 @@ func quantiles(d []time.Duration) string {
 	q := func(p float64) time.Duration { return d[min(len(d)-1, int(p*float64(len(d))))] }
 	return fmt.Sprintf("n=%d p50=%v p90=%v p99=%v max=%v", len(d), q(.5).Round(time.Microsecond),
 		q(.9).Round(time.Microsecond), q(.99).Round(time.Microsecond), d[len(d)-1].Round(time.Microsecond))
+}
+
+// benchRaw measures the plain sign-and-POST loop alone, with conc workers.
+func benchRaw(out io.Writer, n, conc int) error {
+	br, err := newBenchReceiver()
+	if err != nil {
+		return err
+	}
+	defer br.srv.Close()
+	return measureRaw(out, br.url, n, conc)
+}
+
+// measureRaw runs rawLoop against url and prints its rate.
+func measureRaw(out io.Writer, url string, n, conc int) error {
+	rate, err := rawLoop(url, n, conc)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(out, "raw sign+POST loop: %d requests, %.0f req/s (concurrency %d)\n", n, rate, conc)
+	return nil
 }
 
 // rawLoop signs and POSTs n requests to url with conc workers and no database:
