@@ -341,16 +341,10 @@ func (f *fixture) getSubscription(projectID, id string) *vibejobs.Subscription {
 	return s
 }
 
+// appendJobEvents appends n job.updated events of j that occurred at T0.
 func (f *fixture) appendJobEvents(j *vibejobs.Job, n int) {
 	f.t.Helper()
-	f.update(func(tx vibejobs.Tx) error {
-		for range n {
-			if err := tx.AppendEvents(f.ctx, vibejobs.JobEvent(vibejobs.EventJobUpdated, j, T0)); err != nil {
-				return err
-			}
-		}
-		return nil
-	})
+	f.appendJobEventsAt(j, n, T0)
 }
 
 func testSubscriptions(t *testing.T, f *fixture) {
