@@ -136,15 +136,6 @@ func NextAfter(after, head int64, limit int, events []*Event) int64 {
 	return max(after, min(head, after+EventScanWindow))
 }
 
-// Missed reports the sequences a read after "after" could no longer see,
-// first to last (ok false when none was pruned).
-func (p EventPage) Missed(after int64) (first, last int64, ok bool) {
-	if after+1 >= p.Oldest {
-		return 0, 0, false
-	}
-	return after + 1, p.Oldest - 1, true
-}
-
 // Subscription sends a project's events, one at a time in sequence order,
 // to a URL (a webhook). Its cursor moves only after the receiver accepted
 // an event with a 2xx, or past an event the filters exclude.
