@@ -266,3 +266,79 @@ func TestRunEventVisibleWithItsState(t *testing.T) {
 		t.Fatalf("checked %d runs, want 30", checked.Load())
 	}
 }
+
+// TestPruneEventsAcrossReplicas: replicas pruning one feed at once, in small
+// batches, delete exactly the old events before the first recent one and
+// leave the rest contiguous. A pruner that skipped rows another one held
+// could step past the recent event and cut a hole after it.
+func TestPruneEventsAcrossReplicas(t *testing.T) {
+	ctx := context.Background()
+	schema := postgres.NewTestSchema(t)
+	var stores []*postgres.Store
+	for range 4 {
+		stores = append(stores, open(t, schema))
+	}
+	prj := newProject(t, stores[0])
+	job := newJobs(t, stores[0], prj, 1)[0]
+	old, recent, cutoff := t0.Add(-20*24*time.Hour), t0.Add(-time.Hour), t0.Add(-7*24*time.Hour)
+	appendAt := func(n int, at time.Time) {
+		err := stores[0].Update(ctx, func(tx vibejobs.Tx) error {
+			evs := make([]*vibejobs.Event, n)
+			for i := range evs {
+				evs[i] = vibejobs.JobEvent(vibejobs.EventJobUpdated, job, at)
+			}
+			return tx.AppendEvents(ctx, evs...)
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	appendAt(1000, old) // 1–1000: to prune
+	appendAt(1, recent) // 1001: the first kept
+	appendAt(999, old)  // 1002–2000: old, but after a recent one
+	var pruned atomic.Int64
+	var wg sync.WaitGroup
+	for _, s := range stores {
+		wg.Go(func() {
+			for {
+				n, err := s.PruneEvents(ctx, prj, cutoff, 37)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				pruned.Add(int64(n))
+				if n == 0 {
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if pruned.Load() != 1000 {
+		t.Errorf("replicas pruned %d events in all, want 1000", pruned.Load())
+	}
+	var after int64
+	var kept []*vibejobs.Event
+	for {
+		p, err := stores[1].ListEvents(ctx, prj, vibejobs.EventFilter{After: after, Limit: 100})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if p.Oldest != 1001 {
+			t.Fatalf("oldest %d, want 1001", p.Oldest)
+		}
+		kept = append(kept, p.Events...)
+		if p.Next == after {
+			break
+		}
+		after = p.Next
+	}
+	if len(kept) != 1000 || kept[0].Sequence != 1001 || kept[len(kept)-1].Sequence != 2000 {
+		t.Fatalf("kept %d events (%d–%d), want 1001–2000", len(kept), kept[0].Sequence, kept[len(kept)-1].Sequence)
+	}
+	for i, e := range kept {
+		if e.Sequence != 1001+int64(i) {
+			t.Fatalf("a hole in the kept feed: event %d is sequence %d", i, e.Sequence)
+		}
+	}
+}
