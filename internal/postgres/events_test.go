@@ -60,11 +60,7 @@ func follow(t *testing.T, s *postgres.Store, project string, stop <-chan struct{
 // earlier one is visible.
 func TestFeedOrderAcrossReplicas(t *testing.T) {
 	ctx := context.Background()
-	schema := postgres.NewTestSchema(t)
-	var stores []*postgres.Store
-	for range 5 {
-		stores = append(stores, open(t, schema))
-	}
+	stores := replicas(t, 5)
 	prj := newProject(t, stores[0])
 	other := newProject(t, stores[0])
 	jobs := newJobs(t, stores[0], prj, 40)
@@ -273,11 +269,7 @@ func TestRunEventVisibleWithItsState(t *testing.T) {
 // could step past the recent event and cut a hole after it.
 func TestPruneEventsAcrossReplicas(t *testing.T) {
 	ctx := context.Background()
-	schema := postgres.NewTestSchema(t)
-	var stores []*postgres.Store
-	for range 4 {
-		stores = append(stores, open(t, schema))
-	}
+	stores := replicas(t, 4)
 	prj := newProject(t, stores[0])
 	job := newJobs(t, stores[0], prj, 1)[0]
 	old, recent, cutoff := t0.Add(-20*24*time.Hour), t0.Add(-time.Hour), t0.Add(-7*24*time.Hour)

@@ -30,6 +30,17 @@ func open(t testing.TB, schema string) *postgres.Store {
 	return postgres.MustOpenTestWith(t, postgres.Options{Schema: schema, Logger: quiet, Now: func() time.Time { return t0 }})
 }
 
+// replicas opens n stores on one fresh schema, as n processes would.
+func replicas(t testing.TB, n int) []*postgres.Store {
+	t.Helper()
+	schema := postgres.NewTestSchema(t)
+	stores := make([]*postgres.Store, n)
+	for i := range stores {
+		stores[i] = open(t, schema)
+	}
+	return stores
+}
+
 var idSeq atomic.Int64
 
 // id returns a unique id with prefix that sorts by creation.
