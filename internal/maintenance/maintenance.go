@@ -1,6 +1,7 @@
 // Package maintenance runs the background upkeep of the runs table: lease
 // recovery after a crash, failing runs past their delivery lifetime, history
-// retention and queue gauges. Every task is safe on every replica at once.
+// retention, queue gauges and, where the database needs it, vacuuming the
+// queue tables. Every task is safe on every replica at once.
 package maintenance
 
 import (
@@ -14,13 +15,21 @@ import (
 
 // Defaults of Config.
 const (
-	DefaultLeaseInterval = time.Second
-	DefaultPruneInterval = 5 * time.Minute
-	DefaultRetentionDays = 90
-	MinRetentionDays     = 7
-	DefaultBatch         = 500
-	DefaultStatsInterval = 5 * time.Second
+	DefaultLeaseInterval  = time.Second
+	DefaultPruneInterval  = 5 * time.Minute
+	DefaultRetentionDays  = 90
+	MinRetentionDays      = 7
+	DefaultBatch          = 500
+	DefaultStatsInterval  = 5 * time.Second
+	DefaultVacuumInterval = 10 * time.Second
 )
+
+// QueueVacuumer is a store whose queue tables need vacuuming from here (the
+// PostgreSQL store, when the server's autovacuum is off). VacuumQueue
+// reports whether it vacuumed.
+type QueueVacuumer interface {
+	VacuumQueue(ctx context.Context) (bool, error)
+}
 
 // Observer receives maintenance figures for metrics.
 type Observer interface {
@@ -36,6 +45,8 @@ type Config struct {
 	LeaseInterval time.Duration
 	PruneInterval time.Duration
 	StatsInterval time.Duration
+	// VacuumInterval is how often a QueueVacuumer store is asked to vacuum.
+	VacuumInterval time.Duration
 	// RetentionDays is the installation's history retention (≥ 7); a project's
 	// own RetentionDays overrides it.
 	RetentionDays int
@@ -57,6 +68,7 @@ func New(cfg Config) *Maintainer {
 	cfg.LeaseInterval = cmp.Or(cfg.LeaseInterval, DefaultLeaseInterval)
 	cfg.PruneInterval = cmp.Or(cfg.PruneInterval, DefaultPruneInterval)
 	cfg.StatsInterval = cmp.Or(cfg.StatsInterval, DefaultStatsInterval)
+	cfg.VacuumInterval = cmp.Or(cfg.VacuumInterval, DefaultVacuumInterval)
 	cfg.RetentionDays = max(cmp.Or(cfg.RetentionDays, DefaultRetentionDays), MinRetentionDays)
 	cfg.Batch = cmp.Or(cfg.Batch, DefaultBatch)
 	return &Maintainer{cfg: cfg}
@@ -67,9 +79,11 @@ func (m *Maintainer) Run(ctx context.Context) {
 	lease := time.NewTicker(m.cfg.LeaseInterval)
 	prune := time.NewTicker(m.cfg.PruneInterval)
 	stats := time.NewTicker(m.cfg.StatsInterval)
+	vacuum := time.NewTicker(m.cfg.VacuumInterval)
 	defer lease.Stop()
 	defer prune.Stop()
 	defer stats.Stop()
+	defer vacuum.Stop()
 	m.RecoverOnce(ctx)
 	m.StatsOnce(ctx)
 	for {
@@ -82,6 +96,8 @@ func (m *Maintainer) Run(ctx context.Context) {
 			m.StatsOnce(ctx)
 		case <-prune.C:
 			m.PruneOnce(ctx)
+		case <-vacuum.C:
+			m.VacuumOnce(ctx)
 		}
 	}
 }
@@ -164,6 +180,18 @@ func (m *Maintainer) pruneAll(ctx context.Context, prune func(ctx context.Contex
 		if n < m.cfg.Batch {
 			return
 		}
+	}
+}
+
+// VacuumOnce asks the store to vacuum its queue tables, when it is a
+// QueueVacuumer.
+func (m *Maintainer) VacuumOnce(ctx context.Context) {
+	v, ok := m.cfg.Store.(QueueVacuumer)
+	if !ok {
+		return
+	}
+	if _, err := v.VacuumQueue(ctx); err != nil {
+		m.logErr(ctx, "maintenance.vacuum_failed", err)
 	}
 }
 

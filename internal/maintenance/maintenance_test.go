@@ -1,8 +1,12 @@
 package maintenance_test
 
 import (
+	"bytes"
 	"context"
+	"errors"
+	"log/slog"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -95,4 +99,41 @@ func TestPruneHonoursProjectRetention(t *testing.T) {
 			t.Errorf("%s feed: head %d, oldest %d, %v; want head 2, oldest %d", p, page.Head, page.Oldest, err, oldest)
 		}
 	}
+}
+
+// vacuumingStore counts the vacuums asked of it.
+type vacuumingStore struct {
+	vibejobs.Store
+	vacuums int
+	err     error
+}
+
+func (v *vacuumingStore) VacuumQueue(context.Context) (bool, error) {
+	v.vacuums++
+	return v.err == nil, v.err
+}
+
+// TestVacuumOnceAsksAStoreThatVacuums: a store that vacuums its queue
+// tables is asked to on each VacuumOnce, a failure is logged (not fatal),
+// and a store that does not is left alone.
+func TestVacuumOnceAsksAStoreThatVacuums(t *testing.T) {
+	ctx := context.Background()
+	st, err := sqlite.Open(ctx, filepath.Join(t.TempDir(), "db"), sqlite.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	v := &vacuumingStore{Store: st}
+	var logs bytes.Buffer
+	m := maintenance.New(maintenance.Config{Store: v, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	m.VacuumOnce(ctx)
+	v.err = errors.New("boom")
+	m.VacuumOnce(ctx)
+	if v.vacuums != 2 {
+		t.Errorf("VacuumQueue called %d times, want 2", v.vacuums)
+	}
+	if !strings.Contains(logs.String(), "maintenance.vacuum_failed") {
+		t.Errorf("a failed vacuum was not logged: %q", logs.String())
+	}
+	maintenance.New(maintenance.Config{Store: st}).VacuumOnce(ctx) // SQLite: nothing to do
 }

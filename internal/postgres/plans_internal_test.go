@@ -113,3 +113,112 @@ func TestRowsLockedByCTIDAreFetchedByCTID(t *testing.T) {
 		t.Errorf("claiming 64 runs scans a table:\n%s", p)
 	}
 }
+
+// sharedHits returns the buffers EXPLAIN (ANALYZE, BUFFERS) says sql read.
+func sharedHits(t *testing.T, q querier, sql string, args ...any) int {
+	t.Helper()
+	plan := explain(t, q, "(ANALYZE, BUFFERS, COSTS OFF) "+sql, args...)
+	for _, line := range strings.Split(plan, "\n") {
+		var n int
+		if i := strings.Index(line, "shared hit="); i >= 0 {
+			fmt.Sscanf(line[i+len("shared hit="):], "%d", &n)
+			return n
+		}
+	}
+	t.Fatalf("no buffer counts in:\n%s", plan)
+	return 0
+}
+
+// TestVacuumQueueClearsTheClaimIndex: finished runs leave dead entries at
+// the start of runs_claim_idx, which every due-time read walks until a
+// vacuum removes them. With the server's autovacuum off (as on the CI
+// server), VacuumQueue vacuums and the walk shrinks; with it on, it leaves
+// the tables alone.
+func TestVacuumQueueClearsTheClaimIndex(t *testing.T) {
+	ctx := context.Background()
+	t0 := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
+	s := MustOpenTestWith(t, Options{Now: func() time.Time { return t0 }})
+	var autovacuum bool
+	if err := s.pool.QueryRow(ctx, `SELECT current_setting('autovacuum')::boolean`).Scan(&autovacuum); err != nil {
+		t.Fatal(err)
+	}
+	seq := 0
+	id := func(prefix string) string {
+		seq++
+		return fmt.Sprintf("%s%012x%016x", prefix, t0.UnixMilli(), seq)
+	}
+	project := &vibejobs.Project{ID: id("prj_"), Name: "vacuum", CreatedAt: t0}
+	next := t0.Add(time.Hour)
+	job := &vibejobs.Job{
+		ID: id("job_"), ProjectID: project.ID, Name: "tick", Schedule: "@every 1s", Timezone: "UTC",
+		URL: "https://example.com/hook", Enabled: true, State: vibejobs.JobActive,
+		Retry: vibejobs.DefaultRetryPolicy(), Timeout: 10 * time.Second, CatchUp: vibejobs.CatchUpAll,
+		ScheduleAnchor: t0, NextRunAt: &next, CreatedAt: t0, UpdatedAt: t0,
+		Secret: vibejobs.SealedSecret{KeyID: "k1", Ciphertext: []byte("sealed")},
+	}
+	err := s.Update(ctx, func(tx vibejobs.Tx) error {
+		if err := tx.CreateProject(ctx, project); err != nil {
+			return err
+		}
+		return tx.CreateJob(ctx, job)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// 6,000 runs due before t0, all delivered, and one still waiting.
+	const n = 6000
+	var runs []*vibejobs.Run
+	for i := range n + 1 {
+		runs = append(runs, vibejobs.NewRun(id("run_"), job, vibejobs.TriggerManual, t0.Add(time.Duration(i-n)*time.Second), t0))
+	}
+	runs[n].NextAttemptAt = &next
+	err = s.Update(ctx, func(tx vibejobs.Tx) error {
+		for _, r := range runs {
+			if err := tx.CreateRun(ctx, r); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for done := 0; done < n; {
+		claims, err := s.ClaimDueRuns(ctx, "w1", t0, 500, time.Minute)
+		if err != nil || len(claims) == 0 {
+			t.Fatalf("ClaimDueRuns = %d, %v", len(claims), err)
+		}
+		outcomes := make([]vibejobs.Outcome, len(claims))
+		for i, c := range claims {
+			outcomes[i] = vibejobs.Outcome{RunID: c.Run.ID,
+				Attempt: vibejobs.Attempt{Number: c.Run.Attempt, StartedAt: t0, FinishedAt: t0, StatusCode: 200},
+				Step:    vibejobs.Step{State: vibejobs.RunSucceeded}}
+		}
+		if err := s.RecordOutcomes(ctx, "w1", outcomes); err != nil {
+			t.Fatal(err)
+		}
+		done += len(claims)
+	}
+
+	// The first read also visits the dead runs in the heap and marks their
+	// entries dead; what a second read still walks, only a vacuum removes.
+	sharedHits(t, s.queue, nextDueSQL, t0)
+	before := sharedHits(t, s.queue, nextDueSQL, t0)
+	vacuumed, err := s.VacuumQueue(ctx)
+	if err != nil {
+		t.Fatalf("VacuumQueue: %v", err)
+	}
+	if vacuumed == autovacuum {
+		t.Fatalf("VacuumQueue vacuumed = %v with the server's autovacuum = %v", vacuumed, autovacuum)
+	}
+	if autovacuum {
+		t.Skip("the server's autovacuum is on: VacuumQueue leaves the tables to it")
+	}
+	after := sharedHits(t, s.queue, nextDueSQL, t0)
+	if after*3 > before {
+		t.Errorf("the next due time read %d buffers before the vacuum and %d after; want a third at most", before, after)
+	}
+	if at, ok, err := s.NextDueAt(ctx); err != nil || !ok || !at.Equal(next) {
+		t.Errorf("NextDueAt after the vacuum = %v, %v, %v; want %v", at, ok, err, next)
+	}
+}
