@@ -126,16 +126,9 @@ func (m *Maintainer) RecoverOnce(ctx context.Context) {
 			m.cfg.OnRecovered()
 		}
 	}
-	for {
-		n, err := m.cfg.Store.FailExpiredRuns(ctx, now, m.cfg.Batch)
-		if err != nil {
-			m.logErr(ctx, "maintenance.expire_failed", err)
-			break
-		}
-		if n < m.cfg.Batch {
-			break
-		}
-	}
+	m.inBatches(ctx, "maintenance.expire_failed", func(ctx context.Context, limit int) (int, error) {
+		return m.cfg.Store.FailExpiredRuns(ctx, now, limit)
+	})
 }
 
 // PruneOnce deletes finished history older than each project's retention
@@ -154,27 +147,29 @@ func (m *Maintainer) PruneOnce(ctx context.Context) {
 			days = max(p.RetentionDays, MinRetentionDays)
 		}
 		cutoff := now.AddDate(0, 0, -days)
-		m.pruneAll(ctx, func(ctx context.Context, limit int) (int, error) {
+		m.inBatches(ctx, "maintenance.prune_failed", func(ctx context.Context, limit int) (int, error) {
 			return m.cfg.Store.PruneRuns(ctx, p.ID, cutoff, limit)
 		})
-		m.pruneAll(ctx, func(ctx context.Context, limit int) (int, error) {
+		m.inBatches(ctx, "maintenance.prune_failed", func(ctx context.Context, limit int) (int, error) {
 			return m.cfg.Store.PruneEvents(ctx, p.ID, cutoff, limit)
 		})
 	}
 	for _, prune := range []func(context.Context, time.Time, int) (int, error){
 		m.cfg.Store.PruneIdempotencyKeys, m.cfg.Store.PruneSessions,
 	} {
-		m.pruneAll(ctx, func(ctx context.Context, limit int) (int, error) { return prune(ctx, now, limit) })
+		m.inBatches(ctx, "maintenance.prune_failed", func(ctx context.Context, limit int) (int, error) {
+			return prune(ctx, now, limit)
+		})
 	}
 }
 
-// pruneAll calls prune with the batch size until a batch comes back short,
-// an error (logged) or the end of ctx.
-func (m *Maintainer) pruneAll(ctx context.Context, prune func(ctx context.Context, limit int) (int, error)) {
+// inBatches calls task with the batch size until a batch comes back short,
+// an error (logged as failEvent) or the end of ctx.
+func (m *Maintainer) inBatches(ctx context.Context, failEvent string, task func(ctx context.Context, limit int) (int, error)) {
 	for ctx.Err() == nil {
-		n, err := prune(ctx, m.cfg.Batch)
+		n, err := task(ctx, m.cfg.Batch)
 		if err != nil {
-			m.logErr(ctx, "maintenance.prune_failed", err)
+			m.logErr(ctx, failEvent, err)
 			return
 		}
 		if n < m.cfg.Batch {

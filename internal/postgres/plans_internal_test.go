@@ -95,13 +95,7 @@ func TestRowsLockedByCTIDAreFetchedByCTID(t *testing.T) {
 	if err != nil || len(claims) != 64 {
 		t.Fatalf("ClaimDueRuns = %d, %v", len(claims), err)
 	}
-	outcomes := make([]vibejobs.Outcome, len(claims))
-	for i, c := range claims {
-		outcomes[i] = vibejobs.Outcome{RunID: c.Run.ID,
-			Attempt: vibejobs.Attempt{Number: c.Run.Attempt, StartedAt: t0, FinishedAt: t0, StatusCode: 200},
-			Step:    vibejobs.Step{State: vibejobs.RunSucceeded}}
-	}
-	args, err := recordArgs("w1", outcomes)
+	args, err := recordArgs("w1", succeededAt(claims, t0))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -112,6 +106,17 @@ func TestRowsLockedByCTIDAreFetchedByCTID(t *testing.T) {
 	if p := explain(t, s.queue, claimSQL, claimArgs...); strings.Contains(p, "Seq Scan") {
 		t.Errorf("claiming 64 runs scans a table:\n%s", p)
 	}
+}
+
+// succeededAt is the outcome of each claim's attempt answered 200 at "at".
+func succeededAt(claims []*vibejobs.Claim, at time.Time) []vibejobs.Outcome {
+	outcomes := make([]vibejobs.Outcome, len(claims))
+	for i, c := range claims {
+		outcomes[i] = vibejobs.Outcome{RunID: c.Run.ID,
+			Attempt: vibejobs.Attempt{Number: c.Run.Attempt, StartedAt: at, FinishedAt: at, StatusCode: 200},
+			Step:    vibejobs.Step{State: vibejobs.RunSucceeded}}
+	}
+	return outcomes
 }
 
 // sharedHits returns the buffers EXPLAIN (ANALYZE, BUFFERS) says sql read.
@@ -188,13 +193,7 @@ func TestVacuumQueueClearsTheClaimIndex(t *testing.T) {
 		if err != nil || len(claims) == 0 {
 			t.Fatalf("ClaimDueRuns = %d, %v", len(claims), err)
 		}
-		outcomes := make([]vibejobs.Outcome, len(claims))
-		for i, c := range claims {
-			outcomes[i] = vibejobs.Outcome{RunID: c.Run.ID,
-				Attempt: vibejobs.Attempt{Number: c.Run.Attempt, StartedAt: t0, FinishedAt: t0, StatusCode: 200},
-				Step:    vibejobs.Step{State: vibejobs.RunSucceeded}}
-		}
-		if err := s.RecordOutcomes(ctx, "w1", outcomes); err != nil {
+		if err := s.RecordOutcomes(ctx, "w1", succeededAt(claims, t0)); err != nil {
 			t.Fatal(err)
 		}
 		done += len(claims)
