@@ -161,30 +161,18 @@ func (r reader) ListEvents(ctx context.Context, projectID string, f vibejobs.Eve
 // PruneEvents deletes the start of projectID's feed; see
 // vibejobs.MaintenanceStore.
 func (s *Store) PruneEvents(ctx context.Context, projectID string, cutoff time.Time, limit int) (int, error) {
-	if limit <= 0 {
-		return 0, nil
-	}
-	var n int64
-	err := s.write(ctx, func(t wtx) error {
-		var err error
-		n, err = changed(t.ExecContext(ctx, `WITH head AS (
-				SELECT sequence, occurred_at FROM events
-				WHERE project_id = ?1
-					AND sequence <= coalesce((SELECT min(cursor_seq) FROM subscriptions WHERE project_id = ?1),
-						9223372036854775807)
-				ORDER BY sequence
-				LIMIT ?3
-			)
-			DELETE FROM events WHERE project_id = ?1 AND sequence IN (
-				SELECT sequence FROM head
-				WHERE sequence < coalesce((SELECT min(sequence) FROM head WHERE occurred_at >= ?2),
-					9223372036854775807))`, projectID, ms(cutoff), limit))
-		return err
-	})
-	if err != nil {
-		return 0, fmt.Errorf("pruning events: %w", err)
-	}
-	return int(n), nil
+	return s.prune(ctx, "events", limit, `WITH head AS (
+			SELECT sequence, occurred_at FROM events
+			WHERE project_id = ?1
+				AND sequence <= coalesce((SELECT min(cursor_seq) FROM subscriptions WHERE project_id = ?1),
+					9223372036854775807)
+			ORDER BY sequence
+			LIMIT ?3
+		)
+		DELETE FROM events WHERE project_id = ?1 AND sequence IN (
+			SELECT sequence FROM head
+			WHERE sequence < coalesce((SELECT min(sequence) FROM head WHERE occurred_at >= ?2),
+				9223372036854775807))`, projectID, ms(cutoff), limit)
 }
 
 // subscriptionColumns are the columns scanSubscription reads.

@@ -656,22 +656,10 @@ func (s *Store) FailExpiredRuns(ctx context.Context, now time.Time, limit int) (
 // PruneRuns deletes up to limit of the project's finished runs, oldest
 // first, that finished before cutoff; their attempts go with them.
 func (s *Store) PruneRuns(ctx context.Context, projectID string, cutoff time.Time, limit int) (int, error) {
-	if limit <= 0 {
-		return 0, nil
-	}
-	var n int64
-	err := s.write(ctx, func(t wtx) error {
-		var err error
-		n, err = changed(t.ExecContext(ctx, `DELETE FROM runs WHERE seq IN (SELECT seq FROM runs
-			WHERE project_id = ? AND finished_at IS NOT NULL AND finished_at < ?
-				AND state IN ('succeeded', 'failed', 'cancelled')
-			ORDER BY finished_at LIMIT ?)`, projectID, ms(cutoff), limit))
-		return err
-	})
-	if err != nil {
-		return 0, fmt.Errorf("pruning runs: %w", err)
-	}
-	return int(n), nil
+	return s.prune(ctx, "runs", limit, `DELETE FROM runs WHERE seq IN (SELECT seq FROM runs
+		WHERE project_id = ? AND finished_at IS NOT NULL AND finished_at < ?
+			AND state IN ('succeeded', 'failed', 'cancelled')
+		ORDER BY finished_at LIMIT ?)`, projectID, ms(cutoff), limit)
 }
 
 // PruneIdempotencyKeys deletes up to limit records with ExpiresAt ≤ now.
@@ -683,18 +671,25 @@ func (s *Store) PruneIdempotencyKeys(ctx context.Context, now time.Time, limit i
 // dashboard_sessions), found by their key column, whose expires_at ≤ now,
 // the earliest first.
 func (s *Store) pruneExpired(ctx context.Context, table, key string, now time.Time, limit int) (int, error) {
+	return s.prune(ctx, table, limit, `DELETE FROM `+table+` WHERE `+key+` IN (
+		SELECT `+key+` FROM `+table+` WHERE expires_at <= ? ORDER BY expires_at LIMIT ?)`, ms(now), limit)
+}
+
+// prune runs one deleting statement of a batch of at most limit rows (what
+// names them in its error) and returns how many it deleted; a limit ≤ 0
+// deletes nothing.
+func (s *Store) prune(ctx context.Context, what string, limit int, query string, args ...any) (int, error) {
 	if limit <= 0 {
 		return 0, nil
 	}
 	var n int64
 	err := s.write(ctx, func(t wtx) error {
 		var err error
-		n, err = changed(t.ExecContext(ctx, `DELETE FROM `+table+` WHERE `+key+` IN (
-			SELECT `+key+` FROM `+table+` WHERE expires_at <= ? ORDER BY expires_at LIMIT ?)`, ms(now), limit))
+		n, err = changed(t.ExecContext(ctx, query, args...))
 		return err
 	})
 	if err != nil {
-		return 0, fmt.Errorf("pruning %s: %w", table, err)
+		return 0, fmt.Errorf("pruning %s: %w", what, err)
 	}
 	return int(n), nil
 }
