@@ -274,6 +274,11 @@ func benchBurst(ctx context.Context, out io.Writer, n int, database string, raw,
 		}
 		defer stop()
 	}
+	cpuAtDue := make(chan [2]time.Duration, 1)
+	go func() {
+		time.Sleep(time.Until(due))
+		cpuAtDue <- [2]time.Duration{procCPU(os.Getpid()), postgresCPU()}
+	}()
 	deadline := due.Add(5 * time.Minute)
 	for rc.succeeded.Load() < int64(n) {
 		if time.Now().After(deadline) {
@@ -293,6 +298,14 @@ func benchBurst(ctx context.Context, out io.Writer, n int, database string, raw,
 		store, client, n, br.count.Load(), lastRecv.Sub(due).Round(time.Millisecond), float64(n)/lastRecv.Sub(due).Seconds(),
 		lastRec.Sub(due).Round(time.Millisecond), float64(n)/lastRec.Sub(due).Seconds(), maxRSS())
 	fmt.Fprintf(out, "  statements: %s\n", rc.batching())
+	self, pg := procCPU(os.Getpid()), postgresCPU()
+	at := <-cpuAtDue
+	perRun := func(d time.Duration) float64 { return float64(d.Microseconds()) / float64(n) }
+	cpu := fmt.Sprintf("this process %.0f µs/run", perRun(self-at[0]))
+	if database != "" {
+		cpu += fmt.Sprintf(", postgres processes %.0f µs/run", perRun(pg-at[1]))
+	}
+	fmt.Fprintf(out, "  cpu from due to the last record: %s (10 ms ticks)\n", cpu)
 	// Every recorded outcome appended its event in the same transaction.
 	if ps, err := m.store.ListProjects(ctx); err == nil && len(ps) > 0 {
 		if p, err := m.store.ListEvents(ctx, ps[0].ID, vibejobs.EventFilter{After: 1 << 62}); err == nil {

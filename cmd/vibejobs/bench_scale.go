@@ -148,6 +148,23 @@ func procCPU(pid int) time.Duration {
 	return time.Duration(u+s) * time.Second / 100 // USER_HZ
 }
 
+// postgresCPU is the CPU time of every process named postgres on this
+// machine: the database server of a loopback benchmark.
+func postgresCPU() time.Duration {
+	dirs, _ := os.ReadDir("/proc")
+	var sum time.Duration
+	for _, d := range dirs {
+		pid, err := strconv.Atoi(d.Name())
+		if err != nil {
+			continue
+		}
+		if comm, err := os.ReadFile(fmt.Sprintf("/proc/%d/comm", pid)); err == nil && strings.TrimSpace(string(comm)) == "postgres" {
+			sum += procCPU(pid)
+		}
+	}
+	return sum
+}
+
 // procHWM is the peak resident set of a process from /proc.
 func procHWM(pid int) string {
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
