@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"net"
 	"net/http"
 	"os"
@@ -52,7 +53,15 @@ type Config struct {
 	// RotationGrace is how long a subscription's replaced secret keeps
 	// signing requests after rotate-secret.
 	RotationGrace time.Duration
+	// ClaimAhead is the dispatcher's claim-ahead window (see
+	// dispatcher.Config.ClaimAhead): 0 keeps the default, negative turns it
+	// off, at most a second.
+	ClaimAhead time.Duration
 }
+
+// badDuration marks a duration setting whose environment value did not
+// parse; validate reports it.
+const badDuration = time.Duration(math.MinInt64)
 
 // Main is the whole server. Tests start it on port 0 with Run and stop it
 // with Close.
@@ -130,6 +139,21 @@ func (c *Config) flagSet(fs *flag.FlagSet, getenv func(string) string) {
 			c.RotationGrace = d
 		}
 	}
+	if v := getenv("VIBEJOBS_CLAIM_AHEAD"); v != "" {
+		c.ClaimAhead = badDuration
+		if d, err := parseClaimAhead(v); err == nil {
+			c.ClaimAhead = d
+		}
+	}
+	fs.Func("claim-ahead", fmt.Sprintf("claim runs falling due within this window and hold them until due, 0 to 1s; 0 turns it off, so a job's settings are read when its run is due (VIBEJOBS_CLAIM_AHEAD, default %s)", dispatcher.DefaultClaimAhead),
+		func(s string) error {
+			d, err := parseClaimAhead(s)
+			if err != nil {
+				return err
+			}
+			c.ClaimAhead = d
+			return nil
+		})
 	fs.Func("subscription-rotation-grace", "how long a subscription's replaced secret keeps signing requests after rotate-secret, 1m to 720h (VIBEJOBS_SUBSCRIPTION_ROTATION_GRACE, default 24h)",
 		func(s string) error {
 			d, err := time.ParseDuration(s)
@@ -141,8 +165,23 @@ func (c *Config) flagSet(fs *flag.FlagSet, getenv func(string) string) {
 		})
 }
 
+// parseClaimAhead reads a claim-ahead window from 0 to 1s; 0 (off) becomes
+// negative, as dispatcher.Config wants it.
+func parseClaimAhead(s string) (time.Duration, error) {
+	d, err := time.ParseDuration(s)
+	if err != nil || d < 0 || d > time.Second {
+		return 0, errors.New("must be a duration from 0 to 1s, such as 200ms")
+	}
+	if d == 0 {
+		return -1, nil
+	}
+	return d, nil
+}
+
 func (c *Config) validate() error {
 	switch {
+	case c.ClaimAhead == badDuration:
+		return errors.New("VIBEJOBS_CLAIM_AHEAD must be a duration from 0 to 1s, such as 200ms")
 	case c.Concurrency < 1:
 		return errors.New("VIBEJOBS_CONCURRENCY must be a positive integer")
 	case c.PerHost < 1:
@@ -295,7 +334,7 @@ func (m *Main) Run(ctx context.Context) error {
 	disp := dispatcher.New(dispatcher.Config{
 		Store: dispStore, Sender: runSender, Opener: sealer, Owner: owner,
 		UserAgent: "vibejobs/" + Version, Logger: m.logger, Now: now,
-		Concurrency: cfg.Concurrency, PerHost: cfg.PerHost, Observer: obs,
+		Concurrency: cfg.Concurrency, PerHost: cfg.PerHost, ClaimAhead: cfg.ClaimAhead, Observer: obs,
 	})
 	sched := scheduler.New(scheduler.Config{
 		Store: store, Logger: m.logger, Now: now,

@@ -1,0 +1,50 @@
+package main
+
+import (
+	"io"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestClaimAheadSetting: --claim-ahead and VIBEJOBS_CLAIM_AHEAD take a window
+// from 0 to 1s, 0 meaning off (negative for the dispatcher), and anything
+// else is refused with a message naming the range.
+func TestClaimAheadSetting(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		env  string
+		want time.Duration // ignored when bad
+		bad  bool
+	}{
+		{want: 0}, // the dispatcher's default
+		{args: []string{"--claim-ahead", "50ms"}, want: 50 * time.Millisecond},
+		{args: []string{"--claim-ahead", "0"}, want: -1},
+		{env: "0s", want: -1},
+		{env: "1s", want: time.Second},
+		{env: "300ms", args: []string{"--claim-ahead", "100ms"}, want: 100 * time.Millisecond},
+		{args: []string{"--claim-ahead", "2s"}, bad: true},
+		{args: []string{"--claim-ahead", "-5ms"}, bad: true},
+		{args: []string{"--claim-ahead", "soon"}, bad: true},
+		{env: "1.5s", bad: true},
+		{env: "-1ms", bad: true},
+		{env: "200", bad: true},
+	} {
+		m := NewMain(io.Discard, io.Discard)
+		getenv := func(k string) string {
+			if k == "VIBEJOBS_CLAIM_AHEAD" {
+				return tc.env
+			}
+			return ""
+		}
+		err := m.ParseFlags(tc.args, getenv)
+		switch {
+		case tc.bad && (err == nil || !strings.Contains(err.Error(), "from 0 to 1s")):
+			t.Errorf("args %q env %q: err %v, want one naming the range", tc.args, tc.env, err)
+		case !tc.bad && err != nil:
+			t.Errorf("args %q env %q: %v", tc.args, tc.env, err)
+		case !tc.bad && m.Config.ClaimAhead != tc.want:
+			t.Errorf("args %q env %q: ClaimAhead %v, want %v", tc.args, tc.env, m.Config.ClaimAhead, tc.want)
+		}
+	}
+}
