@@ -60,7 +60,7 @@ type Config struct {
 }
 
 // badDuration marks a duration setting whose environment value did not
-// parse; validate reports it.
+// parse; validate reports it (as out of range where it checks one).
 const badDuration = time.Duration(math.MinInt64)
 
 // Main is the whole server. Tests start it on port 0 with Run and stop it
@@ -132,36 +132,37 @@ func (c *Config) flagSet(fs *flag.FlagSet, getenv func(string) string) {
 	intFlag(&c.RetentionDays, "retention-days", "RETENTION_DAYS", maintenance.DefaultRetentionDays, "history retention in days, at least 7")
 	intFlag(&c.MaxJobsPerProject, "max-jobs-per-project", "MAX_JOBS_PER_PROJECT", 10000, "jobs per project at most")
 	intFlag(&c.RateLimit, "rate-limit", "RATE_LIMIT", api.DefaultRatePerSecond, "API requests per second per token (burst twice that)")
-	c.RotationGrace = vibejobs.DefaultRotationGrace
-	if v := getenv("VIBEJOBS_SUBSCRIPTION_ROTATION_GRACE"); v != "" {
-		c.RotationGrace = -1 // reported by validate unless it parses
-		if d, err := time.ParseDuration(v); err == nil {
-			c.RotationGrace = d
+	// durationFlag declares a duration flag whose environment variable is
+	// read first; a value parse refuses is an error of the flag, or, from
+	// the environment, badDuration for validate to report.
+	durationFlag := func(p *time.Duration, name, envName, usage string, parse func(string) (time.Duration, error)) {
+		if v := getenv("VIBEJOBS_" + envName); v != "" {
+			*p = badDuration
+			if d, err := parse(v); err == nil {
+				*p = d
+			}
 		}
-	}
-	if v := getenv("VIBEJOBS_CLAIM_AHEAD"); v != "" {
-		c.ClaimAhead = badDuration
-		if d, err := parseClaimAhead(v); err == nil {
-			c.ClaimAhead = d
-		}
-	}
-	fs.Func("claim-ahead", fmt.Sprintf("claim runs falling due within this window and hold them until due, 0 to 1s; 0 turns it off, so a job's settings are read when its run is due (VIBEJOBS_CLAIM_AHEAD, default %s)", dispatcher.DefaultClaimAhead),
-		func(s string) error {
-			d, err := parseClaimAhead(s)
+		fs.Func(name, usage, func(s string) error {
+			d, err := parse(s)
 			if err != nil {
 				return err
 			}
-			c.ClaimAhead = d
+			*p = d
 			return nil
 		})
-	fs.Func("subscription-rotation-grace", "how long a subscription's replaced secret keeps signing requests after rotate-secret, 1m to 720h (VIBEJOBS_SUBSCRIPTION_ROTATION_GRACE, default 24h)",
-		func(s string) error {
+	}
+	durationFlag(&c.ClaimAhead, "claim-ahead", "CLAIM_AHEAD",
+		fmt.Sprintf("claim runs falling due within this window and hold them until due, 0 to 1s; 0 turns it off, so a job's settings are read when its run is due (VIBEJOBS_CLAIM_AHEAD, default %s)", dispatcher.DefaultClaimAhead),
+		parseClaimAhead)
+	c.RotationGrace = vibejobs.DefaultRotationGrace
+	durationFlag(&c.RotationGrace, "subscription-rotation-grace", "SUBSCRIPTION_ROTATION_GRACE",
+		"how long a subscription's replaced secret keeps signing requests after rotate-secret, 1m to 720h (VIBEJOBS_SUBSCRIPTION_ROTATION_GRACE, default 24h)",
+		func(s string) (time.Duration, error) {
 			d, err := time.ParseDuration(s)
 			if err != nil {
-				return errors.New("must be a duration such as 24h")
+				return 0, errors.New("must be a duration such as 24h")
 			}
-			c.RotationGrace = d
-			return nil
+			return d, nil
 		})
 }
 
