@@ -20,6 +20,7 @@ import (
 
 	"github.com/vibejobs/vibejobs"
 	"github.com/vibejobs/vibejobs/contract"
+	"github.com/vibejobs/vibejobs/internal/dispatcher"
 	"github.com/vibejobs/vibejobs/internal/egress"
 )
 
@@ -185,7 +186,7 @@ func startBenchMain(ctx context.Context, database string, conc int, opts ...func
 	}
 	m := NewMain(io.Discard, io.Discard)
 	m.Config = Config{Listen: "127.0.0.1:0", DataDir: dir, Database: database, AllowPrivate: "127.0.0.0/8",
-		LogFormat: "text", LogLevel: "error", Concurrency: conc, PerHost: conc, RetentionDays: 90, MaxJobsPerProject: 10_000_000}
+		LogFormat: "text", LogLevel: "error", Concurrency: conc, PerHost: min(conc, dispatcher.DefaultPerHost), RetentionDays: 90, MaxJobsPerProject: 10_000_000}
 	rc := &recordCounter{}
 	sl := &sendLateness{}
 	m.WrapDispatchStore = func(s vibejobs.DispatchStore) vibejobs.DispatchStore { rc.DispatchStore = s; return rc }

@@ -60,8 +60,11 @@ type Config struct {
 	Logger    *slog.Logger
 	Now       func() time.Time
 	// Rand returns a uniform number in [0, 1) for retry jitter.
-	Rand         func() float64
-	Concurrency  int
+	Rand func() float64
+	// Concurrency bounds the claims held: attempts being sent, claims
+	// held until their time, and claims waiting for their host.
+	Concurrency int
+	// PerHost bounds the attempts being sent (or held) per host.
 	PerHost      int
 	ClaimBatch   int
 	LeaseMargin  time.Duration
@@ -71,8 +74,14 @@ type Config struct {
 	// costs a few claims instead of one per millisecond, and a claim held
 	// up by the database (a slow commit) is not yet late. The job's
 	// delivery settings are read at the claim, so an edit made less than
-	// ClaimAhead before an attempt may apply from the next one. A negative
-	// value turns it off.
+	// ClaimAhead before an attempt may apply from the next one. It also
+	// bounds how long a claim whose host is full waits for one of the
+	// host's slots before it is released: without the wait, a host with a
+	// backlog had each finishing attempt claim a batch and release all but
+	// one (a burst to one host with the default limits went at half the
+	// rate, for more than twice the database work per run). A negative
+	// value turns it off,
+	// and claims for a full host are released at once.
 	ClaimAhead time.Duration
 	Observer   Observer
 }
@@ -82,9 +91,21 @@ type Dispatcher struct {
 	cfg  Config
 	wake chan struct{}
 
-	mu       sync.Mutex
+	mu sync.Mutex
+	// inflight counts the claims this dispatcher holds: attempts being
+	// sent, claims held until their time and claims waiting for their host.
 	inflight int
-	perHost  map[string]int
+	// perHost counts, per host, the attempts being sent or held until
+	// their time: the host's taken slots.
+	perHost map[string]int
+	// waiting holds, per host, oldest first, the claims that found their
+	// host full; a finishing attempt of the host hands its slot to the
+	// first, and the claim loop releases those not started within
+	// ClaimAhead of their claim.
+	waiting map[string][]waiter
+	// expired holds the waiting claims a finishing attempt found past
+	// their deadline, for the claim loop to release.
+	expired []waiter
 	// starved says the claim loop waits for a free slot: the next attempt
 	// to finish wakes it.
 	starved bool
@@ -117,6 +138,7 @@ func New(cfg Config) *Dispatcher {
 		cfg:      cfg,
 		wake:     make(chan struct{}, 1),
 		perHost:  map[string]int{},
+		waiting:  map[string][]waiter{},
 		outcomes: make(chan vibejobs.Outcome, cfg.Concurrency),
 	}
 }
@@ -139,6 +161,9 @@ func (d *Dispatcher) Run(ctx context.Context) {
 		d.recordLoop()
 	}()
 	defer func() {
+		// Claims still waiting for their host go back to the queue; the
+		// attempts in flight finish.
+		d.expireWaiting(context.Background(), d.cfg.Now(), true)
 		d.wg.Wait()
 		close(d.outcomes)
 		<-flushed
@@ -179,6 +204,16 @@ func (d *Dispatcher) Run(ctx context.Context) {
 // for runs about to fall due, so that a run already due is judged late
 // against the true time.
 func (d *Dispatcher) dispatchOnce(ctx context.Context) (time.Duration, error) {
+	deadline := d.expireWaiting(ctx, d.cfg.Now(), false)
+	wait, err := d.claimOnce(ctx)
+	if !deadline.IsZero() {
+		wait = min(wait, max(deadline.Sub(d.cfg.Now()), time.Millisecond))
+	}
+	return wait, err
+}
+
+// claimOnce is dispatchOnce without the waiting claims.
+func (d *Dispatcher) claimOnce(ctx context.Context) (time.Duration, error) {
 	d.mu.Lock()
 	free := d.cfg.Concurrency - d.inflight
 	d.starved = free <= 0
@@ -243,18 +278,16 @@ func (d *Dispatcher) dispatchOnce(ctx context.Context) (time.Duration, error) {
 // claiming none.
 const retakePause = 5 * time.Millisecond
 
-// start begins the attempts of claims, releasing those whose host is full;
-// it reports whether any was released. A claim made ahead of time (ahead is
-// not zero) is held until it is due: a first attempt until its scheduledFor,
-// a retry until ahead, the latest its next attempt time can be.
+// start begins the attempts of claims. A claim whose host is full waits for
+// one of the host's slots, until ClaimAhead after now, its claim time (with
+// ClaimAhead off it is released at once); start reports whether any was
+// released. A claim made ahead of time (ahead is not zero) is held until it
+// is due: a first attempt until its scheduledFor, a retry until ahead, the
+// latest its next attempt time can be.
 func (d *Dispatcher) start(ctx context.Context, claims []*vibejobs.Claim, now, ahead time.Time) bool {
 	var release []string
 	for _, c := range claims {
 		host := hostKey(c.URL)
-		if !d.acquire(host) {
-			release = append(release, c.Run.ID)
-			continue
-		}
 		var hold time.Time
 		if !ahead.IsZero() {
 			hold = ahead
@@ -262,46 +295,133 @@ func (d *Dispatcher) start(ctx context.Context, claims []*vibejobs.Claim, now, a
 				hold = c.Run.ScheduledFor
 			}
 		}
-		d.wg.Add(1)
-		go d.deliver(c, host, hold)
-	}
-	if len(release) > 0 {
-		if err := d.cfg.Store.ReleaseClaims(context.WithoutCancel(ctx), d.cfg.Owner, release, now); err != nil {
-			d.cfg.Logger.Error("dispatcher.release_failed", "error", err, "runs", len(release))
+		switch d.acquire(host, waiter{c: c, hold: hold, deadline: now.Add(d.cfg.ClaimAhead)}) {
+		case slotTaken:
+			d.wg.Add(1)
+			go d.deliver(c, host, hold)
+		case slotRefused:
+			release = append(release, c.Run.ID)
 		}
 	}
+	d.release(ctx, release, now)
 	return len(release) > 0
 }
 
-// acquire takes a slot for host; when the host is full it marks the claim
-// loop starved, under the same lock a finishing attempt checks, so that
-// attempt's wake-up cannot slip in between.
-func (d *Dispatcher) acquire(host string) bool {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if d.perHost[host] >= d.cfg.PerHost {
-		d.starved = true
-		return false
+// release puts runIDs back in the queue at now.
+func (d *Dispatcher) release(ctx context.Context, runIDs []string, now time.Time) {
+	if len(runIDs) == 0 {
+		return
 	}
-	d.perHost[host]++
-	d.inflight++
-	return true
+	if err := d.cfg.Store.ReleaseClaims(context.WithoutCancel(ctx), d.cfg.Owner, runIDs, now); err != nil {
+		d.cfg.Logger.Error("dispatcher.release_failed", "error", err, "runs", len(runIDs))
+	}
 }
 
-// releaseSlot frees an attempt's slot, and wakes the claim loop when it
-// was waiting for one.
-func (d *Dispatcher) releaseSlot(host string) {
+// waiter is a claim waiting for a slot of its host.
+type waiter struct {
+	c    *vibejobs.Claim
+	hold time.Time // as for deliver
+	// deadline is ClaimAhead after the claim: a claim not started by then
+	// is released, so that no attempt starts later than ClaimAhead after
+	// its job's settings were read.
+	deadline time.Time
+}
+
+// What acquire did with a claim.
+const (
+	slotTaken   = iota // the claim took a slot of its host
+	slotWaiting        // the host is full: the claim waits for a slot
+	slotRefused        // the host is full and claims may not wait
+)
+
+// acquire takes a slot of host for w, or queues w for the next one while
+// ClaimAhead allows claims to wait. A refusal marks the claim loop starved,
+// under the same lock a finishing attempt checks, so that attempt's wake-up
+// cannot slip in between.
+func (d *Dispatcher) acquire(host string, w waiter) int {
 	d.mu.Lock()
-	if d.perHost[host]--; d.perHost[host] <= 0 {
+	defer d.mu.Unlock()
+	switch {
+	case d.perHost[host] < d.cfg.PerHost:
+		d.perHost[host]++
+	case d.cfg.ClaimAhead > 0:
+		d.waiting[host] = append(d.waiting[host], w)
+		d.inflight++
+		return slotWaiting
+	default:
+		d.starved = true
+		return slotRefused
+	}
+	d.inflight++
+	return slotTaken
+}
+
+// releaseSlot frees an attempt's slot: it goes to the first claim waiting
+// for the host, if any (those past their deadline are left to the claim
+// loop), and the claim loop is woken when it was waiting for a slot.
+func (d *Dispatcher) releaseSlot(host string) {
+	now := d.cfg.Now()
+	d.mu.Lock()
+	d.inflight--
+	q := d.waiting[host]
+	for len(q) > 0 && !q[0].deadline.After(now) {
+		d.expired = append(d.expired, q[0])
+		q = q[1:]
+	}
+	var next *waiter
+	if len(q) > 0 {
+		next, q = &q[0], q[1:]
+	}
+	if len(q) > 0 {
+		d.waiting[host] = q
+	} else {
+		delete(d.waiting, host)
+	}
+	if next != nil {
+		d.wg.Add(1) // this attempt's own Done comes after: never a zero count in between
+		go d.deliver(next.c, host, next.hold)
+	} else if d.perHost[host]--; d.perHost[host] <= 0 {
 		delete(d.perHost, host)
 	}
-	d.inflight--
-	starved := d.starved
+	wake := d.starved || len(d.expired) > 0
 	d.starved = false
 	d.mu.Unlock()
-	if starved {
+	if wake {
 		d.Wake()
 	}
+}
+
+// expireWaiting releases the waiting claims whose deadline is not after now,
+// or all of them, and returns the earliest deadline of those left (zero if
+// none).
+func (d *Dispatcher) expireWaiting(ctx context.Context, now time.Time, all bool) time.Time {
+	var (
+		release []string
+		next    time.Time
+	)
+	d.mu.Lock()
+	for _, w := range d.expired {
+		release = append(release, w.c.Run.ID)
+	}
+	d.expired = nil
+	for host, q := range d.waiting {
+		i := 0
+		for ; i < len(q) && (all || !q[i].deadline.After(now)); i++ {
+			release = append(release, q[i].c.Run.ID)
+		}
+		if i == len(q) {
+			delete(d.waiting, host)
+			continue
+		}
+		d.waiting[host] = q[i:]
+		if next.IsZero() || q[i].deadline.Before(next) {
+			next = q[i].deadline
+		}
+	}
+	d.inflight -= len(release)
+	d.mu.Unlock()
+	d.release(ctx, release, now)
+	return next
 }
 
 // deliver makes one attempt of a claimed run. The attempt is not cancelled by

@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -307,5 +308,152 @@ func TestClaimAheadHoldsUntilDue(t *testing.T) {
 		if x.payload["late"] != false {
 			t.Fatalf("on-time run marked late")
 		}
+	}
+}
+
+// releaseCounter counts the runs a dispatcher hands back unsent.
+type releaseCounter struct {
+	vibejobs.DispatchStore
+	released atomic.Int64
+}
+
+func (r *releaseCounter) ReleaseClaims(ctx context.Context, owner string, runIDs []string, now time.Time) error {
+	r.released.Add(int64(len(runIDs)))
+	return r.DispatchStore.ReleaseClaims(ctx, owner, runIDs, now)
+}
+
+// startCounting starts a dispatcher (fake clock, concurrency 8) whose store
+// counts releases; claimAhead as dispatcher.Config.ClaimAhead.
+func (e *env) startCounting(t *testing.T, perHost int, claimAhead time.Duration) *releaseCounter {
+	t.Helper()
+	rc := &releaseCounter{DispatchStore: e.store}
+	d := dispatcher.New(dispatcher.Config{
+		Store: rc, Sender: e.sender, Opener: plainOpener{}, Owner: "test-owner",
+		Now: e.clock.Now, Rand: func() float64 { return 0.5 }, Concurrency: 8, PerHost: perHost,
+		PollInterval: 20 * time.Millisecond, ClaimAhead: claimAhead,
+	})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { d.Run(ctx); close(done) }()
+	t.Cleanup(func() { cancel(); <-done })
+	return rc
+}
+
+// TestFullHostClaimsWaitForASlot: claims whose host is full wait for one of
+// its slots instead of going back to the database, and are sent, as their
+// first attempt, as the host's attempts finish.
+func TestFullHostClaimsWaitForASlot(t *testing.T) {
+	e := newEnv(t)
+	j := e.job(t, "job_a", "https://a.example/")
+	release := make(chan struct{})
+	e.sender.block[j.URL] = release
+	var once sync.Once
+	unblock := func() { once.Do(func() { close(release) }) }
+	var runs []*vibejobs.Run
+	for i := 0; i < 5; i++ {
+		runs = append(runs, e.run(t, j, "run_"+string(rune('a'+i)), e.clock.Now()))
+	}
+	rc := e.startCounting(t, 2, 200*time.Millisecond)
+	t.Cleanup(unblock) // runs before the dispatcher's, which waits for the blocked attempts
+	e.sender.next(t)
+	e.sender.next(t)
+	// All five are claimed (two sending, three waiting) before any is
+	// released or a third is sent.
+	for _, r := range runs {
+		e.waitRun(t, r.ID, func(r *vibejobs.Run) bool { return r.State == vibejobs.RunDelivering })
+	}
+	select {
+	case x := <-e.sender.got:
+		t.Fatalf("a third attempt started while the host was full: %v", x.payload)
+	default:
+	}
+	unblock()
+	for i := 0; i < 3; i++ {
+		if x := e.sender.next(t); x.payload["attempt"] != 1.0 {
+			t.Fatalf("waiting run sent as attempt %v", x.payload["attempt"])
+		}
+	}
+	for _, r := range runs {
+		e.waitRun(t, r.ID, func(r *vibejobs.Run) bool { return r.State == vibejobs.RunSucceeded })
+	}
+	if n := rc.released.Load(); n != 0 {
+		t.Fatalf("%d claims released; want them to wait for the host", n)
+	}
+}
+
+// TestWaitingClaimsReleasedAfterClaimAhead: a claim still waiting for its host
+// ClaimAhead after it was made goes back to the database (no attempt starts
+// later than ClaimAhead after its job's settings were read), and is claimed
+// again, under the same attempt number, once the host has room.
+func TestWaitingClaimsReleasedAfterClaimAhead(t *testing.T) {
+	e := newEnv(t)
+	j := e.job(t, "job_a", "https://a.example/")
+	release := make(chan struct{})
+	e.sender.block[j.URL] = release
+	first := e.run(t, j, "run_a", e.clock.Now())
+	rc := e.startCounting(t, 1, 200*time.Millisecond)
+	var once sync.Once
+	unblock := func() { once.Do(func() { close(release) }) }
+	t.Cleanup(unblock) // runs before the dispatcher's, which waits for the blocked attempt
+	e.sender.next(t)
+	second := e.run(t, j, "run_b", e.clock.Now())
+	e.waitRun(t, second.ID, func(r *vibejobs.Run) bool { return r.State == vibejobs.RunDelivering })
+	if n := rc.released.Load(); n != 0 {
+		t.Fatalf("%d claims released before their time", n)
+	}
+	e.clock.Add(200 * time.Millisecond)
+	// Released, it is claimed again at once and waits anew: the host is
+	// still full.
+	for deadline := time.Now().Add(10 * time.Second); rc.released.Load() == 0; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the waiting claim was not released after ClaimAhead")
+		}
+	}
+	unblock()
+	if x := e.sender.next(t); x.payload["runId"] != second.ID || x.payload["attempt"] != 1.0 {
+		t.Fatalf("after the release sent %v", x.payload)
+	}
+	e.waitRun(t, first.ID, func(r *vibejobs.Run) bool { return r.State == vibejobs.RunSucceeded })
+	e.waitRun(t, second.ID, func(r *vibejobs.Run) bool { return r.State == vibejobs.RunSucceeded })
+}
+
+// TestShutdownReleasesWaitingClaims: at shutdown, claims still waiting for
+// their host go back to the database unsent, for another process to take.
+func TestShutdownReleasesWaitingClaims(t *testing.T) {
+	e := newEnv(t)
+	j := e.job(t, "job_a", "https://a.example/")
+	release := make(chan struct{})
+	e.sender.block[j.URL] = release
+	first := e.run(t, j, "run_a", e.clock.Now())
+	second := e.run(t, j, "run_b", e.clock.Now())
+	rc := &releaseCounter{DispatchStore: e.store}
+	d := dispatcher.New(dispatcher.Config{
+		Store: rc, Sender: e.sender, Opener: plainOpener{}, Owner: "test-owner",
+		Now: e.clock.Now, Rand: func() float64 { return 0.5 }, Concurrency: 8, PerHost: 1,
+		PollInterval: 20 * time.Millisecond, ClaimAhead: 200 * time.Millisecond,
+	})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { d.Run(ctx); close(done) }()
+	sentFirst := e.sender.next(t)
+	e.waitRun(t, second.ID, func(r *vibejobs.Run) bool { return r.State == vibejobs.RunDelivering })
+	cancel()
+	e.waitRun(t, second.ID, func(r *vibejobs.Run) bool { return r.State == vibejobs.RunScheduled })
+	close(release)
+	<-done
+	if sentFirst.payload["runId"] != first.ID {
+		t.Fatalf("sent %v first", sentFirst.payload["runId"])
+	}
+	select {
+	case x := <-e.sender.got:
+		t.Fatalf("sent %v after shutdown began", x.payload["runId"])
+	default:
+	}
+	e.waitRun(t, first.ID, func(r *vibejobs.Run) bool { return r.State == vibejobs.RunSucceeded })
+	if got := e.waitRun(t, second.ID, func(*vibejobs.Run) bool { return true }); got.State != vibejobs.RunScheduled || len(got.Attempts) != 0 {
+		t.Fatalf("waiting run after shutdown: %s with %d attempts", got.State, len(got.Attempts))
+	}
+	if n := rc.released.Load(); n != 1 {
+		t.Fatalf("%d claims released; want the waiting one", n)
 	}
 }
