@@ -395,19 +395,14 @@ func (d *Dispatcher) releaseSlot(host string) {
 // or all of them, and returns the earliest deadline of those left (zero if
 // none).
 func (d *Dispatcher) expireWaiting(ctx context.Context, now time.Time, all bool) time.Time {
-	var (
-		release []string
-		next    time.Time
-	)
+	var next time.Time
 	d.mu.Lock()
-	for _, w := range d.expired {
-		release = append(release, w.c.Run.ID)
-	}
+	release := d.expired
 	d.expired = nil
 	for host, q := range d.waiting {
 		i := 0
 		for ; i < len(q) && (all || !q[i].deadline.After(now)); i++ {
-			release = append(release, q[i].c.Run.ID)
+			release = append(release, q[i])
 		}
 		if i == len(q) {
 			delete(d.waiting, host)
@@ -420,8 +415,30 @@ func (d *Dispatcher) expireWaiting(ctx context.Context, now time.Time, all bool)
 	}
 	d.inflight -= len(release)
 	d.mu.Unlock()
-	d.release(ctx, release, now)
+	d.releaseHeld(ctx, release, now)
 	return next
+}
+
+// releaseHeld releases claims, each no earlier than its hold: a claim made
+// ahead of its time and released at now (a shutdown) must not become due
+// before it (a first attempt before its scheduledFor). Those already due go
+// back at now, the others at the latest of their holds, at most ClaimAhead
+// away.
+func (d *Dispatcher) releaseHeld(ctx context.Context, ws []waiter, now time.Time) {
+	var due, ahead []string
+	later := now
+	for _, w := range ws {
+		if !w.hold.After(now) {
+			due = append(due, w.c.Run.ID)
+			continue
+		}
+		ahead = append(ahead, w.c.Run.ID)
+		if w.hold.After(later) {
+			later = w.hold
+		}
+	}
+	d.release(ctx, due, now)
+	d.release(ctx, ahead, later)
 }
 
 // deliver makes one attempt of a claimed run. The attempt is not cancelled by

@@ -418,14 +418,16 @@ func TestWaitingClaimsReleasedAfterClaimAhead(t *testing.T) {
 }
 
 // TestShutdownReleasesWaitingClaims: at shutdown, claims still waiting for
-// their host go back to the database unsent, for another process to take.
+// their host go back to the database unsent, for another process to take,
+// and not due before their time.
 func TestShutdownReleasesWaitingClaims(t *testing.T) {
 	e := newEnv(t)
 	j := e.job(t, "job_a", "https://a.example/")
 	release := make(chan struct{})
 	e.sender.block[j.URL] = release
 	first := e.run(t, j, "run_a", e.clock.Now())
-	second := e.run(t, j, "run_b", e.clock.Now())
+	// Claimed ahead of its time, it waits for the host (held by the first).
+	second := e.run(t, j, "run_b", e.clock.Now().Add(100*time.Millisecond))
 	rc := &releaseCounter{DispatchStore: e.store}
 	d := dispatcher.New(dispatcher.Config{
 		Store: rc, Sender: e.sender, Opener: plainOpener{}, Owner: "test-owner",
@@ -450,8 +452,13 @@ func TestShutdownReleasesWaitingClaims(t *testing.T) {
 	default:
 	}
 	e.waitRun(t, first.ID, func(r *vibejobs.Run) bool { return r.State == vibejobs.RunSucceeded })
-	if got := e.waitRun(t, second.ID, func(*vibejobs.Run) bool { return true }); got.State != vibejobs.RunScheduled || len(got.Attempts) != 0 {
+	got := e.waitRun(t, second.ID, func(*vibejobs.Run) bool { return true })
+	if got.State != vibejobs.RunScheduled || len(got.Attempts) != 0 {
 		t.Fatalf("waiting run after shutdown: %s with %d attempts", got.State, len(got.Attempts))
+	}
+	// Not due before its time, or another process would send it early.
+	if got.NextAttemptAt == nil || got.NextAttemptAt.Before(second.ScheduledFor) {
+		t.Fatalf("released run due at %v, before its scheduledFor %v", got.NextAttemptAt, second.ScheduledFor)
 	}
 	if n := rc.released.Load(); n != 1 {
 		t.Fatalf("%d claims released; want the waiting one", n)
