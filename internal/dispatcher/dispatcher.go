@@ -73,8 +73,9 @@ type Config struct {
 	// window and hold each until its time, so a second full of occurrences
 	// costs a few claims instead of one per millisecond, and a claim held
 	// up by the database (a slow commit) is not yet late. The job's
-	// delivery settings are read at the claim, so an edit made less than
-	// ClaimAhead before an attempt may apply from the next one. It also
+	// delivery settings are read at the claim, up to ClaimAhead before the
+	// attempt starts; JobChanged withdraws the claims of an edited or
+	// deleted job, so that its attempts start with its new settings. It also
 	// bounds how long a claim whose host is full waits for one of the
 	// host's slots before it is released: without the wait, a host with a
 	// backlog had each finishing attempt claim a batch and release all but
@@ -103,9 +104,13 @@ type Dispatcher struct {
 	// first, and the claim loop releases those not started within
 	// ClaimAhead of their claim.
 	waiting map[string][]waiter
-	// expired holds the waiting claims a finishing attempt found past
-	// their deadline, for the claim loop to release.
-	expired []waiter
+	// held has the claims held until their time by their deliver
+	// goroutine, which a withdrawal (see JobChanged) takes out.
+	held map[*vibejobs.Claim]heldClaim
+	// toRelease holds claims taken out of inflight that the claim loop is
+	// to release: waiting claims a finishing attempt found past their
+	// deadline, and withdrawn ones.
+	toRelease []waiter
 	// starved says the claim loop waits for a free slot: the next attempt
 	// to finish wakes it.
 	starved bool
@@ -139,6 +144,7 @@ func New(cfg Config) *Dispatcher {
 		wake:     make(chan struct{}, 1),
 		perHost:  map[string]int{},
 		waiting:  map[string][]waiter{},
+		held:     map[*vibejobs.Claim]heldClaim{},
 		outcomes: make(chan vibejobs.Outcome, cfg.Concurrency),
 	}
 }
@@ -165,6 +171,8 @@ func (d *Dispatcher) Run(ctx context.Context) {
 		// attempts in flight finish.
 		d.expireWaiting(context.Background(), d.cfg.Now(), true)
 		d.wg.Wait()
+		// And those withdrawn while the attempts finished.
+		d.expireWaiting(context.Background(), d.cfg.Now(), true)
 		close(d.outcomes)
 		<-flushed
 	}()
@@ -296,9 +304,6 @@ func (d *Dispatcher) start(ctx context.Context, claims []*vibejobs.Claim, now, a
 			}
 		}
 		switch d.acquire(host, waiter{c: c, hold: hold, deadline: now.Add(d.cfg.ClaimAhead)}) {
-		case slotTaken:
-			d.wg.Add(1)
-			go d.deliver(c, host, hold)
 		case slotRefused:
 			release = append(release, c.Run.ID)
 		}
@@ -327,6 +332,12 @@ type waiter struct {
 	deadline time.Time
 }
 
+// heldClaim is a claim held until its time.
+type heldClaim struct {
+	hold     time.Time
+	withdraw chan struct{} // closed when the claim is withdrawn
+}
+
 // What acquire did with a claim.
 const (
 	slotTaken   = iota // the claim took a slot of its host
@@ -344,6 +355,7 @@ func (d *Dispatcher) acquire(host string, w waiter) int {
 	switch {
 	case d.perHost[host] < d.cfg.PerHost:
 		d.perHost[host]++
+		d.startLocked(host, w)
 	case d.cfg.ClaimAhead > 0:
 		d.waiting[host] = append(d.waiting[host], w)
 		d.inflight++
@@ -356,6 +368,74 @@ func (d *Dispatcher) acquire(host string, w waiter) int {
 	return slotTaken
 }
 
+// startLocked starts the attempt of w, which holds a slot of host; a claim
+// held until its time is registered in held first, so that it can be
+// withdrawn until its attempt starts. d.mu is held.
+func (d *Dispatcher) startLocked(host string, w waiter) {
+	var withdraw chan struct{}
+	if !w.hold.IsZero() {
+		withdraw = make(chan struct{})
+		d.held[w.c] = heldClaim{hold: w.hold, withdraw: withdraw}
+	}
+	d.wg.Add(1)
+	go d.deliver(w.c, host, w.hold, withdraw)
+}
+
+// JobChanged withdraws the claims of job jobID whose attempt has not
+// started (held until their time, or waiting for their host): they go back
+// to the database, and are claimed again with the job's new settings, or
+// cancelled if it was deleted. Call it once a change to the job's URL,
+// secret, timeout or retry policy, or its deletion, has committed: an
+// attempt then starts with the settings it has when it starts, as the spec
+// wants, although claims read them up to ClaimAhead ahead. Attempts already
+// sent finish.
+func (d *Dispatcher) JobChanged(jobID string) {
+	d.withdraw(func(c *vibejobs.Claim) bool { return c.Run.JobID == jobID })
+}
+
+// WithdrawAll withdraws every claim whose attempt has not started, as
+// JobChanged does: for when job changes may have gone unseen (the
+// database's notifications were lost with their connection).
+func (d *Dispatcher) WithdrawAll() {
+	d.withdraw(func(*vibejobs.Claim) bool { return true })
+}
+
+// withdraw takes out the unstarted claims that match and hands them to the
+// claim loop to release. A held claim's deliver goroutine sees its channel
+// closed and ends without sending, freeing its slot.
+func (d *Dispatcher) withdraw(match func(*vibejobs.Claim) bool) {
+	d.mu.Lock()
+	n := len(d.toRelease)
+	for c, h := range d.held {
+		if match(c) {
+			delete(d.held, c)
+			close(h.withdraw)
+			d.toRelease = append(d.toRelease, waiter{c: c, hold: h.hold})
+		}
+	}
+	for host, q := range d.waiting {
+		kept := q[:0]
+		for _, w := range q {
+			if match(w.c) {
+				d.toRelease = append(d.toRelease, w)
+				d.inflight--
+			} else {
+				kept = append(kept, w)
+			}
+		}
+		if len(kept) == 0 {
+			delete(d.waiting, host)
+		} else {
+			d.waiting[host] = kept
+		}
+	}
+	withdrawn := len(d.toRelease) > n
+	d.mu.Unlock()
+	if withdrawn {
+		d.Wake()
+	}
+}
+
 // releaseSlot frees an attempt's slot: it goes to the first claim waiting
 // for the host, if any (those past their deadline are left to the claim
 // loop), and the claim loop is woken when it was waiting for a slot.
@@ -365,7 +445,8 @@ func (d *Dispatcher) releaseSlot(host string) {
 	d.inflight--
 	q := d.waiting[host]
 	for len(q) > 0 && !q[0].deadline.After(now) {
-		d.expired = append(d.expired, q[0])
+		d.toRelease = append(d.toRelease, q[0])
+		d.inflight--
 		q = q[1:]
 	}
 	var next *waiter
@@ -378,12 +459,11 @@ func (d *Dispatcher) releaseSlot(host string) {
 		delete(d.waiting, host)
 	}
 	if next != nil {
-		d.wg.Add(1) // this attempt's own Done comes after: never a zero count in between
-		go d.deliver(next.c, host, next.hold)
+		d.startLocked(host, *next) // this attempt's own wg.Done comes after: never a zero count in between
 	} else if d.perHost[host]--; d.perHost[host] <= 0 {
 		delete(d.perHost, host)
 	}
-	wake := d.starved || len(d.expired) > 0
+	wake := d.starved || len(d.toRelease) > 0
 	d.starved = false
 	d.mu.Unlock()
 	if wake {
@@ -397,12 +477,13 @@ func (d *Dispatcher) releaseSlot(host string) {
 func (d *Dispatcher) expireWaiting(ctx context.Context, now time.Time, all bool) time.Time {
 	var next time.Time
 	d.mu.Lock()
-	release := d.expired
-	d.expired = nil
+	release := d.toRelease
+	d.toRelease = nil
 	for host, q := range d.waiting {
 		i := 0
 		for ; i < len(q) && (all || !q[i].deadline.After(now)); i++ {
 			release = append(release, q[i])
+			d.inflight--
 		}
 		if i == len(q) {
 			delete(d.waiting, host)
@@ -413,7 +494,6 @@ func (d *Dispatcher) expireWaiting(ctx context.Context, now time.Time, all bool)
 			next = q[i].deadline
 		}
 	}
-	d.inflight -= len(release)
 	d.mu.Unlock()
 	d.releaseHeld(ctx, release, now)
 	return next
@@ -441,13 +521,29 @@ func (d *Dispatcher) releaseHeld(ctx context.Context, ws []waiter, now time.Time
 	d.release(ctx, ahead, later)
 }
 
-// deliver makes one attempt of a claimed run. The attempt is not cancelled by
-// shutdown: it ends within its own timeout.
-func (d *Dispatcher) deliver(c *vibejobs.Claim, host string, hold time.Time) {
+// deliver makes one attempt of a claimed run, after holding it until hold
+// when withdraw is not nil; a claim withdrawn meanwhile ends unsent (the
+// withdrawal releases it). The attempt is not cancelled by shutdown: it
+// ends within its own timeout.
+func (d *Dispatcher) deliver(c *vibejobs.Claim, host string, hold time.Time, withdraw chan struct{}) {
 	defer d.wg.Done()
 	defer d.releaseSlot(host)
-	if wait := hold.Sub(d.cfg.Now()); !hold.IsZero() && wait > 0 {
-		time.Sleep(wait) // at most ClaimAhead
+	if withdraw != nil {
+		if wait := hold.Sub(d.cfg.Now()); wait > 0 {
+			t := time.NewTimer(wait) // at most ClaimAhead
+			select {
+			case <-t.C:
+			case <-withdraw:
+				t.Stop()
+			}
+		}
+		d.mu.Lock()
+		_, held := d.held[c]
+		delete(d.held, c)
+		d.mu.Unlock()
+		if !held {
+			return // withdrawn before its attempt started
+		}
 	}
 	r := c.Run
 	start := d.cfg.Now()

@@ -464,3 +464,103 @@ func TestShutdownReleasesWaitingClaims(t *testing.T) {
 		t.Fatalf("%d claims released; want the waiting one", n)
 	}
 }
+
+// startAhead starts a dispatcher (fake clock) claiming ahead by claimAhead,
+// whose store counts releases.
+func (e *env) startAhead(t *testing.T, claimAhead time.Duration) (*dispatcher.Dispatcher, *releaseCounter) {
+	t.Helper()
+	rc := &releaseCounter{DispatchStore: e.store}
+	d := dispatcher.New(dispatcher.Config{
+		Store: rc, Sender: e.sender, Opener: plainOpener{}, Owner: "test-owner",
+		Now: e.clock.Now, Rand: func() float64 { return 0.5 }, Concurrency: 8, PerHost: 8,
+		PollInterval: 20 * time.Millisecond, ClaimAhead: claimAhead,
+	})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { d.Run(ctx); close(done) }()
+	t.Cleanup(func() { cancel(); <-done })
+	return d, rc
+}
+
+// TestJobChangeWithdrawsHeldClaim: a job edited while its run is claimed
+// ahead and held has the run sent with the new settings, as the spec wants
+// ("every attempt uses the job's URL … as they are when that attempt
+// starts"); one deleted meanwhile has its run cancelled unsent.
+func TestJobChangeWithdrawsHeldClaim(t *testing.T) {
+	t.Run("edited", func(t *testing.T) {
+		e := newEnv(t)
+		j := e.job(t, "job_a", "https://old.example/")
+		r := e.run(t, j, "run_a", e.clock.Now().Add(time.Second))
+		d, rc := e.startAhead(t, 2*time.Second)
+		e.waitRun(t, r.ID, func(r *vibejobs.Run) bool { return r.State == vibejobs.RunDelivering })
+		j.URL = "https://new.example/"
+		e.update(t, func(tx vibejobs.Tx) error { return tx.UpdateJob(context.Background(), j) })
+		d.JobChanged(j.ID)
+		x := e.sender.next(t)
+		if x.url != j.URL || x.payload["attempt"] != 1.0 {
+			t.Fatalf("sent attempt %v to %s, want attempt 1 to the new URL", x.payload["attempt"], x.url)
+		}
+		if n := rc.released.Load(); n != 1 {
+			t.Fatalf("%d claims released; want the held one", n)
+		}
+		e.waitRun(t, r.ID, func(r *vibejobs.Run) bool { return r.State == vibejobs.RunSucceeded })
+	})
+	t.Run("deleted", func(t *testing.T) {
+		e := newEnv(t)
+		j := e.job(t, "job_a", "https://a.example/")
+		other := e.job(t, "job_b", "https://b.example/")
+		r := e.run(t, j, "run_a", e.clock.Now().Add(time.Second))
+		kept := e.run(t, other, "run_b", e.clock.Now().Add(time.Second))
+		d, _ := e.startAhead(t, 2*time.Second)
+		e.waitRun(t, r.ID, func(r *vibejobs.Run) bool { return r.State == vibejobs.RunDelivering })
+		e.waitRun(t, kept.ID, func(r *vibejobs.Run) bool { return r.State == vibejobs.RunDelivering })
+		e.update(t, func(tx vibejobs.Tx) error { return tx.DeleteJob(context.Background(), e.project, j.ID, e.clock.Now()) })
+		d.JobChanged(j.ID)
+		got := e.waitRun(t, r.ID, func(r *vibejobs.Run) bool { return r.State.Finished() })
+		if got.State != vibejobs.RunCancelled || got.FailureReason != vibejobs.ReasonJobDeleted || len(got.Attempts) != 0 {
+			t.Fatalf("held run of a deleted job: %s (%s) with %d attempts", got.State, got.FailureReason, len(got.Attempts))
+		}
+		// The other job's held claim is not touched: it is sent at its time.
+		if x := e.sender.next(t); x.url != other.URL {
+			t.Fatalf("sent to %s", x.url)
+		}
+		e.waitRun(t, kept.ID, func(r *vibejobs.Run) bool { return r.State == vibejobs.RunSucceeded })
+	})
+}
+
+// TestWithdrawAllReleasesWaitingClaims: WithdrawAll (job changes may have
+// been missed) sends back the claims waiting for their host too, which are
+// then claimed again.
+func TestWithdrawAllReleasesWaitingClaims(t *testing.T) {
+	e := newEnv(t)
+	j := e.job(t, "job_a", "https://a.example/")
+	release := make(chan struct{})
+	e.sender.block[j.URL] = release
+	var once sync.Once
+	unblock := func() { once.Do(func() { close(release) }) }
+	first := e.run(t, j, "run_a", e.clock.Now())
+	second := e.run(t, j, "run_b", e.clock.Now())
+	rc := &releaseCounter{DispatchStore: e.store}
+	d := dispatcher.New(dispatcher.Config{
+		Store: rc, Sender: e.sender, Opener: plainOpener{}, Owner: "test-owner",
+		Now: e.clock.Now, Rand: func() float64 { return 0.5 }, Concurrency: 8, PerHost: 1,
+		PollInterval: 20 * time.Millisecond, ClaimAhead: 200 * time.Millisecond,
+	})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { d.Run(ctx); close(done) }()
+	t.Cleanup(func() { cancel(); <-done })
+	t.Cleanup(unblock)
+	e.sender.next(t)
+	e.waitRun(t, second.ID, func(r *vibejobs.Run) bool { return r.State == vibejobs.RunDelivering })
+	d.WithdrawAll()
+	for deadline := time.Now().Add(10 * time.Second); rc.released.Load() == 0; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the waiting claim was not released")
+		}
+	}
+	unblock()
+	for _, r := range []*vibejobs.Run{first, second} {
+		e.waitRun(t, r.ID, func(r *vibejobs.Run) bool { return r.State == vibejobs.RunSucceeded })
+	}
+}
