@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -465,4 +466,39 @@ func equalJSON(a, b any) bool {
 		return ok && slices.EqualFunc(av, bv, equalJSON)
 	}
 	return a == b
+}
+
+// TestJobChangedAfterSettingsCommit: JobChanged names a job once a change to
+// its URL, timeout, retry policy or secret, or its deletion, committed, and
+// not for a change that leaves its delivery alone or is refused.
+func TestJobChangedAfterSettingsCommit(t *testing.T) {
+	var mu sync.Mutex
+	var changed []string
+	e := newEnv(t, func(c *api.Config) {
+		c.JobChanged = func(id string) { mu.Lock(); changed = append(changed, id); mu.Unlock() }
+	})
+	take := func() []string { mu.Lock(); defer mu.Unlock(); out := changed; changed = nil; return out }
+	id := e.createJob(e.admin, nil)["id"].(string)
+	for _, tc := range []struct {
+		what, method, path string
+		body               any
+		status             int
+		want               []string
+	}{
+		{"rename", "PATCH", "/v1/jobs/" + id, map[string]any{"name": "renamed"}, 200, nil},
+		{"pause", "POST", "/v1/jobs/" + id + "/pause", nil, 200, nil},
+		{"refused URL", "PATCH", "/v1/jobs/" + id, map[string]any{"url": "ftp://x"}, 400, nil},
+		{"URL", "PATCH", "/v1/jobs/" + id, map[string]any{"url": "http://127.0.0.1:9/other"}, 200, []string{id}},
+		{"timeout", "PATCH", "/v1/jobs/" + id, map[string]any{"timeout": "20s"}, 200, []string{id}},
+		{"retry", "PATCH", "/v1/jobs/" + id, map[string]any{"retry": map[string]any{"maxAttempts": 2}}, 200, []string{id}},
+		{"secret", "POST", "/v1/jobs/" + id + "/rotate-secret", nil, 200, []string{id}},
+		{"delete", "DELETE", "/v1/jobs/" + id, nil, 204, []string{id}},
+	} {
+		if res := e.do(tc.method, tc.path, e.admin, tc.body); res.status != tc.status {
+			t.Fatalf("%s: %s", tc.what, res)
+		}
+		if got := take(); !slices.Equal(got, tc.want) {
+			t.Errorf("%s: JobChanged(%v), want %v", tc.what, got, tc.want)
+		}
+	}
 }

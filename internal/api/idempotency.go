@@ -145,7 +145,7 @@ func (s *Server) idempotent(ctx context.Context, c *call, effect func(context.Co
 	var resp *response
 	var userErr *vibejobs.Error
 	err = s.update(ctx, func(tx vibejobs.Tx) error {
-		resp, userErr, c.wake = nil, nil, false
+		resp, userErr, c.wake, c.changedJob = nil, nil, false, ""
 		r, err := effect(ctx, c, tx)
 		if err != nil {
 			if e := userError(err); e != nil {
@@ -170,7 +170,7 @@ func (s *Server) idempotent(ctx context.Context, c *call, effect func(context.Co
 		// The effect was refused: nothing of it committed. The refusal is the
 		// answer to this key from now on.
 		resp = errorResponse(userErr)
-		c.wake = false
+		c.wake, c.changedJob = false, ""
 		err = s.update(ctx, func(tx vibejobs.Tx) error {
 			rec, err := s.completedRecord(project, key, hash, resp, c.now)
 			if err != nil {
@@ -186,9 +186,7 @@ func (s *Server) idempotent(ctx context.Context, c *call, effect func(context.Co
 		return s.fail(c, err) // the deferred release frees the key
 	}
 	done = true
-	if c.wake {
-		s.wake()
-	}
+	s.committed(c)
 	return resp
 }
 

@@ -258,6 +258,9 @@ func (s *Server) changeJob(ctx context.Context, c *call, tx vibejobs.Tx, change 
 	if err := tx.UpdateJob(ctx, j); err != nil {
 		return nil, err
 	}
+	if j.URL != before.URL || j.Timeout != before.Timeout || j.Retry != before.Retry {
+		c.changedJob = j.ID
+	}
 	if withdraw {
 		if _, err := tx.DeleteFutureRuns(ctx, j.ID, c.now); err != nil {
 			return nil, err
@@ -358,6 +361,7 @@ func (s *Server) deleteJob(ctx context.Context, c *call) (*response, error) {
 	if err != nil {
 		return nil, err
 	}
+	c.changedJob = id
 	return emptyResponse(http.StatusNoContent), nil
 }
 
@@ -383,6 +387,7 @@ func (s *Server) rotateSecret(ctx context.Context, c *call, tx vibejobs.Tx) (*re
 	if err := tx.UpdateJob(ctx, j); err != nil {
 		return nil, err
 	}
+	c.changedJob = j.ID
 	if err := tx.AppendEvents(ctx, vibejobs.JobEvent(vibejobs.EventJobSecretRotated, j, c.now)); err != nil {
 		return nil, err
 	}

@@ -69,6 +69,11 @@ type Config struct {
 	// Wake is called after a job was created or changed or a manual run was
 	// created, so the scheduler and dispatcher look at once.
 	Wake func()
+	// JobChanged is called with a job's id once a change to its URL,
+	// secret, timeout or retry policy, or its deletion, has committed, so
+	// the dispatcher withdraws its claims not yet sent (see
+	// dispatcher.Dispatcher.JobChanged).
+	JobChanged func(jobID string)
 	// Ready is checked by /readyz besides Store.Ping.
 	Ready func(ctx context.Context) error
 	// Metrics, when set, is served at GET /metrics without a token.
@@ -95,6 +100,7 @@ type Server struct {
 	rand    io.Reader
 	log     *slog.Logger
 	wake    func()
+	changed func(jobID string)
 	ready   func(ctx context.Context) error
 	metrics http.Handler
 	extra   http.Handler
@@ -124,6 +130,7 @@ func New(cfg Config) *Server {
 		rand:    &lockedReader{r: cmp.Or[io.Reader](cfg.Rand, cryptoRand)},
 		log:     cmp.Or(cfg.Logger, slog.Default()),
 		wake:    cfg.Wake,
+		changed: cfg.JobChanged,
 		ready:   cfg.Ready,
 		metrics: cfg.Metrics,
 		extra:   cfg.Extra,
@@ -138,6 +145,9 @@ func New(cfg Config) *Server {
 	}
 	if cfg.Wake == nil {
 		s.wake = func() {}
+	}
+	if cfg.JobChanged == nil {
+		s.changed = func(string) {}
 	}
 	rl := cfg.RateLimit
 	if rl.PerSecond >= 0 {
@@ -226,6 +236,9 @@ type call struct {
 	body  []byte
 	info  *logInfo
 	wake  bool // call Wake once the effect committed
+	// changedJob names a job whose delivery settings changed or that was
+	// deleted: JobChanged is called with it once the effect committed.
+	changedJob string
 }
 
 func (c *call) projectID() string { return c.token.ProjectID }
@@ -377,19 +390,26 @@ func (s *Server) serveRoute(r *http.Request, rt route, info *logInfo) *response 
 		if err != nil {
 			return s.fail(c, err)
 		}
-		if c.wake {
-			s.wake()
-		}
+		s.committed(c)
 		return resp
 	}
 	resp, err := rt.serve(ctx, c)
 	if err != nil {
 		return s.fail(c, err)
 	}
+	s.committed(c)
+	return resp
+}
+
+// committed tells the rest of the process what c's committed effect
+// changed.
+func (s *Server) committed(c *call) {
 	if c.wake {
 		s.wake()
 	}
-	return resp
+	if c.changedJob != "" {
+		s.changed(c.changedJob)
+	}
 }
 
 // fail renders err: a user error as itself, anything else as a logged 500.
