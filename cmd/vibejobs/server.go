@@ -349,6 +349,7 @@ func (m *Main) Run(ctx context.Context) error {
 	apiSrv := api.New(api.Config{
 		Store: store, Sealer: sealer, URLs: policy, Now: now, Logger: m.logger,
 		Wake:              func() { sched.Wake(); disp.Wake(); subs.Wake() },
+		JobChanged:        disp.JobChanged,
 		Metrics:           met.Handler(),
 		Extra:             web.New(web.Config{Store: store, Now: now, Logger: m.logger}),
 		MaxJobsPerProject: cfg.MaxJobsPerProject,
@@ -366,13 +367,25 @@ func (m *Main) Run(ctx context.Context) error {
 	}
 	workCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	m.cancel = cancel
-	if w, ok := store.(interface {
-		Wakeups(context.Context) <-chan struct{}
+	if n, ok := store.(interface {
+		Notifications(context.Context) (<-chan struct{}, <-chan string)
 	}); ok {
-		ch := w.Wakeups(workCtx)
+		// Other replicas' new runs wake the dispatcher; their job changes
+		// withdraw its unsent claims of the job (this replica's own come
+		// from the API as well; a second withdrawal finds nothing).
+		wakeups, jobs := n.Notifications(workCtx)
 		m.goRun(func() {
-			for range ch {
+			for range wakeups {
 				disp.Wake()
+			}
+		})
+		m.goRun(func() {
+			for id := range jobs {
+				if id == "" {
+					disp.WithdrawAll() // changes may have been missed
+				} else {
+					disp.JobChanged(id)
+				}
 			}
 		})
 	}

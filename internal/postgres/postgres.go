@@ -50,6 +50,11 @@ var migrations embed.FS
 // installations in different schemas of one database do not wake each other.
 const NotifyChannel = "vibejobs_runs"
 
+// JobsChannel is the LISTEN/NOTIFY channel on which a Store announces, at
+// commit, a job whose URL, secret, timeout or retry policy changed, or that
+// was deleted. The payload is the job's id, a space and the Store's schema.
+const JobsChannel = "vibejobs_jobs"
+
 // updateAttempts bounds how often Update runs fn when PostgreSQL reports a
 // serialization failure or a deadlock.
 const updateAttempts = 5

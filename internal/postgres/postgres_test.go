@@ -669,6 +669,110 @@ func TestWakeups(t *testing.T) {
 	}
 }
 
+// waitListening waits until store schema's listener session is there
+// (listening starts asynchronously) and returns its application name.
+func waitListening(t *testing.T, s *postgres.Store, schema string) string {
+	t.Helper()
+	listener := "vibejobs listener " + schema
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		var n int
+		err := s.Pool().QueryRow(context.Background(), `SELECT count(*) FROM pg_stat_activity WHERE application_name = $1`, listener).Scan(&n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n > 0 {
+			return listener
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("listener never started")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func wantJobChange(t *testing.T, ch <-chan string, want, what string) {
+	t.Helper()
+	select {
+	case got, ok := <-ch:
+		if !ok || got != want {
+			t.Fatalf("%s: job change %q (open %v), want %q", what, got, ok, want)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatalf("%s: no job change", what)
+	}
+}
+
+func noJobChange(t *testing.T, ch <-chan string, what string) {
+	t.Helper()
+	select {
+	case got := <-ch:
+		t.Fatalf("%s: unexpected job change %q", what, got)
+	case <-time.After(300 * time.Millisecond):
+	}
+}
+
+// TestJobChangeNotifications: a change to a job's delivery settings, or its
+// deletion, reaches every replica of the schema once committed, and nothing
+// else does; a lost listener connection reports that changes may have been
+// missed.
+func TestJobChangeNotifications(t *testing.T) {
+	ctx := context.Background()
+	schema := postgres.NewTestSchema(t)
+	a, b := open(t, schema), open(t, schema)
+	other := open(t, "")
+	prj := newProject(t, b)
+	jobs := newJobs(t, b, prj, 2)
+	oj := newJobs(t, other, newProject(t, other), 1)[0]
+
+	wctx, cancel := context.WithCancel(ctx)
+	_, changes := a.Notifications(wctx)
+	listener := waitListening(t, a, schema)
+	update := func(s *postgres.Store, j *vibejobs.Job, edit func(*vibejobs.Job)) {
+		t.Helper()
+		edit(j)
+		mustUpdate(t, s, func(tx vibejobs.Tx) error { return tx.UpdateJob(ctx, j) })
+	}
+	j := jobs[0]
+	update(b, j, func(j *vibejobs.Job) { j.Name = "renamed"; j.Enabled = false })
+	noJobChange(t, changes, "rename and pause")
+	update(b, j, func(j *vibejobs.Job) { j.URL = "https://example.com/other" })
+	wantJobChange(t, changes, j.ID, "URL changed on another replica")
+	update(b, j, func(j *vibejobs.Job) { j.Timeout = 20 * time.Second })
+	wantJobChange(t, changes, j.ID, "timeout changed")
+	update(b, j, func(j *vibejobs.Job) { j.Retry.MaxAttempts = 2 })
+	wantJobChange(t, changes, j.ID, "retry changed")
+	update(b, j, func(j *vibejobs.Job) { j.Secret.Ciphertext = []byte("resealed") })
+	wantJobChange(t, changes, j.ID, "secret changed")
+	update(other, oj, func(j *vibejobs.Job) { j.URL = "https://example.com/other" })
+	noJobChange(t, changes, "a job of another schema")
+	// Rolled back: nothing.
+	err := b.Update(ctx, func(tx vibejobs.Tx) error {
+		jobs[1].URL = "https://example.com/rolled-back"
+		if err := tx.UpdateJob(ctx, jobs[1]); err != nil {
+			return err
+		}
+		return errors.New("roll back")
+	})
+	if err == nil {
+		t.Fatal("Update did not fail")
+	}
+	noJobChange(t, changes, "rolled back")
+	mustUpdate(t, b, func(tx vibejobs.Tx) error { return tx.DeleteJob(ctx, prj, jobs[1].ID, t0) })
+	wantJobChange(t, changes, jobs[1].ID, "deleted")
+
+	if _, err := b.Pool().Exec(ctx, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = $1`, listener); err != nil {
+		t.Fatal(err)
+	}
+	wantJobChange(t, changes, "", "after reconnecting")
+	update(b, j, func(j *vibejobs.Job) { j.URL = "https://example.com/again" })
+	wantJobChange(t, changes, j.ID, "listening again")
+
+	cancel()
+	for range changes {
+	}
+}
+
 // TestConnectionLossIsUnavailable: a server that refuses connections, and
 // sessions cut under the pool, give EUNAVAILABLE, never an internal error.
 func TestConnectionLossIsUnavailable(t *testing.T) {

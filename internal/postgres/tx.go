@@ -161,26 +161,42 @@ func (t *tx) CreateJob(ctx context.Context, j *vibejobs.Job) error {
 	return nil
 }
 
-// UpdateJob writes every mutable field of the live job j.
+// UpdateJob writes every mutable field of the live job j. When its delivery
+// settings (URL, secret, timeout, retry policy) changed, it notifies
+// JobsChannel at commit.
 func (t *tx) UpdateJob(ctx context.Context, j *vibejobs.Job) error {
-	tag, err := t.q.Exec(ctx, `UPDATE jobs SET name = $3, schedule = $4, at = $5, timezone = $6, url = $7,
-			enabled = $8, state = $9, max_attempts = $10, min_backoff_ns = $11, max_backoff_ns = $12,
-			timeout_ns = $13, catch_up = $14, schedule_anchor = $15, next_run_at = $16,
-			secret_key_id = $17, secret_ciphertext = $18, updated_at = $19
-		WHERE id = $1 AND project_id = $2 AND deleted_at IS NULL`,
+	var n int
+	err := t.q.QueryRow(ctx, `WITH old AS (
+			SELECT url, secret_key_id, secret_ciphertext, timeout_ns, max_attempts, min_backoff_ns, max_backoff_ns
+			FROM jobs WHERE id = $1 AND project_id = $2 AND deleted_at IS NULL
+			FOR UPDATE
+		), updated AS (
+			UPDATE jobs j SET name = $3, schedule = $4, at = $5, timezone = $6, url = $7,
+				enabled = $8, state = $9, max_attempts = $10, min_backoff_ns = $11, max_backoff_ns = $12,
+				timeout_ns = $13, catch_up = $14, schedule_anchor = $15, next_run_at = $16,
+				secret_key_id = $17, secret_ciphertext = $18, updated_at = $19
+			FROM old
+			WHERE j.id = $1
+			RETURNING (old.url, old.secret_key_id, old.secret_ciphertext, old.timeout_ns, old.max_attempts,
+				old.min_backoff_ns, old.max_backoff_ns) IS DISTINCT FROM (j.url, j.secret_key_id,
+				j.secret_ciphertext, j.timeout_ns, j.max_attempts, j.min_backoff_ns, j.max_backoff_ns) AS changed
+		)
+		SELECT count(*), CASE WHEN bool_or(changed) THEN pg_notify($20, $21) END FROM updated`,
 		j.ID, j.ProjectID, j.Name, j.Schedule, j.At, j.Timezone, j.URL, j.Enabled, string(j.State),
 		j.Retry.MaxAttempts, int64(j.Retry.MinBackoff), int64(j.Retry.MaxBackoff), int64(j.Timeout),
-		string(j.CatchUp), j.ScheduleAnchor, j.NextRunAt, j.Secret.KeyID, nonNil(j.Secret.Ciphertext), j.UpdatedAt)
+		string(j.CatchUp), j.ScheduleAnchor, j.NextRunAt, j.Secret.KeyID, nonNil(j.Secret.Ciphertext), j.UpdatedAt,
+		JobsChannel, t.s.jobPayload(j.ID)).Scan(&n, nil)
 	if err != nil {
 		return mapError(err, "updating a job")
 	}
-	if tag.RowsAffected() == 0 {
+	if n == 0 {
 		return vibejobs.ErrNotFound("job")
 	}
 	return nil
 }
 
-// DeleteJob marks the job deleted and cancels its waiting runs. The job row
+// DeleteJob marks the job deleted, cancels its waiting runs, and notifies
+// JobsChannel at commit (replicas withdraw their claims of it). The job row
 // is updated first: its row lock orders DeleteJob after (or before) a
 // concurrent ApplyRunPlans or CreateRun, and the cancelling statement, with
 // a fresh READ COMMITTED snapshot, then sees every run they committed.
@@ -205,7 +221,7 @@ func (t *tx) DeleteJob(ctx context.Context, projectID, id string, at time.Time) 
 			NULL::timestamptz AS next_at
 		FROM cancelled
 	)`+appendEventsTail+`
-	SELECT 1`, id, vibejobs.ReasonJobDeleted, at)
+	SELECT pg_notify($4, $5)`, id, vibejobs.ReasonJobDeleted, at, JobsChannel, t.s.jobPayload(id))
 	return mapError(err, "cancelling the runs of a deleted job")
 }
 

@@ -27,6 +27,24 @@ const (
 // fallback in between). The channel is closed when ctx is done or the Store
 // is closed.
 func (s *Store) Wakeups(ctx context.Context) <-chan struct{} {
+	return s.subscribe(ctx, nil)
+}
+
+// Notifications is Wakeups, and on the same connection JobsChannel: the
+// second channel receives, in order, the id of each job of this Store's
+// schema whose delivery settings changed or that was deleted, by any
+// replica, once committed; and "" once listening again after a lost
+// connection, since changes may have been missed meanwhile. The caller must
+// keep reading it: the listener waits for it. Both channels are closed when
+// ctx is done or the Store is closed.
+func (s *Store) Notifications(ctx context.Context) (wakeups <-chan struct{}, jobs <-chan string) {
+	ch := make(chan string, 64)
+	return s.subscribe(ctx, ch), ch
+}
+
+// subscribe starts the listener of Wakeups and Notifications; jobs, when not
+// nil, receives job changes and is closed with the other.
+func (s *Store) subscribe(ctx context.Context, jobs chan string) <-chan struct{} {
 	out := make(chan struct{}, 1)
 	ctx, cancel := context.WithCancel(ctx)
 	stop := context.AfterFunc(s.closing, cancel)
@@ -34,9 +52,12 @@ func (s *Store) Wakeups(ctx context.Context) <-chan struct{} {
 	go func() {
 		defer s.listeners.Done()
 		defer close(out)
+		if jobs != nil {
+			defer close(jobs)
+		}
 		defer stop()
 		defer cancel()
-		s.listen(ctx, out)
+		s.listen(ctx, out, jobs)
 	}()
 	return out
 }
@@ -49,13 +70,16 @@ func signal(out chan<- struct{}) {
 }
 
 // listen runs listening sessions until ctx is done.
-func (s *Store) listen(ctx context.Context, out chan<- struct{}) {
+func (s *Store) listen(ctx context.Context, out chan<- struct{}, jobs chan<- string) {
 	backoff := listenMinBackoff
 	first := true
 	for ctx.Err() == nil {
-		listening, err := s.listenOnce(ctx, out, func() {
+		listening, err := s.listenOnce(ctx, out, jobs, func() {
 			if !first {
-				signal(out) // wake the reader: notifications may have been missed
+				// Notifications may have been missed: wake the reader, and
+				// say that any job may have changed.
+				signal(out)
+				send(ctx, jobs, "")
 			}
 			first = false
 			backoff = listenMinBackoff
@@ -79,10 +103,24 @@ func (s *Store) listen(ctx context.Context, out chan<- struct{}) {
 	}
 }
 
+// send hands v to ch (if not nil) unless ctx ends first.
+func send(ctx context.Context, ch chan<- string, v string) {
+	if ch == nil {
+		return
+	}
+	select {
+	case ch <- v:
+	case <-ctx.Done():
+	}
+}
+
+// jobPayload is the JobsChannel payload announcing job id.
+func (s *Store) jobPayload(id string) string { return id + " " + s.schema }
+
 // listenOnce connects, LISTENs, calls ready, and forwards this schema's
 // notifications until the connection fails or ctx is done. listening reports
 // whether it got as far as ready.
-func (s *Store) listenOnce(ctx context.Context, out chan<- struct{}, ready func()) (listening bool, err error) {
+func (s *Store) listenOnce(ctx context.Context, out chan<- struct{}, jobs chan<- string, ready func()) (listening bool, err error) {
 	conn, err := pgx.ConnectConfig(ctx, s.listenConfig())
 	if err != nil {
 		return false, mapError(err, "connecting to listen")
@@ -90,6 +128,11 @@ func (s *Store) listenOnce(ctx context.Context, out chan<- struct{}, ready func(
 	defer conn.Close(context.WithoutCancel(ctx))
 	if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{NotifyChannel}.Sanitize()); err != nil {
 		return false, mapError(err, "listening")
+	}
+	if jobs != nil {
+		if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{JobsChannel}.Sanitize()); err != nil {
+			return false, mapError(err, "listening")
+		}
 	}
 	ready()
 	for {
@@ -109,8 +152,16 @@ func (s *Store) listenOnce(ctx context.Context, out chan<- struct{}, ready func(
 		if err != nil {
 			return true, mapError(err, "waiting for notifications")
 		}
-		if n.Payload == s.schema {
-			signal(out)
+		switch n.Channel {
+		case NotifyChannel:
+			if n.Payload == s.schema {
+				signal(out)
+			}
+		case JobsChannel:
+			// A job id holds no space; the schema may.
+			if id, schema, ok := strings.Cut(n.Payload, " "); ok && schema == s.schema {
+				send(ctx, jobs, id)
+			}
 		}
 	}
 }

@@ -1,0 +1,82 @@
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"net/http"
+	"net/http/httptest"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/vibejobs/vibejobs"
+	"github.com/vibejobs/vibejobs/internal/postgres"
+)
+
+// TestEditOnAnotherReplicaReachesHeldClaim: a job whose URL another replica
+// changes while this one holds its run, claimed ahead, has the run sent to
+// the new URL: the change reaches the dispatcher through PostgreSQL's
+// notifications (the edit here bypasses this process's API).
+func TestEditOnAnotherReplicaReachesHeldClaim(t *testing.T) {
+	url, other := pgReplicaURL(t, "")
+	var toOld, toNew atomic.Int64
+	counting := func(n *atomic.Int64) *httptest.Server {
+		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { n.Add(1) }))
+		t.Cleanup(srv.Close)
+		return srv
+	}
+	oldURL, newURL := counting(&toOld).URL+"/hook", counting(&toNew).URL+"/hook"
+
+	ctx := context.Background()
+	m, _, _, cleanup, err := startBenchMain(ctx, url, 8, func(m *Main) { m.Config.ClaimAhead = time.Second })
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(cleanup)
+	far := time.Date(time.Now().Year()+1, 1, 1, 0, 0, 0, 0, time.UTC)
+	var job *vibejobs.Job
+	if err := createJobs(ctx, m, 1, func(_ int, j *vibejobs.Job) {
+		j.Schedule, j.URL, j.NextRunAt = "0 0 1 1 *", oldURL, &far
+		job = j
+	}); err != nil {
+		t.Fatal(err)
+	}
+	// Due in 1.5 s: claimed 1 s ahead, then held.
+	due := time.Now().Add(1500 * time.Millisecond).UTC().Truncate(time.Millisecond)
+	run := vibejobs.NewRun(vibejobs.NewID("run_", time.Now(), rand.Reader), job, vibejobs.TriggerSchedule, due, time.Now())
+	next := far
+	if _, err := m.store.ApplyRunPlans(ctx, []vibejobs.RunPlan{{JobID: job.ID, From: far, Next: &next,
+		Runs: []*vibejobs.Run{run}}}, time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	state := func() vibejobs.RunState {
+		r, err := other.GetRun(ctx, job.ProjectID, run.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r.State
+	}
+	for state() != vibejobs.RunDelivering {
+		if time.Now().After(due) {
+			t.Fatal("the run was not claimed ahead of its time")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	job.URL = newURL
+	mustUpdatePG(t, other, func(tx vibejobs.Tx) error { return tx.UpdateJob(ctx, job) })
+	for deadline := time.Now().Add(10 * time.Second); state() != vibejobs.RunSucceeded; time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("run still %s", state())
+		}
+	}
+	if toOld.Load() != 0 || toNew.Load() != 1 {
+		t.Fatalf("sent %d to the old URL and %d to the new one; want the one attempt at the new URL", toOld.Load(), toNew.Load())
+	}
+}
+
+func mustUpdatePG(t *testing.T, s *postgres.Store, fn func(tx vibejobs.Tx) error) {
+	t.Helper()
+	if err := s.Update(context.Background(), fn); err != nil {
+		t.Fatal(err)
+	}
+}
