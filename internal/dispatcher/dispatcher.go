@@ -472,13 +472,32 @@ func (d *Dispatcher) releaseSlot(host string) {
 }
 
 // expireWaiting releases the waiting claims whose deadline is not after now,
-// or all of them, and returns the earliest deadline of those left (zero if
-// none).
+// and the claims in toRelease whose hold is not after now (a withdrawn claim
+// goes back once due, so that it is neither due early nor, for a deleted
+// job, cancelled at a time still to come), or all of them; it returns the
+// earliest deadline or hold of those left (zero if none).
 func (d *Dispatcher) expireWaiting(ctx context.Context, now time.Time, all bool) time.Time {
-	var next time.Time
+	var (
+		next    time.Time
+		release []waiter
+	)
+	earliest := func(t time.Time) {
+		if next.IsZero() || t.Before(next) {
+			next = t
+		}
+	}
 	d.mu.Lock()
-	release := d.toRelease
-	d.toRelease = nil
+	kept := d.toRelease[:0]
+	for _, w := range d.toRelease {
+		if all || !w.hold.After(now) {
+			release = append(release, w)
+		} else {
+			kept = append(kept, w)
+			earliest(w.hold)
+		}
+	}
+	clear(d.toRelease[len(kept):])
+	d.toRelease = kept
 	for host, q := range d.waiting {
 		i := 0
 		for ; i < len(q) && (all || !q[i].deadline.After(now)); i++ {
@@ -490,9 +509,7 @@ func (d *Dispatcher) expireWaiting(ctx context.Context, now time.Time, all bool)
 			continue
 		}
 		d.waiting[host] = q[i:]
-		if next.IsZero() || q[i].deadline.Before(next) {
-			next = q[i].deadline
-		}
+		earliest(q[i].deadline)
 	}
 	d.mu.Unlock()
 	d.releaseHeld(ctx, release, now)

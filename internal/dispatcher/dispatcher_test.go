@@ -496,6 +496,8 @@ func TestJobChangeWithdrawsHeldClaim(t *testing.T) {
 		j.URL = "https://new.example/"
 		e.update(t, func(tx vibejobs.Tx) error { return tx.UpdateJob(context.Background(), j) })
 		d.JobChanged(j.ID)
+		// Withdrawn, it goes back once due, and is claimed again.
+		e.clock.Add(time.Second)
 		x := e.sender.next(t)
 		if x.url != j.URL || x.payload["attempt"] != 1.0 {
 			t.Fatalf("sent attempt %v to %s, want attempt 1 to the new URL", x.payload["attempt"], x.url)
@@ -516,6 +518,7 @@ func TestJobChangeWithdrawsHeldClaim(t *testing.T) {
 		e.waitRun(t, kept.ID, func(r *vibejobs.Run) bool { return r.State == vibejobs.RunDelivering })
 		e.update(t, func(tx vibejobs.Tx) error { return tx.DeleteJob(context.Background(), e.project, j.ID, e.clock.Now()) })
 		d.JobChanged(j.ID)
+		e.clock.Add(time.Second)
 		got := e.waitRun(t, r.ID, func(r *vibejobs.Run) bool { return r.State.Finished() })
 		if got.State != vibejobs.RunCancelled || got.FailureReason != vibejobs.ReasonJobDeleted || len(got.Attempts) != 0 {
 			t.Fatalf("held run of a deleted job: %s (%s) with %d attempts", got.State, got.FailureReason, len(got.Attempts))
