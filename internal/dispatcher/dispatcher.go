@@ -303,8 +303,7 @@ func (d *Dispatcher) start(ctx context.Context, claims []*vibejobs.Claim, now, a
 				hold = c.Run.ScheduledFor
 			}
 		}
-		switch d.acquire(host, waiter{c: c, hold: hold, deadline: now.Add(d.cfg.ClaimAhead)}) {
-		case slotRefused:
+		if d.acquire(host, waiter{c: c, hold: hold, deadline: now.Add(d.cfg.ClaimAhead)}) == slotRefused {
 			release = append(release, c.Run.ID)
 		}
 	}
@@ -438,16 +437,19 @@ func (d *Dispatcher) withdraw(match func(*vibejobs.Claim) bool) {
 
 // releaseSlot frees an attempt's slot: it goes to the first claim waiting
 // for the host, if any (those past their deadline are left to the claim
-// loop), and the claim loop is woken when it was waiting for a slot.
+// loop, which is woken to release them), and the claim loop is woken when
+// it was waiting for a slot.
 func (d *Dispatcher) releaseSlot(host string) {
 	now := d.cfg.Now()
 	d.mu.Lock()
 	d.inflight--
 	q := d.waiting[host]
+	expired := false
 	for len(q) > 0 && !q[0].deadline.After(now) {
 		d.toRelease = append(d.toRelease, q[0])
 		d.inflight--
 		q = q[1:]
+		expired = true
 	}
 	var next *waiter
 	if len(q) > 0 {
@@ -463,7 +465,7 @@ func (d *Dispatcher) releaseSlot(host string) {
 	} else if d.perHost[host]--; d.perHost[host] <= 0 {
 		delete(d.perHost, host)
 	}
-	wake := d.starved || len(d.toRelease) > 0
+	wake := d.starved || expired
 	d.starved = false
 	d.mu.Unlock()
 	if wake {
