@@ -88,6 +88,20 @@ type env struct {
 	clock   *clock
 	sender  *sender
 	project string
+	// unblocks end the blocks of blockHost; a dispatcher started by
+	// startWith calls them before it stops, which waits for its attempts.
+	unblocks []func()
+}
+
+// blockHost makes attempts to url wait until the returned func is called
+// (more calls do nothing).
+func (e *env) blockHost(url string) (unblock func()) {
+	release := make(chan struct{})
+	e.sender.block[url] = release
+	var once sync.Once
+	unblock = func() { once.Do(func() { close(release) }) }
+	e.unblocks = append(e.unblocks, unblock)
+	return unblock
 }
 
 func newEnv(t *testing.T) *env {
@@ -322,21 +336,28 @@ func (r *releaseCounter) ReleaseClaims(ctx context.Context, owner string, runIDs
 	return r.DispatchStore.ReleaseClaims(ctx, owner, runIDs, now)
 }
 
-// startCounting starts a dispatcher (fake clock, concurrency 8) whose store
-// counts releases; claimAhead as dispatcher.Config.ClaimAhead.
-func (e *env) startCounting(t *testing.T, perHost int, claimAhead time.Duration) *releaseCounter {
+// startWith starts a dispatcher (fake clock, concurrency 8) whose store
+// counts releases, claimAhead as dispatcher.Config.ClaimAhead. cancel stops
+// it and done closes when Run returned; the test's cleanup does both.
+func (e *env) startWith(t *testing.T, perHost int, claimAhead time.Duration) (d *dispatcher.Dispatcher, rc *releaseCounter, cancel context.CancelFunc, done chan struct{}) {
 	t.Helper()
-	rc := &releaseCounter{DispatchStore: e.store}
-	d := dispatcher.New(dispatcher.Config{
+	rc = &releaseCounter{DispatchStore: e.store}
+	d = dispatcher.New(dispatcher.Config{
 		Store: rc, Sender: e.sender, Opener: plainOpener{}, Owner: "test-owner",
 		Now: e.clock.Now, Rand: func() float64 { return 0.5 }, Concurrency: 8, PerHost: perHost,
 		PollInterval: 20 * time.Millisecond, ClaimAhead: claimAhead,
 	})
 	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
+	done = make(chan struct{})
 	go func() { d.Run(ctx); close(done) }()
-	t.Cleanup(func() { cancel(); <-done })
-	return rc
+	t.Cleanup(func() {
+		for _, unblock := range e.unblocks {
+			unblock()
+		}
+		cancel()
+		<-done
+	})
+	return d, rc, cancel, done
 }
 
 // TestFullHostClaimsWaitForASlot: claims whose host is full wait for one of
@@ -345,16 +366,12 @@ func (e *env) startCounting(t *testing.T, perHost int, claimAhead time.Duration)
 func TestFullHostClaimsWaitForASlot(t *testing.T) {
 	e := newEnv(t)
 	j := e.job(t, "job_a", "https://a.example/")
-	release := make(chan struct{})
-	e.sender.block[j.URL] = release
-	var once sync.Once
-	unblock := func() { once.Do(func() { close(release) }) }
+	unblock := e.blockHost(j.URL)
 	var runs []*vibejobs.Run
 	for i := 0; i < 5; i++ {
 		runs = append(runs, e.run(t, j, "run_"+string(rune('a'+i)), e.clock.Now()))
 	}
-	rc := e.startCounting(t, 2, 200*time.Millisecond)
-	t.Cleanup(unblock) // runs before the dispatcher's, which waits for the blocked attempts
+	_, rc, _, _ := e.startWith(t, 2, 200*time.Millisecond)
 	e.sender.next(t)
 	e.sender.next(t)
 	// All five are claimed (two sending, three waiting) before any is
@@ -388,13 +405,9 @@ func TestFullHostClaimsWaitForASlot(t *testing.T) {
 func TestWaitingClaimsReleasedAfterClaimAhead(t *testing.T) {
 	e := newEnv(t)
 	j := e.job(t, "job_a", "https://a.example/")
-	release := make(chan struct{})
-	e.sender.block[j.URL] = release
+	unblock := e.blockHost(j.URL)
 	first := e.run(t, j, "run_a", e.clock.Now())
-	rc := e.startCounting(t, 1, 200*time.Millisecond)
-	var once sync.Once
-	unblock := func() { once.Do(func() { close(release) }) }
-	t.Cleanup(unblock) // runs before the dispatcher's, which waits for the blocked attempt
+	_, rc, _, _ := e.startWith(t, 1, 200*time.Millisecond)
 	e.sender.next(t)
 	second := e.run(t, j, "run_b", e.clock.Now())
 	e.waitRun(t, second.ID, func(r *vibejobs.Run) bool { return r.State == vibejobs.RunDelivering })
@@ -423,25 +436,16 @@ func TestWaitingClaimsReleasedAfterClaimAhead(t *testing.T) {
 func TestShutdownReleasesWaitingClaims(t *testing.T) {
 	e := newEnv(t)
 	j := e.job(t, "job_a", "https://a.example/")
-	release := make(chan struct{})
-	e.sender.block[j.URL] = release
+	unblock := e.blockHost(j.URL)
 	first := e.run(t, j, "run_a", e.clock.Now())
 	// Claimed ahead of its time, it waits for the host (held by the first).
 	second := e.run(t, j, "run_b", e.clock.Now().Add(100*time.Millisecond))
-	rc := &releaseCounter{DispatchStore: e.store}
-	d := dispatcher.New(dispatcher.Config{
-		Store: rc, Sender: e.sender, Opener: plainOpener{}, Owner: "test-owner",
-		Now: e.clock.Now, Rand: func() float64 { return 0.5 }, Concurrency: 8, PerHost: 1,
-		PollInterval: 20 * time.Millisecond, ClaimAhead: 200 * time.Millisecond,
-	})
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { d.Run(ctx); close(done) }()
+	_, rc, cancel, done := e.startWith(t, 1, 200*time.Millisecond)
 	sentFirst := e.sender.next(t)
 	e.waitRun(t, second.ID, func(r *vibejobs.Run) bool { return r.State == vibejobs.RunDelivering })
 	cancel()
 	e.waitRun(t, second.ID, func(r *vibejobs.Run) bool { return r.State == vibejobs.RunScheduled })
-	close(release)
+	unblock()
 	<-done
 	if sentFirst.payload["runId"] != first.ID {
 		t.Fatalf("sent %v first", sentFirst.payload["runId"])
@@ -465,23 +469,6 @@ func TestShutdownReleasesWaitingClaims(t *testing.T) {
 	}
 }
 
-// startAhead starts a dispatcher (fake clock) claiming ahead by claimAhead,
-// whose store counts releases.
-func (e *env) startAhead(t *testing.T, claimAhead time.Duration) (*dispatcher.Dispatcher, *releaseCounter) {
-	t.Helper()
-	rc := &releaseCounter{DispatchStore: e.store}
-	d := dispatcher.New(dispatcher.Config{
-		Store: rc, Sender: e.sender, Opener: plainOpener{}, Owner: "test-owner",
-		Now: e.clock.Now, Rand: func() float64 { return 0.5 }, Concurrency: 8, PerHost: 8,
-		PollInterval: 20 * time.Millisecond, ClaimAhead: claimAhead,
-	})
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { d.Run(ctx); close(done) }()
-	t.Cleanup(func() { cancel(); <-done })
-	return d, rc
-}
-
 // TestJobChangeWithdrawsHeldClaim: a job edited while its run is claimed
 // ahead and held has the run sent with the new settings, as the spec wants
 // ("every attempt uses the job's URL … as they are when that attempt
@@ -491,7 +478,7 @@ func TestJobChangeWithdrawsHeldClaim(t *testing.T) {
 		e := newEnv(t)
 		j := e.job(t, "job_a", "https://old.example/")
 		r := e.run(t, j, "run_a", e.clock.Now().Add(time.Second))
-		d, rc := e.startAhead(t, 2*time.Second)
+		d, rc, _, _ := e.startWith(t, 8, 2*time.Second)
 		e.waitRun(t, r.ID, func(r *vibejobs.Run) bool { return r.State == vibejobs.RunDelivering })
 		j.URL = "https://new.example/"
 		e.update(t, func(tx vibejobs.Tx) error { return tx.UpdateJob(context.Background(), j) })
@@ -513,7 +500,7 @@ func TestJobChangeWithdrawsHeldClaim(t *testing.T) {
 		other := e.job(t, "job_b", "https://b.example/")
 		r := e.run(t, j, "run_a", e.clock.Now().Add(time.Second))
 		kept := e.run(t, other, "run_b", e.clock.Now().Add(time.Second))
-		d, _ := e.startAhead(t, 2*time.Second)
+		d, _, _, _ := e.startWith(t, 8, 2*time.Second)
 		e.waitRun(t, r.ID, func(r *vibejobs.Run) bool { return r.State == vibejobs.RunDelivering })
 		e.waitRun(t, kept.ID, func(r *vibejobs.Run) bool { return r.State == vibejobs.RunDelivering })
 		e.update(t, func(tx vibejobs.Tx) error { return tx.DeleteJob(context.Background(), e.project, j.ID, e.clock.Now()) })
@@ -537,23 +524,10 @@ func TestJobChangeWithdrawsHeldClaim(t *testing.T) {
 func TestWithdrawAllReleasesWaitingClaims(t *testing.T) {
 	e := newEnv(t)
 	j := e.job(t, "job_a", "https://a.example/")
-	release := make(chan struct{})
-	e.sender.block[j.URL] = release
-	var once sync.Once
-	unblock := func() { once.Do(func() { close(release) }) }
+	unblock := e.blockHost(j.URL)
 	first := e.run(t, j, "run_a", e.clock.Now())
 	second := e.run(t, j, "run_b", e.clock.Now())
-	rc := &releaseCounter{DispatchStore: e.store}
-	d := dispatcher.New(dispatcher.Config{
-		Store: rc, Sender: e.sender, Opener: plainOpener{}, Owner: "test-owner",
-		Now: e.clock.Now, Rand: func() float64 { return 0.5 }, Concurrency: 8, PerHost: 1,
-		PollInterval: 20 * time.Millisecond, ClaimAhead: 200 * time.Millisecond,
-	})
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { d.Run(ctx); close(done) }()
-	t.Cleanup(func() { cancel(); <-done })
-	t.Cleanup(unblock)
+	d, rc, _, _ := e.startWith(t, 1, 200*time.Millisecond)
 	e.sender.next(t)
 	e.waitRun(t, second.ID, func(r *vibejobs.Run) bool { return r.State == vibejobs.RunDelivering })
 	d.WithdrawAll()

@@ -606,25 +606,9 @@ func TestWakeups(t *testing.T) {
 	oprj := newProject(t, other)
 	oj := newJobs(t, other, oprj, 1)[0]
 
-	listener := "vibejobs listener " + schema
 	wctx, cancel := context.WithCancel(ctx)
 	wake := a.Wakeups(wctx)
-	// Listening starts asynchronously: wait until the session is there.
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		var n int
-		err := a.Pool().QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE application_name = $1`, listener).Scan(&n)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if n > 0 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("listener never started")
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	listener := waitListening(t, a, schema)
 	noSignal(t, wake, "idle")
 
 	if _, err := b.ApplyRunPlans(ctx, []vibejobs.RunPlan{planFor(j, t0)}, t0); err != nil {
