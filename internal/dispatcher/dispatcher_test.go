@@ -325,10 +325,28 @@ func TestClaimAheadHoldsUntilDue(t *testing.T) {
 	}
 }
 
-// releaseCounter counts the runs a dispatcher hands back unsent.
+// releaseCounter counts the runs a dispatcher hands back unsent, and its
+// reads of the next due time (one per pass of its claim loop, while it has
+// room).
 type releaseCounter struct {
 	vibejobs.DispatchStore
-	released atomic.Int64
+	released, polls atomic.Int64
+}
+
+func (r *releaseCounter) NextDueAt(ctx context.Context) (time.Time, bool, error) {
+	r.polls.Add(1)
+	return r.DispatchStore.NextDueAt(ctx)
+}
+
+// waitPolls waits until the claim loop made n more passes.
+func (r *releaseCounter) waitPolls(t *testing.T, n int64) {
+	t.Helper()
+	want := r.polls.Load() + n
+	for deadline := time.Now().Add(10 * time.Second); r.polls.Load() < want; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the claim loop stopped")
+		}
+	}
 }
 
 func (r *releaseCounter) ReleaseClaims(ctx context.Context, owner string, runIDs []string, now time.Time) error {
@@ -398,28 +416,33 @@ func TestFullHostClaimsWaitForASlot(t *testing.T) {
 	}
 }
 
-// TestWaitingClaimsReleasedAfterClaimAhead: a claim still waiting for its host
-// ClaimAhead after it was made goes back to the database (no attempt starts
-// later than ClaimAhead after its job's settings were read), and is claimed
-// again, under the same attempt number, once the host has room.
-func TestWaitingClaimsReleasedAfterClaimAhead(t *testing.T) {
+// TestWaitingClaimReleasedHalfTheLeaseMarginAfterItsTime: a claim waiting
+// for its host waits up to LeaseMargin/2 after it is due (a claim made ahead
+// counts from its time, not from the claim), then goes back to the
+// database, and is claimed again, under the same attempt number, once the
+// host has room.
+func TestWaitingClaimReleasedHalfTheLeaseMarginAfterItsTime(t *testing.T) {
 	e := newEnv(t)
 	j := e.job(t, "job_a", "https://a.example/")
 	unblock := e.blockHost(j.URL)
 	first := e.run(t, j, "run_a", e.clock.Now())
 	_, rc, _, _ := e.startWith(t, 1, 200*time.Millisecond)
 	e.sender.next(t)
-	second := e.run(t, j, "run_b", e.clock.Now())
+	// Claimed ahead (it falls due within ClaimAhead), it waits for the host.
+	second := e.run(t, j, "run_b", e.clock.Now().Add(100*time.Millisecond))
 	e.waitRun(t, second.ID, func(r *vibejobs.Run) bool { return r.State == vibejobs.RunDelivering })
+	// Past its claim + LeaseMargin/2, not past its time + LeaseMargin/2.
+	e.clock.Add(dispatcher.DefaultLeaseMargin/2 + 50*time.Millisecond)
+	rc.waitPolls(t, 2)
 	if n := rc.released.Load(); n != 0 {
-		t.Fatalf("%d claims released before their time", n)
+		t.Fatalf("%d claims released before their time + LeaseMargin/2", n)
 	}
-	e.clock.Add(200 * time.Millisecond)
+	e.clock.Add(100 * time.Millisecond)
 	// Released, it is claimed again at once and waits anew: the host is
 	// still full.
 	for deadline := time.Now().Add(10 * time.Second); rc.released.Load() == 0; time.Sleep(time.Millisecond) {
 		if time.Now().After(deadline) {
-			t.Fatal("the waiting claim was not released after ClaimAhead")
+			t.Fatal("the waiting claim was not released")
 		}
 	}
 	unblock()
