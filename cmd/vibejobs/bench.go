@@ -188,7 +188,8 @@ func startBenchMain(ctx context.Context, database string, conc int, opts ...func
 	// concurrency, so that the host's limit is not what is measured. With
 	// the default 256, 2,000 runs due at one instant on one host wait for
 	// slots: the lateness p99 was 51–79 ms in four runs, against 20–69 ms
-	// (median 44) in ten at 512.
+	// (median 44) in ten of eleven at 512 (the eleventh, 544 ms, came with
+	// a stall of the whole machine).
 	m.Config = Config{Listen: "127.0.0.1:0", DataDir: dir, Database: database, AllowPrivate: "127.0.0.0/8",
 		LogFormat: "text", LogLevel: "error", Concurrency: conc, PerHost: conc, RetentionDays: 90, MaxJobsPerProject: 10_000_000}
 	rc := &recordCounter{}
