@@ -527,9 +527,7 @@ func (d *Dispatcher) releaseHeld(ctx context.Context, ws []waiter, now time.Time
 			continue
 		}
 		ahead = append(ahead, w.c.Run.ID)
-		if w.hold.After(later) {
-			later = w.hold
-		}
+		later = latest(later, w.hold)
 	}
 	d.release(ctx, due, now)
 	d.release(ctx, ahead, later)
