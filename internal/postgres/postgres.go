@@ -6,7 +6,7 @@
 // scheduledFor), a job's schedule advances only from the NextRunAt a plan was
 // computed from, and maintenance statements skip rows another replica holds.
 // Runs that become claimable are announced with NOTIFY on the channel
-// vibejobs_runs (see Store.Wakeups).
+// vibejobs_runs (see Store.Notifications).
 //
 // Job.LastRun is, as in the SQLite store, the job's run with the latest
 // scheduledFor (ties by id) among those that started an attempt or finished:
@@ -92,10 +92,10 @@ type Store struct {
 	logger *slog.Logger
 	now    func() time.Time
 	schema string
-	// connConfig makes the dedicated connections of Wakeups.
+	// connConfig makes the dedicated connections of Notifications.
 	connConfig *pgx.ConnConfig
 
-	// closing stops the Wakeups listeners when Close is called.
+	// closing stops the Notifications listeners when Close is called.
 	closing   context.Context
 	stop      context.CancelFunc
 	listeners sync.WaitGroup
@@ -273,7 +273,7 @@ func (s *Store) Ping(ctx context.Context) error {
 	return nil
 }
 
-// Close stops the Wakeups listeners and closes the pool. It waits for
+// Close stops the Notifications listeners and closes the pool. It waits for
 // queries in progress to finish.
 func (s *Store) Close() error {
 	s.stop()

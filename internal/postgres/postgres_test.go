@@ -607,7 +607,7 @@ func TestWakeups(t *testing.T) {
 	oj := newJobs(t, other, oprj, 1)[0]
 
 	wctx, cancel := context.WithCancel(ctx)
-	wake := a.Wakeups(wctx)
+	wake, _ := a.Notifications(wctx)
 	listener := waitListening(t, a, schema)
 	noSignal(t, wake, "idle")
 
@@ -869,7 +869,7 @@ func TestCloseEndsWakeups(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	wake := s.Wakeups(context.Background())
+	wake, _ := s.Notifications(context.Background())
 	done := make(chan struct{})
 	go func() {
 		for range wake {
@@ -880,7 +880,7 @@ func TestCloseEndsWakeups(t *testing.T) {
 	select {
 	case <-done:
 	case <-time.After(10 * time.Second):
-		t.Fatal("Wakeups still open after Close")
+		t.Fatal("Notifications still open after Close")
 	}
 }
 

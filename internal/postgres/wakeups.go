@@ -9,7 +9,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 )
 
-// Backoff between reconnections of a Wakeups listener.
+// Backoff between reconnections of a Notifications listener.
 const (
 	listenMinBackoff = 100 * time.Millisecond
 	listenMaxBackoff = 5 * time.Second
@@ -18,48 +18,36 @@ const (
 	listenKeepalive = 15 * time.Second
 )
 
-// Wakeups listens on NotifyChannel on a dedicated connection and signals on
-// the returned channel when runs became claimable in this Store's schema, by
-// any replica. Signals coalesce: the channel holds at most one, so a slow
-// reader sees one signal for many notifications. A lost connection is
-// re-established with backoff, and a signal is sent once listening again
-// (notifications sent meanwhile are lost; the caller's polling is the
-// fallback in between). The channel is closed when ctx is done or the Store
-// is closed.
-func (s *Store) Wakeups(ctx context.Context) <-chan struct{} {
-	return s.subscribe(ctx, nil)
-}
-
-// Notifications is Wakeups, and on the same connection JobsChannel: the
-// second channel receives, in order, the id of each job of this Store's
-// schema whose delivery settings changed or that was deleted, by any
-// replica, once committed; and "" once listening again after a lost
-// connection, since changes may have been missed meanwhile. The caller must
-// keep reading it: the listener waits for it. Both channels are closed when
-// ctx is done or the Store is closed.
+// Notifications listens on NotifyChannel and JobsChannel on a dedicated
+// connection.
+//
+// wakeups signals when runs became claimable in this Store's schema, by any
+// replica. Signals coalesce: the channel holds at most one, so a slow
+// reader sees one signal for many notifications.
+//
+// jobs receives, in order, the id of each job of this Store's schema whose
+// delivery settings changed or that was deleted, by any replica, once
+// committed. The caller must keep reading it: the listener waits for it.
+//
+// A lost connection is re-established with backoff; once listening again,
+// wakeups signals and jobs receives "", since notifications sent meanwhile
+// are lost (the caller's polling is the fallback for runs). Both channels
+// are closed when ctx is done or the Store is closed.
 func (s *Store) Notifications(ctx context.Context) (wakeups <-chan struct{}, jobs <-chan string) {
-	ch := make(chan string, 64)
-	return s.subscribe(ctx, ch), ch
-}
-
-// subscribe starts the listener of Wakeups and Notifications; jobs, when not
-// nil, receives job changes and is closed with the other.
-func (s *Store) subscribe(ctx context.Context, jobs chan string) <-chan struct{} {
 	out := make(chan struct{}, 1)
+	changes := make(chan string, 64)
 	ctx, cancel := context.WithCancel(ctx)
 	stop := context.AfterFunc(s.closing, cancel)
 	s.listeners.Add(1)
 	go func() {
 		defer s.listeners.Done()
 		defer close(out)
-		if jobs != nil {
-			defer close(jobs)
-		}
+		defer close(changes)
 		defer stop()
 		defer cancel()
-		s.listen(ctx, out, jobs)
+		s.listen(ctx, out, changes)
 	}()
-	return out
+	return out, changes
 }
 
 func signal(out chan<- struct{}) {
@@ -103,11 +91,8 @@ func (s *Store) listen(ctx context.Context, out chan<- struct{}, jobs chan<- str
 	}
 }
 
-// send hands v to ch (if not nil) unless ctx ends first.
+// send hands v to ch unless ctx ends first.
 func send(ctx context.Context, ch chan<- string, v string) {
-	if ch == nil {
-		return
-	}
 	select {
 	case ch <- v:
 	case <-ctx.Done():
@@ -126,11 +111,8 @@ func (s *Store) listenOnce(ctx context.Context, out chan<- struct{}, jobs chan<-
 		return false, mapError(err, "connecting to listen")
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
-	if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{NotifyChannel}.Sanitize()); err != nil {
-		return false, mapError(err, "listening")
-	}
-	if jobs != nil {
-		if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{JobsChannel}.Sanitize()); err != nil {
+	for _, channel := range []string{NotifyChannel, JobsChannel} {
+		if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{channel}.Sanitize()); err != nil {
 			return false, mapError(err, "listening")
 		}
 	}
