@@ -99,8 +99,8 @@ func TestRowsLockedByCTIDAreFetchedByCTID(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if p := explain(t, s.pool, recordSQL, args...); strings.Contains(p, "Seq Scan on runs") {
-		t.Errorf("recording 64 outcomes scans every run:\n%s", p)
+	if p := explain(t, s.pool, recordSQL, args...); strings.Contains(p, "Seq Scan on run") {
+		t.Errorf("recording 64 outcomes scans every run or the whole queue:\n%s", p)
 	}
 	claimArgs := []any{t0.Add(time.Minute), "w2", 64, int64(time.Second)}
 	if p := explain(t, s.queue, claimSQL, claimArgs...); strings.Contains(p, "Seq Scan") {
@@ -135,7 +135,7 @@ func sharedHits(t *testing.T, q querier, sql string, args ...any) int {
 }
 
 // TestVacuumQueueClearsTheClaimIndex: finished runs leave dead entries at
-// the start of runs_claim_idx, which every due-time read walks until a
+// the start of run_queue's index, which every due-time read walks until a
 // vacuum removes them. With the server's autovacuum off (as on the CI
 // server), VacuumQueue vacuums and the walk shrinks; with it on, it leaves
 // the tables alone.

@@ -80,14 +80,15 @@ type Options struct {
 type Store struct {
 	reader
 	pool *pgxpool.Pool
-	// queue is a small pool for the statements that walk runs_claim_idx
-	// (the claim and the next due time), its connections planning without
-	// bitmap scans or sorts. The statistics of runs trail the queue (runs
-	// are materialised seconds ahead and autovacuum's analyze is a minute
-	// away), and with them the planner judged the due runs few and fetched
-	// every one by bitmap to sort them, for each claim: in a 20,000-run
-	// burst most claims took that plan, at about three times the cost per
-	// run of the ordered walk of the index, which stops after the limit.
+	// queue is a small pool for the statements that walk run_queue in due
+	// order (the claim and the next due time), its connections planning
+	// without bitmap scans or sorts. The statistics of the queue trail it
+	// (runs are materialised seconds ahead and autovacuum's analyze is a
+	// minute away), and with them the planner judged the due runs few and
+	// fetched every one by bitmap to sort them, for each claim: in a
+	// 20,000-run burst most claims took that plan, at about three times the
+	// cost per run of the ordered walk of the index, which stops after the
+	// limit.
 	queue  *pgxpool.Pool
 	logger *slog.Logger
 	now    func() time.Time

@@ -78,5 +78,42 @@ func MustOpenTestWith(t testing.TB, opts Options) *Store {
 		t.Fatalf("opening the test store: %v", err)
 	}
 	t.Cleanup(func() { s.Close() })
+	// Cleanups run last first: this one while the store is still open, and
+	// after those of whatever the test started on it later.
+	t.Cleanup(func() { checkQueue(t, s) })
 	return s
+}
+
+// checkQueue fails t unless run_queue holds exactly one row (due time, id)
+// for each run waiting in scheduled or retrying with a due time, and no
+// other row: the promise every statement that moves a run keeps (see
+// migration 00008). Each transaction keeps it whole, so one snapshot sees
+// it hold even while other stores of the schema still work.
+func checkQueue(t testing.TB, s *Store) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	rows, err := s.pool.Query(ctx, `WITH waiting AS (
+		SELECT next_attempt_at AS due_at, id AS run_id FROM runs
+		WHERE state IN ('scheduled', 'retrying') AND next_attempt_at IS NOT NULL
+	)
+	(SELECT 'queued, not waiting', * FROM (TABLE run_queue EXCEPT ALL TABLE waiting) a)
+	UNION ALL
+	(SELECT 'waiting, not queued', * FROM (TABLE waiting EXCEPT ALL TABLE run_queue) b)
+	LIMIT 10`)
+	if err != nil {
+		t.Errorf("checking run_queue: %v", err)
+		return
+	}
+	var (
+		what, id string
+		due      time.Time
+	)
+	_, err = pgx.ForEachRow(rows, []any{&what, &due, &id}, func() error {
+		t.Errorf("run_queue out of step with runs: run %s due %s is %s", id, due.Format(time.RFC3339Nano), what)
+		return nil
+	})
+	if err != nil {
+		t.Errorf("checking run_queue: %v", err)
+	}
 }

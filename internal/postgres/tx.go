@@ -7,6 +7,8 @@ import (
 	"slices"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/vibejobs/vibejobs"
 )
 
@@ -210,33 +212,77 @@ func (t *tx) DeleteJob(ctx context.Context, projectID, id string, at time.Time) 
 		return vibejobs.ErrNotFound("job")
 	}
 	t.addJobs(projectID, -1)
-	_, err = t.q.Exec(ctx, `WITH cancelled AS (
-		UPDATE runs SET state = 'cancelled', failure_reason = $2, finished_at = $3,
-			next_attempt_at = NULL, redeliver = false
+	var (
+		ids  []string
+		dues []*time.Time
+	)
+	err = t.q.QueryRow(ctx, `WITH waiting AS (
+		SELECT ctid AS tid, next_attempt_at AS old_due FROM runs
 		WHERE job_id = $1 AND state IN ('scheduled', 'retrying') AND lease_owner IS NULL
-		RETURNING id, project_id, job_id, attempt
+		FOR UPDATE
+	), cancelled AS (
+		UPDATE runs r SET state = 'cancelled', failure_reason = $2, finished_at = $3,
+			next_attempt_at = NULL, redeliver = false
+		FROM waiting w WHERE r.ctid = w.tid AND r.ctid = ANY(ARRAY(SELECT tid FROM waiting))
+		RETURNING r.id, r.project_id, r.job_id, r.attempt, w.old_due
 	), ev AS (
 		SELECT project_id, id AS ord, 'run.cancelled' AS type, $3::timestamptz AS occurred_at, job_id,
 			id AS run_id, 'cancelled' AS state, $2::text AS reason, attempt, '' AS error_code, 0 AS status_code,
 			NULL::timestamptz AS next_at
 		FROM cancelled
 	)`+appendEventsTail+`
-	SELECT pg_notify($4, $5)`, id, vibejobs.ReasonJobDeleted, at, JobsChannel, t.s.jobPayload(id))
-	return mapError(err, "cancelling the runs of a deleted job")
+	SELECT array_agg(id), array_agg(old_due), pg_notify($4, $5) FROM cancelled`,
+		id, vibejobs.ReasonJobDeleted, at, JobsChannel, t.s.jobPayload(id)).Scan(&ids, &dues, nil)
+	if err != nil {
+		return mapError(err, "cancelling the runs of a deleted job")
+	}
+	return t.dequeue(ctx, ids, dues)
+}
+
+// dequeue deletes the run_queue rows of the runs ids, which this
+// transaction has locked and taken out of the queue; dues are their queue
+// keys (their due times before, nil for a run without one). It is a
+// statement of its own: its snapshot, taken after the locks, sees a queue
+// row that a transaction holding a run's lock before this one moved (see
+// requeueSQL).
+func (t *tx) dequeue(ctx context.Context, ids []string, dues []*time.Time) error {
+	if len(ids) == 0 {
+		return nil
+	}
+	_, err := t.q.Exec(ctx, `DELETE FROM run_queue WHERE ctid = ANY(ARRAY(
+		SELECT q.ctid FROM unnest($1::text[], $2::timestamptz[]) AS d(run_id, due_at)
+		JOIN run_queue q ON q.due_at = d.due_at AND q.run_id = d.run_id))`, ids, dues)
+	return mapError(err, "dequeueing runs")
 }
 
 // DeleteFutureRuns deletes the job's schedule-triggered runs in scheduled,
 // scheduled after after, that have no recorded attempt (never claimed, or
 // claimed and released without being sent).
 func (t *tx) DeleteFutureRuns(ctx context.Context, jobID string, after time.Time) (int, error) {
-	tag, err := t.q.Exec(ctx, `DELETE FROM runs
+	rows, err := t.q.Query(ctx, `DELETE FROM runs
 		WHERE job_id = $1 AND trigger = $2 AND scheduled_for > $3 AND state = 'scheduled' AND lease_owner IS NULL
-			AND NOT EXISTS (SELECT 1 FROM attempts a WHERE a.run_id = runs.id)`,
+			AND NOT EXISTS (SELECT 1 FROM attempts a WHERE a.run_id = runs.id)
+		RETURNING id, next_attempt_at`,
 		jobID, vibejobs.TriggerSchedule, after)
 	if err != nil {
 		return 0, mapError(err, "deleting future runs")
 	}
-	return int(tag.RowsAffected()), nil
+	var (
+		ids  []string
+		dues []*time.Time
+	)
+	var (
+		id  string
+		due *time.Time
+	)
+	_, err = pgx.ForEachRow(rows, []any{&id, &due}, func() error {
+		ids, dues = append(ids, id), append(dues, due)
+		return nil
+	})
+	if err != nil {
+		return 0, mapError(err, "deleting future runs")
+	}
+	return len(ids), t.dequeue(ctx, ids, dues)
 }
 
 // CreateRun inserts run for its live job: ENOTFOUND when the job is deleted
@@ -255,7 +301,10 @@ func (t *tx) CreateRun(ctx context.Context, run *vibejobs.Run) error {
 				$8, $9, $10, $11, $12, $13, $14
 			FROM job
 			ON CONFLICT DO NOTHING
-			RETURNING 1
+			RETURNING id, state, next_attempt_at
+		), queued AS (
+			INSERT INTO run_queue (due_at, run_id)
+			SELECT next_attempt_at, id FROM ins WHERE state IN ('scheduled', 'retrying') AND next_attempt_at IS NOT NULL
 		)
 		SELECT (SELECT count(*) FROM job), (SELECT count(*) FROM ins)`,
 		run.ID, run.JobID, run.ProjectID, run.Trigger, run.ScheduledFor, run.DeadlineAt, run.Late,

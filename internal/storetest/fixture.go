@@ -120,9 +120,18 @@ func (f *fixture) getJob(projectID, id string) *vibejobs.Job {
 	return j
 }
 
-// newRun returns a manual run of j for scheduledFor, due then.
+// newRun returns a manual run of j for scheduledFor, due then, created an
+// hour before T0 or at scheduledFor if that is earlier: a run is created
+// before it is claimed, and so before it finishes (PruneRuns may rely on it).
 func (f *fixture) newRun(j *vibejobs.Job, scheduledFor time.Time) *vibejobs.Run {
-	return vibejobs.NewRun(f.id("run_"), j, vibejobs.TriggerManual, scheduledFor, T0.Add(-time.Hour))
+	return vibejobs.NewRun(f.id("run_"), j, vibejobs.TriggerManual, scheduledFor, earliest(scheduledFor, T0.Add(-time.Hour)))
+}
+
+func earliest(a, b time.Time) time.Time {
+	if a.Before(b) {
+		return a
+	}
+	return b
 }
 
 // run creates a manual run of j for scheduledFor, due then.
