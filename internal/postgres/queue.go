@@ -82,10 +82,11 @@ const applyPlansSQL = `WITH plan AS (
 		AS n(id, job_id, project_id, trigger, scheduled_for, deadline_at, state, next_attempt_at, created_at)
 	WHERE n.job_id IN (SELECT id FROM advanced)
 	ON CONFLICT (job_id, scheduled_for, occurrence_at) DO NOTHING
-	RETURNING id, state, next_attempt_at
+	RETURNING id, state, next_attempt_at, deadline_at
 ), queued AS (
-	INSERT INTO run_queue (due_at, run_id)
-	SELECT next_attempt_at, id FROM created WHERE state IN ('scheduled', 'retrying') AND next_attempt_at IS NOT NULL
+	INSERT INTO run_queue (due_at, run_id, deadline_at)
+	SELECT next_attempt_at, id, deadline_at FROM created
+	WHERE state IN ('scheduled', 'retrying') AND next_attempt_at IS NOT NULL
 )
 SELECT count(*), CASE WHEN count(*) > 0 THEN pg_notify($15, $16) END FROM created`
 
@@ -177,22 +178,26 @@ func (s *Store) applyPlansArgs(plans []vibejobs.RunPlan) []any {
 // in due order and locks each run it names (see queuedRunSQL); SKIP LOCKED
 // lets replicas claim at once without waiting for each other or taking the
 // same run. The job's delivery settings are read at claim time. The claim
-// writes only lease columns (state and next_attempt_at keep the waiting
-// state and the due time: see migration 00005) and leaves the run's queue
-// row alone; no index of runs covers them, so PostgreSQL updates the run in
-// place (HOT). The runs in flight keep their queue rows and are passed over
-// by their lease. Locked runs are updated by ctid (see applyPlansSQL):
-// joined by id, the planner hashed the whole runs table for every claim
-// once it held a few thousand rows.
+// writes only lease columns of the run (state and next_attempt_at keep the
+// waiting state and the due time: see migration 00005), which no index of
+// runs covers, so PostgreSQL updates the run in place (HOT); the run's
+// queue row moves to the lease expiry. Locked runs are updated by ctid
+// (see applyPlansSQL): joined by id, the planner hashed the whole runs
+// table for every claim once it held a few thousand rows.
+//
+// The queue row is found by the key the walk read from its snapshot: had
+// another transaction moved the row since, its update chain leads from that
+// version to the row as it is now, which the lock on the run (rechecked
+// against the run's latest version) guarantees still has that key.
 const claimSQL = `WITH due AS (
 	SELECT l.tid, q.due_at AS next_attempt_at FROM run_queue q CROSS JOIN LATERAL (
 		SELECT r.ctid AS tid FROM runs r
 		WHERE ` + queuedRunSQL + ` AND r.lease_owner IS NULL AND r.deadline_at >= $1
 		FOR UPDATE SKIP LOCKED) l
-	WHERE q.due_at <= $1
+	WHERE q.due_at <= $1 AND NOT q.leased AND q.deadline_at >= $1
 	ORDER BY q.due_at, q.run_id
 	LIMIT $3
-)
+), claimed AS (
 UPDATE runs r SET
 	attempt = CASE WHEN r.redeliver THEN r.attempt ELSE r.attempt + 1 END,
 	redeliver = false,
@@ -204,7 +209,15 @@ UPDATE runs r SET
 FROM due, jobs j
 WHERE r.ctid = due.tid AND r.ctid = ANY(ARRAY(SELECT tid FROM due)) AND j.id = r.job_id
 RETURNING ` + runColumns + `, due.next_attempt_at,
-	j.url, j.secret_key_id, j.secret_ciphertext, j.timeout_ns, j.max_attempts, j.min_backoff_ns, j.max_backoff_ns`
+	j.url, j.secret_key_id, j.secret_ciphertext, j.timeout_ns, j.max_attempts, j.min_backoff_ns, j.max_backoff_ns,
+	r.lease_expires_at AS lease_key
+), leased AS (
+	-- The queue row moves to the lease expiry: walks for due runs pass no
+	-- run in flight, and lease recovery finds the expired leases first.
+	UPDATE run_queue q SET due_at = c.lease_key, leased = true FROM claimed c
+	WHERE q.due_at = c.next_attempt_at AND q.run_id = c.id
+)
+SELECT * FROM claimed`
 
 // ClaimDueRuns moves up to limit due runs (scheduled or retrying, NextAttemptAt
 // ≤ now ≤ DeadlineAt) to delivering, leased to owner until now + the job's
@@ -228,11 +241,11 @@ func (s *Store) ClaimDueRuns(ctx context.Context, owner string, now time.Time, l
 	out, err := collect(rows, func(row rowScanner) (claimed, error) {
 		var (
 			c                               vibejobs.Claim
-			due                             time.Time
+			due, leaseKey                   time.Time
 			timeout, minBackoff, maxBackoff int64
 		)
 		run, err := scanRun(row, &due, &c.URL, &c.Secret.KeyID, &c.Secret.Ciphertext, &timeout,
-			&c.Retry.MaxAttempts, &minBackoff, &maxBackoff)
+			&c.Retry.MaxAttempts, &minBackoff, &maxBackoff, &leaseKey)
 		if err != nil {
 			return claimed{}, err
 		}
@@ -268,20 +281,18 @@ func cmpString(a, b string) int {
 	return 0
 }
 
-// nextDueSQL reads the earliest due time of a waiting run, walking
-// run_queue in due order. OFFSET 0 keeps the run lookup a subquery the
-// planner cannot flatten into a join, so it probes runs by id for each
-// queue row it walks instead of hashing the whole table.
-const nextDueSQL = `SELECT q.due_at FROM run_queue q CROSS JOIN LATERAL (
-		SELECT 1 FROM runs r WHERE ` + queuedRunSQL + ` AND r.lease_owner IS NULL AND r.deadline_at >= $1
-		OFFSET 0) l
-	ORDER BY q.due_at, q.run_id LIMIT 1`
+// nextDueSQL reads the earliest due time of a waiting run from run_queue,
+// which holds it exactly (see migration 00008).
+const nextDueSQL = `SELECT due_at FROM run_queue WHERE NOT leased AND deadline_at >= $1
+	ORDER BY due_at, run_id LIMIT 1`
 
-// queuedRunSQL matches the run r that run_queue's row q names, while it is
-// still waiting at that due time: a statement walking the queue reads q
-// from its snapshot, and a row lock on r rechecks this against the run's
-// latest version.
-const queuedRunSQL = `r.id = q.run_id AND r.next_attempt_at = q.due_at AND r.state IN ('scheduled', 'retrying')`
+// queuedRunSQL matches the run r that run_queue's row q names, while the
+// row still has the run's queue key: its lease expiry while it is leased,
+// its due time otherwise (see migration 00008). A statement walking the
+// queue reads q from its snapshot, and a row lock on r rechecks this
+// against the run's latest version.
+const queuedRunSQL = `r.id = q.run_id AND r.state IN ('scheduled', 'retrying')
+	AND q.due_at = COALESCE(r.lease_expires_at, r.next_attempt_at)`
 
 // requeueSQL returns the CTEs that keep run_queue in step with the runs a
 // statement moved. rows (a CTE) holds a row per moved run with its id in
@@ -299,7 +310,7 @@ func requeueSQL(rows, id, due string) string {
 	DELETE FROM run_queue q USING ` + rows + ` m
 	WHERE m.` + due + ` IS NULL AND q.due_at = m.old_due AND q.run_id = m.` + id + `
 ), requeued AS (
-	UPDATE run_queue q SET due_at = m.` + due + ` FROM ` + rows + ` m
+	UPDATE run_queue q SET due_at = m.` + due + `, leased = false FROM ` + rows + ` m
 	WHERE m.` + due + ` IS NOT NULL AND q.due_at = m.old_due AND q.run_id = m.` + id + `
 )`
 }
@@ -336,7 +347,7 @@ var recordSQL = `WITH o AS (
 	-- delivering.
 	SELECT o.*, o.step_state = 'retrying' AND l.job_deleted AS retry_ends, l.tid, l.old_due
 	FROM o CROSS JOIN LATERAL (
-		SELECT r.ctid AS tid, r.next_attempt_at AS old_due,
+		SELECT r.ctid AS tid, r.lease_expires_at AS old_due,
 			o.step_state = 'retrying'
 				AND EXISTS (SELECT 1 FROM jobs j WHERE j.id = r.job_id AND j.deleted_at IS NOT NULL) AS job_deleted
 		FROM runs r
@@ -446,7 +457,7 @@ func (s *Store) ReleaseClaims(ctx context.Context, owner string, runIDs []string
 		return nil
 	}
 	_, err := s.pool.Exec(ctx, `WITH held AS (
-		SELECT ctid AS tid, next_attempt_at AS old_due FROM runs WHERE id = ANY($2) AND lease_owner = $1
+		SELECT ctid AS tid, lease_expires_at AS old_due FROM runs WHERE id = ANY($2) AND lease_owner = $1
 		FOR UPDATE
 	), released AS (
 		UPDATE runs r SET
@@ -481,9 +492,8 @@ func (s *Store) ReleaseClaims(ctx context.Context, owner string, runIDs []string
 // same attempt number (back to scheduled for a first attempt, retrying
 // otherwise); a run past its deadline fails (deadline_exceeded) and a run of
 // a deleted job is cancelled (job_deleted). Replicas running it at once skip
-// each other's rows. The runs in flight are found in run_queue: a leased
-// run keeps there the due time of its attempt, which came before its lease
-// expired.
+// each other's rows. The runs in flight are found in run_queue, where a
+// leased run is keyed at its lease expiry.
 func (s *Store) RecoverExpiredLeases(ctx context.Context, now time.Time, limit int) (int, error) {
 	if limit <= 0 {
 		return 0, nil
@@ -494,7 +504,7 @@ func (s *Store) RecoverExpiredLeases(ctx context.Context, now time.Time, limit i
 			SELECT r.ctid AS tid, r.attempt_started_at FROM runs r
 			WHERE `+queuedRunSQL+` AND r.lease_owner IS NOT NULL AND r.lease_expires_at < $1
 			FOR UPDATE SKIP LOCKED) l
-		WHERE q.due_at < $1
+		WHERE q.due_at < $1 AND q.leased
 		ORDER BY q.due_at, q.run_id
 		LIMIT $2
 	), recovered AS (
@@ -548,6 +558,7 @@ func (s *Store) FailExpiredRuns(ctx context.Context, now time.Time, limit int) (
 			SELECT r.ctid AS tid FROM runs r
 			WHERE `+queuedRunSQL+` AND r.lease_owner IS NULL AND r.deadline_at < $1
 			FOR UPDATE SKIP LOCKED) l
+		WHERE NOT q.leased AND q.deadline_at < $1
 		ORDER BY q.due_at, q.run_id
 		LIMIT $2
 	), failed AS (
@@ -631,10 +642,8 @@ func (s *Store) QueueStats(ctx context.Context, now time.Time) (vibejobs.QueueSt
 		st     vibejobs.QueueStats
 		oldest *time.Time
 	)
-	err := s.pool.QueryRow(ctx, `SELECT count(*), min(q.due_at) FROM run_queue q CROSS JOIN LATERAL (
-			SELECT 1 FROM runs r WHERE `+queuedRunSQL+` AND r.lease_owner IS NULL AND r.deadline_at >= $1
-			OFFSET 0) l
-		WHERE q.due_at <= $1`, now).
+	err := s.pool.QueryRow(ctx, `SELECT count(*), min(due_at) FROM run_queue
+		WHERE due_at <= $1 AND NOT leased AND deadline_at >= $1`, now).
 		Scan(&st.Due, &oldest)
 	if err != nil {
 		return st, mapError(err, "reading queue stats")

@@ -84,9 +84,10 @@ func MustOpenTestWith(t testing.TB, opts Options) *Store {
 	return s
 }
 
-// checkQueue fails t unless run_queue holds exactly one row (due time, id)
-// for each run waiting in scheduled or retrying with a due time, and no
-// other row: the promise every statement that moves a run keeps (see
+// checkQueue fails t unless run_queue holds exactly one row for each run
+// waiting in scheduled or retrying with a due time, with its key (its lease
+// expiry while it is leased, its due time otherwise), deadline and whether
+// it is leased, and no other row: the promise every statement that moves a run keeps (see
 // migration 00008). Each transaction keeps it whole, so one snapshot sees
 // it hold even while other stores of the schema still work.
 func checkQueue(t testing.TB, s *Store) {
@@ -94,7 +95,9 @@ func checkQueue(t testing.TB, s *Store) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	rows, err := s.pool.Query(ctx, `WITH waiting AS (
-		SELECT next_attempt_at AS due_at, id AS run_id FROM runs
+		SELECT COALESCE(lease_expires_at, next_attempt_at) AS due_at, id AS run_id, deadline_at,
+			lease_owner IS NOT NULL AS leased
+		FROM runs
 		WHERE state IN ('scheduled', 'retrying') AND next_attempt_at IS NOT NULL
 	)
 	(SELECT 'queued, not waiting', * FROM (TABLE run_queue EXCEPT ALL TABLE waiting) a)
@@ -106,11 +109,13 @@ func checkQueue(t testing.TB, s *Store) {
 		return
 	}
 	var (
-		what, id string
-		due      time.Time
+		what, id      string
+		due, deadline time.Time
+		leased        bool
 	)
-	_, err = pgx.ForEachRow(rows, []any{&what, &due, &id}, func() error {
-		t.Errorf("run_queue out of step with runs: run %s due %s is %s", id, due.Format(time.RFC3339Nano), what)
+	_, err = pgx.ForEachRow(rows, []any{&what, &due, &id, &deadline, &leased}, func() error {
+		t.Errorf("run_queue out of step with runs: run %s due %s (deadline %s, leased %v) is %s",
+			id, due.Format(time.RFC3339Nano), deadline.Format(time.RFC3339Nano), leased, what)
 		return nil
 	})
 	if err != nil {

@@ -301,10 +301,11 @@ func (t *tx) CreateRun(ctx context.Context, run *vibejobs.Run) error {
 				$8, $9, $10, $11, $12, $13, $14
 			FROM job
 			ON CONFLICT DO NOTHING
-			RETURNING id, state, next_attempt_at
+			RETURNING id, state, next_attempt_at, deadline_at
 		), queued AS (
-			INSERT INTO run_queue (due_at, run_id)
-			SELECT next_attempt_at, id FROM ins WHERE state IN ('scheduled', 'retrying') AND next_attempt_at IS NOT NULL
+			INSERT INTO run_queue (due_at, run_id, deadline_at)
+			SELECT next_attempt_at, id, deadline_at FROM ins
+			WHERE state IN ('scheduled', 'retrying') AND next_attempt_at IS NOT NULL
 		)
 		SELECT (SELECT count(*) FROM job), (SELECT count(*) FROM ins)`,
 		run.ID, run.JobID, run.ProjectID, run.Trigger, run.ScheduledFor, run.DeadlineAt, run.Late,

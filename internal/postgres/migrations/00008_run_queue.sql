@@ -10,25 +10,33 @@
 -- and the outcome update a run in place.
 --
 -- run_queue holds one row per run waiting in scheduled or retrying with a
--- due time, keyed (due_at, run_id), due_at being the run's next_attempt_at.
--- A leased run keeps its row (and runs.next_attempt_at the due time of the
--- attempt in flight, as since 00005) until its outcome, release or lease
--- recovery moves or deletes it. Every statement that changes a waiting
--- run's state or due time changes its queue row in the same transaction,
--- under the run's row lock. The table stays as small as the queue, so it
--- is cheap to vacuum often; runs, the history, is left to autovacuum.
+-- due time, keyed (due_at, run_id), due_at being the time the run next
+-- needs a replica: its next_attempt_at, or while it is leased its
+-- lease_expires_at (runs.next_attempt_at keeps the due time of the attempt
+-- in flight, as since 00005). So the walk for due runs passes no run in
+-- flight, and lease recovery finds the expired leases in the same walk.
+-- The row also carries the run's deadline and whether it is leased, so
+-- the walks of claims, lease recovery, deadline expiry, the next due time
+-- and the queue metrics pass over the rows that are not theirs without
+-- reading the run.
+-- Every statement that changes a waiting run's state, due time or lease
+-- changes its queue row in the same transaction, under the run's row lock.
+-- The table stays as small as the queue, so it is cheap to vacuum often;
+-- runs, the history, is left to autovacuum.
 --
 -- Pruning finds old runs by creation time (runs_created_idx), which never
 -- changes, instead of by finishing time: a run finishes after it is created.
 
 -- +goose Up
 CREATE TABLE run_queue (
-    due_at timestamptz NOT NULL,
-    run_id text COLLATE "C" NOT NULL,
+    due_at      timestamptz NOT NULL,
+    run_id      text COLLATE "C" NOT NULL,
+    deadline_at timestamptz NOT NULL,
+    leased      boolean NOT NULL DEFAULT false,
     PRIMARY KEY (due_at, run_id)
 );
-INSERT INTO run_queue (due_at, run_id)
-SELECT next_attempt_at, id FROM runs
+INSERT INTO run_queue (due_at, run_id, deadline_at, leased)
+SELECT COALESCE(lease_expires_at, next_attempt_at), id, deadline_at, lease_owner IS NOT NULL FROM runs
 WHERE state IN ('scheduled', 'retrying') AND next_attempt_at IS NOT NULL;
 DROP INDEX runs_claim_idx;
 DROP INDEX runs_finished_idx;
