@@ -24,11 +24,10 @@ const (
 	DefaultVacuumInterval = 10 * time.Second
 )
 
-// QueueVacuumer is a store whose queue tables need vacuuming from here (the
-// PostgreSQL store, when the server's autovacuum is off). VacuumQueue
-// reports whether it vacuumed.
+// QueueVacuumer is a store whose queue tables need vacuuming from here,
+// more often than the database's own vacuum does it (the PostgreSQL store).
 type QueueVacuumer interface {
-	VacuumQueue(ctx context.Context) (bool, error)
+	VacuumQueue(ctx context.Context) error
 }
 
 // Observer receives maintenance figures for metrics.
@@ -185,7 +184,7 @@ func (m *Maintainer) VacuumOnce(ctx context.Context) {
 	if !ok {
 		return
 	}
-	if _, err := v.VacuumQueue(ctx); err != nil {
+	if err := v.VacuumQueue(ctx); err != nil {
 		m.logErr(ctx, "maintenance.vacuum_failed", err)
 	}
 }

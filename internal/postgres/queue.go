@@ -688,30 +688,34 @@ func splitByKey[T any](items []T, key func(T) string) [][]T {
 	return batches
 }
 
-// VacuumQueue vacuums run_queue and jobs when the server's autovacuum is
-// off, and reports whether it did. Every claim, due-time read and scheduler
-// scan walks run_queue or jobs_due_idx from its start, where each finished
-// run and each tick leave a dead entry that only a vacuum removes: unvacuumed,
-// a scan's cost grew with every run since the last vacuum (on this project's
-// CI server, PostgreSQL's CPU for 2,000 runs a second went from 0.44 to 0.80
-// of a core within a minute; vacuumed every 5 s it stayed near 0.5).
-// INDEX_CLEANUP ON, because the entries to remove are index entries and
-// few heap pages hold them; SKIP_LOCKED, so replicas vacuuming at once skip
-// a table another is vacuuming instead of queueing behind it. runs, the
-// history, is left out: its updates are in place (see migration 00008) and
-// no statement walks its dead entries. With autovacuum on, it leaves the
-// tables to autovacuum.
-func (s *Store) VacuumQueue(ctx context.Context) (bool, error) {
+// VacuumQueue vacuums run_queue, and jobs as well when the server's
+// autovacuum is off. Every claim, due-time read and scheduler scan walks
+// run_queue or jobs_due_idx from its start, where each delivered run and
+// each tick leave dead entries that only a vacuum removes: unvacuumed, a
+// scan's cost grew with every run since the last vacuum (on this project's
+// CI server, PostgreSQL's CPU for 2,000 runs a second went from 0.44 to
+// 0.80 of a core within a minute; vacuumed every 5 s it stayed near 0.5).
+// Autovacuum visits a database at most once a minute (its default
+// naptime), so run_queue, which holds only the queue and is cheap to
+// vacuum, is vacuumed here whatever the setting; jobs, which holds every
+// job, is left to autovacuum when it is on. runs, the history, is never
+// vacuumed here: its updates are in place (see migration 00008) and no
+// statement walks its dead entries. INDEX_CLEANUP ON, because the entries
+// to remove are index entries and few heap pages hold them; SKIP_LOCKED,
+// so replicas vacuuming at once skip a table another is vacuuming instead
+// of queueing behind it.
+func (s *Store) VacuumQueue(ctx context.Context) error {
 	var on bool
 	if err := s.pool.QueryRow(ctx, `SELECT current_setting('autovacuum')::boolean`).Scan(&on); err != nil {
-		return false, mapError(err, "reading the autovacuum setting")
+		return mapError(err, "reading the autovacuum setting")
 	}
+	tables := "run_queue, jobs"
 	if on {
-		return false, nil
+		tables = "run_queue"
 	}
 	// VACUUM cannot run in a transaction block, nor be prepared.
-	if _, err := s.pool.Exec(ctx, `VACUUM (SKIP_LOCKED, INDEX_CLEANUP ON) run_queue, jobs`, pgx.QueryExecModeSimpleProtocol); err != nil {
-		return false, mapError(err, "vacuuming run_queue and jobs")
+	if _, err := s.pool.Exec(ctx, `VACUUM (SKIP_LOCKED, INDEX_CLEANUP ON) `+tables, pgx.QueryExecModeSimpleProtocol); err != nil {
+		return mapError(err, "vacuuming "+tables)
 	}
-	return true, nil
+	return nil
 }
