@@ -25,8 +25,6 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"strconv"
-	"strings"
 	"sync/atomic"
 	"time"
 
@@ -37,6 +35,7 @@ import (
 	"github.com/riverqueue/river/rivermigrate"
 
 	"github.com/vibejobs/vibejobs/contract"
+	"github.com/vibejobs/vibejobs/internal/procstat"
 )
 
 type deliverArgs struct {
@@ -162,7 +161,7 @@ func run(ctx context.Context, database string, n, workers int) error {
 	completed, unsubscribe := client.SubscribeConfig(&river.SubscribeConfig{
 		Kinds: []river.EventKind{river.EventKindJobCompleted}, ChanSize: n})
 	defer unsubscribe()
-	selfAt, pgAt := procCPU(os.Getpid()), postgresCPU()
+	selfAt, pgAt := procstat.CPU(os.Getpid()), procstat.PostgresCPU()
 	begin := time.Now()
 	if err := client.Start(ctx); err != nil {
 		return err
@@ -184,7 +183,7 @@ func run(ctx context.Context, database string, n, workers int) error {
 		}
 	}
 	total := time.Since(begin)
-	self, pg := procCPU(os.Getpid())-selfAt, postgresCPU()-pgAt
+	self, pg := procstat.CPU(os.Getpid())-selfAt, procstat.PostgresCPU()-pgAt
 	stopCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	_ = client.Stop(stopCtx)
@@ -194,34 +193,4 @@ func run(ctx context.Context, database string, n, workers int) error {
 	fmt.Printf("  cpu from start to the last completion: this process %.0f µs/run, postgres processes %.0f µs/run (10 ms ticks)\n",
 		perRun(self), perRun(pg))
 	return nil
-}
-
-// procCPU is the user and system CPU time of process pid, from /proc.
-func procCPU(pid int) time.Duration {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return 0
-	}
-	f := strings.Fields(string(b[bytes.LastIndexByte(b, ')')+2:]))
-	u, _ := strconv.ParseInt(f[11], 10, 64)
-	s, _ := strconv.ParseInt(f[12], 10, 64)
-	return time.Duration(u+s) * time.Second / 100 // USER_HZ
-}
-
-// postgresCPU is the CPU time of every process named postgres on this
-// machine: the database server of a loopback benchmark. The same
-// measure as the vibejobs burst's.
-func postgresCPU() time.Duration {
-	dirs, _ := os.ReadDir("/proc")
-	var sum time.Duration
-	for _, d := range dirs {
-		pid, err := strconv.Atoi(d.Name())
-		if err != nil {
-			continue
-		}
-		if comm, err := os.ReadFile(fmt.Sprintf("/proc/%d/comm", pid)); err == nil && strings.TrimSpace(string(comm)) == "postgres" {
-			sum += procCPU(pid)
-		}
-	}
-	return sum
 }

@@ -21,6 +21,7 @@ import (
 	"github.com/vibejobs/vibejobs"
 	"github.com/vibejobs/vibejobs/contract"
 	"github.com/vibejobs/vibejobs/internal/egress"
+	"github.com/vibejobs/vibejobs/internal/procstat"
 )
 
 // bench runs the benchmarks the issues name, on demand (never in CI):
@@ -284,12 +285,12 @@ func benchBurst(ctx context.Context, out io.Writer, n int, database string, raw,
 	// would only add to a SQLite burst's own window.
 	serverCPU := func() time.Duration { return 0 }
 	if database != "" {
-		serverCPU = postgresCPU
+		serverCPU = procstat.PostgresCPU
 	}
 	cpuAtDue := make(chan [2]time.Duration, 1)
 	go func() {
 		time.Sleep(time.Until(due))
-		cpuAtDue <- [2]time.Duration{procCPU(os.Getpid()), serverCPU()}
+		cpuAtDue <- [2]time.Duration{procstat.CPU(os.Getpid()), serverCPU()}
 	}()
 	deadline := due.Add(5 * time.Minute)
 	for rc.succeeded.Load() < int64(n) {
@@ -310,7 +311,7 @@ func benchBurst(ctx context.Context, out io.Writer, n int, database string, raw,
 		store, client, n, br.count.Load(), lastRecv.Sub(due).Round(time.Millisecond), float64(n)/lastRecv.Sub(due).Seconds(),
 		lastRec.Sub(due).Round(time.Millisecond), float64(n)/lastRec.Sub(due).Seconds(), maxRSS())
 	fmt.Fprintf(out, "  statements: %s\n", rc.batching())
-	self, pg := procCPU(os.Getpid()), serverCPU()
+	self, pg := procstat.CPU(os.Getpid()), serverCPU()
 	at := <-cpuAtDue
 	perRun := func(d time.Duration) float64 { return float64(d.Microseconds()) / float64(n) }
 	cpu := fmt.Sprintf("this process %.0f µs/run", perRun(self-at[0]))

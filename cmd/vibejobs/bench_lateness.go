@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/vibejobs/vibejobs/contract"
+	"github.com/vibejobs/vibejobs/internal/procstat"
 )
 
 // benchLateness registers n jobs "@every 1s" on `replicas` server processes
@@ -180,7 +181,7 @@ func benchLateness(ctx context.Context, out io.Writer, n int, d time.Duration, d
 	fmt.Fprintf(out, "  duplicate runs for one occurrence: %d; runs delivered more than once: %d; missed occurrences: %d\n", dupRuns, dupDeliveries, missed)
 	fmt.Fprintf(out, "  worst seconds (UTC, to set beside the database's log): %s\n", worstSeconds(worst, 5))
 	for i, s := range servers {
-		fmt.Fprintf(out, "  replica %d max RSS: %s\n", i+1, procHWM(s.cmd.Process.Pid))
+		fmt.Fprintf(out, "  replica %d max RSS: %s\n", i+1, procstat.PeakRSS(s.cmd.Process.Pid))
 	}
 	return nil
 }

@@ -12,11 +12,11 @@ import (
 	"net/http"
 	"net/url"
 	"os"
-	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/vibejobs/vibejobs/internal/procstat"
 )
 
 // benchScale registers many daily jobs through the API of a server running
@@ -97,9 +97,9 @@ func benchScale(ctx context.Context, out io.Writer, n, workers int, database str
 		n, el.Round(time.Millisecond), float64(n)/el.Seconds(), workers, failed.Load())
 
 	// Idle: no job is due for hours on average; measure CPU over 20 s.
-	cpu0 := procCPU(srv.cmd.Process.Pid)
+	cpu0 := procstat.CPU(srv.cmd.Process.Pid)
 	time.Sleep(20 * time.Second)
-	cpu1 := procCPU(srv.cmd.Process.Pid)
+	cpu1 := procstat.CPU(srv.cmd.Process.Pid)
 	fmt.Fprintf(out, "  idle CPU over 20 s: %.2f %% of one core\n", 100*(cpu1-cpu0).Seconds()/20)
 
 	// Page through the jobs: latency of each GET /v1/jobs page of 100.
@@ -132,49 +132,6 @@ func benchScale(ctx context.Context, out io.Writer, n, workers int, database str
 		cursor = page.NextCursor
 	}
 	fmt.Fprintf(out, "  GET /v1/jobs pages of 100: %s\n", quantiles(lat))
-	fmt.Fprintf(out, "  server max RSS: %s\n", procHWM(srv.cmd.Process.Pid))
+	fmt.Fprintf(out, "  server max RSS: %s\n", procstat.PeakRSS(srv.cmd.Process.Pid))
 	return nil
-}
-
-// procCPU is the user+system CPU time of a process from /proc.
-func procCPU(pid int) time.Duration {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return 0
-	}
-	f := strings.Fields(string(b[bytes.LastIndexByte(b, ')')+2:]))
-	u, _ := strconv.ParseInt(f[11], 10, 64)
-	s, _ := strconv.ParseInt(f[12], 10, 64)
-	return time.Duration(u+s) * time.Second / 100 // USER_HZ
-}
-
-// postgresCPU is the CPU time of every process named postgres on this
-// machine: the database server of a loopback benchmark.
-func postgresCPU() time.Duration {
-	dirs, _ := os.ReadDir("/proc")
-	var sum time.Duration
-	for _, d := range dirs {
-		pid, err := strconv.Atoi(d.Name())
-		if err != nil {
-			continue
-		}
-		if comm, err := os.ReadFile(fmt.Sprintf("/proc/%d/comm", pid)); err == nil && strings.TrimSpace(string(comm)) == "postgres" {
-			sum += procCPU(pid)
-		}
-	}
-	return sum
-}
-
-// procHWM is the peak resident set of a process from /proc.
-func procHWM(pid int) string {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
-	if err != nil {
-		return "unknown"
-	}
-	for _, l := range strings.Split(string(b), "\n") {
-		if strings.HasPrefix(l, "VmHWM:") {
-			return strings.TrimSpace(strings.TrimPrefix(l, "VmHWM:"))
-		}
-	}
-	return "unknown"
 }
