@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strconv"
 	"time"
 	"unicode/utf8"
 
@@ -194,7 +195,7 @@ const claimSQL = `WITH due AS (
 		SELECT r.ctid AS tid FROM runs r
 		WHERE ` + queuedRunSQL + ` AND r.lease_owner IS NULL AND r.deadline_at >= $1
 		FOR UPDATE SKIP LOCKED) l
-	WHERE q.due_at <= $1 AND NOT q.leased AND q.deadline_at >= $1
+	WHERE q.leased = false AND q.due_at <= $1 AND q.deadline_at >= $1
 	ORDER BY q.due_at, q.run_id
 	LIMIT $3
 ), claimed AS (
@@ -215,7 +216,7 @@ RETURNING ` + runColumns + `, due.next_attempt_at,
 	-- The queue row moves to the lease expiry: walks for due runs pass no
 	-- run in flight, and lease recovery finds the expired leases first.
 	UPDATE run_queue q SET due_at = c.lease_key, leased = true FROM claimed c
-	WHERE q.due_at = c.next_attempt_at AND q.run_id = c.id
+	WHERE q.leased = false AND q.due_at = c.next_attempt_at AND q.run_id = c.id
 )
 SELECT * FROM claimed`
 
@@ -283,7 +284,7 @@ func cmpString(a, b string) int {
 
 // nextDueSQL reads the earliest due time of a waiting run from run_queue,
 // which holds it exactly (see migration 00008).
-const nextDueSQL = `SELECT due_at FROM run_queue WHERE NOT leased AND deadline_at >= $1
+const nextDueSQL = `SELECT due_at FROM run_queue WHERE leased = false AND deadline_at >= $1
 	ORDER BY due_at, run_id LIMIT 1`
 
 // queuedRunSQL matches the run r that run_queue's row q names, while the
@@ -296,22 +297,24 @@ const queuedRunSQL = `r.id = q.run_id AND r.state IN ('scheduled', 'retrying')
 
 // requeueSQL returns the CTEs that keep run_queue in step with the runs a
 // statement moved. rows (a CTE) holds a row per moved run with its id in
-// column id, its queue key before the move in old_due, and in column due
-// its due time after the move, NULL once it left scheduled and retrying. A
-// run that left the queue loses its row; a run still waiting has its row
-// moved to the new due time. The runs must be locked by the statement, and
+// column id, its queue key before the move in old_due (with wasLeased, the
+// rest of the key: whether the runs were leased), and in column due its due
+// time after the move, NULL once it left scheduled and retrying. A run that
+// left the queue loses its row; a run still waiting has its row moved to
+// the new due time, not leased. The runs must be locked by the statement, and
 // their queue rows changed by no transaction since the statement's
 // snapshot: every statement changes a queue row only under its run's lock
 // and together with the run, so a run locked with its expected lease or
 // state has kept its queue row. A run whose due time changed after the
 // snapshot needs a later statement (see tx.dequeue).
-func requeueSQL(rows, id, due string) string {
+func requeueSQL(rows, id, due string, wasLeased bool) string {
+	key := `q.leased = ` + strconv.FormatBool(wasLeased) + ` AND q.due_at = m.old_due AND q.run_id = m.` + id
 	return `, dequeued AS (
 	DELETE FROM run_queue q USING ` + rows + ` m
-	WHERE m.` + due + ` IS NULL AND q.due_at = m.old_due AND q.run_id = m.` + id + `
+	WHERE m.` + due + ` IS NULL AND ` + key + `
 ), requeued AS (
 	UPDATE run_queue q SET due_at = m.` + due + `, leased = false FROM ` + rows + ` m
-	WHERE m.` + due + ` IS NOT NULL AND q.due_at = m.old_due AND q.run_id = m.` + id + `
+	WHERE m.` + due + ` IS NOT NULL AND ` + key + `
 )`
 }
 
@@ -368,7 +371,7 @@ var recordSQL = `WITH o AS (
 	RETURNING c.run_id, c.number, c.started_at, c.finished_at, c.status_code, c.error_code,
 		c.signature_timestamp, c.response_snippet, c.ord, r.project_id, r.job_id, r.state, r.failure_reason,
 		r.next_attempt_at, c.old_due
-)` + requeueSQL("moved", "run_id", "next_attempt_at") + `, recorded AS (
+)` + requeueSQL("moved", "run_id", "next_attempt_at", true) + `, recorded AS (
 	INSERT INTO attempts (run_id, number, started_at, finished_at, status_code, error_code, signature_timestamp,
 		response_snippet)
 	SELECT run_id, number, started_at, finished_at, status_code, error_code, signature_timestamp, response_snippet
@@ -476,7 +479,7 @@ func (s *Store) ReleaseClaims(ctx context.Context, owner string, runIDs []string
 		WHERE r.ctid = held.tid AND r.ctid = ANY(ARRAY(SELECT tid FROM held)) AND j.id = r.job_id
 		RETURNING j.deleted_at IS NULL AS claimable, r.id, r.project_id, r.job_id, r.state, r.failure_reason,
 			r.attempt, held.old_due, r.next_attempt_at
-	)`+requeueSQL("released", "id", "next_attempt_at")+`, ev AS (
+	)`+requeueSQL("released", "id", "next_attempt_at", true)+`, ev AS (
 		SELECT project_id, id AS ord, `+runEventType+` AS type, $3::timestamptz AS occurred_at, job_id,
 			id AS run_id, state, failure_reason AS reason, attempt, '' AS error_code, 0 AS status_code,
 			NULL::timestamptz AS next_at
@@ -504,7 +507,7 @@ func (s *Store) RecoverExpiredLeases(ctx context.Context, now time.Time, limit i
 			SELECT r.ctid AS tid, r.attempt_started_at FROM runs r
 			WHERE `+queuedRunSQL+` AND r.lease_owner IS NOT NULL AND r.lease_expires_at < $1
 			FOR UPDATE SKIP LOCKED) l
-		WHERE q.due_at < $1 AND q.leased
+		WHERE q.leased = true AND q.due_at < $1
 		ORDER BY q.due_at, q.run_id
 		LIMIT $2
 	), recovered AS (
@@ -524,7 +527,7 @@ func (s *Store) RecoverExpiredLeases(ctx context.Context, now time.Time, limit i
 		WHERE r.ctid = expired.tid AND r.ctid = ANY(ARRAY(SELECT tid FROM expired)) AND j.id = r.job_id
 		RETURNING r.id, r.attempt, COALESCE(expired.attempt_started_at, $1) AS started_at, r.redeliver AS claimable,
 			r.project_id, r.job_id, r.state, r.failure_reason, r.next_attempt_at, expired.old_due
-	)`+requeueSQL("recovered", "id", "next_attempt_at")+`, interrupted AS (
+	)`+requeueSQL("recovered", "id", "next_attempt_at", true)+`, interrupted AS (
 		INSERT INTO attempts (run_id, number, started_at, finished_at, status_code, error_code, signature_timestamp)
 		SELECT id, attempt, started_at, $1, 0, $5, 0 FROM recovered
 	), ev AS (
@@ -558,7 +561,7 @@ func (s *Store) FailExpiredRuns(ctx context.Context, now time.Time, limit int) (
 			SELECT r.ctid AS tid FROM runs r
 			WHERE `+queuedRunSQL+` AND r.lease_owner IS NULL AND r.deadline_at < $1
 			FOR UPDATE SKIP LOCKED) l
-		WHERE NOT q.leased AND q.deadline_at < $1
+		WHERE q.leased = false AND q.deadline_at < $1
 		ORDER BY q.due_at, q.run_id
 		LIMIT $2
 	), failed AS (
@@ -566,7 +569,7 @@ func (s *Store) FailExpiredRuns(ctx context.Context, now time.Time, limit int) (
 			redeliver = false
 		FROM expired WHERE r.ctid = expired.tid AND r.ctid = ANY(ARRAY(SELECT tid FROM expired))
 		RETURNING r.id, r.project_id, r.job_id, r.attempt, expired.old_due, r.next_attempt_at
-	)`+requeueSQL("failed", "id", "next_attempt_at")+`, ev AS (
+	)`+requeueSQL("failed", "id", "next_attempt_at", false)+`, ev AS (
 		SELECT project_id, id AS ord, 'run.failed' AS type, $1::timestamptz AS occurred_at, job_id, id AS run_id,
 			'failed' AS state, $3::text AS reason, attempt, '' AS error_code, 0 AS status_code,
 			NULL::timestamptz AS next_at
@@ -643,7 +646,7 @@ func (s *Store) QueueStats(ctx context.Context, now time.Time) (vibejobs.QueueSt
 		oldest *time.Time
 	)
 	err := s.pool.QueryRow(ctx, `SELECT count(*), min(due_at) FROM run_queue
-		WHERE due_at <= $1 AND NOT leased AND deadline_at >= $1`, now).
+		WHERE leased = false AND due_at <= $1 AND deadline_at >= $1`, now).
 		Scan(&st.Due, &oldest)
 	if err != nil {
 		return st, mapError(err, "reading queue stats")

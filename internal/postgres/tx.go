@@ -251,7 +251,7 @@ func (t *tx) dequeue(ctx context.Context, ids []string, dues []*time.Time) error
 	}
 	_, err := t.q.Exec(ctx, `DELETE FROM run_queue WHERE ctid = ANY(ARRAY(
 		SELECT q.ctid FROM unnest($1::text[], $2::timestamptz[]) AS d(run_id, due_at)
-		JOIN run_queue q ON q.due_at = d.due_at AND q.run_id = d.run_id))`, ids, dues)
+		JOIN run_queue q ON q.leased = false AND q.due_at = d.due_at AND q.run_id = d.run_id))`, ids, dues)
 	return mapError(err, "dequeueing runs")
 }
 

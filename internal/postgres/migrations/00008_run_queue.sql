@@ -10,15 +10,16 @@
 -- and the outcome update a run in place.
 --
 -- run_queue holds one row per run waiting in scheduled or retrying with a
--- due time, keyed (due_at, run_id), due_at being the time the run next
+-- due time, keyed (leased, due_at, run_id), due_at being the time the run next
 -- needs a replica: its next_attempt_at, or while it is leased its
 -- lease_expires_at (runs.next_attempt_at keeps the due time of the attempt
 -- in flight, as since 00005). So the walk for due runs passes no run in
 -- flight, and lease recovery finds the expired leases in the same walk.
--- The row also carries the run's deadline and whether it is leased, so
--- the walks of claims, lease recovery, deadline expiry, the next due time
--- and the queue metrics pass over the rows that are not theirs without
--- reading the run.
+-- The key leads with whether the run is leased, so claims, the next due
+-- time and the queue metrics walk only the runs waiting, and lease recovery
+-- only the leases, each in due order. The row also carries the run's
+-- deadline, so those walks and the deadline check pass over the rows that
+-- are not theirs without reading the run.
 -- Every statement that changes a waiting run's state, due time or lease
 -- changes its queue row in the same transaction, under the run's row lock.
 -- The table stays as small as the queue, so it is cheap to vacuum often;
@@ -33,7 +34,7 @@ CREATE TABLE run_queue (
     run_id      text COLLATE "C" NOT NULL,
     deadline_at timestamptz NOT NULL,
     leased      boolean NOT NULL DEFAULT false,
-    PRIMARY KEY (due_at, run_id)
+    PRIMARY KEY (leased, due_at, run_id)
 );
 INSERT INTO run_queue (due_at, run_id, deadline_at, leased)
 SELECT COALESCE(lease_expires_at, next_attempt_at), id, deadline_at, lease_owner IS NOT NULL FROM runs
