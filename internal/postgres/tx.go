@@ -270,10 +270,8 @@ func (t *tx) DeleteFutureRuns(ctx context.Context, jobID string, after time.Time
 	var (
 		ids  []string
 		dues []*time.Time
-	)
-	var (
-		id  string
-		due *time.Time
+		id   string
+		due  *time.Time
 	)
 	_, err = pgx.ForEachRow(rows, []any{&id, &due}, func() error {
 		ids, dues = append(ids, id), append(dues, due)
