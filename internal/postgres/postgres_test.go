@@ -587,11 +587,13 @@ func waitSignal(t *testing.T, ch <-chan struct{}, what string) {
 	}
 }
 
-func noSignal(t *testing.T, ch <-chan struct{}, what string) {
+// nothingOn fails t if ch delivers within 300 ms: what must wake no
+// listener, with a wake-up (struct{}) or a job change (its id).
+func nothingOn[T any](t *testing.T, ch <-chan T, what string) {
 	t.Helper()
 	select {
-	case <-ch:
-		t.Fatalf("%s: unexpected wakeup", what)
+	case got := <-ch:
+		t.Fatalf("%s: unexpected notification %#v", what, got)
 	case <-time.After(300 * time.Millisecond):
 	}
 }
@@ -609,7 +611,7 @@ func TestWakeups(t *testing.T) {
 	wctx, cancel := context.WithCancel(ctx)
 	wake, _ := a.Notifications(wctx)
 	listener := waitListening(t, a, schema)
-	noSignal(t, wake, "idle")
+	nothingOn(t, wake, "idle")
 
 	if _, err := b.ApplyRunPlans(ctx, []vibejobs.RunPlan{planFor(j, t0)}, t0); err != nil {
 		t.Fatal(err)
@@ -619,7 +621,7 @@ func TestWakeups(t *testing.T) {
 	if _, err := other.ApplyRunPlans(ctx, []vibejobs.RunPlan{planFor(oj, t0)}, t0); err != nil {
 		t.Fatal(err)
 	}
-	noSignal(t, wake, "runs created in another schema")
+	nothingOn(t, wake, "runs created in another schema")
 
 	mustUpdate(t, b, func(tx vibejobs.Tx) error {
 		for range 3 {
@@ -630,7 +632,7 @@ func TestWakeups(t *testing.T) {
 		return nil
 	})
 	waitSignal(t, wake, "after CreateRun")
-	noSignal(t, wake, "coalesced")
+	nothingOn(t, wake, "coalesced")
 
 	// Cut the listener's connection: it reconnects, signals, and listens again.
 	_, err := b.Pool().Exec(ctx, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = $1`, listener)
@@ -642,7 +644,7 @@ func TestWakeups(t *testing.T) {
 	if err != nil || len(claims) == 0 {
 		t.Fatalf("claim: %v %v", claims, err)
 	}
-	noSignal(t, wake, "claims wake nobody")
+	nothingOn(t, wake, "claims wake nobody")
 	if err := b.ReleaseClaims(ctx, "b", []string{claims[0].Run.ID}, t0); err != nil {
 		t.Fatal(err)
 	}
@@ -687,15 +689,6 @@ func wantJobChange(t *testing.T, ch <-chan string, want, what string) {
 	}
 }
 
-func noJobChange(t *testing.T, ch <-chan string, what string) {
-	t.Helper()
-	select {
-	case got := <-ch:
-		t.Fatalf("%s: unexpected job change %q", what, got)
-	case <-time.After(300 * time.Millisecond):
-	}
-}
-
 // TestJobChangeNotifications: a change to a job's delivery settings, or its
 // deletion, reaches every replica of the schema once committed, and nothing
 // else does; a lost listener connection reports that changes may have been
@@ -719,7 +712,7 @@ func TestJobChangeNotifications(t *testing.T) {
 	}
 	j := jobs[0]
 	update(b, j, func(j *vibejobs.Job) { j.Name = "renamed"; j.Enabled = false })
-	noJobChange(t, changes, "rename and pause")
+	nothingOn(t, changes, "rename and pause")
 	update(b, j, func(j *vibejobs.Job) { j.URL = "https://example.com/other" })
 	wantJobChange(t, changes, j.ID, "URL changed on another replica")
 	update(b, j, func(j *vibejobs.Job) { j.Timeout = 20 * time.Second })
@@ -729,7 +722,7 @@ func TestJobChangeNotifications(t *testing.T) {
 	update(b, j, func(j *vibejobs.Job) { j.Secret.Ciphertext = []byte("resealed") })
 	wantJobChange(t, changes, j.ID, "secret changed")
 	update(other, oj, func(j *vibejobs.Job) { j.URL = "https://example.com/other" })
-	noJobChange(t, changes, "a job of another schema")
+	nothingOn(t, changes, "a job of another schema")
 	// Rolled back: nothing.
 	err := b.Update(ctx, func(tx vibejobs.Tx) error {
 		jobs[1].URL = "https://example.com/rolled-back"
@@ -741,7 +734,7 @@ func TestJobChangeNotifications(t *testing.T) {
 	if err == nil {
 		t.Fatal("Update did not fail")
 	}
-	noJobChange(t, changes, "rolled back")
+	nothingOn(t, changes, "rolled back")
 	mustUpdate(t, b, func(tx vibejobs.Tx) error { return tx.DeleteJob(ctx, prj, jobs[1].ID, t0) })
 	wantJobChange(t, changes, jobs[1].ID, "deleted")
 
