@@ -106,7 +106,8 @@ type Tx interface {
 	// has started and whose scheduledFor is after t: occurrences materialised
 	// ahead of time that a pause or a schedule change withdraws.
 	DeleteFutureRuns(ctx context.Context, jobID string, after time.Time) (int, error)
-	// CreateRun inserts a manual run.
+	// CreateRun inserts a manual run. A run due after its deadline is
+	// refused (EINVALID, see Run.CheckDue).
 	CreateRun(ctx context.Context, r *Run) error
 
 	// InsertIdempotencyKey stores a new in-progress record. A live record with
@@ -177,6 +178,8 @@ type SchedulerStore interface {
 	// skipping a plan whose job moved on (NextRunAt ≠ From), was paused or deleted.
 	// At most one schedule-triggered run exists per (job, scheduledFor): a
 	// unique constraint, not a check-then-insert. It returns the runs created.
+	// A plan with a run due after its deadline is refused as a whole
+	// (EINVALID, see Run.CheckDue), before any plan is applied.
 	ApplyRunPlans(ctx context.Context, plans []RunPlan, now time.Time) (created int, err error)
 }
 
@@ -211,7 +214,9 @@ type DispatchStore interface {
 	// RecordOutcomes records each attempt and moves its run to the outcome's
 	// step, only while the run is still delivering under owner's lease (an
 	// outcome that lost its lease is dropped). A retrying step of a deleted
-	// job's run becomes cancelled (job_deleted). Each run moved gets its
+	// job's run becomes cancelled (job_deleted), and one whose next attempt
+	// (NextAttemptAt, or the attempt's end when nil) falls after the run's
+	// deadline fails (deadline_exceeded). Each run moved gets its
 	// event (run.succeeded, run.failed, run.cancelled or run.retrying) in
 	// the same transaction; one call takes each project's feed counter once.
 	RecordOutcomes(ctx context.Context, owner string, outcomes []Outcome) error
@@ -280,7 +285,10 @@ type MaintenanceStore interface {
 	// run.failed / run.cancelled when it ended.
 	RecoverExpiredLeases(ctx context.Context, now time.Time, limit int) (int, error)
 	// FailExpiredRuns fails (deadline_exceeded) runs waiting in scheduled or
-	// retrying whose deadline passed, each with its run.failed event.
+	// retrying whose deadline passed, each with its run.failed event. A
+	// store may look for them among the runs due by now only: a waiting
+	// run is due by its deadline (see Run.CheckDue and RecordOutcomes), or
+	// by the time it was put back (ReleaseClaims, RecoverExpiredLeases).
 	FailExpiredRuns(ctx context.Context, now time.Time, limit int) (int, error)
 	// PruneRuns deletes up to limit finished runs (and their attempts) that
 	// finished before cutoff; an unfinished run is never pruned.

@@ -216,6 +216,31 @@ func NewRun(id string, j *Job, trigger string, scheduledFor, now time.Time) *Run
 	}
 }
 
+// CheckDue returns an EINVALID error when r waits for an attempt due after
+// its deadline. No attempt starts after the deadline, so no waiting run is
+// due after it; the stores rely on that to find expired runs among those
+// already due (see DispatchStore.FailExpiredRuns).
+func (r *Run) CheckDue() error {
+	if r.NextAttemptAt != nil && r.NextAttemptAt.After(r.DeadlineAt) {
+		return Errorf(EINVALID, "run_due_after_deadline", "run %s is due at %s, after its deadline %s",
+			r.ID, r.NextAttemptAt.Format(time.RFC3339Nano), r.DeadlineAt.Format(time.RFC3339Nano))
+	}
+	return nil
+}
+
+// CheckPlans returns the error of Run.CheckDue for the first run of plans
+// that fails it.
+func CheckPlans(plans []RunPlan) error {
+	for _, p := range plans {
+		for _, r := range p.Runs {
+			if err := r.CheckDue(); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
 // IdempotencyRecord is a stored Idempotency-Key of the management API.
 type IdempotencyRecord struct {
 	ProjectID   string

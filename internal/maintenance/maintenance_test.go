@@ -70,10 +70,9 @@ func TestPruneHonoursProjectRetention(t *testing.T) {
 	finishedRun(t, st, jobs["prj_short"], "run_s30", t0.AddDate(0, 0, -30))
 	finishedRun(t, st, jobs["prj_short"], "run_s5", t0.AddDate(0, 0, -5))
 	finishedRun(t, st, jobs["prj_default"], "run_d100", t0.AddDate(0, 0, -100))
-	// An unfinished run, created long ago, is never pruned.
-	old := vibejobs.NewRun("run_open", jobs["prj_short"], vibejobs.TriggerManual, t0.AddDate(0, 0, -50), t0.AddDate(0, 0, -50))
-	later := t0.Add(time.Hour)
-	old.NextAttemptAt = &later
+	// An unfinished run, created long ago (for a time still to come), is
+	// never pruned.
+	old := vibejobs.NewRun("run_open", jobs["prj_short"], vibejobs.TriggerManual, t0.Add(time.Hour), t0.AddDate(0, 0, -50))
 	if err := st.Update(ctx, func(tx vibejobs.Tx) error { return tx.CreateRun(ctx, old) }); err != nil {
 		t.Fatal(err)
 	}

@@ -140,49 +140,16 @@ func sharedHits(t *testing.T, q querier, sql string, args ...any) int {
 // autovacuum is on or off, and the walk shrinks.
 func TestVacuumQueueClearsTheClaimIndex(t *testing.T) {
 	ctx := context.Background()
-	t0 := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
-	s := MustOpenTestWith(t, Options{Now: func() time.Time { return t0 }})
-	seq := 0
-	id := func(prefix string) string {
-		seq++
-		return fmt.Sprintf("%s%012x%016x", prefix, t0.UnixMilli(), seq)
-	}
-	project := &vibejobs.Project{ID: id("prj_"), Name: "vacuum", CreatedAt: t0}
-	next := t0.Add(time.Hour)
-	job := &vibejobs.Job{
-		ID: id("job_"), ProjectID: project.ID, Name: "tick", Schedule: "@every 1s", Timezone: "UTC",
-		URL: "https://example.com/hook", Enabled: true, State: vibejobs.JobActive,
-		Retry: vibejobs.DefaultRetryPolicy(), Timeout: 10 * time.Second, CatchUp: vibejobs.CatchUpAll,
-		ScheduleAnchor: t0, NextRunAt: &next, CreatedAt: t0, UpdatedAt: t0,
-		Secret: vibejobs.SealedSecret{KeyID: "k1", Ciphertext: []byte("sealed")},
-	}
-	err := s.Update(ctx, func(tx vibejobs.Tx) error {
-		if err := tx.CreateProject(ctx, project); err != nil {
-			return err
-		}
-		return tx.CreateJob(ctx, job)
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
+	s, job, id := queueTestJob(t)
 	// 6,000 runs due before t0, all delivered, and one still waiting.
 	const n = 6000
 	var runs []*vibejobs.Run
 	for i := range n + 1 {
 		runs = append(runs, vibejobs.NewRun(id("run_"), job, vibejobs.TriggerManual, t0.Add(time.Duration(i-n)*time.Second), t0))
 	}
+	next := t0.Add(time.Hour)
 	runs[n].NextAttemptAt = &next
-	err = s.Update(ctx, func(tx vibejobs.Tx) error {
-		for _, r := range runs {
-			if err := tx.CreateRun(ctx, r); err != nil {
-				return err
-			}
-		}
-		return nil
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
+	createRuns(t, s, runs)
 	for done := 0; done < n; {
 		claims, err := s.ClaimDueRuns(ctx, "w1", t0, 500, time.Minute)
 		if err != nil || len(claims) == 0 {
@@ -207,5 +174,74 @@ func TestVacuumQueueClearsTheClaimIndex(t *testing.T) {
 	}
 	if at, ok, err := s.NextDueAt(ctx); err != nil || !ok || !at.Equal(next) {
 		t.Errorf("NextDueAt after the vacuum = %v, %v, %v; want %v", at, ok, err, next)
+	}
+}
+
+// t0 is the time of the queue tests in this file.
+var t0 = time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
+
+// queueTestJob opens a test store whose clock stands at t0, with a project
+// and a job in it, and returns them with a maker of fresh ids.
+func queueTestJob(t *testing.T) (*Store, *vibejobs.Job, func(prefix string) string) {
+	t.Helper()
+	ctx := context.Background()
+	s := MustOpenTestWith(t, Options{Now: func() time.Time { return t0 }})
+	seq := 0
+	id := func(prefix string) string {
+		seq++
+		return fmt.Sprintf("%s%012x%016x", prefix, t0.UnixMilli(), seq)
+	}
+	project := &vibejobs.Project{ID: id("prj_"), Name: "queue", CreatedAt: t0}
+	next := t0.Add(time.Hour)
+	job := &vibejobs.Job{
+		ID: id("job_"), ProjectID: project.ID, Name: "tick", Schedule: "@every 1s", Timezone: "UTC",
+		URL: "https://example.com/hook", Enabled: true, State: vibejobs.JobActive,
+		Retry: vibejobs.DefaultRetryPolicy(), Timeout: 10 * time.Second, CatchUp: vibejobs.CatchUpAll,
+		ScheduleAnchor: t0, NextRunAt: &next, CreatedAt: t0, UpdatedAt: t0,
+		Secret: vibejobs.SealedSecret{KeyID: "k1", Ciphertext: []byte("sealed")},
+	}
+	err := s.Update(ctx, func(tx vibejobs.Tx) error {
+		if err := tx.CreateProject(ctx, project); err != nil {
+			return err
+		}
+		return tx.CreateJob(ctx, job)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s, job, id
+}
+
+// createRuns creates runs in one transaction.
+func createRuns(t *testing.T, s *Store, runs []*vibejobs.Run) {
+	t.Helper()
+	ctx := context.Background()
+	err := s.Update(ctx, func(tx vibejobs.Tx) error {
+		for _, r := range runs {
+			if err := tx.CreateRun(ctx, r); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestFailExpiredRunsReadsOnlyDueRuns: every replica checks deadlines each
+// second. Runs waiting for a later attempt, after a receiver failed or
+// materialised ahead of their time, cannot have passed their deadline
+// (see vibejobs.Run.CheckDue), and the check does not read them.
+func TestFailExpiredRunsReadsOnlyDueRuns(t *testing.T) {
+	s, job, id := queueTestJob(t)
+	const n = 3000
+	var runs []*vibejobs.Run
+	for i := range n {
+		runs = append(runs, vibejobs.NewRun(id("run_"), job, vibejobs.TriggerManual, t0.Add(time.Duration(i+1)*time.Second), t0))
+	}
+	createRuns(t, s, runs)
+	if hits := sharedHits(t, s.pool, failExpiredSQL, t0, 100, vibejobs.ReasonDeadlineExceeded); hits > 10 {
+		t.Errorf("the deadline check read %d buffers with %d runs waiting, none due; want 10 at most", hits, n)
 	}
 }

@@ -100,6 +100,9 @@ func (s *Store) ApplyRunPlans(ctx context.Context, plans []vibejobs.RunPlan, now
 	// One statement takes each job at most once (an UPDATE … FROM changes a
 	// row once however many plan rows match), so plans for a job already in
 	// the batch start the next statement, in the order given.
+	if err := vibejobs.CheckPlans(plans); err != nil {
+		return 0, err
+	}
 	batches := splitByKey(plans, func(p vibejobs.RunPlan) string { return p.JobID })
 	switch len(batches) {
 	case 0:
@@ -336,7 +339,8 @@ func (s *Store) NextDueAt(ctx context.Context) (time.Time, bool, error) {
 // its attempt is inserted, only while it is still delivering under owner's
 // lease for that attempt number; any other outcome lost its lease and is
 // dropped with its attempt. A retrying step of a deleted job's run becomes
-// cancelled (job_deleted). Every run moved gets its event, in outcome order,
+// cancelled (job_deleted), and one due after the run's deadline failed
+// (deadline_exceeded). Every run moved gets its event, in outcome order,
 // with one take of each project's feed counter for the whole batch.
 var recordSQL = `WITH o AS (
 	SELECT * FROM unnest($2::text[], $3::integer[], $4::timestamptz[], $5::timestamptz[], $6::integer[],
@@ -345,12 +349,15 @@ var recordSQL = `WITH o AS (
 			response_snippet, step_state, step_reason, step_next, ord)
 ), held AS (
 	-- The outcomes whose run is still delivering under owner's lease at
-	-- their attempt number, locked; retry_ends marks a retrying step of a
-	-- deleted job's run. A run has a lease owner exactly while it is
-	-- delivering.
-	SELECT o.*, o.step_state = 'retrying' AND l.job_deleted AS retry_ends, l.tid, l.old_due
+	-- their attempt number, locked. A run has a lease owner exactly while
+	-- it is delivering. A retrying step ends the run instead (end_state)
+	-- when its job is deleted, or when its next attempt falls after the
+	-- run's deadline.
+	SELECT o.*, CASE WHEN o.step_state <> 'retrying' THEN NULL WHEN l.job_deleted THEN 'cancelled'
+			WHEN COALESCE(o.step_next, o.finished_at) > l.deadline_at THEN 'failed' END AS end_state,
+		l.tid, l.old_due
 	FROM o CROSS JOIN LATERAL (
-		SELECT r.ctid AS tid, r.lease_expires_at AS old_due,
+		SELECT r.ctid AS tid, r.lease_expires_at AS old_due, r.deadline_at,
 			o.step_state = 'retrying'
 				AND EXISTS (SELECT 1 FROM jobs j WHERE j.id = r.job_id AND j.deleted_at IS NOT NULL) AS job_deleted
 		FROM runs r
@@ -358,11 +365,11 @@ var recordSQL = `WITH o AS (
 		FOR UPDATE) l
 ), moved AS (
 	UPDATE runs r SET
-		state = CASE WHEN c.retry_ends THEN 'cancelled' ELSE c.step_state END,
-		failure_reason = CASE WHEN c.retry_ends THEN $13 ELSE c.step_reason END,
-		next_attempt_at = CASE WHEN c.step_state = 'retrying' AND NOT c.retry_ends
+		state = COALESCE(c.end_state, c.step_state),
+		failure_reason = CASE c.end_state WHEN 'cancelled' THEN $13 WHEN 'failed' THEN $14 ELSE c.step_reason END,
+		next_attempt_at = CASE WHEN c.step_state = 'retrying' AND c.end_state IS NULL
 			THEN COALESCE(c.step_next, c.finished_at) END,
-		finished_at = CASE WHEN c.step_state = 'retrying' AND NOT c.retry_ends THEN NULL ELSE c.finished_at END,
+		finished_at = CASE WHEN c.step_state = 'retrying' AND c.end_state IS NULL THEN NULL ELSE c.finished_at END,
 		attempt_started_at = NULL,
 		lease_owner = NULL,
 		lease_expires_at = NULL
@@ -448,7 +455,7 @@ func recordArgs(owner string, outcomes []vibejobs.Outcome) ([]any, error) {
 		}
 	}
 	return []any{owner, runIDs, numbers, starts, ends, statuses, errCodes, sigTimes,
-		snippets, stepStates, reasons, stepNexts, vibejobs.ReasonJobDeleted}, nil
+		snippets, stepStates, reasons, stepNexts, vibejobs.ReasonJobDeleted, vibejobs.ReasonDeadlineExceeded}, nil
 }
 
 // ReleaseClaims puts owner's delivering runs among runIDs back to be claimed
@@ -547,40 +554,43 @@ func (s *Store) RecoverExpiredLeases(ctx context.Context, now time.Time, limit i
 
 // FailExpiredRuns fails (deadline_exceeded, finished at now) up to limit runs
 // waiting in scheduled or retrying whose deadline passed, earliest due
-// first. It walks run_queue rather than keeping an index on deadlines
-// that every run insert would pay for: the waiting runs are few (runs are
-// materialised seconds ahead), and a run past its deadline is among the
-// earliest due.
+// first. It walks only the part of run_queue due by now, where every
+// expired run is (see vibejobs.DispatchStore): runs waiting for a retry
+// after a receiver failed, or materialised ahead of their time, cost it
+// nothing, and no index on deadlines costs every run insert.
 func (s *Store) FailExpiredRuns(ctx context.Context, now time.Time, limit int) (int, error) {
 	if limit <= 0 {
 		return 0, nil
 	}
 	var n int
-	err := s.pool.QueryRow(ctx, `WITH expired AS (
-		SELECT l.tid, q.due_at AS old_due FROM run_queue q CROSS JOIN LATERAL (
-			SELECT r.ctid AS tid FROM runs r
-			WHERE `+queuedRunSQL+` AND r.lease_owner IS NULL AND r.deadline_at < $1
-			FOR UPDATE SKIP LOCKED) l
-		WHERE q.leased = false AND q.deadline_at < $1
-		ORDER BY q.due_at, q.run_id
-		LIMIT $2
-	), failed AS (
-		UPDATE runs r SET state = 'failed', failure_reason = $3, finished_at = $1, next_attempt_at = NULL,
-			redeliver = false
-		FROM expired WHERE r.ctid = expired.tid AND r.ctid = ANY(ARRAY(SELECT tid FROM expired))
-		RETURNING r.id, r.project_id, r.job_id, r.attempt, expired.old_due, r.next_attempt_at
-	)`+requeueSQL("failed", "id", "next_attempt_at", false)+`, ev AS (
-		SELECT project_id, id AS ord, 'run.failed' AS type, $1::timestamptz AS occurred_at, job_id, id AS run_id,
-			'failed' AS state, $3::text AS reason, attempt, '' AS error_code, 0 AS status_code,
-			NULL::timestamptz AS next_at
-		FROM failed
-	)`+appendEventsTail+`
-	SELECT count(*) FROM failed`, now, limit, vibejobs.ReasonDeadlineExceeded).Scan(&n)
+	err := s.pool.QueryRow(ctx, failExpiredSQL, now, limit, vibejobs.ReasonDeadlineExceeded).Scan(&n)
 	if err != nil {
 		return 0, mapError(err, "failing expired runs")
 	}
 	return n, nil
 }
+
+// failExpiredSQL is the statement of FailExpiredRuns.
+var failExpiredSQL = `WITH expired AS (
+	SELECT l.tid, q.due_at AS old_due FROM run_queue q CROSS JOIN LATERAL (
+		SELECT r.ctid AS tid FROM runs r
+		WHERE ` + queuedRunSQL + ` AND r.lease_owner IS NULL AND r.deadline_at < $1
+		FOR UPDATE SKIP LOCKED) l
+	WHERE q.leased = false AND q.due_at <= $1 AND q.deadline_at < $1
+	ORDER BY q.due_at, q.run_id
+	LIMIT $2
+), failed AS (
+	UPDATE runs r SET state = 'failed', failure_reason = $3, finished_at = $1, next_attempt_at = NULL,
+		redeliver = false
+	FROM expired WHERE r.ctid = expired.tid AND r.ctid = ANY(ARRAY(SELECT tid FROM expired))
+	RETURNING r.id, r.project_id, r.job_id, r.attempt, expired.old_due, r.next_attempt_at
+)` + requeueSQL("failed", "id", "next_attempt_at", false) + `, ev AS (
+	SELECT project_id, id AS ord, 'run.failed' AS type, $1::timestamptz AS occurred_at, job_id, id AS run_id,
+		'failed' AS state, $3::text AS reason, attempt, '' AS error_code, 0 AS status_code,
+		NULL::timestamptz AS next_at
+	FROM failed
+)` + appendEventsTail + `
+SELECT count(*) FROM failed`
 
 // PruneRuns deletes up to limit of projectID's finished runs (with their
 // attempts), the earliest created first, that finished before cutoff. It

@@ -289,6 +289,9 @@ func (t *tx) DeleteFutureRuns(ctx context.Context, jobID string, after time.Time
 // a concurrent DeleteJob either sees this run and cancels it or is seen here
 // first. Late is decided by the first claim unless run already has an attempt.
 func (t *tx) CreateRun(ctx context.Context, run *vibejobs.Run) error {
+	if err := run.CheckDue(); err != nil {
+		return err
+	}
 	var jobs, created int
 	err := t.q.QueryRow(ctx, `WITH job AS (
 			SELECT id FROM jobs WHERE id = $2 AND project_id = $3 AND deleted_at IS NULL FOR SHARE

@@ -51,6 +51,9 @@ func (s *Store) ApplyRunPlans(ctx context.Context, plans []vibejobs.RunPlan, now
 	if len(plans) == 0 {
 		return 0, nil
 	}
+	if err := vibejobs.CheckPlans(plans); err != nil {
+		return 0, err
+	}
 	var rounds [][]*vibejobs.RunPlan
 	round := make(map[string]int, len(plans))
 	for i := range plans {
@@ -300,18 +303,17 @@ func (s *Store) RecordOutcomes(ctx context.Context, owner string, outcomes []vib
 func recordRound(ctx context.Context, t wtx, owner string, outcomes []*vibejobs.Outcome) error {
 	moves := make([][6]any, len(outcomes))
 	for i, o := range outcomes {
-		var next, finished any
+		var next any
 		if o.Step.State == vibejobs.RunRetrying {
 			next = ms(o.Attempt.FinishedAt)
 			if o.Step.NextAttemptAt != nil {
 				next = ms(*o.Step.NextAttemptAt)
 			}
-		} else {
-			finished = ms(o.Attempt.FinishedAt)
 		}
-		moves[i] = [6]any{o.RunID, string(o.Step.State), o.Step.FailureReason, next, finished, o.Attempt.Number}
+		moves[i] = [6]any{o.RunID, string(o.Step.State), o.Step.FailureReason, next, ms(o.Attempt.FinishedAt),
+			o.Attempt.Number}
 	}
-	rows, err := t.QueryContext(ctx, recordMoveSQL, jsonArray(moves), owner)
+	rows, err := t.QueryContext(ctx, recordMoveSQL, jsonArray(moves), owner, vibejobs.ReasonDeadlineExceeded)
 	if err != nil {
 		return err
 	}
@@ -460,14 +462,23 @@ const claimJobsSQL = `SELECT j.id, j.url, j.secret_key_id, j.secret_ciphertext, 
 				j.max_attempts, j.min_backoff_ns, j.max_backoff_ns
 			FROM jobs j WHERE j.id IN (SELECT value FROM json_each(?))`
 
-// recordMoveSQL moves the runs whose outcome still holds the lease.
-const recordMoveSQL = `UPDATE runs SET state = o.value ->> 1, failure_reason = o.value ->> 2,
-			next_attempt_at = o.value ->> 3, finished_at = o.value ->> 4,
+// recordMoveSQL moves the runs whose outcome still holds the lease. A
+// retrying step due after the run's deadline fails the run instead.
+const recordMoveSQL = `UPDATE runs SET
+			state = CASE WHEN ` + retryAfterDeadline + ` THEN 'failed' ELSE o.value ->> 1 END,
+			failure_reason = CASE WHEN ` + retryAfterDeadline + ` THEN ?3 ELSE o.value ->> 2 END,
+			next_attempt_at = CASE WHEN ` + retryAfterDeadline + ` THEN NULL ELSE o.value ->> 3 END,
+			finished_at = CASE WHEN o.value ->> 1 = 'retrying' AND NOT ` + retryAfterDeadline + ` THEN NULL
+				ELSE o.value ->> 4 END,
 			lease_owner = NULL, lease_expires_at = NULL, attempt_started_at = NULL
 		FROM jsonb_each(?1) AS o
 		WHERE runs.id = o.value ->> 0 AND runs.state = 'delivering' AND runs.lease_owner = ?2
 			AND runs.attempt = o.value ->> 5
 		RETURNING runs.seq, runs.id, runs.project_id`
+
+// retryAfterDeadline says that the outcome o (see recordRound) retries the
+// run after its deadline.
+const retryAfterDeadline = `(o.value ->> 1 = 'retrying' AND o.value ->> 3 > runs.deadline_at)`
 
 // recordAttemptsSQL inserts the attempts of the outcomes that counted.
 const recordAttemptsSQL = `INSERT INTO attempts (run_seq, number, started_at, finished_at, status_code,
@@ -624,7 +635,9 @@ func (s *Store) RecoverExpiredLeases(ctx context.Context, now time.Time, limit i
 }
 
 // FailExpiredRuns fails (deadline_exceeded, finished now) up to limit runs
-// waiting in scheduled or retrying whose deadline is before now.
+// waiting in scheduled or retrying whose deadline is before now. It walks
+// only the runs due by now, where every expired run is (see
+// vibejobs.DispatchStore): runs waiting for a later retry cost it nothing.
 func (s *Store) FailExpiredRuns(ctx context.Context, now time.Time, limit int) (int, error) {
 	if limit <= 0 {
 		return 0, nil
@@ -634,7 +647,7 @@ func (s *Store) FailExpiredRuns(ctx context.Context, now time.Time, limit int) (
 		rows, err := t.QueryContext(ctx, `UPDATE runs SET state = 'failed', failure_reason = ?3,
 				finished_at = ?1, next_attempt_at = NULL, redeliver = 0
 			WHERE seq IN (SELECT seq FROM runs
-				WHERE state IN ('scheduled', 'retrying') AND deadline_at < ?1
+				WHERE state IN ('scheduled', 'retrying') AND next_attempt_at <= ?1 AND deadline_at < ?1
 				ORDER BY next_attempt_at, seq LIMIT ?2)
 			RETURNING `+runEventColumns, ms(now), limit, vibejobs.ReasonDeadlineExceeded)
 		if err != nil {

@@ -188,6 +188,9 @@ func insertRunArgs(r *vibejobs.Run) []any {
 // that exists for its (job, scheduledFor) gives ECONFLICT. Late is decided by
 // the first claim unless r already has an attempt.
 func (t *tx) CreateRun(ctx context.Context, r *vibejobs.Run) error {
+	if err := r.CheckDue(); err != nil {
+		return err
+	}
 	_, err := t.t.ExecContext(ctx, insertRunSQL, insertRunArgs(r)...)
 	switch {
 	case isUniqueViolation(err):

@@ -307,6 +307,56 @@ func testRecordOutcomes(t *testing.T, f *fixture) {
 	}
 }
 
+// No attempt starts after the run's deadline: a retrying step due after it
+// (at NextAttemptAt, or at the attempt's end when nil) fails the run
+// instead, so that no run waits past its deadline (FailExpiredRuns relies
+// on it). A deleted job's run is cancelled all the same.
+func testRecordRetryAfterDeadline(t *testing.T, f *fixture) {
+	f.projects()
+	j := f.job(projectA)
+	gone := f.job(projectA)
+	at := T0.Add(-vibejobs.DeliveryLifetime + 10*time.Second)
+	deadline := at.Add(vibejobs.DeliveryLifetime) // T0+10s
+	edge, after, now, deleted := f.run(j, at), f.run(j, at), f.run(j, at), f.run(gone, at)
+	cs := f.claimIDs("w1", T0, 4, edge, after, now, deleted)
+	f.update(func(tx vibejobs.Tx) error { return tx.DeleteJob(f.ctx, projectA, gone.ID, T0) })
+	retryNow := outcome(cs[2], T0, deadline.Add(time.Second), 0, vibejobs.Step{State: vibejobs.RunRetrying})
+	f.record("w1",
+		retrying(cs[0], T0, T0.Add(time.Second), deadline),
+		retrying(cs[1], T0, T0.Add(time.Second), deadline.Add(time.Millisecond)),
+		retryNow,
+		retrying(cs[3], T0, T0.Add(time.Second), deadline.Add(time.Millisecond)))
+
+	f.wantRun("retry at the deadline", edge.ID, vibejobs.RunRetrying, 1, &deadline)
+	for _, c := range []struct {
+		what, id string
+		finished time.Time
+		attempts string
+	}{
+		{"retry after the deadline", after.ID, T0.Add(time.Second), "1:http_5xx"},
+		{"retry at once, after the deadline", now.ID, deadline.Add(time.Second), "1:timeout"},
+	} {
+		got := f.wantRun(c.what, c.id, vibejobs.RunFailed, 1, nil)
+		if got.FailureReason != vibejobs.ReasonDeadlineExceeded || got.FinishedAt == nil || !got.FinishedAt.Equal(c.finished) {
+			t.Errorf("%s: reason %q finished %v; want deadline_exceeded at %s", c.what, got.FailureReason, got.FinishedAt, c.finished)
+		}
+		f.wantAttempts(c.what, got, c.attempts)
+	}
+	if got := f.wantRun("retry of a deleted job's run", deleted.ID, vibejobs.RunCancelled, 1, nil); got.FailureReason != vibejobs.ReasonJobDeleted {
+		t.Errorf("retry of a deleted job's run: reason %q, want job_deleted", got.FailureReason)
+	}
+	var failed []string
+	for _, e := range f.events(projectA, 0) {
+		if e.Type == vibejobs.EventRunFailed {
+			failed = append(failed, eventLine(e))
+		}
+	}
+	wantEqual(t, "run.failed events", failed, []string{
+		"run.failed " + after.ID + " 1 failed deadline_exceeded http_5xx",
+		"run.failed " + now.ID + " 1 failed deadline_exceeded timeout",
+	})
+}
+
 func testRecordOutcomesDropped(t *testing.T, f *fixture) {
 	f.projects()
 	j := f.job(projectA)
@@ -569,13 +619,19 @@ func testFailExpiredRuns(t *testing.T, f *fixture) {
 	// Delivering, deadline T0−5s: left to lease recovery.
 	d := f.run(j, T0.Add(-life-5*time.Second), dueAt(T0.Add(-6*time.Second)))
 	f.claimIDs("w1", T0.Add(-6*time.Second), 1, d)
+	// Claimed at its deadline, T0−30s, and put back after it: due then.
+	rel := f.run(j, T0.Add(-life-30*time.Second))
+	f.claimIDs("w1", T0.Add(-30*time.Second), 1, rel)
+	if err := f.s.ReleaseClaims(f.ctx, "w1", []string{rel.ID}, T0.Add(-29*time.Second)); err != nil {
+		t.Fatalf("ReleaseClaims: %v", err)
+	}
 	// Scheduled, deadline T0−1ms.
 	e1 := f.run(j, T0.Add(-life-time.Millisecond))
 	// Deadline exactly now: still claimable.
 	edge := f.run(j, T0.Add(-life))
 	future := f.run(j, T0)
 
-	for _, want := range []int{1, 1, 0} {
+	for _, want := range []int{1, 1, 1, 0} {
 		limit := 1
 		if want == 0 {
 			limit = 10
@@ -584,7 +640,7 @@ func testFailExpiredRuns(t *testing.T, f *fixture) {
 			t.Fatalf("FailExpiredRuns(limit %d) = %d, %v; want %d", limit, n, err, want)
 		}
 	}
-	for _, r := range []*vibejobs.Run{e1, e2} {
+	for _, r := range []*vibejobs.Run{e1, e2, rel} {
 		got := f.getRun(projectA, r.ID)
 		if got.State != vibejobs.RunFailed || got.FailureReason != vibejobs.ReasonDeadlineExceeded ||
 			got.FinishedAt == nil || !got.FinishedAt.Equal(T0) || got.NextAttemptAt != nil {

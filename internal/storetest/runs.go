@@ -366,3 +366,38 @@ func testApplyRunPlansConcurrent(t *testing.T, f *fixture) {
 		t.Errorf("NextRunAt = %s, want %s", got.NextRunAt, end)
 	}
 }
+
+// A run never waits for an attempt due after its deadline (see
+// Run.CheckDue): CreateRun and ApplyRunPlans refuse one.
+func testRunDueAfterDeadlineRefused(t *testing.T, f *fixture) {
+	f.projects()
+	j := f.job(projectA)
+	r := f.newRun(j, T0)
+	r.NextAttemptAt = ptr(r.DeadlineAt.Add(time.Millisecond))
+	err := f.s.Update(f.ctx, func(tx vibejobs.Tx) error { return tx.CreateRun(f.ctx, r) })
+	wantError(t, "CreateRun of a run due after its deadline", err, vibejobs.EINVALID, "run_due_after_deadline")
+	_, err = f.s.GetRun(f.ctx, projectA, r.ID)
+	wantNotFound(t, "GetRun of the refused run", err, "run")
+
+	ok := f.schedRun(j, T0)
+	late := f.schedRun(j, T0.Add(time.Minute))
+	late.NextAttemptAt = ptr(late.DeadlineAt.Add(time.Millisecond))
+	created, err := f.s.ApplyRunPlans(f.ctx, []vibejobs.RunPlan{
+		{JobID: j.ID, From: *j.NextRunAt, Next: ptr(j.NextRunAt.Add(time.Hour)), Runs: []*vibejobs.Run{ok, late}},
+	}, T0)
+	if created != 0 {
+		t.Errorf("ApplyRunPlans with a run due after its deadline created %d runs", created)
+	}
+	wantError(t, "ApplyRunPlans with a run due after its deadline", err, vibejobs.EINVALID, "run_due_after_deadline")
+	_, err = f.s.GetRun(f.ctx, projectA, ok.ID)
+	wantNotFound(t, "GetRun of a run in the refused plan", err, "run")
+	if got := f.getJob(projectA, j.ID); !got.NextRunAt.Equal(*j.NextRunAt) {
+		t.Errorf("job after a refused plan: next %v, want %v", got.NextRunAt, j.NextRunAt)
+	}
+
+	// At its deadline exactly is allowed.
+	edge := f.newRun(j, T0)
+	edge.NextAttemptAt = ptr(edge.DeadlineAt)
+	f.update(func(tx vibejobs.Tx) error { return tx.CreateRun(f.ctx, edge) })
+	f.wantRun("run due at its deadline", edge.ID, vibejobs.RunScheduled, 0, ptr(edge.DeadlineAt))
+}

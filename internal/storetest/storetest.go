@@ -61,6 +61,7 @@ func Run(t *testing.T, open func(t *testing.T) vibejobs.Store) {
 		{"ApplyRunPlansSkipped", testApplyRunPlansSkipped},
 		{"ApplyRunPlansCompletesOneOff", testApplyRunPlansCompletesOneOff},
 		{"ApplyRunPlansConcurrent", testApplyRunPlansConcurrent},
+		{"RunDueAfterDeadlineRefused", testRunDueAfterDeadlineRefused},
 
 		{"ClaimOrderAndLimit", testClaimOrderAndLimit},
 		{"ClaimDeadline", testClaimDeadline},
@@ -69,6 +70,7 @@ func Run(t *testing.T, open func(t *testing.T) vibejobs.Store) {
 		{"AttemptNumberingAcrossRetries", testAttemptNumberingAcrossRetries},
 		{"LateDecidedOnceAtFirstAttempt", testLateDecidedOnce},
 		{"RecordOutcomes", testRecordOutcomes},
+		{"RecordRetryAfterDeadline", testRecordRetryAfterDeadline},
 		{"RecordOutcomesDropped", testRecordOutcomesDropped},
 		{"RecoverExpiredLeases", testRecoverExpiredLeases},
 		{"RecoverExpiredLeasesRetrying", testRecoverExpiredLeasesRetrying},
