@@ -99,8 +99,12 @@ func TestRowsLockedByCTIDAreFetchedByCTID(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if p := explain(t, s.pool, recordSQL, args...); strings.Contains(p, "Seq Scan on run") {
+	p := explain(t, s.queue, recordSQL, args...)
+	if strings.Contains(p, "Seq Scan on run") {
 		t.Errorf("recording 64 outcomes scans every run or the whole queue:\n%s", p)
+	}
+	if strings.Contains(p, "JIT") {
+		t.Errorf("recording 64 outcomes compiles its plan:\n%s", p)
 	}
 	claimArgs := []any{t0.Add(time.Minute), "w2", 64, int64(time.Second)}
 	if p := explain(t, s.queue, claimSQL, claimArgs...); strings.Contains(p, "Seq Scan") {

@@ -402,9 +402,10 @@ func (s *Store) RecordOutcomes(ctx context.Context, owner string, outcomes []vib
 	case 0:
 		return nil
 	case 1:
-		return s.recordOutcomes(ctx, s.pool, owner, batches[0])
+		// On the queue pool: see Store.queue.
+		return s.recordOutcomes(ctx, s.queue, owner, batches[0])
 	}
-	err := pgx.BeginTxFunc(ctx, s.pool, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, func(tx pgx.Tx) error {
+	err := pgx.BeginTxFunc(ctx, s.queue, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, func(tx pgx.Tx) error {
 		for _, b := range batches {
 			if err := s.recordOutcomes(ctx, tx, owner, b); err != nil {
 				return err
