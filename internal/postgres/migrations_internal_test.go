@@ -45,7 +45,6 @@ func TestRunQueueMigrationKeepsTheQueue(t *testing.T) {
 		t.Fatalf("migrating to version 7: %v", err)
 	}
 
-	t0 := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
 	_, err = pool.Exec(ctx, `
 		INSERT INTO projects (id, name, created_at) VALUES ('prj_1', 'p', $1);
 		INSERT INTO jobs (id, project_id, name, schedule, timezone, url, enabled, state, max_attempts,

@@ -39,7 +39,6 @@ func explain(t *testing.T, q querier, sql string, args ...any) string {
 // seconds into a fresh installation.
 func TestRowsLockedByCTIDAreFetchedByCTID(t *testing.T) {
 	ctx := context.Background()
-	t0 := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
 	s := MustOpenTestWith(t, Options{Now: func() time.Time { return t0 }})
 	seq := 0
 	id := func(prefix string) string {
@@ -181,7 +180,7 @@ func TestVacuumQueueClearsTheClaimIndex(t *testing.T) {
 	}
 }
 
-// t0 is the time of the queue tests in this file.
+// t0 is the time at which the internal tests of this package run.
 var t0 = time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
 
 // queueTestJob opens a test store whose clock stands at t0, with a project

@@ -97,12 +97,12 @@ SELECT count(*), CASE WHEN count(*) > 0 THEN pg_notify($15, $16) END FROM create
 // (see applyPlansSQL); at most one schedule-triggered run exists per (job,
 // scheduledFor), enforced by a unique constraint.
 func (s *Store) ApplyRunPlans(ctx context.Context, plans []vibejobs.RunPlan, now time.Time) (int, error) {
-	// One statement takes each job at most once (an UPDATE … FROM changes a
-	// row once however many plan rows match), so plans for a job already in
-	// the batch start the next statement, in the order given.
 	if err := vibejobs.CheckPlans(plans); err != nil {
 		return 0, err
 	}
+	// One statement takes each job at most once (an UPDATE … FROM changes a
+	// row once however many plan rows match), so plans for a job already in
+	// the batch start the next statement, in the order given.
 	batches := splitByKey(plans, func(p vibejobs.RunPlan) string { return p.JobID })
 	switch len(batches) {
 	case 0:
