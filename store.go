@@ -293,6 +293,11 @@ type MaintenanceStore interface {
 	// PruneRuns deletes up to limit finished runs (and their attempts) that
 	// finished before cutoff; an unfinished run is never pruned.
 	PruneRuns(ctx context.Context, projectID string, cutoff time.Time, limit int) (int, error)
+	// PruneDeletedJobs deletes up to limit of the project's jobs deleted
+	// before cutoff that no run refers to any more (their runs were
+	// pruned). A deleted job is already invisible; this bounds the rows
+	// that a project creating and deleting jobs leaves behind.
+	PruneDeletedJobs(ctx context.Context, projectID string, cutoff time.Time, limit int) (int, error)
 	// PruneEvents deletes up to limit of the project's events from the start
 	// of its feed, in sequence order, that occurred before cutoff and that
 	// every subscription of the project has passed (its cursor is at or

@@ -131,8 +131,9 @@ func (m *Maintainer) RecoverOnce(ctx context.Context) {
 }
 
 // PruneOnce deletes finished history older than each project's retention
-// (runs with their attempts, and the start of the event feed), in small
-// batches, and expired idempotency records and dashboard sessions.
+// (runs with their attempts, the start of the event feed, and jobs deleted
+// before it that no run refers to any more), in small batches, and expired
+// idempotency records and dashboard sessions.
 func (m *Maintainer) PruneOnce(ctx context.Context) {
 	now := m.cfg.Now()
 	projects, err := m.cfg.Store.ListProjects(ctx)
@@ -151,6 +152,10 @@ func (m *Maintainer) PruneOnce(ctx context.Context) {
 		})
 		m.inBatches(ctx, "maintenance.prune_failed", func(ctx context.Context, limit int) (int, error) {
 			return m.cfg.Store.PruneEvents(ctx, p.ID, cutoff, limit)
+		})
+		// After the runs: a deleted job goes with its last run.
+		m.inBatches(ctx, "maintenance.prune_failed", func(ctx context.Context, limit int) (int, error) {
+			return m.cfg.Store.PruneDeletedJobs(ctx, p.ID, cutoff, limit)
 		})
 	}
 	for _, prune := range []func(context.Context, time.Time, int) (int, error){

@@ -77,8 +77,29 @@ func TestPruneHonoursProjectRetention(t *testing.T) {
 		t.Fatal(err)
 	}
 
+	// Jobs deleted 20 days ago with no runs: gone in the 10-day project,
+	// kept in the default one.
+	for _, p := range projects {
+		j := *jobs[p.ID]
+		j.ID, j.Name = "job_deleted_"+p.Name, "deleted"
+		if err := st.Update(ctx, func(tx vibejobs.Tx) error {
+			if err := tx.CreateJob(ctx, &j); err != nil {
+				return err
+			}
+			return tx.DeleteJob(ctx, p.ID, j.ID, t0.AddDate(0, 0, -20))
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+
 	m := maintenance.New(maintenance.Config{Store: st, Now: func() time.Time { return now }, Batch: 1})
 	m.PruneOnce(ctx)
+	for p, want := range map[string]int{"prj_short": 0, "prj_default": 1} {
+		// What PruneOnce left of the deleted jobs.
+		if n, err := st.PruneDeletedJobs(ctx, p, now, 10); err != nil || n != want {
+			t.Errorf("%s: deleted jobs left after PruneOnce = %d, %v; want %d", p, n, err, want)
+		}
+	}
 	for id, want := range map[string]bool{"run_d30": true, "run_s30": false, "run_s5": true, "run_d100": false, "run_open": true} {
 		p := "prj_default"
 		if id[4] == 's' || id == "run_open" {

@@ -626,6 +626,29 @@ func (s *Store) PruneRuns(ctx context.Context, projectID string, cutoff time.Tim
 	return n, nil
 }
 
+// PruneDeletedJobs deletes up to limit of projectID's jobs deleted before
+// cutoff that no run refers to, the earliest deleted first; replicas
+// pruning at once skip each other's rows. runs.job_id has no foreign key
+// (see migration 00007), and none is needed: no run of a deleted job can
+// be created, since CreateRun and ApplyRunPlans insert a run only for a
+// live job, read and locked in the same statement.
+func (s *Store) PruneDeletedJobs(ctx context.Context, projectID string, cutoff time.Time, limit int) (int, error) {
+	if limit <= 0 {
+		return 0, nil
+	}
+	tag, err := s.pool.Exec(ctx, `DELETE FROM jobs WHERE ctid = ANY(ARRAY(
+		SELECT ctid FROM jobs j
+		WHERE j.project_id = $1 AND j.deleted_at IS NOT NULL AND j.deleted_at < $2
+			AND NOT EXISTS (SELECT 1 FROM runs r WHERE r.job_id = j.id)
+		ORDER BY j.deleted_at
+		LIMIT $3
+		FOR UPDATE SKIP LOCKED))`, projectID, cutoff, limit)
+	if err != nil {
+		return 0, mapError(err, "pruning deleted jobs")
+	}
+	return int(tag.RowsAffected()), nil
+}
+
 // PruneIdempotencyKeys deletes up to limit records expired at now.
 func (s *Store) PruneIdempotencyKeys(ctx context.Context, now time.Time, limit int) (int, error) {
 	return s.pruneExpired(ctx, "idempotency_keys", now, limit)

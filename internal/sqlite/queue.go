@@ -675,6 +675,15 @@ func (s *Store) PruneRuns(ctx context.Context, projectID string, cutoff time.Tim
 		ORDER BY finished_at LIMIT ?)`, projectID, ms(cutoff), limit)
 }
 
+// PruneDeletedJobs deletes up to limit of projectID's jobs deleted before
+// cutoff that no run refers to, the earliest deleted first.
+func (s *Store) PruneDeletedJobs(ctx context.Context, projectID string, cutoff time.Time, limit int) (int, error) {
+	return s.prune(ctx, "deleted jobs", limit, `DELETE FROM jobs WHERE id IN (SELECT j.id FROM jobs j
+		WHERE j.project_id = ? AND j.deleted_at IS NOT NULL AND j.deleted_at < ?
+			AND NOT EXISTS (SELECT 1 FROM runs r WHERE r.job_id = j.id)
+		ORDER BY j.deleted_at LIMIT ?)`, projectID, ms(cutoff), limit)
+}
+
 // PruneIdempotencyKeys deletes up to limit records with ExpiresAt ≤ now.
 func (s *Store) PruneIdempotencyKeys(ctx context.Context, now time.Time, limit int) (int, error) {
 	return s.pruneExpired(ctx, "idempotency_keys", "rowid", now, limit)

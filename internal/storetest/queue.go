@@ -698,6 +698,53 @@ func testPruneRuns(t *testing.T, f *fixture) {
 	}
 }
 
+// A deleted job is pruned once deleted before the cutoff and no run refers
+// to it any more, and not before.
+func testPruneDeletedJobs(t *testing.T, f *fixture) {
+	f.projects()
+	del := func(j *vibejobs.Job, at time.Time) {
+		f.t.Helper()
+		f.update(func(tx vibejobs.Tx) error { return tx.DeleteJob(f.ctx, j.ProjectID, j.ID, at) })
+	}
+	prune := func(projectID string, limit, want int) {
+		t.Helper()
+		if n, err := f.s.PruneDeletedJobs(f.ctx, projectID, T0, limit); err != nil || n != want {
+			t.Fatalf("PruneDeletedJobs(%s, limit %d) = %d, %v; want %d", projectID, limit, n, err, want)
+		}
+	}
+	gone1, gone2 := f.job(projectA), f.job(projectA)
+	del(gone1, T0.Add(-48*time.Hour))
+	del(gone2, T0.Add(-24*time.Hour))
+	withRun := f.job(projectA)
+	run := f.finishedRun(withRun, T0.Add(-9*time.Hour))
+	del(withRun, T0.Add(-time.Hour))
+	atCutoff, later := f.job(projectA), f.job(projectA)
+	del(atCutoff, T0)
+	del(later, T0.Add(time.Second))
+	live := f.job(projectA)
+	other := f.job(projectB)
+	del(other, T0.Add(-48*time.Hour))
+
+	prune(projectA, 1, 1)
+	prune(projectA, 10, 1)
+	prune(projectA, 10, 0)
+	// Its last run pruned, the job goes too.
+	if n, err := f.s.PruneRuns(f.ctx, projectA, T0, 10); err != nil || n != 1 {
+		t.Fatalf("PruneRuns = %d, %v; want 1", n, err)
+	}
+	_, err := f.s.GetRun(f.ctx, projectA, run.ID)
+	wantNotFound(t, "GetRun of the deleted job's pruned run", err, "run")
+	prune(projectA, 10, 1)
+	prune(projectA, 10, 0)
+	f.getJob(projectA, live.ID)
+	prune(projectB, 10, 1)
+	prune(projectB, 10, 0)
+	for _, j := range []*vibejobs.Job{gone1, gone2, withRun, atCutoff, later, other} {
+		_, err := f.s.GetJob(f.ctx, j.ProjectID, j.ID)
+		wantNotFound(t, "GetJob of a deleted job", err, "job")
+	}
+}
+
 func testIdempotency(t *testing.T, f *fixture) {
 	f.projects()
 	rec := f.idempotencyRecord(projectA, "key-1", T0)

@@ -82,6 +82,7 @@ func Run(t *testing.T, open func(t *testing.T) vibejobs.Store) {
 
 		{"FailExpiredRuns", testFailExpiredRuns},
 		{"PruneRuns", testPruneRuns},
+		{"PruneDeletedJobs", testPruneDeletedJobs},
 		{"Idempotency", testIdempotency},
 		{"PruneIdempotencyKeys", testPruneIdempotencyKeys},
 		{"Sessions", testSessions},
