@@ -219,7 +219,7 @@ func NewRun(id string, j *Job, trigger string, scheduledFor, now time.Time) *Run
 // CheckDue returns an EINVALID error when r waits for an attempt due after
 // its deadline. No attempt starts after the deadline, so no waiting run is
 // due after it; the stores rely on that to find expired runs among those
-// already due (see DispatchStore.FailExpiredRuns).
+// already due (see MaintenanceStore.FailExpiredRuns).
 func (r *Run) CheckDue() error {
 	if r.NextAttemptAt != nil && r.NextAttemptAt.After(r.DeadlineAt) {
 		return Errorf(EINVALID, "run_due_after_deadline", "run %s is due at %s, after its deadline %s",

@@ -556,7 +556,7 @@ func (s *Store) RecoverExpiredLeases(ctx context.Context, now time.Time, limit i
 // FailExpiredRuns fails (deadline_exceeded, finished at now) up to limit runs
 // waiting in scheduled or retrying whose deadline passed, earliest due
 // first. It walks only the part of run_queue due by now, where every
-// expired run is (see vibejobs.DispatchStore): runs waiting for a retry
+// expired run is (see vibejobs.MaintenanceStore): runs waiting for a retry
 // after a receiver failed, or materialised ahead of their time, cost it
 // nothing, and no index on deadlines costs every run insert.
 func (s *Store) FailExpiredRuns(ctx context.Context, now time.Time, limit int) (int, error) {

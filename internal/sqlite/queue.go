@@ -637,7 +637,7 @@ func (s *Store) RecoverExpiredLeases(ctx context.Context, now time.Time, limit i
 // FailExpiredRuns fails (deadline_exceeded, finished now) up to limit runs
 // waiting in scheduled or retrying whose deadline is before now. It walks
 // only the runs due by now, where every expired run is (see
-// vibejobs.DispatchStore): runs waiting for a later retry cost it nothing.
+// vibejobs.MaintenanceStore): runs waiting for a later retry cost it nothing.
 func (s *Store) FailExpiredRuns(ctx context.Context, now time.Time, limit int) (int, error) {
 	if limit <= 0 {
 		return 0, nil
