@@ -113,9 +113,17 @@ type Tx interface {
 	// InsertIdempotencyKey stores a new in-progress record. A live record with
 	// the same (project, key) gives ECONFLICT; an expired one is replaced.
 	InsertIdempotencyKey(ctx context.Context, rec *IdempotencyRecord) error
-	// CompleteIdempotencyKey stores the response of rec and marks it done.
+	// CompleteIdempotencyKey stores the response of rec and marks it done,
+	// only while the record is the claim in progress that was made at
+	// rec.CreatedAt; otherwise (the claim was taken over by a later request,
+	// or is gone) it answers ENOTFOUND and changes nothing. So of two
+	// requests that held the key in turn, one completes it, and the other's
+	// effect, committing with its completion, rolls back.
 	CompleteIdempotencyKey(ctx context.Context, rec *IdempotencyRecord) error
-	DeleteIdempotencyKey(ctx context.Context, projectID, key string) error
+	// DeleteIdempotencyKey deletes the record of key created at createdAt,
+	// or answers ENOTFOUND: the record of a request that took the key over
+	// since is left alone.
+	DeleteIdempotencyKey(ctx context.Context, projectID, key string, createdAt time.Time) error
 
 	// SecretsNotUnder lists jobs whose secret is sealed under another key than keyID
 	// (deleted jobs included), for master key rotation;

@@ -240,4 +240,21 @@ func TestIdempotencyKeyInProgress(t *testing.T) {
 	if replay.status != 201 || string(replay.body) != string(res.body) || replay.header.Get("Idempotent-Replayed") != "true" {
 		t.Errorf("replay after takeover: %s", replay)
 	}
+	// The first request was slow, not dead. Its completion, which commits
+	// with its effect, now fails, so its effect rolls back; the release
+	// after its failure leaves the new answer alone.
+	ctx := context.Background()
+	late := *rec
+	late.Done, late.ResponseStatus, late.ResponseBody = true, 201, []byte(`{"id":"job_late"}`)
+	err := e.store.Update(ctx, func(tx vibejobs.Tx) error { return tx.CompleteIdempotencyKey(ctx, &late) })
+	if vibejobs.ErrorKind(err) != vibejobs.ENOTFOUND {
+		t.Errorf("completion by the request whose claim was taken over: %v, want ENOTFOUND", err)
+	}
+	err = e.store.Update(ctx, func(tx vibejobs.Tx) error { return tx.DeleteIdempotencyKey(ctx, e.project, "busy", rec.CreatedAt) })
+	if vibejobs.ErrorKind(err) != vibejobs.ENOTFOUND {
+		t.Errorf("release by the request whose claim was taken over: %v, want ENOTFOUND", err)
+	}
+	if replay := e.send(r); replay.status != 201 || string(replay.body) != string(res.body) {
+		t.Errorf("replay after the first request's late completion: %s", replay)
+	}
 }

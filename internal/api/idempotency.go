@@ -109,7 +109,7 @@ func (s *Server) idempotent(ctx context.Context, c *call, effect func(context.Co
 					existing = resp
 					return nil
 				}
-				if err := tx.DeleteIdempotencyKey(ctx, project, key); err != nil {
+				if err := tx.DeleteIdempotencyKey(ctx, project, key, rec.CreatedAt); err != nil {
 					return err
 				}
 			case vibejobs.ErrorKind(err) != vibejobs.ENOTFOUND:
@@ -139,7 +139,7 @@ func (s *Server) idempotent(ctx context.Context, c *call, effect func(context.Co
 	done := false
 	defer func() {
 		if !done {
-			s.releaseKey(project, key)
+			s.releaseKey(project, key, c.now)
 		}
 	}()
 	var resp *response
@@ -190,13 +190,14 @@ func (s *Server) idempotent(ctx context.Context, c *call, effect func(context.Co
 	return resp
 }
 
-// releaseKey deletes a claimed key whose request failed, even when the
-// request's context is gone.
-func (s *Server) releaseKey(project, key string) {
+// releaseKey deletes the claim of key made at claimedAt by a request that
+// failed, even when the request's context is gone; a later request's claim
+// of the key is left alone.
+func (s *Server) releaseKey(project, key string, claimedAt time.Time) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	err := s.update(ctx, func(tx vibejobs.Tx) error {
-		return tx.DeleteIdempotencyKey(ctx, project, key)
+		return tx.DeleteIdempotencyKey(ctx, project, key, claimedAt)
 	})
 	if err != nil && vibejobs.ErrorKind(err) != vibejobs.ENOTFOUND {
 		s.log.Error("api: releasing an idempotency key after a failure", "project", project, "error", err.Error())

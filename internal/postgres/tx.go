@@ -355,7 +355,8 @@ func (t *tx) InsertIdempotencyKey(ctx context.Context, rec *vibejobs.Idempotency
 	return nil
 }
 
-// CompleteIdempotencyKey stores rec's response and marks it done.
+// CompleteIdempotencyKey stores rec's response and marks it done, while the
+// record is still the claim in progress made at rec.CreatedAt.
 func (t *tx) CompleteIdempotencyKey(ctx context.Context, rec *vibejobs.IdempotencyRecord) error {
 	headers, err := encodeHeaders(rec.ResponseHeaders)
 	if err != nil {
@@ -363,8 +364,8 @@ func (t *tx) CompleteIdempotencyKey(ctx context.Context, rec *vibejobs.Idempoten
 	}
 	tag, err := t.q.Exec(ctx, `UPDATE idempotency_keys SET done = true, response_status = $3, response_headers = $4,
 			response_body = $5
-		WHERE project_id = $1 AND key = $2`,
-		rec.ProjectID, rec.Key, rec.ResponseStatus, headers, rec.ResponseBody)
+		WHERE project_id = $1 AND key = $2 AND created_at = $6 AND NOT done`,
+		rec.ProjectID, rec.Key, rec.ResponseStatus, headers, rec.ResponseBody, rec.CreatedAt)
 	if err != nil {
 		return mapError(err, "completing an idempotency key")
 	}
@@ -375,9 +376,11 @@ func (t *tx) CompleteIdempotencyKey(ctx context.Context, rec *vibejobs.Idempoten
 	return nil
 }
 
-// DeleteIdempotencyKey deletes the record of key, or answers ENOTFOUND.
-func (t *tx) DeleteIdempotencyKey(ctx context.Context, projectID, key string) error {
-	tag, err := t.q.Exec(ctx, `DELETE FROM idempotency_keys WHERE project_id = $1 AND key = $2`, projectID, key)
+// DeleteIdempotencyKey deletes the record of key created at createdAt, or
+// answers ENOTFOUND.
+func (t *tx) DeleteIdempotencyKey(ctx context.Context, projectID, key string, createdAt time.Time) error {
+	tag, err := t.q.Exec(ctx, `DELETE FROM idempotency_keys WHERE project_id = $1 AND key = $2 AND created_at = $3`,
+		projectID, key, createdAt)
 	if err != nil {
 		return mapError(err, "deleting an idempotency key")
 	}

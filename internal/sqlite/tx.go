@@ -236,8 +236,9 @@ func (t *tx) CompleteIdempotencyKey(ctx context.Context, rec *vibejobs.Idempoten
 		return err
 	}
 	n, err := changed(t.t.ExecContext(ctx, `UPDATE idempotency_keys SET done = 1, response_status = ?,
-		response_headers = ?, response_body = ? WHERE project_id = ? AND key = ?`,
-		rec.ResponseStatus, headers, rec.ResponseBody, rec.ProjectID, rec.Key))
+		response_headers = ?, response_body = ?
+		WHERE project_id = ? AND key = ? AND created_at = ? AND done = 0`,
+		rec.ResponseStatus, headers, rec.ResponseBody, rec.ProjectID, rec.Key, ms(rec.CreatedAt)))
 	if err != nil {
 		return fmt.Errorf("completing idempotency key: %w", err)
 	}
@@ -248,8 +249,9 @@ func (t *tx) CompleteIdempotencyKey(ctx context.Context, rec *vibejobs.Idempoten
 	return nil
 }
 
-func (t *tx) DeleteIdempotencyKey(ctx context.Context, projectID, key string) error {
-	n, err := changed(t.t.ExecContext(ctx, `DELETE FROM idempotency_keys WHERE project_id = ? AND key = ?`, projectID, key))
+func (t *tx) DeleteIdempotencyKey(ctx context.Context, projectID, key string, createdAt time.Time) error {
+	n, err := changed(t.t.ExecContext(ctx, `DELETE FROM idempotency_keys WHERE project_id = ? AND key = ? AND created_at = ?`,
+		projectID, key, ms(createdAt)))
 	if err != nil {
 		return fmt.Errorf("deleting idempotency key: %w", err)
 	}

@@ -276,7 +276,7 @@ func testProjectIsolation(t *testing.T, f *fixture) {
 		return tx.CompleteIdempotencyKey(f.ctx, &c)
 	})
 	wantNotFound(t, "CompleteIdempotencyKey of another project's key", err, "idempotency_key")
-	err = f.s.Update(f.ctx, func(tx vibejobs.Tx) error { return tx.DeleteIdempotencyKey(f.ctx, projectB, rec.Key) })
+	err = f.s.Update(f.ctx, func(tx vibejobs.Tx) error { return tx.DeleteIdempotencyKey(f.ctx, projectB, rec.Key, rec.CreatedAt) })
 	wantNotFound(t, "DeleteIdempotencyKey of another project's key", err, "idempotency_key")
 	if _, err := f.s.GetIdempotencyKey(f.ctx, projectA, rec.Key, T0); err != nil {
 		t.Errorf("key of project A after project B's attempts: %v", err)

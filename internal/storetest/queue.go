@@ -792,11 +792,37 @@ func testIdempotency(t *testing.T, f *fixture) {
 	}
 	wantEqual(t, "replacement record", got, fresh)
 
-	f.update(func(tx vibejobs.Tx) error { return tx.DeleteIdempotencyKey(f.ctx, projectA, rec.Key) })
+	// The first request's claim, completion or release touches neither the
+	// replacement nor another request's claim of the key.
+	del := func(createdAt time.Time) error {
+		return f.s.Update(f.ctx, func(tx vibejobs.Tx) error { return tx.DeleteIdempotencyKey(f.ctx, projectA, rec.Key, createdAt) })
+	}
+	wantNotFound(t, "DeleteIdempotencyKey of a replaced claim", del(rec.CreatedAt), "idempotency_key")
+	err = f.s.Update(f.ctx, func(tx vibejobs.Tx) error { return tx.CompleteIdempotencyKey(f.ctx, &done) })
+	wantNotFound(t, "CompleteIdempotencyKey of a replaced claim", err, "idempotency_key")
+	if got, err := get(rec.ExpiresAt); err != nil {
+		t.Fatalf("GetIdempotencyKey of the replacement after the old claim's attempts: %v", err)
+	} else {
+		wantEqual(t, "replacement record after the old claim's attempts", got, fresh)
+	}
+	// A completed record is not completed again.
+	freshDone := *fresh
+	freshDone.Done, freshDone.ResponseStatus = true, 201
+	f.update(func(tx vibejobs.Tx) error { return tx.CompleteIdempotencyKey(f.ctx, &freshDone) })
+	again := freshDone
+	again.ResponseStatus = 500
+	err = f.s.Update(f.ctx, func(tx vibejobs.Tx) error { return tx.CompleteIdempotencyKey(f.ctx, &again) })
+	wantNotFound(t, "CompleteIdempotencyKey of a completed record", err, "idempotency_key")
+	if got, err := get(rec.ExpiresAt); err != nil || got.ResponseStatus != 201 {
+		t.Errorf("record completed twice: %+v, %v; want status 201", got, err)
+	}
+
+	if err := del(fresh.CreatedAt); err != nil {
+		t.Fatalf("DeleteIdempotencyKey: %v", err)
+	}
 	_, err = get(rec.ExpiresAt)
 	wantNotFound(t, "GetIdempotencyKey after delete", err, "idempotency_key")
-	err = f.s.Update(f.ctx, func(tx vibejobs.Tx) error { return tx.DeleteIdempotencyKey(f.ctx, projectA, rec.Key) })
-	wantNotFound(t, "DeleteIdempotencyKey of a missing key", err, "idempotency_key")
+	wantNotFound(t, "DeleteIdempotencyKey of a missing key", del(fresh.CreatedAt), "idempotency_key")
 	err = f.s.Update(f.ctx, func(tx vibejobs.Tx) error { return tx.CompleteIdempotencyKey(f.ctx, &done) })
 	wantNotFound(t, "CompleteIdempotencyKey of a missing key", err, "idempotency_key")
 

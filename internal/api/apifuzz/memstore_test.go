@@ -118,12 +118,18 @@ func (t *memTx) CompleteIdempotencyKey(ctx context.Context, rec *vibejobs.Idempo
 	if err != nil {
 		return err
 	}
+	if r.Done || !r.CreatedAt.Equal(rec.CreatedAt) {
+		return vibejobs.ErrNotFound("idempotency_key")
+	}
 	r.Done, r.ResponseStatus, r.ResponseHeaders, r.ResponseBody = true, rec.ResponseStatus, rec.ResponseHeaders, rec.ResponseBody
 	t.keys[rec.ProjectID+"\x00"+rec.Key] = r
 	return nil
 }
 
-func (t *memTx) DeleteIdempotencyKey(ctx context.Context, projectID, key string) error {
+func (t *memTx) DeleteIdempotencyKey(ctx context.Context, projectID, key string, createdAt time.Time) error {
+	if r, err := t.key(projectID, key, time.Time{}); err != nil || !r.CreatedAt.Equal(createdAt) {
+		return vibejobs.ErrNotFound("idempotency_key")
+	}
 	t.keys[projectID+"\x00"+key] = nil
 	return nil
 }
