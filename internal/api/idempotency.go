@@ -109,7 +109,10 @@ func (s *Server) idempotent(ctx context.Context, c *call, effect func(context.Co
 					existing = resp
 					return nil
 				}
-				if err := tx.DeleteIdempotencyKey(ctx, project, key, rec.CreatedAt); err != nil {
+				// A request that took the abandoned claim over first leaves
+				// nothing to delete; the insert below then meets its claim.
+				err = tx.DeleteIdempotencyKey(ctx, project, key, rec.CreatedAt)
+				if err != nil && vibejobs.ErrorKind(err) != vibejobs.ENOTFOUND {
 					return err
 				}
 			case vibejobs.ErrorKind(err) != vibejobs.ENOTFOUND:
