@@ -91,7 +91,12 @@ type Store struct {
 	// run of the ordered walk of the index, which stops after the limit.
 	// Its connections also reuse one generic plan for each statement: left
 	// to choose, PostgreSQL planned every record of outcomes afresh, for
-	// about 0.4 ms a batch, to arrive at the same plan.
+	// about 0.4 ms a batch, to arrive at the same plan. A generic plan is
+	// made without the parameters' values, and again whenever VacuumQueue
+	// refreshes run_queue's statistics; the statements find queue rows by
+	// their whole primary key, the only index of run_queue. Mind that
+	// before adding one: a partial index on deadlines (WHERE NOT leased)
+	// was taken for the claim's key lookup, a walk of the whole index.
 	queue  *pgxpool.Pool
 	logger *slog.Logger
 	now    func() time.Time
