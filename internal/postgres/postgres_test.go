@@ -413,6 +413,95 @@ func TestIdempotencyKeys(t *testing.T) {
 	}
 }
 
+// TestIdempotencyTakeoverRace: two requests take one abandoned claim over
+// at once, as the API does (read the claim, delete it by its creation
+// time, insert their own). The slower one waits on the faster one's delete,
+// then finds nothing left to delete and meets the faster one's claim
+// (ECONFLICT), which the API answers as in progress. The faster one's claim
+// stands.
+func TestIdempotencyTakeoverRace(t *testing.T) {
+	ctx := context.Background()
+	schema := postgres.NewTestSchema(t)
+	a, b := open(t, schema), open(t, schema)
+	prj := newProject(t, a)
+	claimAt := func(at time.Time) *vibejobs.IdempotencyRecord {
+		return &vibejobs.IdempotencyRecord{ProjectID: prj, Key: "k", RequestHash: []byte{1}, CreatedAt: at, ExpiresAt: at.Add(24 * time.Hour)}
+	}
+	mustUpdate(t, a, func(tx vibejobs.Tx) error { return tx.InsertIdempotencyKey(ctx, claimAt(t0)) })
+	faster, slower := t0.Add(61*time.Second), t0.Add(62*time.Second)
+
+	inserted, commit := make(chan struct{}, 1), make(chan struct{})
+	var release sync.Once
+	letCommit := func() { release.Do(func() { close(commit) }) }
+	defer letCommit() // a failing test must not leave the transaction open
+	firstDone := make(chan error, 1)
+	go func() {
+		firstDone <- a.Update(ctx, func(tx vibejobs.Tx) error {
+			rec, err := tx.GetIdempotencyKey(ctx, prj, "k", faster)
+			if err != nil {
+				return err
+			}
+			if err := tx.DeleteIdempotencyKey(ctx, prj, "k", rec.CreatedAt); err != nil {
+				return err
+			}
+			if err := tx.InsertIdempotencyKey(ctx, claimAt(faster)); err != nil {
+				return err
+			}
+			inserted <- struct{}{}
+			<-commit
+			return nil
+		})
+	}()
+	waitSignal(t, inserted, "the faster takeover")
+
+	var read time.Time
+	var delErr, insErr error
+	secondDone := make(chan error, 1)
+	go func() {
+		secondDone <- b.Update(ctx, func(tx vibejobs.Tx) error {
+			rec, err := tx.GetIdempotencyKey(ctx, prj, "k", slower)
+			if err != nil {
+				return err
+			}
+			read = rec.CreatedAt
+			delErr = tx.DeleteIdempotencyKey(ctx, prj, "k", rec.CreatedAt)
+			insErr = tx.InsertIdempotencyKey(ctx, claimAt(slower))
+			return insErr
+		})
+	}()
+	// The slower delete waits for the faster transaction's row lock.
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		var waiting int
+		err := a.Pool().QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+			WHERE datname = current_database() AND wait_event_type = 'Lock'
+				AND query LIKE 'DELETE FROM idempotency_keys%'`).Scan(&waiting)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if waiting > 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the slower takeover never waited for the faster one")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	letCommit()
+	if err := <-firstDone; err != nil {
+		t.Fatalf("faster takeover: %v", err)
+	}
+	err := <-secondDone
+	if !read.Equal(t0) {
+		t.Errorf("the slower takeover read the claim of %s, want the abandoned one of %s", read, t0)
+	}
+	wantKind(t, delErr, vibejobs.ENOTFOUND, "")
+	wantKind(t, err, vibejobs.ECONFLICT, "idempotency_key_exists")
+	got, err := a.GetIdempotencyKey(ctx, prj, "k", slower)
+	if err != nil || !got.CreatedAt.Equal(faster) || got.Done {
+		t.Fatalf("the key after the race = %+v, %v; want the faster claim, in progress", got, err)
+	}
+}
+
 // TestClaimExclusive: 8 claimers on two Stores (replicas) share 3,000 due
 // runs; SKIP LOCKED hands each run to exactly one of them.
 func TestClaimExclusive(t *testing.T) {
