@@ -15,13 +15,18 @@ import (
 
 // Defaults of Config.
 const (
-	DefaultLeaseInterval  = time.Second
-	DefaultPruneInterval  = 5 * time.Minute
-	DefaultRetentionDays  = 90
-	MinRetentionDays      = 7
-	DefaultBatch          = 500
-	DefaultStatsInterval  = 5 * time.Second
-	DefaultVacuumInterval = 10 * time.Second
+	DefaultLeaseInterval = time.Second
+	// DefaultDeadlineInterval is how often runs past their 96-hour lifetime
+	// are failed: a few seconds late against such a lifetime tells no one
+	// anything, and the check reads every run due and not yet claimed,
+	// which is the whole backlog when deliveries fall behind.
+	DefaultDeadlineInterval = 10 * time.Second
+	DefaultPruneInterval    = 5 * time.Minute
+	DefaultRetentionDays    = 90
+	MinRetentionDays        = 7
+	DefaultBatch            = 500
+	DefaultStatsInterval    = 5 * time.Second
+	DefaultVacuumInterval   = 10 * time.Second
 )
 
 // QueueVacuumer is a store whose queue tables need vacuuming from here,
@@ -42,8 +47,10 @@ type Config struct {
 	Logger        *slog.Logger
 	Now           func() time.Time
 	LeaseInterval time.Duration
-	PruneInterval time.Duration
-	StatsInterval time.Duration
+	// DeadlineInterval is how often runs past their deadline are failed.
+	DeadlineInterval time.Duration
+	PruneInterval    time.Duration
+	StatsInterval    time.Duration
 	// VacuumInterval is how often a QueueVacuumer store is asked to vacuum.
 	VacuumInterval time.Duration
 	// RetentionDays is the installation's history retention (≥ 7); a project's
@@ -65,6 +72,7 @@ func New(cfg Config) *Maintainer {
 		cfg.Now = time.Now
 	}
 	cfg.LeaseInterval = cmp.Or(cfg.LeaseInterval, DefaultLeaseInterval)
+	cfg.DeadlineInterval = cmp.Or(cfg.DeadlineInterval, DefaultDeadlineInterval)
 	cfg.PruneInterval = cmp.Or(cfg.PruneInterval, DefaultPruneInterval)
 	cfg.StatsInterval = cmp.Or(cfg.StatsInterval, DefaultStatsInterval)
 	cfg.VacuumInterval = cmp.Or(cfg.VacuumInterval, DefaultVacuumInterval)
@@ -76,14 +84,17 @@ func New(cfg Config) *Maintainer {
 // Run loops until ctx is done.
 func (m *Maintainer) Run(ctx context.Context) {
 	lease := time.NewTicker(m.cfg.LeaseInterval)
+	deadline := time.NewTicker(m.cfg.DeadlineInterval)
 	prune := time.NewTicker(m.cfg.PruneInterval)
 	stats := time.NewTicker(m.cfg.StatsInterval)
 	vacuum := time.NewTicker(m.cfg.VacuumInterval)
 	defer lease.Stop()
+	defer deadline.Stop()
 	defer prune.Stop()
 	defer stats.Stop()
 	defer vacuum.Stop()
 	m.RecoverOnce(ctx)
+	m.ExpireOnce(ctx)
 	m.StatsOnce(ctx)
 	for {
 		select {
@@ -91,6 +102,8 @@ func (m *Maintainer) Run(ctx context.Context) {
 			return
 		case <-lease.C:
 			m.RecoverOnce(ctx)
+		case <-deadline.C:
+			m.ExpireOnce(ctx)
 		case <-stats.C:
 			m.StatsOnce(ctx)
 		case <-prune.C:
@@ -101,7 +114,7 @@ func (m *Maintainer) Run(ctx context.Context) {
 	}
 }
 
-// RecoverOnce recovers expired leases and fails runs past their deadline.
+// RecoverOnce recovers expired leases.
 func (m *Maintainer) RecoverOnce(ctx context.Context) {
 	now := m.cfg.Now()
 	total := 0
@@ -125,6 +138,11 @@ func (m *Maintainer) RecoverOnce(ctx context.Context) {
 			m.cfg.OnRecovered()
 		}
 	}
+}
+
+// ExpireOnce fails the waiting runs past their deadline.
+func (m *Maintainer) ExpireOnce(ctx context.Context) {
+	now := m.cfg.Now()
 	m.inBatches(ctx, "maintenance.expire_failed", func(ctx context.Context, limit int) (int, error) {
 		return m.cfg.Store.FailExpiredRuns(ctx, now, limit)
 	})

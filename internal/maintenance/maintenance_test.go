@@ -157,3 +157,76 @@ func TestVacuumOnceAsksAStoreThatVacuums(t *testing.T) {
 	}
 	maintenance.New(maintenance.Config{Store: st}).VacuumOnce(ctx) // SQLite: nothing to do
 }
+
+// countingStore signals each lease recovery and each deadline check asked
+// of it.
+type countingStore struct {
+	vibejobs.Store
+	recoveries, expiries chan struct{}
+}
+
+func (c *countingStore) RecoverExpiredLeases(ctx context.Context, now time.Time, limit int) (int, error) {
+	c.recoveries <- struct{}{}
+	return 0, nil
+}
+
+func (c *countingStore) FailExpiredRuns(ctx context.Context, now time.Time, limit int) (int, error) {
+	c.expiries <- struct{}{}
+	return 0, nil
+}
+
+// runUntil runs a Maintainer with cfg over c until want signals came from
+// one of its tasks (the deadline check if expiries, else lease recovery),
+// stops it, and returns how many of each it asked for in all.
+func runUntil(t *testing.T, c *countingStore, cfg maintenance.Config, expiries bool, want int) (nRecover, nExpire int) {
+	t.Helper()
+	cfg.Store = c
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		maintenance.New(cfg).Run(ctx)
+	}()
+	timeout := time.After(10 * time.Second)
+	for {
+		select {
+		case <-c.recoveries:
+			nRecover++
+		case <-c.expiries:
+			nExpire++
+		case <-done:
+			return nRecover, nExpire
+		case <-timeout:
+			t.Fatalf("after 10 s: %d lease recoveries, %d deadline checks", nRecover, nExpire)
+		}
+		if (expiries && nExpire == want) || (!expiries && nRecover == want) {
+			cancel() // and take what the Maintainer still sends until it stops
+		}
+	}
+}
+
+// TestDeadlinesCheckedOnTheirOwnInterval: lease recovery runs every
+// LeaseInterval and the deadline check (which reads the whole backlog of
+// due runs) every DeadlineInterval, each also once at the start.
+func TestDeadlinesCheckedOnTheirOwnInterval(t *testing.T) {
+	st, err := sqlite.Open(context.Background(), filepath.Join(t.TempDir(), "db"), sqlite.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	counting := func() *countingStore {
+		return &countingStore{Store: st, recoveries: make(chan struct{}), expiries: make(chan struct{})}
+	}
+	rare := maintenance.Config{PruneInterval: time.Hour, StatsInterval: time.Hour, VacuumInterval: time.Hour}
+
+	cfg := rare
+	cfg.LeaseInterval, cfg.DeadlineInterval = time.Millisecond, time.Hour
+	if r, e := runUntil(t, counting(), cfg, false, 10); r < 10 || e != 1 {
+		t.Errorf("lease every 1 ms, deadlines every hour: %d lease recoveries and %d deadline checks; want 10 or more and 1", r, e)
+	}
+	cfg.LeaseInterval, cfg.DeadlineInterval = time.Hour, time.Millisecond
+	if r, e := runUntil(t, counting(), cfg, true, 10); e < 10 || r != 1 {
+		t.Errorf("lease every hour, deadlines every 1 ms: %d lease recoveries and %d deadline checks; want 1 and 10 or more", r, e)
+	}
+}
