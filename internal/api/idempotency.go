@@ -17,6 +17,8 @@ const (
 	idempotencyTTL = 24 * time.Hour
 	// abandonedAfter is when an in-progress key is taken to belong to a
 	// request that died with its process: a new request may take it over.
+	// Were that request only slow, its completion now fails, and its
+	// effect, which commits with it, rolls back.
 	abandonedAfter = 60 * time.Second
 	maxKeyLength   = 255
 	// sealedKeyHeader marks a stored answer whose body is sealed under the
