@@ -430,45 +430,42 @@ func TestIdempotencyTakeoverRace(t *testing.T) {
 	mustUpdate(t, a, func(tx vibejobs.Tx) error { return tx.InsertIdempotencyKey(ctx, claimAt(t0)) })
 	faster, slower := t0.Add(61*time.Second), t0.Add(62*time.Second)
 
+	// takeOver is the API's takeover of the abandoned claim, in one
+	// transaction on s at "at"; held runs just before the commit.
+	type takeover struct {
+		read                time.Time
+		delErr, insErr, err error
+	}
+	takeOver := func(s *postgres.Store, at time.Time, held func()) (o takeover) {
+		o.err = s.Update(ctx, func(tx vibejobs.Tx) error {
+			rec, err := tx.GetIdempotencyKey(ctx, prj, "k", at)
+			if err != nil {
+				return err
+			}
+			o.read = rec.CreatedAt
+			o.delErr = tx.DeleteIdempotencyKey(ctx, prj, "k", rec.CreatedAt)
+			if o.insErr = tx.InsertIdempotencyKey(ctx, claimAt(at)); o.insErr != nil {
+				return o.insErr
+			}
+			held()
+			return nil
+		})
+		return o
+	}
+
 	inserted, commit := make(chan struct{}, 1), make(chan struct{})
 	var release sync.Once
 	letCommit := func() { release.Do(func() { close(commit) }) }
 	defer letCommit() // a failing test must not leave the transaction open
-	firstDone := make(chan error, 1)
+	firstDone, secondDone := make(chan takeover, 1), make(chan takeover, 1)
 	go func() {
-		firstDone <- a.Update(ctx, func(tx vibejobs.Tx) error {
-			rec, err := tx.GetIdempotencyKey(ctx, prj, "k", faster)
-			if err != nil {
-				return err
-			}
-			if err := tx.DeleteIdempotencyKey(ctx, prj, "k", rec.CreatedAt); err != nil {
-				return err
-			}
-			if err := tx.InsertIdempotencyKey(ctx, claimAt(faster)); err != nil {
-				return err
-			}
+		firstDone <- takeOver(a, faster, func() {
 			inserted <- struct{}{}
 			<-commit
-			return nil
 		})
 	}()
 	waitSignal(t, inserted, "the faster takeover")
-
-	var read time.Time
-	var delErr, insErr error
-	secondDone := make(chan error, 1)
-	go func() {
-		secondDone <- b.Update(ctx, func(tx vibejobs.Tx) error {
-			rec, err := tx.GetIdempotencyKey(ctx, prj, "k", slower)
-			if err != nil {
-				return err
-			}
-			read = rec.CreatedAt
-			delErr = tx.DeleteIdempotencyKey(ctx, prj, "k", rec.CreatedAt)
-			insErr = tx.InsertIdempotencyKey(ctx, claimAt(slower))
-			return insErr
-		})
-	}()
+	go func() { secondDone <- takeOver(b, slower, func() {}) }()
 	// The slower delete waits for the faster transaction's row lock.
 	for deadline := time.Now().Add(10 * time.Second); ; {
 		var waiting int
@@ -487,15 +484,15 @@ func TestIdempotencyTakeoverRace(t *testing.T) {
 		time.Sleep(5 * time.Millisecond)
 	}
 	letCommit()
-	if err := <-firstDone; err != nil {
-		t.Fatalf("faster takeover: %v", err)
+	if first := <-firstDone; first.err != nil || first.delErr != nil {
+		t.Fatalf("faster takeover: %v (delete: %v)", first.err, first.delErr)
 	}
-	err := <-secondDone
-	if !read.Equal(t0) {
-		t.Errorf("the slower takeover read the claim of %s, want the abandoned one of %s", read, t0)
+	second := <-secondDone
+	if !second.read.Equal(t0) {
+		t.Errorf("the slower takeover read the claim of %s, want the abandoned one of %s", second.read, t0)
 	}
-	wantKind(t, delErr, vibejobs.ENOTFOUND, "")
-	wantKind(t, err, vibejobs.ECONFLICT, "idempotency_key_exists")
+	wantKind(t, second.delErr, vibejobs.ENOTFOUND, "")
+	wantKind(t, second.err, vibejobs.ECONFLICT, "idempotency_key_exists")
 	got, err := a.GetIdempotencyKey(ctx, prj, "k", slower)
 	if err != nil || !got.CreatedAt.Equal(faster) || got.Done {
 		t.Fatalf("the key after the race = %+v, %v; want the faster claim, in progress", got, err)
