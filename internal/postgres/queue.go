@@ -56,7 +56,7 @@ func (s *Store) DueJobs(ctx context.Context, before time.Time, limit int) ([]*vi
 // in place until commit. Should a concurrent commit have made the locked
 // version newer than this statement's snapshot, the UPDATE finds no row and
 // the plan is simply not applied, which the From check allows anyway.
-const applyPlansSQL = `WITH plan AS (
+var applyPlansSQL = `WITH plan AS (
 	SELECT * FROM unnest($1::text[], $2::timestamptz[], $3::timestamptz[], $4::bigint[], $5::boolean[])
 		AS p(job_id, from_at, next_at, skipped, complete)
 ), locked AS (
@@ -84,11 +84,7 @@ const applyPlansSQL = `WITH plan AS (
 	WHERE n.job_id IN (SELECT id FROM advanced)
 	ON CONFLICT (job_id, scheduled_for, occurrence_at) DO NOTHING
 	RETURNING id, state, next_attempt_at, deadline_at
-), queued AS (
-	INSERT INTO run_queue (due_at, run_id, deadline_at)
-	SELECT next_attempt_at, id, deadline_at FROM created
-	WHERE state IN ('scheduled', 'retrying') AND next_attempt_at IS NOT NULL
-)
+)` + enqueueSQL("created") + `
 SELECT count(*), CASE WHEN count(*) > 0 THEN pg_notify($15, $16) END FROM created`
 
 // ApplyRunPlans applies plans in one transaction and returns the runs
@@ -297,6 +293,18 @@ const nextDueSQL = `SELECT due_at FROM run_queue WHERE leased = false AND deadli
 // against the run's latest version.
 const queuedRunSQL = `r.id = q.run_id AND r.state IN ('scheduled', 'retrying')
 	AND q.due_at = COALESCE(r.lease_expires_at, r.next_attempt_at)`
+
+// enqueueSQL returns the CTE that gives each run just inserted, of those
+// rows (a CTE with columns id, state, next_attempt_at and deadline_at)
+// holds, its run_queue row when it waits in scheduled or retrying with a
+// due time (see migration 00008).
+func enqueueSQL(rows string) string {
+	return `, queued AS (
+	INSERT INTO run_queue (due_at, run_id, deadline_at)
+	SELECT next_attempt_at, id, deadline_at FROM ` + rows + `
+	WHERE state IN ('scheduled', 'retrying') AND next_attempt_at IS NOT NULL
+)`
+}
 
 // requeueSQL returns the CTEs that keep run_queue in step with the runs a
 // statement moved. rows (a CTE) holds a row per moved run with its id in

@@ -303,11 +303,7 @@ func (t *tx) CreateRun(ctx context.Context, run *vibejobs.Run) error {
 			FROM job
 			ON CONFLICT DO NOTHING
 			RETURNING id, state, next_attempt_at, deadline_at
-		), queued AS (
-			INSERT INTO run_queue (due_at, run_id, deadline_at)
-			SELECT next_attempt_at, id, deadline_at FROM ins
-			WHERE state IN ('scheduled', 'retrying') AND next_attempt_at IS NOT NULL
-		)
+		)`+enqueueSQL("ins")+`
 		SELECT (SELECT count(*) FROM job), (SELECT count(*) FROM ins)`,
 		run.ID, run.JobID, run.ProjectID, run.Trigger, run.ScheduledFor, run.DeadlineAt, run.Late,
 		run.Attempt > 0, string(run.State), run.Attempt, run.NextAttemptAt, run.FailureReason, run.CreatedAt,
