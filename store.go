@@ -120,9 +120,12 @@ type Tx interface {
 	// requests that held the key in turn, one completes it, and the other's
 	// effect, committing with its completion, rolls back.
 	CompleteIdempotencyKey(ctx context.Context, rec *IdempotencyRecord) error
-	// DeleteIdempotencyKey deletes the record of key created at createdAt,
-	// or answers ENOTFOUND: the record of a request that took the key over
-	// since is left alone.
+	// DeleteIdempotencyKey deletes the claim of key made at createdAt while
+	// it is still in progress, or answers ENOTFOUND: the claim of a request
+	// that took the key over since, and a completed record, are left alone.
+	// A request slower than the takeover limit may complete its claim while
+	// another takes it over; deleting the completed record would let the
+	// effect run again under the same key.
 	DeleteIdempotencyKey(ctx context.Context, projectID, key string, createdAt time.Time) error
 
 	// SecretsNotUnder lists jobs whose secret is sealed under another key than keyID

@@ -467,22 +467,7 @@ func TestIdempotencyTakeoverRace(t *testing.T) {
 	waitSignal(t, inserted, "the faster takeover")
 	go func() { secondDone <- takeOver(b, slower, func() {}) }()
 	// The slower delete waits for the faster transaction's row lock.
-	for deadline := time.Now().Add(10 * time.Second); ; {
-		var waiting int
-		err := a.Pool().QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
-			WHERE datname = current_database() AND wait_event_type = 'Lock'
-				AND query LIKE 'DELETE FROM idempotency_keys%'`).Scan(&waiting)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if waiting > 0 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the slower takeover never waited for the faster one")
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	waitForBlockedKeyDelete(t, a, "the slower takeover never waited for the faster one")
 	letCommit()
 	if first := <-firstDone; first.err != nil || first.delErr != nil {
 		t.Fatalf("faster takeover: %v (delete: %v)", first.err, first.delErr)
@@ -496,6 +481,97 @@ func TestIdempotencyTakeoverRace(t *testing.T) {
 	got, err := a.GetIdempotencyKey(ctx, prj, "k", slower)
 	if err != nil || !got.CreatedAt.Equal(faster) || got.Done {
 		t.Fatalf("the key after the race = %+v, %v; want the faster claim, in progress", got, err)
+	}
+}
+
+// TestIdempotencyTakeoverOfACompletingClaim: a request slower than the
+// takeover limit completes its claim (with its effect, in one transaction)
+// while another request with the key takes the claim over. The takeover's
+// delete waits for the completing transaction's row lock and, once that
+// commits, must leave the completed record alone: deleting it would let
+// the takeover run the effect a second time under the same key.
+func TestIdempotencyTakeoverOfACompletingClaim(t *testing.T) {
+	ctx := context.Background()
+	schema := postgres.NewTestSchema(t)
+	a, b := open(t, schema), open(t, schema)
+	prj := newProject(t, a)
+	claim := &vibejobs.IdempotencyRecord{ProjectID: prj, Key: "k", RequestHash: []byte{1}, CreatedAt: t0, ExpiresAt: t0.Add(24 * time.Hour)}
+	mustUpdate(t, a, func(tx vibejobs.Tx) error { return tx.InsertIdempotencyKey(ctx, claim) })
+
+	completed, commit := make(chan struct{}, 1), make(chan struct{})
+	var release sync.Once
+	letCommit := func() { release.Do(func() { close(commit) }) }
+	defer letCommit() // a failing test must not leave the transaction open
+	slowDone := make(chan error, 1)
+	go func() {
+		slowDone <- a.Update(ctx, func(tx vibejobs.Tx) error {
+			done := *claim
+			done.Done, done.ResponseStatus, done.ResponseBody = true, 201, []byte(`{"id":"job_1"}`)
+			if err := tx.CompleteIdempotencyKey(ctx, &done); err != nil {
+				return err
+			}
+			completed <- struct{}{}
+			<-commit
+			return nil
+		})
+	}()
+	waitSignal(t, completed, "the slow request's completion")
+
+	at := t0.Add(61 * time.Second)
+	var read time.Time
+	var delErr error
+	takeoverDone := make(chan error, 1)
+	go func() {
+		takeoverDone <- b.Update(ctx, func(tx vibejobs.Tx) error {
+			rec, err := tx.GetIdempotencyKey(ctx, prj, "k", at)
+			if err != nil {
+				return err
+			}
+			read = rec.CreatedAt
+			if rec.Done {
+				return errors.New("the takeover read the uncommitted completion")
+			}
+			delErr = tx.DeleteIdempotencyKey(ctx, prj, "k", rec.CreatedAt)
+			return tx.InsertIdempotencyKey(ctx, &vibejobs.IdempotencyRecord{ProjectID: prj, Key: "k",
+				RequestHash: []byte{1}, CreatedAt: at, ExpiresAt: at.Add(24 * time.Hour)})
+		})
+	}()
+	waitForBlockedKeyDelete(t, a, "the takeover never waited for the completing transaction")
+	letCommit()
+	if err := <-slowDone; err != nil {
+		t.Fatalf("completing the slow request's claim: %v", err)
+	}
+	err := <-takeoverDone
+	if !read.Equal(t0) {
+		t.Errorf("the takeover read the claim of %s, want the slow request's of %s", read, t0)
+	}
+	wantKind(t, delErr, vibejobs.ENOTFOUND, "")
+	wantKind(t, err, vibejobs.ECONFLICT, "idempotency_key_exists")
+	got, err := a.GetIdempotencyKey(ctx, prj, "k", at)
+	if err != nil || !got.Done || got.ResponseStatus != 201 || !got.CreatedAt.Equal(t0) {
+		t.Fatalf("the key after the race = %+v, %v; want the slow request's completed record", got, err)
+	}
+}
+
+// waitForBlockedKeyDelete waits until a DELETE of idempotency_keys waits
+// for a row lock in s's database, or fails with msg after 10 s.
+func waitForBlockedKeyDelete(t *testing.T, s *postgres.Store, msg string) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		var waiting int
+		err := s.Pool().QueryRow(context.Background(), `SELECT count(*) FROM pg_stat_activity
+			WHERE datname = current_database() AND wait_event_type = 'Lock'
+				AND query LIKE 'DELETE FROM idempotency_keys%'`).Scan(&waiting)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if waiting > 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatal(msg)
+		}
+		time.Sleep(5 * time.Millisecond)
 	}
 }
 

@@ -372,10 +372,13 @@ func (t *tx) CompleteIdempotencyKey(ctx context.Context, rec *vibejobs.Idempoten
 	return nil
 }
 
-// DeleteIdempotencyKey deletes the record of key created at createdAt, or
-// answers ENOTFOUND.
+// DeleteIdempotencyKey deletes the claim of key made at createdAt while it
+// is in progress, or answers ENOTFOUND. A delete that waited for a
+// completing transaction rechecks the row once that commits, and leaves the
+// completed record alone.
 func (t *tx) DeleteIdempotencyKey(ctx context.Context, projectID, key string, createdAt time.Time) error {
-	tag, err := t.q.Exec(ctx, `DELETE FROM idempotency_keys WHERE project_id = $1 AND key = $2 AND created_at = $3`,
+	tag, err := t.q.Exec(ctx, `DELETE FROM idempotency_keys
+		WHERE project_id = $1 AND key = $2 AND created_at = $3 AND NOT done`,
 		projectID, key, createdAt)
 	if err != nil {
 		return mapError(err, "deleting an idempotency key")

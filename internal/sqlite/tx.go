@@ -250,7 +250,8 @@ func (t *tx) CompleteIdempotencyKey(ctx context.Context, rec *vibejobs.Idempoten
 }
 
 func (t *tx) DeleteIdempotencyKey(ctx context.Context, projectID, key string, createdAt time.Time) error {
-	n, err := changed(t.t.ExecContext(ctx, `DELETE FROM idempotency_keys WHERE project_id = ? AND key = ? AND created_at = ?`,
+	n, err := changed(t.t.ExecContext(ctx, `DELETE FROM idempotency_keys
+		WHERE project_id = ? AND key = ? AND created_at = ? AND NOT done`,
 		projectID, key, ms(createdAt)))
 	if err != nil {
 		return fmt.Errorf("deleting idempotency key: %w", err)

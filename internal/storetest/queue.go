@@ -817,13 +817,28 @@ func testIdempotency(t *testing.T, f *fixture) {
 		t.Errorf("record completed twice: %+v, %v; want status 201", got, err)
 	}
 
-	if err := del(fresh.CreatedAt); err != nil {
-		t.Fatalf("DeleteIdempotencyKey: %v", err)
+	// Nor deleted: only a claim in progress is released.
+	wantNotFound(t, "DeleteIdempotencyKey of a completed record", del(fresh.CreatedAt), "idempotency_key")
+	if got, err := get(rec.ExpiresAt); err != nil || !got.Done || got.ResponseStatus != 201 {
+		t.Errorf("completed record after a delete: %+v, %v; want it kept", got, err)
 	}
-	_, err = get(rec.ExpiresAt)
+
+	claim := f.idempotencyRecord(projectA, "key-3", T0)
+	f.update(func(tx vibejobs.Tx) error { return tx.InsertIdempotencyKey(f.ctx, claim) })
+	delClaim := func() error {
+		return f.s.Update(f.ctx, func(tx vibejobs.Tx) error {
+			return tx.DeleteIdempotencyKey(f.ctx, projectA, claim.Key, claim.CreatedAt)
+		})
+	}
+	if err := delClaim(); err != nil {
+		t.Fatalf("DeleteIdempotencyKey of a claim in progress: %v", err)
+	}
+	_, err = f.s.GetIdempotencyKey(f.ctx, projectA, claim.Key, T0)
 	wantNotFound(t, "GetIdempotencyKey after delete", err, "idempotency_key")
-	wantNotFound(t, "DeleteIdempotencyKey of a missing key", del(fresh.CreatedAt), "idempotency_key")
-	err = f.s.Update(f.ctx, func(tx vibejobs.Tx) error { return tx.CompleteIdempotencyKey(f.ctx, &done) })
+	wantNotFound(t, "DeleteIdempotencyKey of a missing key", delClaim(), "idempotency_key")
+	claimDone := *claim
+	claimDone.Done, claimDone.ResponseStatus = true, 201
+	err = f.s.Update(f.ctx, func(tx vibejobs.Tx) error { return tx.CompleteIdempotencyKey(f.ctx, &claimDone) })
 	wantNotFound(t, "CompleteIdempotencyKey of a missing key", err, "idempotency_key")
 
 	// The key's record commits with the effect, or not at all.

@@ -127,7 +127,7 @@ func (t *memTx) CompleteIdempotencyKey(ctx context.Context, rec *vibejobs.Idempo
 }
 
 func (t *memTx) DeleteIdempotencyKey(ctx context.Context, projectID, key string, createdAt time.Time) error {
-	if r, err := t.key(projectID, key, time.Time{}); err != nil || !r.CreatedAt.Equal(createdAt) {
+	if r, err := t.key(projectID, key, time.Time{}); err != nil || r.Done || !r.CreatedAt.Equal(createdAt) {
 		return vibejobs.ErrNotFound("idempotency_key")
 	}
 	t.keys[projectID+"\x00"+key] = nil
