@@ -210,7 +210,11 @@ func TestIdempotencyKeyInProgress(t *testing.T) {
 	e := newEnv(t)
 	body := []byte(`{"name":"n","url":"https://example.com/h","schedule":"@daily"}`)
 	hr, _ := http.NewRequest("POST", "/v1/jobs", nil)
-	rec := &vibejobs.IdempotencyRecord{ProjectID: e.project, Key: "busy", RequestHash: api.RequestHash(hr, body),
+	tokens, err := e.store.ListTokens(context.Background(), e.project)
+	if err != nil || len(tokens) != 1 {
+		t.Fatalf("the bootstrap token: %v, %v", tokens, err)
+	}
+	rec := &vibejobs.IdempotencyRecord{ProjectID: e.project, Key: "busy", RequestHash: api.RequestHash(hr, tokens[0].ID, body),
 		CreatedAt: e.clock.Now(), ExpiresAt: e.clock.Now().Add(24 * time.Hour)}
 	if err := e.store.Update(context.Background(), func(tx vibejobs.Tx) error { return tx.InsertIdempotencyKey(context.Background(), rec) }); err != nil {
 		t.Fatal(err)
@@ -246,7 +250,7 @@ func TestIdempotencyKeyInProgress(t *testing.T) {
 	ctx := context.Background()
 	late := *rec
 	late.Done, late.ResponseStatus, late.ResponseBody = true, 201, []byte(`{"id":"job_late"}`)
-	err := e.store.Update(ctx, func(tx vibejobs.Tx) error { return tx.CompleteIdempotencyKey(ctx, &late) })
+	err = e.store.Update(ctx, func(tx vibejobs.Tx) error { return tx.CompleteIdempotencyKey(ctx, &late) })
 	if vibejobs.ErrorKind(err) != vibejobs.ENOTFOUND {
 		t.Errorf("completion by the request whose claim was taken over: %v, want ENOTFOUND", err)
 	}

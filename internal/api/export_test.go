@@ -18,7 +18,9 @@ func (s *Server) MuxPattern(r *http.Request) string {
 }
 
 // RequestHash is the hash an Idempotency-Key record keeps of a request.
-func RequestHash(r *http.Request, body []byte) []byte { return requestHash(r, body) }
+func RequestHash(r *http.Request, tokenID string, body []byte) []byte {
+	return requestHash(r, tokenID, body)
+}
 
 // WithoutIdempotency turns the Idempotency-Key layer off, for benchmarks.
 func (s *Server) WithoutIdempotency() { s.noIdempotency = true }

@@ -46,10 +46,17 @@ func checkIdempotencyKey(values []string) *vibejobs.Error {
 	return nil
 }
 
-// requestHash identifies a request for key reuse: method, path with query
-// and the body bytes.
-func requestHash(r *http.Request, body []byte) []byte {
+// requestHash identifies a request for key reuse: the token that sent it,
+// method, path with query and the body bytes. The token is part of it
+// because a stored answer is served before the effect, and so before the
+// effect's own checks of the caller: another token of the project sending
+// the same key and request (one that may not mint tokens in another
+// project, say) must not be handed the first token's answer, which can
+// hold a secret or a token. It gets idempotency_key_reuse_conflict.
+func requestHash(r *http.Request, tokenID string, body []byte) []byte {
 	h := sha256.New()
+	h.Write([]byte(tokenID))
+	h.Write([]byte{'\n'})
 	h.Write([]byte(r.Method))
 	h.Write([]byte{' '})
 	h.Write([]byte(r.URL.EscapedPath()))
@@ -80,7 +87,7 @@ func (s *Server) idempotent(ctx context.Context, c *call, effect func(context.Co
 		return errorResponse(e)
 	}
 	key, project := values[0], c.projectID()
-	hash := requestHash(c.r, c.body)
+	hash := requestHash(c.r, c.token.ID, c.body)
 
 	rec, err := s.store.GetIdempotencyKey(ctx, project, key, c.now)
 	switch {

@@ -123,6 +123,35 @@ func TestIdempotencyReplayRestartExpiry(t *testing.T) {
 	}
 }
 
+// TestIdempotencyKeyIsPerToken: a stored answer is served before the
+// effect, and so before the effect's checks of the caller. Another token of
+// the project sending the same key and request must not get the answer: here
+// the installation administrator minted an admin token of another project,
+// which a plain admin token of the default project may not do.
+func TestIdempotencyKeyIsPerToken(t *testing.T) {
+	e := newEnv(t)
+	other, _ := e.newProject("alpha")
+	plain := e.must(http.StatusCreated, "POST", "/v1/projects/"+e.project+"/tokens", e.admin,
+		map[string]any{"name": "plain admin", "role": "admin"})["token"].(string)
+	r := req{method: "POST", path: "/v1/projects/" + other + "/tokens", token: e.admin, key: "mint-1",
+		body: map[string]any{"name": "ops", "role": "admin"}}
+	first := e.send(r)
+	if first.status != http.StatusCreated {
+		t.Fatalf("minting a token of another project: %s", first)
+	}
+	if res := e.send(r); res.status != http.StatusCreated || res.header.Get("Idempotent-Replayed") != "true" {
+		t.Errorf("replay to the same token: %s", res)
+	}
+	r.token = plain
+	res := e.send(r)
+	if code, _ := res.errorCode(t); res.status != 422 || code != "idempotency_key_reuse_conflict" {
+		t.Fatalf("the same key and request from another token: %s; want 422 idempotency_key_reuse_conflict", res)
+	}
+	if bytes.Contains(res.body, []byte(first.json(t)["token"].(string))) {
+		t.Errorf("the other token was handed the minted token: %s", res)
+	}
+}
+
 // A refusal from validation is the key's answer too: the same request gets
 // it again, even once the cause is gone.
 func TestIdempotencyStoresRefusals(t *testing.T) {
