@@ -135,6 +135,13 @@ func TestBadInput(t *testing.T) {
 		{"run not found", req{method: "GET", path: "/v1/runs/run_0000"}, 404, "run_not_found", ""},
 		{"project not found", req{method: "GET", path: "/v1/projects/prj_0000/tokens"}, 404, "project_not_found", ""},
 		{"token not found", req{method: "DELETE", path: "/v1/tokens/tok_0000"}, 404, "token_not_found", ""},
+		// Text no stored value can hold (see TestBadTextOnPostgres).
+		{"job id with NUL", req{method: "GET", path: "/v1/jobs/job_%00"}, 404, "job_not_found", ""},
+		{"run id not UTF-8", req{method: "GET", path: "/v1/runs/%FF"}, 404, "run_not_found", ""},
+		{"subscription id not UTF-8", req{method: "DELETE", path: "/v1/subscriptions/sub_%C3%28"}, 404, "subscription_not_found", ""},
+		{"project id with NUL", req{method: "GET", path: "/v1/projects/%00/tokens"}, 404, "project_not_found", ""},
+		{"jobId with NUL", req{method: "GET", path: "/v1/runs?jobId=job_%00"}, 400, "invalid_query", "jobId"},
+		{"query name not UTF-8", req{method: "GET", path: "/v1/events?%FF=1"}, 400, "invalid_query", ""},
 		{"unknown route", req{method: "GET", path: "/v1/widgets"}, 404, "not_found", ""},
 		{"wrong method", req{method: "PUT", path: "/v1/jobs/" + jobID}, 405, "method_not_allowed", ""},
 		// Tokens and roles.

@@ -20,6 +20,7 @@ import (
 	"strings"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	"github.com/vibejobs/vibejobs"
 )
@@ -348,6 +349,31 @@ func (s *Server) routeHandler(rt route) http.Handler {
 	})
 }
 
+// checkText refuses a request whose path id or query holds text no stored
+// value can equal: invalid UTF-8, or a NUL byte (PostgreSQL's text type
+// refuses both, which would surface as an internal error). A path id answers
+// 404 like any other id that names nothing; a query value, 400.
+func checkText(r *http.Request, rt route) *vibejobs.Error {
+	if id := r.PathValue("id"); badText(id) {
+		resource, _, _ := strings.Cut(strings.TrimPrefix(rt.path, "/v1/"), "/")
+		return vibejobs.ErrNotFound(strings.TrimSuffix(resource, "s"))
+	}
+	for name, values := range r.URL.Query() {
+		field := name
+		if badText(name) {
+			field = ""
+		}
+		for _, v := range values {
+			if field == "" || badText(v) {
+				return invalid("invalid_query", field, "query parameters must be UTF-8 text without NUL bytes")
+			}
+		}
+	}
+	return nil
+}
+
+func badText(s string) bool { return !utf8.ValidString(s) || strings.IndexByte(s, 0) >= 0 }
+
 func (s *Server) serveRoute(r *http.Request, rt route, info *logInfo) *response {
 	ctx := r.Context()
 	c := &call{r: r, now: s.now().UTC().Truncate(time.Millisecond), info: info}
@@ -368,6 +394,9 @@ func (s *Server) serveRoute(r *http.Request, rt route, info *logInfo) *response 
 		if e := authorize(tok, rt.access); e != nil {
 			return errorResponse(e)
 		}
+	}
+	if e := checkText(r, rt); e != nil {
+		return errorResponse(e)
 	}
 	if r.Method == http.MethodPost || r.Method == http.MethodPatch || r.Method == http.MethodPut {
 		body, e := s.readBody(r)

@@ -366,6 +366,11 @@ func mapError(err error, doing string) error {
 			return fmt.Errorf("postgres: %s: %w", doing, err) // Update retries on it; keep the code visible
 		case connectionLost(pgErr):
 			return fmt.Errorf("%w: %s: %w", errUnavailable(), doing, err)
+		case pgErr.Code == characterNotInRepertoire || pgErr.Code == untranslatableCharacter:
+			// Text PostgreSQL cannot hold (a NUL byte, invalid UTF-8) is the
+			// caller's input, not our failure. The API refuses it first.
+			return &vibejobs.Error{Kind: vibejobs.EINVALID, Code: "invalid_text",
+				Message: "text must be UTF-8 without NUL bytes"}
 		}
 		return fmt.Errorf("postgres: %s: %w", doing, err)
 	}
@@ -383,6 +388,13 @@ func pgCode(err error) string {
 	}
 	return ""
 }
+
+// SQLSTATEs of text PostgreSQL refuses: invalid UTF-8 or a NUL byte, and a
+// character the database's encoding lacks.
+const (
+	characterNotInRepertoire = "22021"
+	untranslatableCharacter  = "22P05"
+)
 
 // foreignKeyViolation is the SQLSTATE of an insert naming a missing parent.
 const foreignKeyViolation = "23503"

@@ -344,6 +344,13 @@ func TestPagesAndErrors(t *testing.T) {
 	wantKind(t, err, vibejobs.ENOTFOUND, "job_not_found")
 	_, err = s.GetRun(ctx, prj, "run_nope")
 	wantKind(t, err, vibejobs.ENOTFOUND, "run_not_found")
+	// Text PostgreSQL cannot hold is the caller's error, not an internal one.
+	_, err = s.GetRun(ctx, prj, "run_\x00")
+	wantKind(t, err, vibejobs.EINVALID, "invalid_text")
+	bad := jobFor(prj)
+	bad.Name = "not \xff UTF-8"
+	err = s.Update(ctx, func(tx vibejobs.Tx) error { return tx.CreateJob(ctx, bad) })
+	wantKind(t, err, vibejobs.EINVALID, "invalid_text")
 	err = s.Update(ctx, func(tx vibejobs.Tx) error { return tx.CreateJob(ctx, jobs[0]) })
 	wantKind(t, err, vibejobs.ECONFLICT, "job_exists")
 	// A conflict leaves the transaction usable, as on SQLite.
