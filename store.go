@@ -197,18 +197,24 @@ type SchedulerStore interface {
 // Claim is a run moved to delivering under a lease, with the job's delivery
 // settings as they are at this attempt's start.
 type Claim struct {
-	Run     *Run // Run.Attempt is the number of this attempt; Run.Late is decided
-	URL     string
-	Secret  SealedSecret
-	Timeout time.Duration
-	Retry   RetryPolicy
+	Run *Run // Run.Attempt is the number of this attempt; Run.Late is decided
+	// ClaimedAt is when this claim was made, as the store keeps it: it tells
+	// this claim from an earlier one of the run by the same owner with the
+	// same attempt number (a redelivery after the first lease expired).
+	ClaimedAt time.Time
+	URL       string
+	Secret    SealedSecret
+	Timeout   time.Duration
+	Retry     RetryPolicy
 }
 
 // Outcome is a finished attempt and the run's next step.
 type Outcome struct {
-	RunID   string
-	Attempt Attempt
-	Step    Step
+	RunID string
+	// ClaimedAt is the ClaimedAt of the claim the attempt was sent under.
+	ClaimedAt time.Time
+	Attempt   Attempt
+	Step      Step
 }
 
 // DispatchStore is the runs table used as the queue.
@@ -223,8 +229,10 @@ type DispatchStore interface {
 	// NextDueAt returns the earliest NextAttemptAt of a claimable run.
 	NextDueAt(ctx context.Context) (t time.Time, ok bool, err error)
 	// RecordOutcomes records each attempt and moves its run to the outcome's
-	// step, only while the run is still delivering under owner's lease (an
-	// outcome that lost its lease is dropped). A retrying step of a deleted
+	// step, only while the run is still delivering under the lease of the
+	// claim the outcome names (owner, attempt number and ClaimedAt): an
+	// outcome that lost its lease is dropped, even when the same owner has
+	// claimed the run again since. A retrying step of a deleted
 	// job's run becomes cancelled (job_deleted), and one whose next attempt
 	// (NextAttemptAt, or the attempt's end when nil) falls after the run's
 	// deadline fails (deadline_exceeded). Each run moved gets its

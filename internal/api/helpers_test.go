@@ -333,7 +333,7 @@ func (e *env) deliver(status int) int {
 			res.ErrorCode = fmt.Sprintf("http_%dxx", status/100)
 			a.ErrorCode = res.ErrorCode
 		}
-		outs = append(outs, vibejobs.Outcome{RunID: c.Run.ID, Attempt: a,
+		outs = append(outs, vibejobs.Outcome{RunID: c.Run.ID, ClaimedAt: c.ClaimedAt, Attempt: a,
 			Step: vibejobs.NextStep(c.Retry, c.Run.Attempt, res, c.Run.DeadlineAt, a.FinishedAt, 0.5)})
 	}
 	if err := e.store.RecordOutcomes(ctx, "test", outs); err != nil {

@@ -595,7 +595,8 @@ func (d *Dispatcher) deliver(c *vibejobs.Claim, host string, h *heldClaim) {
 		snippet = snippet[:vibejobs.SnippetBytes]
 	}
 	d.outcomes <- vibejobs.Outcome{
-		RunID: r.ID,
+		RunID:     r.ID,
+		ClaimedAt: c.ClaimedAt,
 		Attempt: vibejobs.Attempt{
 			Number: r.Attempt, StartedAt: start, FinishedAt: end,
 			StatusCode: res.StatusCode, ErrorCode: res.ErrorCode,

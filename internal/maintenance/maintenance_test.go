@@ -30,7 +30,7 @@ func finishedRun(t *testing.T, st vibejobs.Store, j *vibejobs.Job, id string, fi
 		t.Fatalf("claim: %v %d", err, len(cs))
 	}
 	a := vibejobs.Attempt{Number: 1, StartedAt: finished, FinishedAt: finished, StatusCode: 200}
-	if err := st.RecordOutcomes(ctx, "o", []vibejobs.Outcome{{RunID: id, Attempt: a, Step: vibejobs.Step{State: vibejobs.RunSucceeded}}}); err != nil {
+	if err := st.RecordOutcomes(ctx, "o", []vibejobs.Outcome{{RunID: id, ClaimedAt: cs[0].ClaimedAt, Attempt: a, Step: vibejobs.Step{State: vibejobs.RunSucceeded}}}); err != nil {
 		t.Fatal(err)
 	}
 }

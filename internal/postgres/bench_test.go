@@ -86,7 +86,7 @@ func benchClaimAndRecord(b *testing.B, workers int) {
 					}
 					out := make([]vibejobs.Outcome, len(claims))
 					for i, c := range claims {
-						out[i] = vibejobs.Outcome{RunID: c.Run.ID,
+						out[i] = vibejobs.Outcome{RunID: c.Run.ID, ClaimedAt: c.ClaimedAt,
 							Attempt: vibejobs.Attempt{Number: c.Run.Attempt, StartedAt: now, FinishedAt: now, StatusCode: 200, SignatureTimestamp: now.Unix()},
 							Step:    vibejobs.Step{State: vibejobs.RunSucceeded}}
 					}

@@ -136,7 +136,7 @@ func TestFeedOrderAcrossReplicas(t *testing.T) {
 						a.StatusCode, a.ErrorCode = 500, "http_5xx"
 						step = vibejobs.Step{State: vibejobs.RunFailed, FailureReason: vibejobs.ReasonAttemptsExhausted}
 					}
-					outcomes = append(outcomes, vibejobs.Outcome{RunID: c.Run.ID, Attempt: a, Step: step})
+					outcomes = append(outcomes, vibejobs.Outcome{RunID: c.Run.ID, ClaimedAt: c.ClaimedAt, Attempt: a, Step: step})
 				}
 				if err := s.RecordOutcomes(ctx, owner, outcomes); err != nil {
 					t.Error(err)
@@ -243,7 +243,7 @@ func TestRunEventVisibleWithItsState(t *testing.T) {
 				}
 				var outcomes []vibejobs.Outcome
 				for _, c := range claims {
-					outcomes = append(outcomes, vibejobs.Outcome{RunID: c.Run.ID,
+					outcomes = append(outcomes, vibejobs.Outcome{RunID: c.Run.ID, ClaimedAt: c.ClaimedAt,
 						Attempt: vibejobs.Attempt{Number: 1, StartedAt: t0, FinishedAt: t0, StatusCode: 200},
 						Step:    vibejobs.Step{State: vibejobs.RunSucceeded}})
 				}

@@ -115,7 +115,7 @@ func TestRowsLockedByCTIDAreFetchedByCTID(t *testing.T) {
 func succeededAt(claims []*vibejobs.Claim, at time.Time) []vibejobs.Outcome {
 	outcomes := make([]vibejobs.Outcome, len(claims))
 	for i, c := range claims {
-		outcomes[i] = vibejobs.Outcome{RunID: c.Run.ID,
+		outcomes[i] = vibejobs.Outcome{RunID: c.Run.ID, ClaimedAt: c.ClaimedAt,
 			Attempt: vibejobs.Attempt{Number: c.Run.Attempt, StartedAt: at, FinishedAt: at, StatusCode: 200},
 			Step:    vibejobs.Step{State: vibejobs.RunSucceeded}}
 	}

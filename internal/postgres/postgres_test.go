@@ -157,10 +157,10 @@ func TestRunLifecycle(t *testing.T) {
 	// Attempt 1 of the first run fails and retries in 30 s; the second succeeds.
 	retryAt := t0.Add(30 * time.Second)
 	out := []vibejobs.Outcome{
-		{RunID: c.Run.ID, Attempt: vibejobs.Attempt{Number: 1, StartedAt: t0, FinishedAt: t0.Add(time.Second),
+		{RunID: c.Run.ID, ClaimedAt: c.ClaimedAt, Attempt: vibejobs.Attempt{Number: 1, StartedAt: t0, FinishedAt: t0.Add(time.Second),
 			StatusCode: 500, ErrorCode: "http_5xx", SignatureTimestamp: t0.Unix(), ResponseSnippet: "oops\x00\xff"},
 			Step: vibejobs.Step{State: vibejobs.RunRetrying, NextAttemptAt: &retryAt}},
-		{RunID: claims[1].Run.ID, Attempt: vibejobs.Attempt{Number: 1, StartedAt: t0, FinishedAt: t0.Add(time.Second),
+		{RunID: claims[1].Run.ID, ClaimedAt: claims[1].ClaimedAt, Attempt: vibejobs.Attempt{Number: 1, StartedAt: t0, FinishedAt: t0.Add(time.Second),
 			StatusCode: 200, SignatureTimestamp: t0.Unix()},
 			Step: vibejobs.Step{State: vibejobs.RunSucceeded}},
 	}
@@ -195,6 +195,7 @@ func TestRunLifecycle(t *testing.T) {
 	if err != nil || len(claims) != 1 || claims[0].Run.Attempt != 2 || !claims[0].Run.Late {
 		t.Fatalf("claim of attempt 2 = %v %v", claims, err)
 	}
+	dead := claims[0]
 	if n, err := s.RecoverExpiredLeases(ctx, now.Add(15*time.Second), 10); err != nil || n != 0 {
 		t.Fatalf("recovered a live lease: %d %v", n, err)
 	}
@@ -207,12 +208,12 @@ func TestRunLifecycle(t *testing.T) {
 		t.Fatalf("redelivery claim = %v %v", claims, err)
 	}
 	// The dead process's outcome arrives late: dropped.
-	stale := vibejobs.Outcome{RunID: c.Run.ID, Attempt: vibejobs.Attempt{Number: 2, StartedAt: retryAt, FinishedAt: now},
+	stale := vibejobs.Outcome{RunID: c.Run.ID, ClaimedAt: dead.ClaimedAt, Attempt: vibejobs.Attempt{Number: 2, StartedAt: retryAt, FinishedAt: now},
 		Step: vibejobs.Step{State: vibejobs.RunSucceeded}}
 	if err := s.RecordOutcomes(ctx, "a", []vibejobs.Outcome{stale}); err != nil {
 		t.Fatal(err)
 	}
-	fresh := vibejobs.Outcome{RunID: c.Run.ID, Attempt: vibejobs.Attempt{Number: 2, StartedAt: now, FinishedAt: now.Add(time.Second), StatusCode: 204},
+	fresh := vibejobs.Outcome{RunID: c.Run.ID, ClaimedAt: claims[0].ClaimedAt, Attempt: vibejobs.Attempt{Number: 2, StartedAt: now, FinishedAt: now.Add(time.Second), StatusCode: 204},
 		Step: vibejobs.Step{State: vibejobs.RunSucceeded}}
 	if err := s.RecordOutcomes(ctx, "b", []vibejobs.Outcome{fresh}); err != nil {
 		t.Fatal(err)
@@ -299,7 +300,7 @@ func TestDeleteJob(t *testing.T) {
 	}
 	// The attempt in flight finishes; its retry becomes a cancellation.
 	next := t0.Add(time.Minute)
-	err = s.RecordOutcomes(ctx, "a", []vibejobs.Outcome{{RunID: claims[0].Run.ID,
+	err = s.RecordOutcomes(ctx, "a", []vibejobs.Outcome{{RunID: claims[0].Run.ID, ClaimedAt: claims[0].ClaimedAt,
 		Attempt: vibejobs.Attempt{Number: 1, StartedAt: t0, FinishedAt: t0.Add(time.Second), StatusCode: 503, ErrorCode: "http_5xx"},
 		Step:    vibejobs.Step{State: vibejobs.RunRetrying, NextAttemptAt: &next}}})
 	if err != nil {

@@ -210,7 +210,7 @@ FROM due, jobs j
 WHERE r.ctid = due.tid AND r.ctid = ANY(ARRAY(SELECT tid FROM due)) AND j.id = r.job_id
 RETURNING ` + runColumns + `, due.next_attempt_at,
 	j.url, j.secret_key_id, j.secret_ciphertext, j.timeout_ns, j.max_attempts, j.min_backoff_ns, j.max_backoff_ns,
-	r.lease_expires_at AS lease_key
+	r.lease_expires_at AS lease_key, r.attempt_started_at
 ), leased AS (
 	-- The queue row moves to the lease expiry: walks for due runs pass no
 	-- run in flight, and lease recovery finds the expired leases first.
@@ -245,7 +245,7 @@ func (s *Store) ClaimDueRuns(ctx context.Context, owner string, now time.Time, l
 			timeout, minBackoff, maxBackoff int64
 		)
 		run, err := scanRun(row, &due, &c.URL, &c.Secret.KeyID, &c.Secret.Ciphertext, &timeout,
-			&c.Retry.MaxAttempts, &minBackoff, &maxBackoff, &leaseKey)
+			&c.Retry.MaxAttempts, &minBackoff, &maxBackoff, &leaseKey, &c.ClaimedAt)
 		if err != nil {
 			return claimed{}, err
 		}
@@ -344,21 +344,23 @@ func (s *Store) NextDueAt(ctx context.Context) (time.Time, bool, error) {
 }
 
 // recordSQL records a batch of outcomes in one statement: a run moves, and
-// its attempt is inserted, only while it is still delivering under owner's
-// lease for that attempt number; any other outcome lost its lease and is
-// dropped with its attempt. A retrying step of a deleted job's run becomes
+// its attempt is inserted, only while it is still delivering under the
+// lease of the outcome's claim (owner, attempt number, claim time); any
+// other outcome lost its lease and is dropped with its attempt, even when
+// the same owner claimed the run again since. A retrying step of a deleted job's run becomes
 // cancelled (job_deleted), and one due after the run's deadline failed
 // (deadline_exceeded). Every run moved gets its event, in outcome order,
 // with one take of each project's feed counter for the whole batch.
 var recordSQL = `WITH o AS (
 	SELECT * FROM unnest($2::text[], $3::integer[], $4::timestamptz[], $5::timestamptz[], $6::integer[],
-			$7::text[], $8::bigint[], $9::bytea[], $10::text[], $11::text[], $12::timestamptz[]) WITH ORDINALITY
+			$7::text[], $8::bigint[], $9::bytea[], $10::text[], $11::text[], $12::timestamptz[],
+			$15::timestamptz[]) WITH ORDINALITY
 		AS o(run_id, number, started_at, finished_at, status_code, error_code, signature_timestamp,
-			response_snippet, step_state, step_reason, step_next, ord)
+			response_snippet, step_state, step_reason, step_next, claimed_at, ord)
 ), held AS (
-	-- The outcomes whose run is still delivering under owner's lease at
-	-- their attempt number, locked. A run has a lease owner exactly while
-	-- it is delivering. A retrying step ends the run instead (end_state)
+	-- The outcomes whose run is still delivering under the lease of their
+	-- claim (owner, attempt number and claim time), locked. A run has a
+	-- lease owner exactly while it is delivering. A retrying step ends the run instead (end_state)
 	-- when its job is deleted, or when its next attempt falls after the
 	-- run's deadline.
 	SELECT o.*, CASE WHEN o.step_state <> 'retrying' THEN NULL WHEN l.job_deleted THEN 'cancelled'
@@ -370,6 +372,7 @@ var recordSQL = `WITH o AS (
 				AND EXISTS (SELECT 1 FROM jobs j WHERE j.id = r.job_id AND j.deleted_at IS NOT NULL) AS job_deleted
 		FROM runs r
 		WHERE r.id = o.run_id AND r.lease_owner = $1 AND r.attempt = o.number
+			AND r.attempt_started_at = o.claimed_at
 		FOR UPDATE) l
 ), moved AS (
 	UPDATE runs r SET
@@ -448,12 +451,14 @@ func recordArgs(owner string, outcomes []vibejobs.Outcome) ([]any, error) {
 		stepStates = make([]string, n)
 		reasons    = make([]string, n)
 		stepNexts  = make([]*time.Time, n)
+		claimedAts = make([]time.Time, n)
 	)
 	for i, o := range outcomes {
 		a := o.Attempt
 		runIDs[i], numbers[i], starts[i], ends[i] = o.RunID, int32(a.Number), a.StartedAt, a.FinishedAt
 		statuses[i], errCodes[i], sigTimes[i], snippets[i] = int32(a.StatusCode), a.ErrorCode, a.SignatureTimestamp, []byte(snippet(a.ResponseSnippet))
 		stepStates[i], reasons[i], stepNexts[i] = string(o.Step.State), o.Step.FailureReason, o.Step.NextAttemptAt
+		claimedAts[i] = o.ClaimedAt
 		if snippets[i] == nil {
 			snippets[i] = []byte{}
 		}
@@ -464,7 +469,8 @@ func recordArgs(owner string, outcomes []vibejobs.Outcome) ([]any, error) {
 		}
 	}
 	return []any{owner, runIDs, numbers, starts, ends, statuses, errCodes, sigTimes,
-		snippets, stepStates, reasons, stepNexts, vibejobs.ReasonJobDeleted, vibejobs.ReasonDeadlineExceeded}, nil
+		snippets, stepStates, reasons, stepNexts, vibejobs.ReasonJobDeleted, vibejobs.ReasonDeadlineExceeded,
+		claimedAts}, nil
 }
 
 // ReleaseClaims puts owner's delivering runs among runIDs back to be claimed

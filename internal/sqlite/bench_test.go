@@ -152,7 +152,7 @@ func BenchmarkClaimAndRecord(b *testing.B) {
 					}
 					outcomes := make([]vibejobs.Outcome, len(claims))
 					for k, c := range claims {
-						outcomes[k] = vibejobs.Outcome{RunID: c.Run.ID, Step: vibejobs.Step{State: vibejobs.RunSucceeded},
+						outcomes[k] = vibejobs.Outcome{RunID: c.Run.ID, ClaimedAt: c.ClaimedAt, Step: vibejobs.Step{State: vibejobs.RunSucceeded},
 							Attempt: vibejobs.Attempt{Number: c.Run.Attempt, StartedAt: now, FinishedAt: now.Add(3 * time.Millisecond),
 								StatusCode: 200, SignatureTimestamp: now.Unix(), ResponseSnippet: "ok"}}
 					}

@@ -118,7 +118,7 @@ func TestTwoStoresOnOneFile(t *testing.T) {
 				mu.Lock()
 				for i, c := range cs {
 					claimed[c.Run.ID]++
-					outcomes[i] = vibejobs.Outcome{RunID: c.Run.ID, Step: vibejobs.Step{State: vibejobs.RunSucceeded},
+					outcomes[i] = vibejobs.Outcome{RunID: c.Run.ID, ClaimedAt: c.ClaimedAt, Step: vibejobs.Step{State: vibejobs.RunSucceeded},
 						Attempt: vibejobs.Attempt{Number: c.Run.Attempt, StartedAt: now, FinishedAt: now, StatusCode: 200}}
 				}
 				mu.Unlock()

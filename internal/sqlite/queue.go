@@ -222,6 +222,7 @@ func (s *Store) ClaimDueRuns(ctx context.Context, owner string, now time.Time, l
 			}
 			c := *set
 			c.Run = r
+			c.ClaimedAt = time.UnixMilli(nowMS).UTC() // attempt_started_at, as claimSQL wrote it
 			claims = append(claims, &c)
 		}
 		return nil
@@ -301,7 +302,7 @@ func (s *Store) RecordOutcomes(ctx context.Context, owner string, outcomes []vib
 // taken once per round, and a call has one round unless it holds two
 // outcomes of one run.
 func recordRound(ctx context.Context, t wtx, owner string, outcomes []*vibejobs.Outcome) error {
-	moves := make([][6]any, len(outcomes))
+	moves := make([][7]any, len(outcomes))
 	for i, o := range outcomes {
 		var next any
 		if o.Step.State == vibejobs.RunRetrying {
@@ -310,8 +311,8 @@ func recordRound(ctx context.Context, t wtx, owner string, outcomes []*vibejobs.
 				next = ms(*o.Step.NextAttemptAt)
 			}
 		}
-		moves[i] = [6]any{o.RunID, string(o.Step.State), o.Step.FailureReason, next, ms(o.Attempt.FinishedAt),
-			o.Attempt.Number}
+		moves[i] = [7]any{o.RunID, string(o.Step.State), o.Step.FailureReason, next, ms(o.Attempt.FinishedAt),
+			o.Attempt.Number, ms(o.ClaimedAt)}
 	}
 	rows, err := t.QueryContext(ctx, recordMoveSQL, jsonArray(moves), owner, vibejobs.ReasonDeadlineExceeded)
 	if err != nil {
@@ -462,8 +463,11 @@ const claimJobsSQL = `SELECT j.id, j.url, j.secret_key_id, j.secret_ciphertext, 
 				j.max_attempts, j.min_backoff_ns, j.max_backoff_ns
 			FROM jobs j WHERE j.id IN (SELECT value FROM json_each(?))`
 
-// recordMoveSQL moves the runs whose outcome still holds the lease. A
-// retrying step due after the run's deadline fails the run instead.
+// recordMoveSQL moves the runs whose outcome still holds the lease of its
+// claim: owner, attempt number and claim time (attempt_started_at), which
+// tells the claim from an earlier one by the same owner whose lease was
+// recovered. A retrying step due after the run's deadline fails the run
+// instead.
 const recordMoveSQL = `UPDATE runs SET
 			state = CASE WHEN ` + retryAfterDeadline + ` THEN 'failed' ELSE o.value ->> 1 END,
 			failure_reason = CASE WHEN ` + retryAfterDeadline + ` THEN ?3 ELSE o.value ->> 2 END,
@@ -473,7 +477,7 @@ const recordMoveSQL = `UPDATE runs SET
 			lease_owner = NULL, lease_expires_at = NULL, attempt_started_at = NULL
 		FROM jsonb_each(?1) AS o
 		WHERE runs.id = o.value ->> 0 AND runs.state = 'delivering' AND runs.lease_owner = ?2
-			AND runs.attempt = o.value ->> 5
+			AND runs.attempt = o.value ->> 5 AND runs.attempt_started_at = o.value ->> 6
 		RETURNING runs.seq, runs.id, runs.project_id`
 
 // retryAfterDeadline says that the outcome o (see recordRound) retries the

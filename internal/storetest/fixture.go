@@ -221,7 +221,7 @@ func outcome(c *vibejobs.Claim, started, finished time.Time, status int, step vi
 	default:
 		a.ErrorCode = "timeout"
 	}
-	return vibejobs.Outcome{RunID: c.Run.ID, Attempt: a, Step: step}
+	return vibejobs.Outcome{RunID: c.Run.ID, ClaimedAt: c.ClaimedAt, Attempt: a, Step: step}
 }
 
 func succeeded(c *vibejobs.Claim, started, finished time.Time) vibejobs.Outcome {

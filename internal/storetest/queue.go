@@ -391,6 +391,23 @@ func testRecordOutcomesDropped(t *testing.T, f *fixture) {
 	f.record("w1", succeeded(ca, T0, T0.Add(61*time.Second)))
 	got = f.wantRun("outcome after the lease was recovered", a.ID, vibejobs.RunScheduled, 1, nil)
 	f.wantAttempts("outcome after the lease was recovered", got, "1:interrupted")
+
+	// Nor once the same owner claimed the run again (the same attempt
+	// number, resent): the old claim's outcome arrives late, say after the
+	// database was away for longer than the lease. It must not end the new
+	// claim, whose own outcome is then recorded.
+	again := f.claimIDs("w1", T0.Add(2*time.Minute), 1, a)[0]
+	if again.Run.Attempt != ca.Run.Attempt || again.ClaimedAt.Equal(ca.ClaimedAt) {
+		t.Fatalf("redelivery claim: attempt %d claimed at %s; want attempt %d, a new claim time",
+			again.Run.Attempt, again.ClaimedAt, ca.Run.Attempt)
+	}
+	next := T0.Add(time.Hour)
+	f.record("w1", retrying(ca, T0, T0.Add(62*time.Second), next))
+	got = f.wantRun("outcome of the owner's earlier claim", a.ID, vibejobs.RunDelivering, 1, nil)
+	f.wantAttempts("outcome of the owner's earlier claim", got, "1:interrupted")
+	f.record("w1", succeeded(again, T0.Add(2*time.Minute), T0.Add(2*time.Minute+time.Second)))
+	got = f.wantRun("outcome of the owner's new claim", a.ID, vibejobs.RunSucceeded, 1, nil)
+	f.wantAttempts("outcome of the owner's new claim", got, "1:interrupted 1")
 }
 
 func testRecoverExpiredLeases(t *testing.T, f *fixture) {

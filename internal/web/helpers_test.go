@@ -215,7 +215,7 @@ func (e *env) deliver(j *vibejobs.Job, at time.Time, status int, snippet string,
 	if status >= 300 {
 		a.ErrorCode = "http_5xx"
 	}
-	if err := e.store.RecordOutcomes(e.ctx, "test", []vibejobs.Outcome{{RunID: r.ID, Attempt: a, Step: step}}); err != nil {
+	if err := e.store.RecordOutcomes(e.ctx, "test", []vibejobs.Outcome{{RunID: r.ID, ClaimedAt: cs[0].ClaimedAt, Attempt: a, Step: step}}); err != nil {
 		e.t.Fatalf("RecordOutcomes: %v", err)
 	}
 	return r
