@@ -240,8 +240,10 @@ type DispatchStore interface {
 	// the same transaction; one call takes each project's feed counter once.
 	RecordOutcomes(ctx context.Context, owner string, outcomes []Outcome) error
 	// ReleaseClaims puts runs claimed by owner and never sent back to be claimed
-	// again at once, keeping their attempt number. A run of a deleted job is
-	// cancelled instead, with its run.cancelled event.
+	// again at once, keeping their attempt number. Late is decided again
+	// only for a first attempt no claim ever sent (no attempt recorded). A
+	// run of a deleted job is cancelled instead, with its run.cancelled
+	// event.
 	ReleaseClaims(ctx context.Context, owner string, runIDs []string, now time.Time) error
 }
 

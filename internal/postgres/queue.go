@@ -475,14 +475,17 @@ func recordArgs(owner string, outcomes []vibejobs.Outcome) ([]any, error) {
 
 // ReleaseClaims puts owner's delivering runs among runIDs back to be claimed
 // at once (NextAttemptAt = now) under the same attempt number: no attempt is
-// recorded since none was sent, and a first attempt decides Late again. A
+// recorded since none was sent, and a first attempt never sent before (no
+// attempt recorded, not even an interrupted one) decides Late again. A
 // released run of a deleted job is cancelled (job_deleted) instead.
 func (s *Store) ReleaseClaims(ctx context.Context, owner string, runIDs []string, now time.Time) error {
 	if len(runIDs) == 0 {
 		return nil
 	}
 	_, err := s.pool.Exec(ctx, `WITH held AS (
-		SELECT ctid AS tid, lease_expires_at AS old_due FROM runs WHERE id = ANY($2) AND lease_owner = $1
+		SELECT ctid AS tid, lease_expires_at AS old_due,
+			attempt <= 1 AND NOT EXISTS (SELECT 1 FROM attempts a WHERE a.run_id = runs.id) AS unsent
+		FROM runs WHERE id = ANY($2) AND lease_owner = $1
 		FOR UPDATE
 	), released AS (
 		UPDATE runs r SET
@@ -492,8 +495,8 @@ func (s *Store) ReleaseClaims(ctx context.Context, owner string, runIDs []string
 			finished_at = CASE WHEN j.deleted_at IS NOT NULL THEN $3::timestamptz END,
 			next_attempt_at = CASE WHEN j.deleted_at IS NULL THEN $3::timestamptz END,
 			redeliver = j.deleted_at IS NULL,
-			late = CASE WHEN r.attempt <= 1 THEN false ELSE r.late END,
-			late_decided = CASE WHEN r.attempt <= 1 THEN false ELSE r.late_decided END,
+			late = CASE WHEN held.unsent THEN false ELSE r.late END,
+			late_decided = CASE WHEN held.unsent THEN false ELSE r.late_decided END,
 			attempt_started_at = NULL,
 			lease_owner = NULL,
 			lease_expires_at = NULL

@@ -505,7 +505,8 @@ const releaseSQL = `UPDATE runs SET
 				finished_at = CASE WHEN ` + jobDeleted + ` THEN ?1 ELSE NULL END,
 				next_attempt_at = CASE WHEN ` + jobDeleted + ` THEN NULL ELSE ?1 END,
 				redeliver = CASE WHEN ` + jobDeleted + ` THEN 0 ELSE 1 END,
-				late = CASE WHEN attempt <= 1 THEN NULL ELSE late END,
+				late = CASE WHEN attempt <= 1 AND NOT EXISTS (SELECT 1 FROM attempts a WHERE a.run_seq = runs.seq)
+					THEN NULL ELSE late END,
 				attempt_started_at = NULL, lease_owner = NULL, lease_expires_at = NULL
 			WHERE id IN (SELECT value FROM json_each(?2)) AND state = 'delivering' AND lease_owner = ?3
 			RETURNING ` + runEventColumns
@@ -543,8 +544,9 @@ func snippet(s string) string {
 }
 
 // ReleaseClaims puts the named runs owner still holds back in the queue, due
-// now, to be sent under the same attempt number. A first attempt gets its
-// late flag decided again, since it was never sent. A run whose job was
+// now, to be sent under the same attempt number. A first attempt never sent
+// before (no attempt recorded, not even an interrupted one) gets its late
+// flag decided again; one the app has seen keeps it. A run whose job was
 // deleted meanwhile has no attempt in flight any more: it is cancelled
 // (job_deleted), as DeleteJob would have done.
 func (s *Store) ReleaseClaims(ctx context.Context, owner string, runIDs []string, now time.Time) error {

@@ -578,6 +578,32 @@ func testReleaseClaims(t *testing.T, f *fixture) {
 	if cd.Run.Attempt != 2 || cd.Run.Late {
 		t.Errorf("released retry claimed again: attempt %d late %v, want 2 false", cd.Run.Attempt, cd.Run.Late)
 	}
+
+}
+
+// testReleaseKeepsLateOfASentFirstAttempt: a first attempt that was sent
+// (and interrupted) keeps its late flag through a release of its
+// redelivery: the app has seen it once already.
+func testReleaseKeepsLateOfASentFirstAttempt(t *testing.T, f *fixture) {
+	f.projects()
+	j := f.job(projectA)
+	e := f.run(j, T0)
+	f.claimIDs("w1", T0, 1, e)
+	recovered := T0.Add(time.Minute)
+	if n, err := f.s.RecoverExpiredLeases(f.ctx, recovered, 10); err != nil || n != 1 {
+		t.Fatalf("RecoverExpiredLeases = %d, %v; want 1", n, err)
+	}
+	f.claimIDs("w2", recovered, 1, e)
+	if err := f.s.ReleaseClaims(f.ctx, "w2", []string{e.ID}, recovered); err != nil {
+		t.Fatalf("ReleaseClaims: %v", err)
+	}
+	got := f.wantRun("released redelivery of a first attempt", e.ID, vibejobs.RunScheduled, 1, &recovered)
+	f.wantAttempts("released redelivery of a first attempt", got, "1:interrupted")
+	c := f.claimIDs("w3", recovered.Add(5*time.Minute), 1, e)[0]
+	if c.Run.Attempt != 1 || c.Run.Late {
+		t.Errorf("released redelivery of a first attempt sent on time, claimed again: attempt %d late %v, want 1 false",
+			c.Run.Attempt, c.Run.Late)
+	}
 }
 
 func testNextDueAt(t *testing.T, f *fixture) {

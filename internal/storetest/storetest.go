@@ -77,6 +77,7 @@ func Run(t *testing.T, open func(t *testing.T) vibejobs.Store) {
 		{"RecoverExpiredLeasesEnds", testRecoverExpiredLeasesEnds},
 		{"RecoverExpiredLeasesLimit", testRecoverExpiredLeasesLimit},
 		{"ReleaseClaims", testReleaseClaims},
+		{"ReleaseKeepsLateOfASentFirstAttempt", testReleaseKeepsLateOfASentFirstAttempt},
 		{"NextDueAt", testNextDueAt},
 		{"QueueStats", testQueueStats},
 
