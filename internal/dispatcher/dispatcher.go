@@ -298,7 +298,13 @@ func (d *Dispatcher) start(claims []*vibejobs.Claim, now, ahead time.Time) {
 				hold = c.Run.ScheduledFor
 			}
 		}
-		d.acquire(host, waiter{c: c, hold: hold, deadline: latest(now, hold).Add(d.cfg.LeaseMargin / 2)})
+		// No attempt starts after the run's deadline: a claim still waiting
+		// then goes back, for FailExpiredRuns to end.
+		deadline := latest(now, hold).Add(d.cfg.LeaseMargin / 2)
+		if c.Run.DeadlineAt.Before(deadline) {
+			deadline = c.Run.DeadlineAt
+		}
+		d.acquire(host, waiter{c: c, hold: hold, deadline: deadline})
 	}
 }
 
@@ -324,10 +330,11 @@ func (d *Dispatcher) release(ctx context.Context, runIDs []string, now time.Time
 type waiter struct {
 	c    *vibejobs.Claim
 	hold time.Time // as for deliver
-	// deadline is LeaseMargin/2 after the claim is due: a claim not
-	// started by then is released, so that the attempt of a claim that
-	// waited still ends well within its lease (its hold is at most
-	// ClaimAhead, and New keeps that under LeaseMargin/2).
+	// deadline is LeaseMargin/2 after the claim is due, or the run's
+	// deadline if that is earlier: a claim not started by then is released,
+	// so that the attempt of a claim that waited still ends well within its
+	// lease (its hold is at most ClaimAhead, and New keeps that under
+	// LeaseMargin/2), and no attempt starts after the run's deadline.
 	deadline time.Time
 }
 

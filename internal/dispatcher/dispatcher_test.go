@@ -453,6 +453,43 @@ func TestWaitingClaimReleasedHalfTheLeaseMarginAfterItsTime(t *testing.T) {
 	e.waitRun(t, second.ID, func(r *vibejobs.Run) bool { return r.State == vibejobs.RunSucceeded })
 }
 
+// TestWaitingClaimReleasedAtItsDeadline: no attempt starts after the run's
+// deadline (SEMANTICS.md section 2). A claim waiting for its host is
+// released when its deadline passes, even within the LeaseMargin/2 it may
+// otherwise wait, and is never sent.
+func TestWaitingClaimReleasedAtItsDeadline(t *testing.T) {
+	e := newEnv(t)
+	j := e.job(t, "job_a", "https://a.example/")
+	unblock := e.blockHost(j.URL)
+	now := e.clock.Now()
+	blocker := e.run(t, j, "run_blocker", now.Add(-vibejobs.DeliveryLifetime+500*time.Millisecond))
+	victim := e.run(t, j, "run_victim", now.Add(-vibejobs.DeliveryLifetime+time.Second))
+	_, rc, _, _ := e.startWith(t, 1, 0)
+	if x := e.sender.next(t); x.payload["runId"] != blocker.ID {
+		t.Fatalf("first sent %v", x.payload["runId"])
+	}
+	e.waitRun(t, victim.ID, func(r *vibejobs.Run) bool { return r.State == vibejobs.RunDelivering })
+	// Past the victim's deadline, within LeaseMargin/2 of its due time.
+	e.clock.Add(time.Second + time.Millisecond)
+	for deadline := time.Now().Add(10 * time.Second); rc.released.Load() == 0; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the claim waiting past its deadline was not released")
+		}
+	}
+	unblock()
+	e.waitRun(t, blocker.ID, func(r *vibejobs.Run) bool { return r.State == vibejobs.RunSucceeded })
+	rc.waitPolls(t, 2)
+	select {
+	case x := <-e.sender.got:
+		t.Fatalf("sent %v after its deadline", x.payload["runId"])
+	default:
+	}
+	got := e.waitRun(t, victim.ID, func(r *vibejobs.Run) bool { return r.State == vibejobs.RunScheduled })
+	if len(got.Attempts) != 0 {
+		t.Errorf("attempts of the run released at its deadline: %+v", got.Attempts)
+	}
+}
+
 // TestShutdownReleasesWaitingClaims: at shutdown, claims still waiting for
 // their host go back to the database unsent, for another process to take,
 // and not due before their time.
