@@ -301,10 +301,13 @@ func (m *Main) Run(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("allow-private: %w", err)
 	}
-	client, err := egress.NewClient(egress.Config{
-		Policy: policy, CAFile: cfg.CAFile, UserAgent: "vibejobs/" + Version,
-		MaxConnsPerHost: cfg.PerHost, DialContext: m.DialContext,
-	})
+	newClient := func() (*egress.Client, error) {
+		return egress.NewClient(egress.Config{
+			Policy: policy, CAFile: cfg.CAFile, UserAgent: "vibejobs/" + Version,
+			MaxConnsPerHost: cfg.PerHost, DialContext: m.DialContext,
+		})
+	}
+	client, err := newClient()
 	if err != nil {
 		return fmt.Errorf("egress client: %w", err)
 	}
@@ -319,10 +322,16 @@ func (m *Main) Run(ctx context.Context) error {
 	if m.Observer != nil {
 		obs = observers{met, m.Observer}
 	}
-	// Webhooks of the event feed: their own goroutines and concurrency, so
-	// a receiver that hangs or refuses never holds up run deliveries.
+	// Webhooks of the event feed: their own goroutines, concurrency and
+	// client, so a receiver that hangs or refuses never holds up run
+	// deliveries, not even by taking the connections the dispatcher's
+	// per-host limit counts on.
+	subsClient, err := newClient()
+	if err != nil {
+		return fmt.Errorf("egress client: %w", err)
+	}
 	subs := subscriptions.New(subscriptions.Config{
-		Store: store, Sender: client, Opener: sealer, Owner: owner,
+		Store: store, Sender: subsClient, Opener: sealer, Owner: owner,
 		UserAgent: "vibejobs/" + Version, Logger: m.logger, Now: now,
 	})
 	met.WatchSubscriptions(store.AllSubscriptions)

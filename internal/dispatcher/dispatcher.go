@@ -13,7 +13,6 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"net/http"
-	"net/url"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -651,11 +650,8 @@ func (d *Dispatcher) recordLoop() {
 	flush()
 }
 
-// hostKey is the concurrency bucket of a URL: its host and port.
-func hostKey(raw string) string {
-	u, err := url.Parse(raw)
-	if err != nil {
-		return ""
-	}
-	return strings.ToLower(u.Host)
-}
+// hostKey names a URL's destination for Config.PerHost as the egress
+// client's connection pool names it, so that the claims the dispatcher lets
+// through to a host never wait inside the client for a connection (a wait
+// its attempt's timeout would count).
+func hostKey(raw string) string { return egress.HostKey(raw) }

@@ -416,6 +416,34 @@ func TestFullHostClaimsWaitForASlot(t *testing.T) {
 	}
 }
 
+// TestPerHostCountsEverySpellingOfAHost: two URLs naming one destination
+// share its slots, as they share the egress client's connections: were
+// they counted apart, the second attempt would wait inside the client for a
+// connection, on its own timeout.
+func TestPerHostCountsEverySpellingOfAHost(t *testing.T) {
+	e := newEnv(t)
+	a := e.job(t, "job_a", "https://a.example/x")
+	b := e.job(t, "job_b", "https://A.EXAMPLE:443/y")
+	unblock := e.blockHost(a.URL)
+	ra := e.run(t, a, "run_a", e.clock.Now())
+	_, rc, _, _ := e.startWith(t, 1, 0)
+	if x := e.sender.next(t); x.payload["runId"] != ra.ID {
+		t.Fatalf("first sent %v", x.payload["runId"])
+	}
+	rb := e.run(t, b, "run_b", e.clock.Now())
+	e.waitRun(t, rb.ID, func(r *vibejobs.Run) bool { return r.State == vibejobs.RunDelivering })
+	rc.waitPolls(t, 2)
+	select {
+	case x := <-e.sender.got:
+		t.Fatalf("%v sent while another spelling of its host held the only slot", x.payload["runId"])
+	default:
+	}
+	unblock()
+	if x := e.sender.next(t); x.payload["runId"] != rb.ID {
+		t.Fatalf("after the slot freed, sent %v", x.payload["runId"])
+	}
+}
+
 // TestWaitingClaimReleasedHalfTheLeaseMarginAfterItsTime: a claim waiting
 // for its host waits up to LeaseMargin/2 after it is due (a claim made ahead
 // counts from its time, not from the claim), then goes back to the

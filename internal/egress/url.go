@@ -1,6 +1,7 @@
 package egress
 
 import (
+	"net"
 	"net/netip"
 	"net/url"
 	"strconv"
@@ -113,6 +114,37 @@ func (p *Policy) ValidateURL(raw string) (*url.URL, error) {
 	}
 	setHost(u, name, port)
 	return u, nil
+}
+
+// HostKey names the destination of raw as Client.Post's connection pool
+// does, and so as its MaxConnsPerHost counts it: the scheme and the host
+// and port after ValidateURL's normalisation, with the scheme's default
+// port filled in. Spellings of one destination (Example.COM and
+// example.com:443; 127.0.0.1 and 0x7f.1) get one key. It checks nothing
+// (ValidateURL does); a URL that does not parse gets "".
+func HostKey(raw string) string {
+	u, err := url.Parse(raw)
+	if err != nil || u.Host == "" {
+		return ""
+	}
+	port := u.Port()
+	if n, err := strconv.Atoi(port); err == nil {
+		port = strconv.Itoa(n)
+	}
+	if port == "" {
+		port = "443"
+		if u.Scheme == "http" {
+			port = "80"
+		}
+	}
+	host := strings.ToLower(u.Hostname())
+	if ip, name, msg := parseHost(u.Hostname(), strings.HasPrefix(u.Host, "[")); msg == "" {
+		host = name
+		if ip.IsValid() {
+			host = ip.String()
+		}
+	}
+	return u.Scheme + "://" + net.JoinHostPort(host, port)
 }
 
 // setHost sets u.Host to host and port, without allocating when it already

@@ -285,3 +285,43 @@ func FuzzValidateURL(f *testing.F) {
 		}
 	})
 }
+
+// TestHostKey: spellings of one destination share a key, as they share the
+// client's connection pool (which counts MaxConnsPerHost per key); other
+// destinations do not.
+func TestHostKey(t *testing.T) {
+	same := [][]string{
+		{"https://example.com/a", "https://Example.COM:443/b", "https://example.com:0443?x=1"},
+		{"http://127.0.0.1:8080/a", "http://0x7f.0.0.1:8080/b", "http://2130706433:8080", "http://127.1:8080"},
+		{"https://[::1]/", "https://[0:0::1]:443/x"},
+		{"http://localhost/", "http://LOCALHOST:80/"},
+	}
+	keys := map[string]int{}
+	for i, group := range same {
+		for _, raw := range group {
+			k := egress.HostKey(raw)
+			if k == "" {
+				t.Fatalf("HostKey(%q) is empty", raw)
+			}
+			if j, ok := keys[k]; ok && j != i {
+				t.Errorf("HostKey(%q) = %q, the key of another destination", raw, k)
+			}
+			keys[k] = i
+			if first := egress.HostKey(group[0]); k != first {
+				t.Errorf("HostKey(%q) = %q, want %q as for %q", raw, k, first, group[0])
+			}
+		}
+	}
+	for _, pair := range [][2]string{
+		{"https://example.com/", "https://example.com:8443/"},
+		{"https://example.com/", "http://example.com:443/"},
+		{"https://example.com/", "https://example.org/"},
+	} {
+		if a, b := egress.HostKey(pair[0]), egress.HostKey(pair[1]); a == b {
+			t.Errorf("HostKey(%q) = HostKey(%q) = %q, want different keys", pair[0], pair[1], a)
+		}
+	}
+	if k := egress.HostKey("http://[::1"); k != "" {
+		t.Errorf("HostKey of a URL that does not parse = %q, want \"\"", k)
+	}
+}
