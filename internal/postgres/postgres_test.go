@@ -965,6 +965,50 @@ func TestStore(t *testing.T) {
 	})
 }
 
+// TestJobEditLocksOutTheScheduler: an edit reads the job and writes the
+// whole row back in one transaction. A scheduler step between the two
+// would be written over (NextRunAt moved back, its skipped occurrences
+// counted again on the next step), so the read locks the job and the
+// scheduler skips it until the edit commits.
+func TestJobEditLocksOutTheScheduler(t *testing.T) {
+	ctx := context.Background()
+	schema := postgres.NewTestSchema(t)
+	a, b := open(t, schema), open(t, schema)
+	prj := newProject(t, a)
+	j := newJobs(t, a, prj, 1)[0]
+	step := func() int {
+		p := planFor(j, *j.NextRunAt)
+		p.Skipped = 10
+		n, err := b.ApplyRunPlans(ctx, []vibejobs.RunPlan{p}, t0)
+		if err != nil {
+			t.Fatalf("ApplyRunPlans: %v", err)
+		}
+		return n
+	}
+	mustUpdate(t, a, func(tx vibejobs.Tx) error {
+		cur, err := tx.GetJob(ctx, prj, j.ID)
+		if err != nil {
+			return err
+		}
+		if n := step(); n != 0 {
+			t.Errorf("the scheduler applied a plan to a job being edited (%d runs)", n)
+		}
+		cur.Name, cur.UpdatedAt = "renamed", t0
+		return tx.UpdateJob(ctx, cur)
+	})
+	if n := step(); n != 1 {
+		t.Fatalf("the scheduler's step after the edit created %d runs, want 1", n)
+	}
+	got, err := a.GetJob(ctx, prj, j.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.Name != "renamed" || got.SkippedRuns != 10 || got.NextRunAt == nil || !got.NextRunAt.After(*j.NextRunAt) {
+		t.Fatalf("job after the edit and one scheduler step: name %q, skipped %d, next %v; want renamed, 10, after %v",
+			got.Name, got.SkippedRuns, got.NextRunAt, j.NextRunAt)
+	}
+}
+
 // TestDeleteJobRacesMaterialisation: a job deleted while another replica
 // materialises its runs and a user triggers it never keeps a waiting run.
 func TestDeleteJobRacesMaterialisation(t *testing.T) {

@@ -146,8 +146,13 @@ func scanJob(row rowScanner) (*vibejobs.Job, error) {
 
 // GetJob returns the live job id of projectID with its last run, or ENOTFOUND.
 func (r reader) GetJob(ctx context.Context, projectID, id string) (*vibejobs.Job, error) {
+	return r.getJob(ctx, projectID, id, "")
+}
+
+// getJob is GetJob; lock, when set, is a locking clause for the job's row.
+func (r reader) getJob(ctx context.Context, projectID, id, lock string) (*vibejobs.Job, error) {
 	j, err := scanJob(r.q.QueryRow(ctx, `SELECT `+jobColumns+` FROM jobs j`+lastRunJoin+`
-		WHERE j.id = $1 AND j.project_id = $2 AND j.deleted_at IS NULL`, id, projectID))
+		WHERE j.id = $1 AND j.project_id = $2 AND j.deleted_at IS NULL`+lock, id, projectID))
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, vibejobs.ErrNotFound("job")
 	}

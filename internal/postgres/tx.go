@@ -13,6 +13,16 @@ import (
 )
 
 // tx is the vibejobs.Tx of Store.Update.
+// GetJob reads the job as Store.GetJob does and locks its row until the
+// transaction ends. A transaction reads a job to change it (the API's
+// edits write the whole row back): a scheduler step committed between the
+// read and the write would be written over, its advance of NextRunAt undone
+// and its skipped occurrences counted again. The scheduler skips a locked
+// job (applyPlansSQL) and plans it afresh once this commits.
+func (t *tx) GetJob(ctx context.Context, projectID, id string) (*vibejobs.Job, error) {
+	return t.getJob(ctx, projectID, id, " FOR UPDATE OF j")
+}
+
 type tx struct {
 	reader
 	s *Store
