@@ -475,7 +475,7 @@ func TestIdempotencyTakeoverRace(t *testing.T) {
 	waitSignal(t, inserted, "the faster takeover")
 	go func() { secondDone <- takeOver(b, slower, func() {}) }()
 	// The slower delete waits for the faster transaction's row lock.
-	waitForBlockedKeyDelete(t, a, "the slower takeover never waited for the faster one")
+	waitForLockWait(t, a, "DELETE FROM idempotency_keys", "the slower takeover never waited for the faster one")
 	letCommit()
 	if first := <-firstDone; first.err != nil || first.delErr != nil {
 		t.Fatalf("faster takeover: %v (delete: %v)", first.err, first.delErr)
@@ -544,7 +544,7 @@ func TestIdempotencyTakeoverOfACompletingClaim(t *testing.T) {
 				RequestHash: []byte{1}, CreatedAt: at, ExpiresAt: at.Add(24 * time.Hour)})
 		})
 	}()
-	waitForBlockedKeyDelete(t, a, "the takeover never waited for the completing transaction")
+	waitForLockWait(t, a, "DELETE FROM idempotency_keys", "the takeover never waited for the completing transaction")
 	letCommit()
 	if err := <-slowDone; err != nil {
 		t.Fatalf("completing the slow request's claim: %v", err)
@@ -561,26 +561,28 @@ func TestIdempotencyTakeoverOfACompletingClaim(t *testing.T) {
 	}
 }
 
-// waitForBlockedKeyDelete waits until a DELETE of idempotency_keys waits
-// for a row lock in s's database, or fails with msg after 10 s.
-func waitForBlockedKeyDelete(t *testing.T, s *postgres.Store, msg string) {
+// waitForLockWait waits until a statement of s's database that starts with
+// prefix waits for a lock, or fails with msg after 10 s.
+func waitForLockWait(t *testing.T, s *postgres.Store, prefix, msg string) {
 	t.Helper()
-	for deadline := time.Now().Add(10 * time.Second); ; {
-		var waiting int
-		err := s.Pool().QueryRow(context.Background(), `SELECT count(*) FROM pg_stat_activity
-			WHERE datname = current_database() AND wait_event_type = 'Lock'
-				AND query LIKE 'DELETE FROM idempotency_keys%'`).Scan(&waiting)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if waiting > 0 {
-			return
-		}
+	for deadline := time.Now().Add(10 * time.Second); !lockWaiting(t, s, prefix); time.Sleep(5 * time.Millisecond) {
 		if time.Now().After(deadline) {
 			t.Fatal(msg)
 		}
-		time.Sleep(5 * time.Millisecond)
 	}
+}
+
+// lockWaiting reports whether a statement of s's database that starts with
+// prefix waits for a lock.
+func lockWaiting(t *testing.T, s *postgres.Store, prefix string) bool {
+	t.Helper()
+	var waiting int
+	err := s.Pool().QueryRow(context.Background(), `SELECT count(*) FROM pg_stat_activity
+		WHERE datname = current_database() AND wait_event_type = 'Lock' AND starts_with(query, $1)`, prefix).Scan(&waiting)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return waiting > 0
 }
 
 // TestClaimExclusive: 8 claimers on two Stores (replicas) share 3,000 due
@@ -1007,6 +1009,112 @@ func TestJobEditLocksOutTheScheduler(t *testing.T) {
 		t.Fatalf("job after the edit and one scheduler step: name %q, skipped %d, next %v; want renamed, 10, after %v",
 			got.Name, got.SkippedRuns, got.NextRunAt, j.NextRunAt)
 	}
+}
+
+// TestDeleteJobRacesTheRunInFlight: a job is deleted on one replica while
+// another ends its run's attempt in flight: records a retrying outcome,
+// releases the claim unsent, or recovers its expired lease. Each of those
+// decides whether the job was deleted; DeleteJob skips the run, which is
+// leased. Were the job read from a snapshot older than the deletion, the
+// run would go back to waiting for a deleted job and be sent again. Each
+// racer here takes its snapshot, then waits on a lock held by a third
+// session while the deletion goes ahead.
+func TestDeleteJobRacesTheRunInFlight(t *testing.T) {
+	ctx := context.Background()
+	for _, racer := range []struct {
+		name, prefix string
+		// hold takes the lock the racer will wait on, in tx.
+		hold func(tx pgx.Tx, prj, runID string) error
+		run  func(s *postgres.Store, c *vibejobs.Claim) error
+	}{{
+		name: "retrying outcome", prefix: "WITH o AS",
+		hold: holdRun,
+		run: func(s *postgres.Store, c *vibejobs.Claim) error {
+			next := t0.Add(time.Minute)
+			return s.RecordOutcomes(ctx, "a", []vibejobs.Outcome{{RunID: c.Run.ID, ClaimedAt: c.ClaimedAt,
+				Attempt: vibejobs.Attempt{Number: 1, StartedAt: t0, FinishedAt: t0.Add(time.Second), StatusCode: 503, ErrorCode: "http_5xx"},
+				Step:    vibejobs.Step{State: vibejobs.RunRetrying, NextAttemptAt: &next}}})
+		},
+	}, {
+		name: "release", prefix: "WITH held AS",
+		hold: holdRun,
+		run: func(s *postgres.Store, c *vibejobs.Claim) error {
+			return s.ReleaseClaims(ctx, "a", []string{c.Run.ID}, t0)
+		},
+	}, {
+		name: "lease recovery", prefix: "WITH expired AS",
+		// Recovery skips a locked run: it waits on the project's feed
+		// counter instead, after it moved the run.
+		hold: func(tx pgx.Tx, prj, _ string) error {
+			_, err := tx.Exec(ctx, `INSERT INTO event_heads (project_id, head) VALUES ($1, 0)`, prj)
+			return err
+		},
+		run: func(s *postgres.Store, _ *vibejobs.Claim) error {
+			_, err := s.RecoverExpiredLeases(ctx, t0.Add(time.Minute), 10)
+			return err
+		},
+	}} {
+		t.Run(racer.name, func(t *testing.T) {
+			schema := postgres.NewTestSchema(t)
+			a, b := open(t, schema), open(t, schema)
+			prj := newProject(t, a)
+			j := newJobs(t, a, prj, 1)[0]
+			if _, err := a.ApplyRunPlans(ctx, []vibejobs.RunPlan{planFor(j, t0)}, t0); err != nil {
+				t.Fatal(err)
+			}
+			claims, err := a.ClaimDueRuns(ctx, "a", t0, 1, time.Second)
+			if err != nil || len(claims) != 1 {
+				t.Fatalf("claim = %v %v", claims, err)
+			}
+			locker, err := a.Pool().Begin(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer locker.Rollback(ctx)
+			if err := racer.hold(locker, prj, claims[0].Run.ID); err != nil {
+				t.Fatal(err)
+			}
+			raced := make(chan error, 1)
+			go func() { raced <- racer.run(a, claims[0]) }()
+			waitForLockWait(t, a, racer.prefix, "the racer never waited for the lock held")
+
+			// The deletion commits, or waits for the racer's lock on the job.
+			deleted := make(chan error, 1)
+			go func() {
+				deleted <- b.Update(ctx, func(tx vibejobs.Tx) error { return tx.DeleteJob(ctx, prj, j.ID, t0) })
+			}()
+			for deadline := time.Now().Add(10 * time.Second); len(deleted) == 0 && !lockWaiting(t, a, "UPDATE jobs SET deleted_at"); time.Sleep(5 * time.Millisecond) {
+				if time.Now().After(deadline) {
+					t.Fatal("the deletion neither committed nor waited")
+				}
+			}
+			if err := locker.Rollback(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if err := <-raced; err != nil {
+				t.Fatal(err)
+			}
+			if err := <-deleted; err != nil {
+				t.Fatal(err)
+			}
+			r, err := a.GetRun(ctx, prj, claims[0].Run.ID)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if r.State != vibejobs.RunCancelled || r.FailureReason != vibejobs.ReasonJobDeleted {
+				t.Errorf("run of the deleted job: %s (%s), want cancelled (job_deleted)", r.State, r.FailureReason)
+			}
+			if again, err := b.ClaimDueRuns(ctx, "b", t0.Add(time.Hour), 10, time.Second); err != nil || len(again) != 0 {
+				t.Errorf("the deleted job's run claimed again: %d claims, %v", len(again), err)
+			}
+		})
+	}
+}
+
+// holdRun locks the run's row in tx.
+func holdRun(tx pgx.Tx, _, runID string) error {
+	_, err := tx.Exec(context.Background(), `SELECT 1 FROM runs WHERE id = $1 FOR UPDATE`, runID)
+	return err
 }
 
 // TestDeleteJobRacesMaterialisation: a job deleted while another replica

@@ -360,16 +360,17 @@ var recordSQL = `WITH o AS (
 ), held AS (
 	-- The outcomes whose run is still delivering under the lease of their
 	-- claim (owner, attempt number and claim time), locked. A run has a
-	-- lease owner exactly while it is delivering. A retrying step ends the run instead (end_state)
-	-- when its job is deleted, or when its next attempt falls after the
-	-- run's deadline.
+	-- lease owner exactly while it is delivering. A retrying step ends the
+	-- run instead (end_state) when its job is deleted, or when its next
+	-- attempt falls after the run's deadline. The job is read under a share
+	-- lock (see tx.DeleteJob).
 	SELECT o.*, CASE WHEN o.step_state <> 'retrying' THEN NULL WHEN l.job_deleted THEN 'cancelled'
 			WHEN COALESCE(o.step_next, o.finished_at) > l.deadline_at THEN 'failed' END AS end_state,
 		l.tid, l.old_due
 	FROM o CROSS JOIN LATERAL (
 		SELECT r.ctid AS tid, r.lease_expires_at AS old_due, r.deadline_at,
 			o.step_state = 'retrying'
-				AND EXISTS (SELECT 1 FROM jobs j WHERE j.id = r.job_id AND j.deleted_at IS NOT NULL) AS job_deleted
+				AND (SELECT j.deleted_at IS NOT NULL FROM jobs j WHERE j.id = r.job_id FOR SHARE) AS job_deleted
 		FROM runs r
 		WHERE r.id = o.run_id AND r.lease_owner = $1 AND r.attempt = o.number
 			AND r.attempt_started_at = o.claimed_at
@@ -477,32 +478,33 @@ func recordArgs(owner string, outcomes []vibejobs.Outcome) ([]any, error) {
 // at once (NextAttemptAt = now) under the same attempt number: no attempt is
 // recorded since none was sent, and a first attempt never sent before (no
 // attempt recorded, not even an interrupted one) decides Late again. A
-// released run of a deleted job is cancelled (job_deleted) instead.
+// released run of a deleted job is cancelled (job_deleted) instead, its job
+// read under a share lock (see tx.DeleteJob).
 func (s *Store) ReleaseClaims(ctx context.Context, owner string, runIDs []string, now time.Time) error {
 	if len(runIDs) == 0 {
 		return nil
 	}
 	_, err := s.pool.Exec(ctx, `WITH held AS (
-		SELECT ctid AS tid, lease_expires_at AS old_due,
-			attempt <= 1 AND NOT EXISTS (SELECT 1 FROM attempts a WHERE a.run_id = runs.id) AS unsent
-		FROM runs WHERE id = ANY($2) AND lease_owner = $1
-		FOR UPDATE
+		SELECT r.ctid AS tid, r.lease_expires_at AS old_due, j.deleted_at AS job_deleted_at,
+			r.attempt <= 1 AND NOT EXISTS (SELECT 1 FROM attempts a WHERE a.run_id = r.id) AS unsent
+		FROM runs r JOIN jobs j ON j.id = r.job_id WHERE r.id = ANY($2) AND r.lease_owner = $1
+		FOR UPDATE OF r FOR SHARE OF j
 	), released AS (
 		UPDATE runs r SET
-			state = CASE WHEN j.deleted_at IS NOT NULL THEN 'cancelled'
+			state = CASE WHEN held.job_deleted_at IS NOT NULL THEN 'cancelled'
 				WHEN r.attempt <= 1 THEN 'scheduled' ELSE 'retrying' END,
-			failure_reason = CASE WHEN j.deleted_at IS NOT NULL THEN $4 ELSE r.failure_reason END,
-			finished_at = CASE WHEN j.deleted_at IS NOT NULL THEN $3::timestamptz END,
-			next_attempt_at = CASE WHEN j.deleted_at IS NULL THEN $3::timestamptz END,
-			redeliver = j.deleted_at IS NULL,
+			failure_reason = CASE WHEN held.job_deleted_at IS NOT NULL THEN $4 ELSE r.failure_reason END,
+			finished_at = CASE WHEN held.job_deleted_at IS NOT NULL THEN $3::timestamptz END,
+			next_attempt_at = CASE WHEN held.job_deleted_at IS NULL THEN $3::timestamptz END,
+			redeliver = held.job_deleted_at IS NULL,
 			late = CASE WHEN held.unsent THEN false ELSE r.late END,
 			late_decided = CASE WHEN held.unsent THEN false ELSE r.late_decided END,
 			attempt_started_at = NULL,
 			lease_owner = NULL,
 			lease_expires_at = NULL
-		FROM held, jobs j
-		WHERE r.ctid = held.tid AND r.ctid = ANY(ARRAY(SELECT tid FROM held)) AND j.id = r.job_id
-		RETURNING j.deleted_at IS NULL AS claimable, r.id, r.project_id, r.job_id, r.state, r.failure_reason,
+		FROM held
+		WHERE r.ctid = held.tid AND r.ctid = ANY(ARRAY(SELECT tid FROM held))
+		RETURNING held.job_deleted_at IS NULL AS claimable, r.id, r.project_id, r.job_id, r.state, r.failure_reason,
 			r.attempt, held.old_due, r.next_attempt_at
 	)`+requeueSQL("released", "id", "next_attempt_at", true)+`, ev AS (
 		SELECT project_id, id AS ord, `+runEventType+` AS type, $3::timestamptz AS occurred_at, job_id,
@@ -519,37 +521,39 @@ func (s *Store) ReleaseClaims(ctx context.Context, owner string, runIDs []string
 // whose lease expired before now and makes them claimable at once under the
 // same attempt number (back to scheduled for a first attempt, retrying
 // otherwise); a run past its deadline fails (deadline_exceeded) and a run of
-// a deleted job is cancelled (job_deleted). Replicas running it at once skip
-// each other's rows. The runs in flight are found in run_queue, where a
-// leased run is keyed at its lease expiry.
+// a deleted job is cancelled (job_deleted), its job read under a share lock
+// (see tx.DeleteJob). Replicas running it at once skip each other's rows.
+// The runs in flight are found in run_queue, where a leased run is keyed at
+// its lease expiry.
 func (s *Store) RecoverExpiredLeases(ctx context.Context, now time.Time, limit int) (int, error) {
 	if limit <= 0 {
 		return 0, nil
 	}
 	var n int
 	err := s.pool.QueryRow(ctx, `WITH expired AS (
-		SELECT l.tid, l.attempt_started_at, q.due_at AS old_due FROM run_queue q CROSS JOIN LATERAL (
-			SELECT r.ctid AS tid, r.attempt_started_at FROM runs r
+		SELECT l.tid, l.attempt_started_at, l.job_deleted, q.due_at AS old_due FROM run_queue q CROSS JOIN LATERAL (
+			SELECT r.ctid AS tid, r.attempt_started_at, j.deleted_at IS NOT NULL AS job_deleted
+			FROM runs r JOIN jobs j ON j.id = r.job_id
 			WHERE `+queuedRunSQL+` AND r.lease_owner IS NOT NULL AND r.lease_expires_at < $1
-			FOR UPDATE SKIP LOCKED) l
+			FOR UPDATE OF r SKIP LOCKED FOR SHARE OF j) l
 		WHERE q.leased = true AND q.due_at < $1
 		ORDER BY q.due_at, q.run_id
 		LIMIT $2
 	), recovered AS (
 		UPDATE runs r SET
-			state = CASE WHEN j.deleted_at IS NOT NULL THEN 'cancelled'
+			state = CASE WHEN expired.job_deleted THEN 'cancelled'
 				WHEN $1 > r.deadline_at THEN 'failed'
 				WHEN r.attempt <= 1 THEN 'scheduled' ELSE 'retrying' END,
-			failure_reason = CASE WHEN j.deleted_at IS NOT NULL THEN $3
+			failure_reason = CASE WHEN expired.job_deleted THEN $3
 				WHEN $1 > r.deadline_at THEN $4 ELSE '' END,
-			finished_at = CASE WHEN j.deleted_at IS NOT NULL OR $1 > r.deadline_at THEN $1::timestamptz END,
-			next_attempt_at = CASE WHEN j.deleted_at IS NULL AND $1 <= r.deadline_at THEN $1::timestamptz END,
-			redeliver = j.deleted_at IS NULL AND $1 <= r.deadline_at,
+			finished_at = CASE WHEN expired.job_deleted OR $1 > r.deadline_at THEN $1::timestamptz END,
+			next_attempt_at = CASE WHEN NOT expired.job_deleted AND $1 <= r.deadline_at THEN $1::timestamptz END,
+			redeliver = NOT expired.job_deleted AND $1 <= r.deadline_at,
 			attempt_started_at = NULL,
 			lease_owner = NULL,
 			lease_expires_at = NULL
-		FROM expired, jobs j
-		WHERE r.ctid = expired.tid AND r.ctid = ANY(ARRAY(SELECT tid FROM expired)) AND j.id = r.job_id
+		FROM expired
+		WHERE r.ctid = expired.tid AND r.ctid = ANY(ARRAY(SELECT tid FROM expired))
 		RETURNING r.id, r.attempt, COALESCE(expired.attempt_started_at, $1) AS started_at, r.redeliver AS claimable,
 			r.project_id, r.job_id, r.state, r.failure_reason, r.next_attempt_at, expired.old_due
 	)`+requeueSQL("recovered", "id", "next_attempt_at", true)+`, interrupted AS (

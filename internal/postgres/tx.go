@@ -212,6 +212,16 @@ func (t *tx) UpdateJob(ctx context.Context, j *vibejobs.Job) error {
 // is updated first: its row lock orders DeleteJob after (or before) a
 // concurrent ApplyRunPlans or CreateRun, and the cancelling statement, with
 // a fresh READ COMMITTED snapshot, then sees every run they committed.
+//
+// A run with an attempt in flight is left to the statement that ends the
+// attempt (recording a retrying outcome, a release, a lease recovery),
+// which cancels it instead of putting it back to wait. Each of those reads
+// the job under a share lock, which conflicts with the update here: either
+// it waits for the deletion to commit and then sees it (a locking read
+// returns the latest version), or this update waits for it, and the
+// cancelling statement then finds the run waiting. Read from a snapshot
+// alone, a deletion committed in between was missed by both, and the run
+// of the deleted job was sent again.
 func (t *tx) DeleteJob(ctx context.Context, projectID, id string, at time.Time) error {
 	tag, err := t.q.Exec(ctx, `UPDATE jobs SET deleted_at = $3 WHERE id = $1 AND project_id = $2 AND deleted_at IS NULL`,
 		id, projectID, at)
