@@ -171,6 +171,10 @@ type RunPlan struct {
 	// From is the job's NextRunAt the plan was computed from. The plan applies
 	// only while the job still has it (so two replicas cannot both apply one).
 	From time.Time
+	// Anchor is the job's ScheduleAnchor the plan was computed from. A change
+	// of schedule, time zone or at sets a new anchor, and the plan then no
+	// longer applies, even when the new schedule's next time is From.
+	Anchor time.Time
 	// Next is the job's new NextRunAt; nil when the schedule has no more occurrences.
 	Next *time.Time
 	// Runs to create; one that already exists for (job, scheduledFor) is skipped.
@@ -186,7 +190,8 @@ type SchedulerStore interface {
 	// DueJobs returns active, enabled jobs whose NextRunAt ≤ before, earliest first.
 	DueJobs(ctx context.Context, before time.Time, limit int) ([]*Job, error)
 	// ApplyRunPlans applies each plan atomically (runs inserted, job advanced),
-	// skipping a plan whose job moved on (NextRunAt ≠ From), was paused or deleted.
+	// skipping a plan whose job moved on (NextRunAt ≠ From), whose schedule
+	// changed (ScheduleAnchor ≠ Anchor), or that was paused or deleted.
 	// At most one schedule-triggered run exists per (job, scheduledFor): a
 	// unique constraint, not a check-then-insert. It returns the runs created.
 	// A plan with a run due after its deadline is refused as a whole

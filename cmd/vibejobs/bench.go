@@ -483,7 +483,7 @@ func planBurst(ctx context.Context, m *Main, n int, url string) (time.Time, erro
 	plans := make([]vibejobs.RunPlan, 0, len(created))
 	for _, j := range created {
 		next := far
-		plans = append(plans, vibejobs.RunPlan{JobID: j.ID, From: far, Next: &next,
+		plans = append(plans, vibejobs.RunPlan{JobID: j.ID, Anchor: j.ScheduleAnchor, From: far, Next: &next,
 			Runs: []*vibejobs.Run{vibejobs.NewRun(vibejobs.NewID("run_", due, rand.Reader), j, vibejobs.TriggerSchedule, due, time.Now())}})
 	}
 	for start := 0; start < len(plans); start += 2000 {

@@ -75,7 +75,7 @@ func TestRowsLockedByCTIDAreFetchedByCTID(t *testing.T) {
 		for _, j := range jobs {
 			at := *j.NextRunAt
 			next := at.Add(time.Second)
-			ps = append(ps, vibejobs.RunPlan{JobID: j.ID, From: at, Next: &next,
+			ps = append(ps, vibejobs.RunPlan{JobID: j.ID, Anchor: j.ScheduleAnchor, From: at, Next: &next,
 				Runs: []*vibejobs.Run{vibejobs.NewRun(id("run_"), j, vibejobs.TriggerSchedule, at, t0)}})
 			j.NextRunAt = &next
 		}

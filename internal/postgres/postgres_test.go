@@ -92,7 +92,7 @@ func newJobs(t testing.TB, s *postgres.Store, projectID string, n int) []*vibejo
 // planFor makes the plan of job j: a run per occurrence in ats, the schedule
 // continuing after the last.
 func planFor(j *vibejobs.Job, ats ...time.Time) vibejobs.RunPlan {
-	p := vibejobs.RunPlan{JobID: j.ID, From: *j.NextRunAt}
+	p := vibejobs.RunPlan{JobID: j.ID, Anchor: j.ScheduleAnchor, From: *j.NextRunAt}
 	for _, at := range ats {
 		p.Runs = append(p.Runs, vibejobs.NewRun(id("run_"), j, vibejobs.TriggerSchedule, at, t0))
 	}

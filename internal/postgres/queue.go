@@ -28,8 +28,8 @@ func (s *Store) DueJobs(ctx context.Context, before time.Time, limit int) ([]*vi
 }
 
 // applyPlansSQL applies a batch of plans in one statement. A job advances
-// only while it still has the plan's From, is active, enabled and not
-// deleted. Its row is locked with SKIP LOCKED: a job another replica is
+// only while it still has the plan's From and Anchor, is active, enabled
+// and not deleted. Its row is locked with SKIP LOCKED: a job another replica is
 // advancing right now is skipped rather than waited for (that plan is stale
 // once the other commits, and if it rolls back the next scan plans the job
 // again), so replicas applying overlapping batches neither wait nor
@@ -57,13 +57,14 @@ func (s *Store) DueJobs(ctx context.Context, before time.Time, limit int) ([]*vi
 // version newer than this statement's snapshot, the UPDATE finds no row and
 // the plan is simply not applied, which the From check allows anyway.
 var applyPlansSQL = `WITH plan AS (
-	SELECT * FROM unnest($1::text[], $2::timestamptz[], $3::timestamptz[], $4::bigint[], $5::boolean[])
-		AS p(job_id, from_at, next_at, skipped, complete)
+	SELECT * FROM unnest($1::text[], $2::timestamptz[], $3::timestamptz[], $4::bigint[], $5::boolean[],
+			$17::timestamptz[])
+		AS p(job_id, from_at, next_at, skipped, complete, anchor)
 ), locked AS (
 	SELECT l.id, l.tid, plan.next_at, plan.skipped, plan.complete
 	FROM plan CROSS JOIN LATERAL (
 		SELECT j.id, j.ctid AS tid FROM jobs j
-		WHERE j.id = plan.job_id AND j.next_run_at = plan.from_at
+		WHERE j.id = plan.job_id AND j.next_run_at = plan.from_at AND j.schedule_anchor = plan.anchor
 			AND j.state = 'active' AND j.enabled AND j.deleted_at IS NULL
 		FOR UPDATE SKIP LOCKED) l
 ), advanced AS (
@@ -144,6 +145,7 @@ func (s *Store) applyPlansArgs(plans []vibejobs.RunPlan) []any {
 		nexts    = make([]*time.Time, len(plans))
 		skipped  = make([]int64, len(plans))
 		complete = make([]bool, len(plans))
+		anchors  = make([]time.Time, len(plans))
 
 		ids        = make([]string, 0, nRuns)
 		runJobs    = make([]string, 0, nRuns)
@@ -157,6 +159,7 @@ func (s *Store) applyPlansArgs(plans []vibejobs.RunPlan) []any {
 	)
 	for i, p := range plans {
 		jobIDs[i], froms[i], nexts[i], skipped[i], complete[i] = p.JobID, p.From, p.Next, p.Skipped, p.Complete
+		anchors[i] = p.Anchor
 		for _, r := range p.Runs {
 			ids = append(ids, r.ID)
 			runJobs = append(runJobs, p.JobID) // a plan's runs belong to its job
@@ -171,7 +174,7 @@ func (s *Store) applyPlansArgs(plans []vibejobs.RunPlan) []any {
 	}
 	return []any{jobIDs, froms, nexts, skipped, complete,
 		ids, runJobs, projects, triggers, scheduled, deadlines, states, nextTries, createdAts,
-		NotifyChannel, s.schema}
+		NotifyChannel, s.schema, anchors}
 }
 
 // claimSQL moves due runs to delivering: it leases them. It walks run_queue

@@ -171,7 +171,7 @@ func JobSchedule(j *vibejobs.Job) (schedule.Schedule, error) {
 // runs; none: none run). Skipped occurrences are counted in Plan.Skipped.
 // newRunID names each run.
 func Plan(j *vibejobs.Job, sch schedule.Schedule, now time.Time, lookahead, grace time.Duration, newRunID func(time.Time) string) vibejobs.RunPlan {
-	p := vibejobs.RunPlan{JobID: j.ID}
+	p := vibejobs.RunPlan{JobID: j.ID, Anchor: j.ScheduleAnchor}
 	if j.NextRunAt == nil {
 		return p
 	}

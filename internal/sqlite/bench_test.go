@@ -54,7 +54,7 @@ func seedBurst(b *testing.B, s *sqlite.Store, jobs, chunk int, now time.Time) ti
 	plans := make([]vibejobs.RunPlan, 0, jobs)
 	for _, j := range js {
 		from := *j.NextRunAt
-		p := vibejobs.RunPlan{JobID: j.ID, From: from, Next: &now}
+		p := vibejobs.RunPlan{JobID: j.ID, Anchor: j.ScheduleAnchor, From: from, Next: &now}
 		for k := range perJob {
 			at := from.Add(time.Duration(k) * time.Second)
 			r := vibejobs.NewRun(vibejobs.NewID("run_", now, nil), j, vibejobs.TriggerSchedule, at, now)

@@ -85,9 +85,9 @@ func (s *Store) ApplyRunPlans(ctx context.Context, plans []vibejobs.RunPlan, now
 
 // applyRound applies plans of distinct jobs.
 func applyRound(ctx context.Context, t wtx, plans []*vibejobs.RunPlan) (int, error) {
-	advance := make([][5]any, len(plans))
+	advance := make([][6]any, len(plans))
 	for i, p := range plans {
-		advance[i] = [5]any{p.JobID, msPtr(p.Next), p.Skipped, p.Complete, ms(p.From)}
+		advance[i] = [6]any{p.JobID, msPtr(p.Next), p.Skipped, p.Complete, ms(p.From), ms(p.Anchor)}
 	}
 	rows, err := t.QueryContext(ctx, applyAdvanceSQL, jsonArray(advance))
 	if err != nil {
@@ -423,12 +423,13 @@ const recordEventsSQL = `INSERT INTO events (project_id, sequence, type, occurre
 		WHERE a.id > ?1
 		ORDER BY a.id`
 
-// applyAdvanceSQL advances the jobs of a round of plans that are still at their From.
+// applyAdvanceSQL advances the jobs of a round of plans that are still at
+// their From and Anchor.
 const applyAdvanceSQL = `UPDATE jobs SET next_run_at = p.value ->> 1,
 			skipped_runs = skipped_runs + (p.value ->> 2),
 			state = CASE WHEN p.value ->> 3 THEN 'completed' ELSE jobs.state END
 		FROM jsonb_each(?) AS p
-		WHERE jobs.id = p.value ->> 0 AND jobs.next_run_at = p.value ->> 4
+		WHERE jobs.id = p.value ->> 0 AND jobs.next_run_at = p.value ->> 4 AND jobs.schedule_anchor = p.value ->> 5
 			AND jobs.enabled = 1 AND jobs.state = 'active' AND jobs.deleted_at IS NULL
 		RETURNING jobs.id`
 

@@ -401,8 +401,8 @@ func testDeleteFutureRuns(t *testing.T, f *fixture) {
 	started := sched(j, T0.Add(3*time.Minute), T0.Add(-5*time.Hour)) // due early so it can be claimed alone
 	otherJob := sched(k, T0.Add(time.Minute), T0.Add(time.Minute))
 	created, err := f.s.ApplyRunPlans(f.ctx, []vibejobs.RunPlan{
-		{JobID: j.ID, From: T0, Next: ptr(T0.Add(4 * time.Minute)), Runs: []*vibejobs.Run{atCut, future1, future2, started}},
-		{JobID: k.ID, From: T0, Next: ptr(T0.Add(4 * time.Minute)), Runs: []*vibejobs.Run{otherJob}},
+		{JobID: j.ID, Anchor: j.ScheduleAnchor, From: T0, Next: ptr(T0.Add(4 * time.Minute)), Runs: []*vibejobs.Run{atCut, future1, future2, started}},
+		{JobID: k.ID, Anchor: k.ScheduleAnchor, From: T0, Next: ptr(T0.Add(4 * time.Minute)), Runs: []*vibejobs.Run{otherJob}},
 	}, T0)
 	if err != nil || created != 5 {
 		t.Fatalf("ApplyRunPlans = %d, %v; want 5", created, err)
@@ -431,7 +431,7 @@ func testDeleteFutureRuns(t *testing.T, f *fixture) {
 	// The withdrawn occurrence can be planned again.
 	again := sched(j, T0.Add(time.Minute), T0.Add(time.Minute))
 	created, err = f.s.ApplyRunPlans(f.ctx, []vibejobs.RunPlan{
-		{JobID: j.ID, From: T0.Add(4 * time.Minute), Next: ptr(T0.Add(5 * time.Minute)), Runs: []*vibejobs.Run{again}},
+		{JobID: j.ID, Anchor: j.ScheduleAnchor, From: T0.Add(4 * time.Minute), Next: ptr(T0.Add(5 * time.Minute)), Runs: []*vibejobs.Run{again}},
 	}, T0)
 	if err != nil || created != 1 {
 		t.Fatalf("ApplyRunPlans of a withdrawn occurrence = %d, %v; want 1", created, err)

@@ -32,7 +32,7 @@ func testManualRunsNeverMerged(t *testing.T, f *fixture) {
 	m2 := f.run(j, T0)
 	sched := vibejobs.NewRun(f.id("run_"), j, vibejobs.TriggerSchedule, T0, T0)
 	created, err := f.s.ApplyRunPlans(f.ctx, []vibejobs.RunPlan{
-		{JobID: j.ID, From: T0, Next: ptr(T0.Add(time.Minute)), Runs: []*vibejobs.Run{sched}},
+		{JobID: j.ID, Anchor: j.ScheduleAnchor, From: T0, Next: ptr(T0.Add(time.Minute)), Runs: []*vibejobs.Run{sched}},
 	}, T0)
 	if err != nil || created != 1 {
 		t.Fatalf("ApplyRunPlans of an occurrence that has manual runs = %d, %v; want 1", created, err)
@@ -207,7 +207,7 @@ func testApplyRunPlans(t *testing.T, f *fixture) {
 	f.projects()
 	j := f.job(projectA, func(j *vibejobs.Job) { j.SkippedRuns = 1 })
 	r1, r2 := f.schedRun(j, T0.Add(-time.Minute)), f.schedRun(j, T0)
-	f.apply(2, vibejobs.RunPlan{JobID: j.ID, From: T0, Next: ptr(T0.Add(time.Minute)), Runs: []*vibejobs.Run{r1, r2}, Skipped: 3})
+	f.apply(2, vibejobs.RunPlan{JobID: j.ID, Anchor: j.ScheduleAnchor, From: T0, Next: ptr(T0.Add(time.Minute)), Runs: []*vibejobs.Run{r1, r2}, Skipped: 3})
 
 	got := f.getJob(projectA, j.ID)
 	if got.NextRunAt == nil || !got.NextRunAt.Equal(T0.Add(time.Minute)) || got.SkippedRuns != 4 || got.State != vibejobs.JobActive {
@@ -221,7 +221,7 @@ func testApplyRunPlans(t *testing.T, f *fixture) {
 	// An occurrence that has its run is skipped, the rest of the plan applies.
 	dup := f.schedRun(j, T0)
 	r3 := f.schedRun(j, T0.Add(time.Minute))
-	f.apply(1, vibejobs.RunPlan{JobID: j.ID, From: T0.Add(time.Minute), Next: ptr(T0.Add(2 * time.Minute)), Runs: []*vibejobs.Run{dup, r3}, Skipped: 2})
+	f.apply(1, vibejobs.RunPlan{JobID: j.ID, Anchor: j.ScheduleAnchor, From: T0.Add(time.Minute), Next: ptr(T0.Add(2 * time.Minute)), Runs: []*vibejobs.Run{dup, r3}, Skipped: 2})
 	_, err := f.s.GetRun(f.ctx, projectA, dup.ID)
 	wantNotFound(t, "GetRun of a duplicate occurrence", err, "run")
 	got = f.getJob(projectA, j.ID)
@@ -233,13 +233,13 @@ func testApplyRunPlans(t *testing.T, f *fixture) {
 	m1 := f.job(projectA)
 	m2 := f.job(projectB)
 	f.apply(4,
-		vibejobs.RunPlan{JobID: m1.ID, From: T0, Next: ptr(T0.Add(time.Hour)), Runs: []*vibejobs.Run{f.schedRun(m1, T0), f.schedRun(m1, T0.Add(-time.Hour))}},
-		vibejobs.RunPlan{JobID: m2.ID, From: T0, Next: ptr(T0.Add(time.Hour)), Runs: []*vibejobs.Run{f.schedRun(m2, T0), f.schedRun(m2, T0.Add(-time.Hour))}},
+		vibejobs.RunPlan{JobID: m1.ID, Anchor: m1.ScheduleAnchor, From: T0, Next: ptr(T0.Add(time.Hour)), Runs: []*vibejobs.Run{f.schedRun(m1, T0), f.schedRun(m1, T0.Add(-time.Hour))}},
+		vibejobs.RunPlan{JobID: m2.ID, Anchor: m2.ScheduleAnchor, From: T0, Next: ptr(T0.Add(time.Hour)), Runs: []*vibejobs.Run{f.schedRun(m2, T0), f.schedRun(m2, T0.Add(-time.Hour))}},
 	)
 	f.apply(0)
 
 	// A plan without runs still moves the job (everything skipped).
-	f.apply(0, vibejobs.RunPlan{JobID: m1.ID, From: T0.Add(time.Hour), Next: ptr(T0.Add(2 * time.Hour)), Skipped: 1})
+	f.apply(0, vibejobs.RunPlan{JobID: m1.ID, Anchor: m1.ScheduleAnchor, From: T0.Add(time.Hour), Next: ptr(T0.Add(2 * time.Hour)), Skipped: 1})
 	if got := f.getJob(projectA, m1.ID); !got.NextRunAt.Equal(T0.Add(2*time.Hour)) || got.SkippedRuns != 1 {
 		t.Fatalf("job after a plan without runs: next %v skipped %d", got.NextRunAt, got.SkippedRuns)
 	}
@@ -254,9 +254,16 @@ func testApplyRunPlansSkipped(t *testing.T, f *fixture) {
 	f.update(func(tx vibejobs.Tx) error { return tx.DeleteJob(f.ctx, projectA, deleted.ID, T0) })
 	noNext := f.job(projectA, func(j *vibejobs.Job) { j.NextRunAt = nil })
 	ok := f.job(projectA)
+	// Its schedule changed after the plan was made, its next time did not
+	// (hourly to every three hours, at a time both have): the plan, of the
+	// old schedule, is stale.
+	rescheduled := f.job(projectA)
+	planned := *rescheduled
+	rescheduled.Schedule, rescheduled.ScheduleAnchor = "0 */3 * * *", T0.Add(-time.Second)
+	f.update(func(tx vibejobs.Tx) error { return tx.UpdateJob(f.ctx, rescheduled) })
 
 	plan := func(j *vibejobs.Job, from time.Time) vibejobs.RunPlan {
-		return vibejobs.RunPlan{JobID: j.ID, From: from, Next: ptr(T0.Add(time.Minute)), Runs: []*vibejobs.Run{f.schedRun(j, from)}, Skipped: 1}
+		return vibejobs.RunPlan{JobID: j.ID, Anchor: j.ScheduleAnchor, From: from, Next: ptr(T0.Add(time.Minute)), Runs: []*vibejobs.Run{f.schedRun(j, from)}, Skipped: 1}
 	}
 	f.apply(1,
 		plan(stale, T0.Add(-time.Minute)),
@@ -264,10 +271,11 @@ func testApplyRunPlansSkipped(t *testing.T, f *fixture) {
 		plan(paused, T0),
 		plan(deleted, T0),
 		plan(noNext, T0),
+		plan(&planned, T0),
 		plan(ok, T0),
 		vibejobs.RunPlan{JobID: "job_missing", From: T0, Next: ptr(T0.Add(time.Minute))},
 	)
-	for _, j := range []*vibejobs.Job{stale, disabled, paused, noNext} {
+	for _, j := range []*vibejobs.Job{stale, disabled, paused, noNext, rescheduled} {
 		got := f.getJob(projectA, j.ID)
 		wantEqual(t, "skipped job's NextRunAt", got.NextRunAt, j.NextRunAt)
 		if got.SkippedRuns != 0 || got.State != j.State {
@@ -288,7 +296,7 @@ func testApplyRunPlansCompletesOneOff(t *testing.T, f *fixture) {
 	f.projects()
 	o := f.job(projectA, func(j *vibejobs.Job) { j.Schedule, j.At = "", ptr(T0) })
 	r := f.schedRun(o, T0)
-	f.apply(1, vibejobs.RunPlan{JobID: o.ID, From: T0, Runs: []*vibejobs.Run{r}, Complete: true})
+	f.apply(1, vibejobs.RunPlan{JobID: o.ID, Anchor: o.ScheduleAnchor, From: T0, Runs: []*vibejobs.Run{r}, Complete: true})
 	got := f.getJob(projectA, o.ID)
 	if got.State != vibejobs.JobCompleted || got.NextRunAt != nil {
 		t.Fatalf("one-off job after its plan: state %s next %v; want completed, nil", got.State, got.NextRunAt)
@@ -296,7 +304,7 @@ func testApplyRunPlansCompletesOneOff(t *testing.T, f *fixture) {
 	if jobs, err := f.s.DueJobs(f.ctx, T0.Add(time.Hour), 10); err != nil || len(jobs) != 0 {
 		t.Fatalf("DueJobs after completion: %v, %v", jobIDs(jobs), err)
 	}
-	f.apply(0, vibejobs.RunPlan{JobID: o.ID, From: T0, Runs: []*vibejobs.Run{f.schedRun(o, T0)}, Complete: true})
+	f.apply(0, vibejobs.RunPlan{JobID: o.ID, Anchor: o.ScheduleAnchor, From: T0, Runs: []*vibejobs.Run{f.schedRun(o, T0)}, Complete: true})
 }
 
 // Eight schedulers apply overlapping plans for one job at once: each
@@ -330,7 +338,7 @@ func testApplyRunPlansConcurrent(t *testing.T, f *fixture) {
 						runs = append(runs, f.schedRun(j, at))
 					}
 				}
-				n, err := f.s.ApplyRunPlans(f.ctx, []vibejobs.RunPlan{{JobID: j.ID, From: from, Next: ptr(from.Add(time.Minute)), Runs: runs}}, T0)
+				n, err := f.s.ApplyRunPlans(f.ctx, []vibejobs.RunPlan{{JobID: j.ID, Anchor: j.ScheduleAnchor, From: from, Next: ptr(from.Add(time.Minute)), Runs: runs}}, T0)
 				if err != nil {
 					t.Errorf("ApplyRunPlans: %v", err)
 					return
@@ -383,7 +391,7 @@ func testRunDueAfterDeadlineRefused(t *testing.T, f *fixture) {
 	late := f.schedRun(j, T0.Add(time.Minute))
 	late.NextAttemptAt = ptr(late.DeadlineAt.Add(time.Millisecond))
 	created, err := f.s.ApplyRunPlans(f.ctx, []vibejobs.RunPlan{
-		{JobID: j.ID, From: *j.NextRunAt, Next: ptr(j.NextRunAt.Add(time.Hour)), Runs: []*vibejobs.Run{ok, late}},
+		{JobID: j.ID, Anchor: j.ScheduleAnchor, From: *j.NextRunAt, Next: ptr(j.NextRunAt.Add(time.Hour)), Runs: []*vibejobs.Run{ok, late}},
 	}, T0)
 	if created != 0 {
 		t.Errorf("ApplyRunPlans with a run due after its deadline created %d runs", created)
