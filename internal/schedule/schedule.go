@@ -28,11 +28,13 @@
 //     not lost; it fires once at the first instant after the gap, the transition
 //     instant itself. Several occurrences in one gap collapse into that single fire,
 //     also with an occurrence at exactly the end of the gap.
-//   - Wildcard hours/minutes get no extra runs: when the hour field or the minute
-//     field is a wildcard (its text starts with "*" or "?", such as "*" or "*/15";
-//     @hourly counts as "0 * * * *"), occurrences inside a gap are dropped instead of
-//     shifted, because such a schedule keeps firing at its regular rate right after
-//     the gap anyway.
+//   - Wildcard hours get no extra runs: a schedule that fires in every hour of the
+//     day (its hour field allows all 24, as "*" does; @hourly counts as
+//     "0 * * * *") drops the occurrences inside a gap instead of shifting them,
+//     because it keeps firing at its regular rate right after the gap anyway. Any
+//     other schedule, a wildcard minute in a fixed hour ("*/20 2 * * *") or a
+//     stepped hour ("0 */2 * * *") included, would lose its gap occurrences for
+//     good: they fire once at the gap's end.
 //
 // Under these rules the map from civil occurrence to instant is monotonic, so fire
 // times are strictly increasing, and Next(t) is exact for every t, including a t in
@@ -189,7 +191,6 @@ func parseCron(fields []string, loc *time.Location) (*cronSchedule, error) {
 		return nil, scheduleError("not a cron schedule")
 	}
 	const star = 1 << 63
-	wild := func(f string) bool { return strings.HasPrefix(f, "*") || strings.HasPrefix(f, "?") }
 	return &cronSchedule{
 		second:    spec.Second &^ star,
 		minute:    spec.Minute &^ star,
@@ -198,7 +199,7 @@ func parseCron(fields []string, loc *time.Location) (*cronSchedule, error) {
 		month:     spec.Month &^ star,
 		dow:       spec.Dow &^ star,
 		dayAnd:    spec.Dom&star != 0 || spec.Dow&star != 0,
-		dropInGap: wild(six[1]) || wild(six[2]),
+		dropInGap: spec.Hour&^star == 1<<24-1,
 		loc:       loc,
 	}, nil
 }
@@ -362,7 +363,7 @@ type cronSchedule struct {
 	// otherwise either suffices.
 	dayAnd bool
 	// dropInGap: occurrences in a spring-forward gap are dropped instead of
-	// shifted to the gap's end (hour or minute field is a wildcard).
+	// shifted to the gap's end (the schedule fires in every hour).
 	dropInGap bool
 	loc       *time.Location
 }
