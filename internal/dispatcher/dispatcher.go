@@ -303,6 +303,12 @@ func (d *Dispatcher) start(claims []*vibejobs.Claim, now, ahead time.Time) {
 		if c.Run.DeadlineAt.Before(deadline) {
 			deadline = c.Run.DeadlineAt
 		}
+		// A first attempt the claim found on time must start on time: a
+		// claim still waiting then goes back, and the next claim decides
+		// late again (a release keeps it if the attempt was ever sent).
+		if onTime := c.Run.ScheduledFor.Add(vibejobs.LateThreshold); c.Run.Attempt == 1 && !c.Run.Late && onTime.Before(deadline) {
+			deadline = onTime
+		}
 		d.acquire(host, waiter{c: c, hold: hold, deadline: deadline})
 	}
 }
@@ -330,10 +336,12 @@ type waiter struct {
 	c    *vibejobs.Claim
 	hold time.Time // as for deliver
 	// deadline is LeaseMargin/2 after the claim is due, or the run's
-	// deadline if that is earlier: a claim not started by then is released,
-	// so that the attempt of a claim that waited still ends well within its
-	// lease (its hold is at most ClaimAhead, and New keeps that under
-	// LeaseMargin/2), and no attempt starts after the run's deadline.
+	// deadline, or for a first attempt found on time the moment it would be
+	// late, if earlier: a claim not started by then is released, so that
+	// the attempt of a claim that waited still ends well within its lease
+	// (its hold is at most ClaimAhead, and New keeps that under
+	// LeaseMargin/2), no attempt starts after the run's deadline, and late
+	// says when the first attempt started.
 	deadline time.Time
 }
 

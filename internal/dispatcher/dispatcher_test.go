@@ -518,6 +518,36 @@ func TestWaitingClaimReleasedAtItsDeadline(t *testing.T) {
 	}
 }
 
+// TestWaitingFirstAttemptReleasedWhenItWouldBeLate: late says whether the
+// first attempt started more than 60 s after scheduledFor. A first attempt
+// claimed on time that waits for its host past that moment goes back, and
+// its next claim decides it late.
+func TestWaitingFirstAttemptReleasedWhenItWouldBeLate(t *testing.T) {
+	e := newEnv(t)
+	j := e.job(t, "job_a", "https://a.example/")
+	unblock := e.blockHost(j.URL)
+	now := e.clock.Now()
+	blocker := e.run(t, j, "run_blocker", now.Add(-59500*time.Millisecond))
+	victim := e.run(t, j, "run_victim", now.Add(-59*time.Second))
+	_, rc, _, _ := e.startWith(t, 1, 0)
+	if x := e.sender.next(t); x.payload["runId"] != blocker.ID {
+		t.Fatalf("first sent %v", x.payload["runId"])
+	}
+	e.waitRun(t, victim.ID, func(r *vibejobs.Run) bool { return r.State == vibejobs.RunDelivering })
+	// 61 s after the victim's scheduledFor, within LeaseMargin/2 of its claim.
+	e.clock.Add(2 * time.Second)
+	for deadline := time.Now().Add(10 * time.Second); rc.released.Load() == 0; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the waiting first attempt was not released when it would be late")
+		}
+	}
+	unblock()
+	x := e.sender.next(t)
+	if x.payload["runId"] != victim.ID || x.payload["attempt"] != 1.0 || x.payload["late"] != true {
+		t.Fatalf("sent %v attempt %v late %v; want %s attempt 1 late true", x.payload["runId"], x.payload["attempt"], x.payload["late"], victim.ID)
+	}
+}
+
 // TestShutdownReleasesWaitingClaims: at shutdown, claims still waiting for
 // their host go back to the database unsent, for another process to take,
 // and not due before their time.
