@@ -195,8 +195,10 @@ type SchedulerStore interface {
 	// At most one schedule-triggered run exists per (job, scheduledFor): a
 	// unique constraint, not a check-then-insert. It returns the runs created.
 	// A plan with a run due after its deadline is refused as a whole
-	// (EINVALID, see Run.CheckDue), before any plan is applied.
-	ApplyRunPlans(ctx context.Context, plans []RunPlan, now time.Time) (created int, err error)
+	// (EINVALID, see Run.CheckDue), before any plan is applied. It returns the
+	// runs created and the skipped occurrences of the plans it applied (one it
+	// skipped counts neither: another replica applied it, or it is stale).
+	ApplyRunPlans(ctx context.Context, plans []RunPlan, now time.Time) (created int, skipped int64, err error)
 }
 
 // Claim is a run moved to delivering under a lease, with the job's delivery

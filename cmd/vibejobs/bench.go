@@ -487,7 +487,7 @@ func planBurst(ctx context.Context, m *Main, n int, url string) (time.Time, erro
 			Runs: []*vibejobs.Run{vibejobs.NewRun(vibejobs.NewID("run_", due, rand.Reader), j, vibejobs.TriggerSchedule, due, time.Now())}})
 	}
 	for start := 0; start < len(plans); start += 2000 {
-		if _, err := m.store.ApplyRunPlans(ctx, plans[start:min(start+2000, len(plans))], time.Now()); err != nil {
+		if _, _, err := m.store.ApplyRunPlans(ctx, plans[start:min(start+2000, len(plans))], time.Now()); err != nil {
 			return time.Time{}, err
 		}
 	}

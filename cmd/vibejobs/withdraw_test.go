@@ -45,7 +45,7 @@ func TestEditOnAnotherReplicaReachesHeldClaim(t *testing.T) {
 	due := time.Now().Add(1500 * time.Millisecond).UTC().Truncate(time.Millisecond)
 	run := vibejobs.NewRun(vibejobs.NewID("run_", time.Now(), rand.Reader), job, vibejobs.TriggerSchedule, due, time.Now())
 	next := far
-	if _, err := m.store.ApplyRunPlans(ctx, []vibejobs.RunPlan{{JobID: job.ID, Anchor: job.ScheduleAnchor, From: far, Next: &next,
+	if _, _, err := m.store.ApplyRunPlans(ctx, []vibejobs.RunPlan{{JobID: job.ID, Anchor: job.ScheduleAnchor, From: far, Next: &next,
 		Runs: []*vibejobs.Run{run}}}, time.Now()); err != nil {
 		t.Fatal(err)
 	}

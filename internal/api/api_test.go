@@ -247,7 +247,7 @@ func TestOneOffJob(t *testing.T) {
 	ctx := context.Background()
 	job, _ := e.store.GetJob(ctx, e.project, id)
 	r := vibejobs.NewRun(vibejobs.NewID("run_", e.clock.Now(), nil), job, vibejobs.TriggerSchedule, *job.At, e.clock.Now())
-	if _, err := e.store.ApplyRunPlans(ctx, []vibejobs.RunPlan{{JobID: id, Anchor: job.ScheduleAnchor, From: *job.NextRunAt, Runs: []*vibejobs.Run{r}, Complete: true}}, e.clock.Now()); err != nil {
+	if _, _, err := e.store.ApplyRunPlans(ctx, []vibejobs.RunPlan{{JobID: id, Anchor: job.ScheduleAnchor, From: *job.NextRunAt, Runs: []*vibejobs.Run{r}, Complete: true}}, e.clock.Now()); err != nil {
 		t.Fatal(err)
 	}
 	checkFields(t, "completed", e.must(200, "GET", "/v1/jobs/"+id, e.admin, nil), map[string]any{"state": "completed", "nextRunAt": nil})
@@ -293,7 +293,7 @@ func TestPauseWithdrawsMaterialisedRuns(t *testing.T) {
 	job, _ := e.store.GetJob(ctx, e.project, id)
 	r := vibejobs.NewRun(vibejobs.NewID("run_", e.clock.Now(), nil), job, vibejobs.TriggerSchedule, *job.NextRunAt, e.clock.Now())
 	next := job.NextRunAt.Add(10 * time.Second)
-	if _, err := e.store.ApplyRunPlans(ctx, []vibejobs.RunPlan{{JobID: id, Anchor: job.ScheduleAnchor, From: *job.NextRunAt, Next: &next, Runs: []*vibejobs.Run{r}}}, e.clock.Now()); err != nil {
+	if _, _, err := e.store.ApplyRunPlans(ctx, []vibejobs.RunPlan{{JobID: id, Anchor: job.ScheduleAnchor, From: *job.NextRunAt, Next: &next, Runs: []*vibejobs.Run{r}}}, e.clock.Now()); err != nil {
 		t.Fatal(err)
 	}
 	if rs := e.must(200, "GET", "/v1/jobs/"+id+"/runs", e.admin, nil)["runs"].([]any); len(rs) != 1 {

@@ -28,7 +28,7 @@ func seedDueRuns(b *testing.B, s *postgres.Store, jobs []*vibejobs.Job) time.Dur
 			j.NextRunAt = &next
 		}
 		start := time.Now()
-		n, err := s.ApplyRunPlans(ctx, plans, t0)
+		n, _, err := s.ApplyRunPlans(ctx, plans, t0)
 		took += time.Since(start)
 		if err != nil || n != len(plans) {
 			b.Fatalf("ApplyRunPlans = %d, %v", n, err)

@@ -74,7 +74,7 @@ func TestFeedOrderAcrossReplicas(t *testing.T) {
 		}
 		plans = append(plans, planFor(j, ats...))
 	}
-	if n, err := stores[0].ApplyRunPlans(ctx, plans, t0); err != nil || n != 1000 {
+	if n, _, err := stores[0].ApplyRunPlans(ctx, plans, t0); err != nil || n != 1000 {
 		t.Fatalf("ApplyRunPlans = %d, %v", n, err)
 	}
 
@@ -182,7 +182,7 @@ func TestRunEventVisibleWithItsState(t *testing.T) {
 	for _, j := range jobs {
 		plans = append(plans, planFor(j, t0.Add(-3*time.Second), t0.Add(-2*time.Second), t0.Add(-time.Second)))
 	}
-	if _, err := a.ApplyRunPlans(ctx, plans, t0); err != nil {
+	if _, _, err := a.ApplyRunPlans(ctx, plans, t0); err != nil {
 		t.Fatal(err)
 	}
 	runs, _, err := a.ListRuns(ctx, prj, vibejobs.RunFilter{}, vibejobs.Page{Limit: 100})

@@ -82,7 +82,7 @@ func TestRowsLockedByCTIDAreFetchedByCTID(t *testing.T) {
 		return ps
 	}
 	for range 2 {
-		if n, err := s.ApplyRunPlans(ctx, plans(jobs), t0); err != nil || n != len(jobs) {
+		if n, _, err := s.ApplyRunPlans(ctx, plans(jobs), t0); err != nil || n != len(jobs) {
 			t.Fatalf("ApplyRunPlans = %d, %v", n, err)
 		}
 	}

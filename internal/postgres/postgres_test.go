@@ -119,12 +119,12 @@ func TestRunLifecycle(t *testing.T) {
 	late, onTime := t0.Add(-2*time.Minute), t0
 	plan := planFor(j, late, onTime)
 	plan.From = *j.NextRunAt
-	n, err := s.ApplyRunPlans(ctx, []vibejobs.RunPlan{plan}, t0)
+	n, _, err := s.ApplyRunPlans(ctx, []vibejobs.RunPlan{plan}, t0)
 	if err != nil || n != 2 {
 		t.Fatalf("ApplyRunPlans = %d, %v; want 2", n, err)
 	}
 	// The same plan again: the job moved on, nothing happens.
-	if n, err := s.ApplyRunPlans(ctx, []vibejobs.RunPlan{plan}, t0); err != nil || n != 0 {
+	if n, _, err := s.ApplyRunPlans(ctx, []vibejobs.RunPlan{plan}, t0); err != nil || n != 0 {
 		t.Fatalf("ApplyRunPlans again = %d, %v; want 0", n, err)
 	}
 	got, err := s.GetJob(ctx, prj, j.ID)
@@ -239,7 +239,7 @@ func TestReleaseClaimsKeepsNumberAndRedecidesLate(t *testing.T) {
 	s := open(t, "")
 	prj := newProject(t, s)
 	j := newJobs(t, s, prj, 1)[0]
-	if _, err := s.ApplyRunPlans(ctx, []vibejobs.RunPlan{planFor(j, t0)}, t0); err != nil {
+	if _, _, err := s.ApplyRunPlans(ctx, []vibejobs.RunPlan{planFor(j, t0)}, t0); err != nil {
 		t.Fatal(err)
 	}
 	claims, err := s.ClaimDueRuns(ctx, "a", t0, 1, time.Second)
@@ -271,7 +271,7 @@ func TestDeleteJob(t *testing.T) {
 	s := open(t, "")
 	prj := newProject(t, s)
 	j := newJobs(t, s, prj, 1)[0]
-	if _, err := s.ApplyRunPlans(ctx, []vibejobs.RunPlan{planFor(j, t0, t0.Add(time.Second))}, t0); err != nil {
+	if _, _, err := s.ApplyRunPlans(ctx, []vibejobs.RunPlan{planFor(j, t0, t0.Add(time.Second))}, t0); err != nil {
 		t.Fatal(err)
 	}
 	claims, _ := s.ClaimDueRuns(ctx, "a", t0, 1, time.Second)
@@ -375,7 +375,7 @@ func TestPagesAndErrors(t *testing.T) {
 	for _, j := range jobs {
 		plans = append(plans, planFor(j, t0))
 	}
-	if n, err := s.ApplyRunPlans(ctx, plans, t0); err != nil || n != 5 {
+	if n, _, err := s.ApplyRunPlans(ctx, plans, t0); err != nil || n != 5 {
 		t.Fatalf("ApplyRunPlans = %d %v", n, err)
 	}
 	runs, next, err := s.ListRuns(ctx, prj, vibejobs.RunFilter{State: vibejobs.RunScheduled}, vibejobs.Page{Limit: 3})
@@ -601,7 +601,7 @@ func TestClaimExclusive(t *testing.T) {
 		}
 		plans = append(plans, planFor(j, ats...))
 	}
-	if n, err := a.ApplyRunPlans(ctx, plans, t0); err != nil || n != 3000 {
+	if n, _, err := a.ApplyRunPlans(ctx, plans, t0); err != nil || n != 3000 {
 		t.Fatalf("ApplyRunPlans = %d %v", n, err)
 	}
 	var (
@@ -668,7 +668,7 @@ func TestApplyRunPlansConcurrent(t *testing.T) {
 				for _, j := range due {
 					plans = append(plans, planFor(j, *j.NextRunAt))
 				}
-				n, err := s.ApplyRunPlans(ctx, plans, t0)
+				n, _, err := s.ApplyRunPlans(ctx, plans, t0)
 				if err != nil {
 					t.Error(err)
 					return
@@ -692,12 +692,12 @@ func TestApplyRunPlansConcurrent(t *testing.T) {
 	// occurrence: rewind a job and apply its plan again.
 	j := jobFor(prj)
 	mustUpdate(t, stores[0], func(tx vibejobs.Tx) error { return tx.CreateJob(ctx, j) })
-	if n, _ := stores[0].ApplyRunPlans(ctx, []vibejobs.RunPlan{planFor(j, t0)}, t0); n != 1 {
+	if n, _, _ := stores[0].ApplyRunPlans(ctx, []vibejobs.RunPlan{planFor(j, t0)}, t0); n != 1 {
 		t.Fatalf("first plan created %d", n)
 	}
 	mustUpdate(t, stores[0], func(tx vibejobs.Tx) error { return tx.UpdateJob(ctx, j) }) // NextRunAt back to t0
 	p := planFor(j, t0, t0.Add(time.Second))
-	if n, err := stores[1].ApplyRunPlans(ctx, []vibejobs.RunPlan{p}, t0); err != nil || n != 1 {
+	if n, _, err := stores[1].ApplyRunPlans(ctx, []vibejobs.RunPlan{p}, t0); err != nil || n != 1 {
 		t.Fatalf("rewound plan created %d, %v; want 1 (the existing occurrence skipped)", n, err)
 	}
 	err = stores[0].Update(ctx, func(tx vibejobs.Tx) error {
@@ -785,12 +785,12 @@ func TestWakeups(t *testing.T) {
 	listener := waitListening(t, a, schema)
 	nothingOn(t, wake, "idle")
 
-	if _, err := b.ApplyRunPlans(ctx, []vibejobs.RunPlan{planFor(j, t0)}, t0); err != nil {
+	if _, _, err := b.ApplyRunPlans(ctx, []vibejobs.RunPlan{planFor(j, t0)}, t0); err != nil {
 		t.Fatal(err)
 	}
 	waitSignal(t, wake, "after ApplyRunPlans on another replica")
 
-	if _, err := other.ApplyRunPlans(ctx, []vibejobs.RunPlan{planFor(oj, t0)}, t0); err != nil {
+	if _, _, err := other.ApplyRunPlans(ctx, []vibejobs.RunPlan{planFor(oj, t0)}, t0); err != nil {
 		t.Fatal(err)
 	}
 	nothingOn(t, wake, "runs created in another schema")
@@ -981,7 +981,7 @@ func TestJobEditLocksOutTheScheduler(t *testing.T) {
 	step := func() int {
 		p := planFor(j, *j.NextRunAt)
 		p.Skipped = 10
-		n, err := b.ApplyRunPlans(ctx, []vibejobs.RunPlan{p}, t0)
+		n, _, err := b.ApplyRunPlans(ctx, []vibejobs.RunPlan{p}, t0)
 		if err != nil {
 			t.Fatalf("ApplyRunPlans: %v", err)
 		}
@@ -1059,7 +1059,7 @@ func TestDeleteJobRacesTheRunInFlight(t *testing.T) {
 			a, b := open(t, schema), open(t, schema)
 			prj := newProject(t, a)
 			j := newJobs(t, a, prj, 1)[0]
-			if _, err := a.ApplyRunPlans(ctx, []vibejobs.RunPlan{planFor(j, t0)}, t0); err != nil {
+			if _, _, err := a.ApplyRunPlans(ctx, []vibejobs.RunPlan{planFor(j, t0)}, t0); err != nil {
 				t.Fatal(err)
 			}
 			claims, err := a.ClaimDueRuns(ctx, "a", t0, 1, time.Second)
@@ -1133,7 +1133,7 @@ func TestDeleteJobRacesMaterialisation(t *testing.T) {
 			}
 		})
 		wg.Go(func() {
-			if _, err := b.ApplyRunPlans(ctx, []vibejobs.RunPlan{planFor(j, t0, t0.Add(time.Second))}, t0); err != nil {
+			if _, _, err := b.ApplyRunPlans(ctx, []vibejobs.RunPlan{planFor(j, t0, t0.Add(time.Second))}, t0); err != nil {
 				t.Error(err)
 			}
 		})

@@ -72,7 +72,7 @@ var applyPlansSQL = `WITH plan AS (
 		state = CASE WHEN locked.complete THEN 'completed' ELSE j.state END
 	FROM locked
 	WHERE j.ctid = locked.tid AND j.ctid = ANY(ARRAY(SELECT tid FROM locked))
-	RETURNING j.id
+	RETURNING j.id, locked.skipped
 ), created AS (
 	INSERT INTO runs (id, job_id, project_id, trigger, scheduled_for, occurrence_at, deadline_at, state,
 		next_attempt_at, created_at)
@@ -86,16 +86,17 @@ var applyPlansSQL = `WITH plan AS (
 	ON CONFLICT (job_id, scheduled_for, occurrence_at) DO NOTHING
 	RETURNING id, state, next_attempt_at, deadline_at
 )` + enqueueSQL("created") + `
-SELECT count(*), CASE WHEN count(*) > 0 THEN pg_notify($15, $16) END FROM created`
+SELECT c.n, (SELECT COALESCE(sum(skipped), 0)::bigint FROM advanced), CASE WHEN c.n > 0 THEN pg_notify($15, $16) END
+FROM (SELECT count(*) AS n FROM created) c`
 
 // ApplyRunPlans applies plans in one transaction and returns the runs
 // created. Each plan applies only while its job still has NextRunAt = From
 // and is active, enabled and live, and not while another transaction holds the job
 // (see applyPlansSQL); at most one schedule-triggered run exists per (job,
 // scheduledFor), enforced by a unique constraint.
-func (s *Store) ApplyRunPlans(ctx context.Context, plans []vibejobs.RunPlan, now time.Time) (int, error) {
+func (s *Store) ApplyRunPlans(ctx context.Context, plans []vibejobs.RunPlan, now time.Time) (int, int64, error) {
 	if err := vibejobs.CheckPlans(plans); err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	// One statement takes each job at most once (an UPDATE … FROM changes a
 	// row once however many plan rows match), so plans for a job already in
@@ -103,34 +104,44 @@ func (s *Store) ApplyRunPlans(ctx context.Context, plans []vibejobs.RunPlan, now
 	batches := splitByKey(plans, func(p vibejobs.RunPlan) string { return p.JobID })
 	switch len(batches) {
 	case 0:
-		return 0, nil
+		return 0, 0, nil
 	case 1:
 		return s.applyPlans(ctx, s.pool, batches[0])
 	}
-	created := 0
+	var (
+		created int
+		skipped int64
+	)
 	err := pgx.BeginTxFunc(ctx, s.pool, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, func(tx pgx.Tx) error {
+		created, skipped = 0, 0
 		for _, b := range batches {
-			n, err := s.applyPlans(ctx, tx, b)
+			n, sk, err := s.applyPlans(ctx, tx, b)
 			if err != nil {
 				return err
 			}
 			created += n
+			skipped += sk
 		}
 		return nil
 	})
 	if err != nil {
-		return 0, mapError(err, "applying run plans")
+		return 0, 0, mapError(err, "applying run plans")
 	}
-	return created, nil
+	return created, skipped, nil
 }
 
-func (s *Store) applyPlans(ctx context.Context, q querier, plans []vibejobs.RunPlan) (int, error) {
-	var created int
-	err := q.QueryRow(ctx, applyPlansSQL, s.applyPlansArgs(plans)...).Scan(&created, nil)
+// applyPlans applies plans of distinct jobs in one statement; it returns
+// the runs created and the skipped occurrences of the plans applied.
+func (s *Store) applyPlans(ctx context.Context, q querier, plans []vibejobs.RunPlan) (int, int64, error) {
+	var (
+		created int
+		skipped int64
+	)
+	err := q.QueryRow(ctx, applyPlansSQL, s.applyPlansArgs(plans)...).Scan(&created, &skipped, nil)
 	if err != nil {
-		return 0, mapError(err, "applying run plans")
+		return 0, 0, mapError(err, "applying run plans")
 	}
-	return created, nil
+	return created, skipped, nil
 }
 
 // applyPlansArgs are the arguments of applyPlansSQL for plans.

@@ -130,7 +130,6 @@ func (s *Scheduler) runOnce(ctx context.Context) (created int, full bool, err er
 		return 0, false, nil
 	}
 	plans := make([]vibejobs.RunPlan, 0, len(jobs))
-	var skipped int64
 	for _, j := range jobs {
 		sch, err := JobSchedule(j)
 		if err != nil {
@@ -142,10 +141,11 @@ func (s *Scheduler) runOnce(ctx context.Context) (created int, full bool, err er
 		p := Plan(j, sch, now, s.cfg.Lookahead, s.cfg.CatchUpGrace, func(at time.Time) string {
 			return vibejobs.NewID("run_", now, s.cfg.Rand)
 		})
-		skipped += p.Skipped
 		plans = append(plans, p)
 	}
-	created, err = s.cfg.Store.ApplyRunPlans(ctx, plans, now)
+	// Skipped occurrences are counted only for the plans applied: a plan
+	// another replica applied first was counted there.
+	created, skipped, err := s.cfg.Store.ApplyRunPlans(ctx, plans, now)
 	if err != nil {
 		return 0, false, fmt.Errorf("applying run plans: %w", err)
 	}

@@ -67,7 +67,7 @@ func seedBurst(b *testing.B, s *sqlite.Store, jobs, chunk int, now time.Time) ti
 	created := 0
 	for len(plans) > 0 {
 		k := min(chunk, len(plans))
-		n, err := s.ApplyRunPlans(ctx, plans[:k], now)
+		n, _, err := s.ApplyRunPlans(ctx, plans[:k], now)
 		if err != nil {
 			b.Fatal(err)
 		}

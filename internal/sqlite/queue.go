@@ -47,12 +47,12 @@ func (s *Store) DueJobs(ctx context.Context, before time.Time, limit int) ([]*vi
 // advances the jobs, one INSERT adds the runs of those that advanced. A job
 // with several plans in one call gets one per round, in order, so each plan
 // sees the job as the previous one left it.
-func (s *Store) ApplyRunPlans(ctx context.Context, plans []vibejobs.RunPlan, now time.Time) (int, error) {
+func (s *Store) ApplyRunPlans(ctx context.Context, plans []vibejobs.RunPlan, now time.Time) (int, int64, error) {
 	if len(plans) == 0 {
-		return 0, nil
+		return 0, 0, nil
 	}
 	if err := vibejobs.CheckPlans(plans); err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	var rounds [][]*vibejobs.RunPlan
 	round := make(map[string]int, len(plans))
@@ -65,64 +65,73 @@ func (s *Store) ApplyRunPlans(ctx context.Context, plans []vibejobs.RunPlan, now
 		}
 		rounds[r] = append(rounds[r], p)
 	}
-	created := 0
+	var (
+		created int
+		skipped int64
+	)
 	err := s.write(ctx, func(t wtx) error {
-		created = 0
+		created, skipped = 0, 0
 		for _, ps := range rounds {
-			n, err := applyRound(ctx, t, ps)
+			n, sk, err := applyRound(ctx, t, ps)
 			if err != nil {
 				return err
 			}
 			created += n
+			skipped += sk
 		}
 		return nil
 	})
 	if err != nil {
-		return 0, fmt.Errorf("applying run plans: %w", err)
+		return 0, 0, fmt.Errorf("applying run plans: %w", err)
 	}
-	return created, nil
+	return created, skipped, nil
 }
 
-// applyRound applies plans of distinct jobs.
-func applyRound(ctx context.Context, t wtx, plans []*vibejobs.RunPlan) (int, error) {
+// applyRound applies plans of distinct jobs; it returns the runs created and
+// the skipped occurrences of the plans applied.
+func applyRound(ctx context.Context, t wtx, plans []*vibejobs.RunPlan) (int, int64, error) {
 	advance := make([][6]any, len(plans))
 	for i, p := range plans {
 		advance[i] = [6]any{p.JobID, msPtr(p.Next), p.Skipped, p.Complete, ms(p.From), ms(p.Anchor)}
 	}
 	rows, err := t.QueryContext(ctx, applyAdvanceSQL, jsonArray(advance))
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	advanced := make(map[string]bool, len(plans))
 	for rows.Next() {
 		var id string
 		if err := rows.Scan(&id); err != nil {
 			rows.Close()
-			return 0, err
+			return 0, 0, err
 		}
 		advanced[id] = true
 	}
 	rows.Close()
 	if err := rows.Err(); err != nil {
-		return 0, err
+		return 0, 0, err
 	}
-	var runs [][14]any
+	var (
+		runs    [][14]any
+		skipped int64
+	)
 	for _, p := range plans {
 		if !advanced[p.JobID] {
 			continue // the job moved on, was paused or deleted
 		}
+		skipped += p.Skipped
 		for _, r := range p.Runs {
 			runs = append(runs, [14]any(insertRunArgs(r)))
 		}
 	}
 	if len(runs) == 0 {
-		return 0, nil
+		return 0, skipped, nil
 	}
 	n, err := changed(t.ExecContext(ctx, applyInsertSQL, jsonArray(runs)))
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
-	return int(n), nil
+	return int(n), skipped, nil
 }
 
 // ClaimDueRuns claims the earliest due runs for owner and returns them in

@@ -400,7 +400,7 @@ func testDeleteFutureRuns(t *testing.T, f *fixture) {
 	future2 := sched(j, T0.Add(2*time.Minute), T0.Add(2*time.Minute))
 	started := sched(j, T0.Add(3*time.Minute), T0.Add(-5*time.Hour)) // due early so it can be claimed alone
 	otherJob := sched(k, T0.Add(time.Minute), T0.Add(time.Minute))
-	created, err := f.s.ApplyRunPlans(f.ctx, []vibejobs.RunPlan{
+	created, _, err := f.s.ApplyRunPlans(f.ctx, []vibejobs.RunPlan{
 		{JobID: j.ID, Anchor: j.ScheduleAnchor, From: T0, Next: ptr(T0.Add(4 * time.Minute)), Runs: []*vibejobs.Run{atCut, future1, future2, started}},
 		{JobID: k.ID, Anchor: k.ScheduleAnchor, From: T0, Next: ptr(T0.Add(4 * time.Minute)), Runs: []*vibejobs.Run{otherJob}},
 	}, T0)
@@ -430,7 +430,7 @@ func testDeleteFutureRuns(t *testing.T, f *fixture) {
 
 	// The withdrawn occurrence can be planned again.
 	again := sched(j, T0.Add(time.Minute), T0.Add(time.Minute))
-	created, err = f.s.ApplyRunPlans(f.ctx, []vibejobs.RunPlan{
+	created, _, err = f.s.ApplyRunPlans(f.ctx, []vibejobs.RunPlan{
 		{JobID: j.ID, Anchor: j.ScheduleAnchor, From: T0.Add(4 * time.Minute), Next: ptr(T0.Add(5 * time.Minute)), Runs: []*vibejobs.Run{again}},
 	}, T0)
 	if err != nil || created != 1 {

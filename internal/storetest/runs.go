@@ -31,7 +31,7 @@ func testManualRunsNeverMerged(t *testing.T, f *fixture) {
 	m1 := f.run(j, T0)
 	m2 := f.run(j, T0)
 	sched := vibejobs.NewRun(f.id("run_"), j, vibejobs.TriggerSchedule, T0, T0)
-	created, err := f.s.ApplyRunPlans(f.ctx, []vibejobs.RunPlan{
+	created, _, err := f.s.ApplyRunPlans(f.ctx, []vibejobs.RunPlan{
 		{JobID: j.ID, Anchor: j.ScheduleAnchor, From: T0, Next: ptr(T0.Add(time.Minute)), Runs: []*vibejobs.Run{sched}},
 	}, T0)
 	if err != nil || created != 1 {
@@ -192,22 +192,27 @@ func (f *fixture) schedRun(j *vibejobs.Job, at time.Time) *vibejobs.Run {
 	return vibejobs.NewRun(f.id("run_"), j, vibejobs.TriggerSchedule, at, T0.Add(-time.Minute))
 }
 
-func (f *fixture) apply(want int, plans ...vibejobs.RunPlan) {
+// apply applies plans, wants want runs created, and returns the skipped
+// occurrences ApplyRunPlans reports.
+func (f *fixture) apply(want int, plans ...vibejobs.RunPlan) (skipped int64) {
 	f.t.Helper()
-	n, err := f.s.ApplyRunPlans(f.ctx, plans, T0)
+	n, skipped, err := f.s.ApplyRunPlans(f.ctx, plans, T0)
 	if err != nil {
 		f.t.Fatalf("ApplyRunPlans: %v", err)
 	}
 	if n != want {
 		f.t.Fatalf("ApplyRunPlans created %d runs, want %d", n, want)
 	}
+	return skipped
 }
 
 func testApplyRunPlans(t *testing.T, f *fixture) {
 	f.projects()
 	j := f.job(projectA, func(j *vibejobs.Job) { j.SkippedRuns = 1 })
 	r1, r2 := f.schedRun(j, T0.Add(-time.Minute)), f.schedRun(j, T0)
-	f.apply(2, vibejobs.RunPlan{JobID: j.ID, Anchor: j.ScheduleAnchor, From: T0, Next: ptr(T0.Add(time.Minute)), Runs: []*vibejobs.Run{r1, r2}, Skipped: 3})
+	if sk := f.apply(2, vibejobs.RunPlan{JobID: j.ID, Anchor: j.ScheduleAnchor, From: T0, Next: ptr(T0.Add(time.Minute)), Runs: []*vibejobs.Run{r1, r2}, Skipped: 3}); sk != 3 {
+		t.Errorf("ApplyRunPlans reported %d skipped occurrences, want 3", sk)
+	}
 
 	got := f.getJob(projectA, j.ID)
 	if got.NextRunAt == nil || !got.NextRunAt.Equal(T0.Add(time.Minute)) || got.SkippedRuns != 4 || got.State != vibejobs.JobActive {
@@ -265,7 +270,8 @@ func testApplyRunPlansSkipped(t *testing.T, f *fixture) {
 	plan := func(j *vibejobs.Job, from time.Time) vibejobs.RunPlan {
 		return vibejobs.RunPlan{JobID: j.ID, Anchor: j.ScheduleAnchor, From: from, Next: ptr(T0.Add(time.Minute)), Runs: []*vibejobs.Run{f.schedRun(j, from)}, Skipped: 1}
 	}
-	f.apply(1,
+	// Each plan skips one occurrence; only ok's counts.
+	skipped := f.apply(1,
 		plan(stale, T0.Add(-time.Minute)),
 		plan(disabled, T0),
 		plan(paused, T0),
@@ -275,6 +281,9 @@ func testApplyRunPlansSkipped(t *testing.T, f *fixture) {
 		plan(ok, T0),
 		vibejobs.RunPlan{JobID: "job_missing", From: T0, Next: ptr(T0.Add(time.Minute))},
 	)
+	if skipped != 1 {
+		t.Errorf("ApplyRunPlans reported %d skipped occurrences, want 1 (of the one plan applied)", skipped)
+	}
 	for _, j := range []*vibejobs.Job{stale, disabled, paused, noNext, rescheduled} {
 		got := f.getJob(projectA, j.ID)
 		wantEqual(t, "skipped job's NextRunAt", got.NextRunAt, j.NextRunAt)
@@ -338,7 +347,7 @@ func testApplyRunPlansConcurrent(t *testing.T, f *fixture) {
 						runs = append(runs, f.schedRun(j, at))
 					}
 				}
-				n, err := f.s.ApplyRunPlans(f.ctx, []vibejobs.RunPlan{{JobID: j.ID, Anchor: j.ScheduleAnchor, From: from, Next: ptr(from.Add(time.Minute)), Runs: runs}}, T0)
+				n, _, err := f.s.ApplyRunPlans(f.ctx, []vibejobs.RunPlan{{JobID: j.ID, Anchor: j.ScheduleAnchor, From: from, Next: ptr(from.Add(time.Minute)), Runs: runs}}, T0)
 				if err != nil {
 					t.Errorf("ApplyRunPlans: %v", err)
 					return
@@ -390,7 +399,7 @@ func testRunDueAfterDeadlineRefused(t *testing.T, f *fixture) {
 	ok := f.schedRun(j, T0)
 	late := f.schedRun(j, T0.Add(time.Minute))
 	late.NextAttemptAt = ptr(late.DeadlineAt.Add(time.Millisecond))
-	created, err := f.s.ApplyRunPlans(f.ctx, []vibejobs.RunPlan{
+	created, _, err := f.s.ApplyRunPlans(f.ctx, []vibejobs.RunPlan{
 		{JobID: j.ID, Anchor: j.ScheduleAnchor, From: *j.NextRunAt, Next: ptr(j.NextRunAt.Add(time.Hour)), Runs: []*vibejobs.Run{ok, late}},
 	}, T0)
 	if created != 0 {
