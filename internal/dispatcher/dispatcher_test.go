@@ -93,6 +93,17 @@ type env struct {
 	unblocks []func()
 }
 
+// wantNothingSent fails if an attempt was sent, with what and the
+// attempt's run id.
+func (e *env) wantNothingSent(t *testing.T, what string) {
+	t.Helper()
+	select {
+	case x := <-e.sender.got:
+		t.Fatalf("%s: sent %v attempt %v", what, x.payload["runId"], x.payload["attempt"])
+	default:
+	}
+}
+
 // blockHost makes attempts to url wait until the returned func is called
 // (more calls do nothing).
 func (e *env) blockHost(url string) (unblock func()) {
@@ -200,11 +211,7 @@ func TestDeliversSignedRequestAndRetries(t *testing.T) {
 	if got.NextAttemptAt == nil || !got.NextAttemptAt.Equal(e.clock.Now().Add(30*time.Second)) {
 		t.Fatalf("next attempt at %v", got.NextAttemptAt)
 	}
-	select {
-	case x := <-e.sender.got:
-		t.Fatalf("retried before its time: %v", x.payload)
-	default:
-	}
+	e.wantNothingSent(t, "retried before its time")
 	e.clock.Add(30 * time.Second)
 	x = e.sender.next(t)
 	if x.payload["attempt"] != 2.0 || x.payload["late"] != true {
@@ -349,6 +356,16 @@ func (r *releaseCounter) waitPolls(t *testing.T, n int64) {
 	}
 }
 
+// waitReleased waits until a claim was released, or fails with msg.
+func (r *releaseCounter) waitReleased(t *testing.T, msg string) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); r.released.Load() == 0; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal(msg)
+		}
+	}
+}
+
 func (r *releaseCounter) ReleaseClaims(ctx context.Context, owner string, runIDs []string, now time.Time) error {
 	r.released.Add(int64(len(runIDs)))
 	return r.DispatchStore.ReleaseClaims(ctx, owner, runIDs, now)
@@ -397,11 +414,7 @@ func TestFullHostClaimsWaitForASlot(t *testing.T) {
 	for _, r := range runs {
 		e.waitRun(t, r.ID, func(r *vibejobs.Run) bool { return r.State == vibejobs.RunDelivering })
 	}
-	select {
-	case x := <-e.sender.got:
-		t.Fatalf("a third attempt started while the host was full: %v", x.payload)
-	default:
-	}
+	e.wantNothingSent(t, "a third attempt started while the host was full")
 	unblock()
 	for i := 0; i < 3; i++ {
 		if x := e.sender.next(t); x.payload["attempt"] != 1.0 {
@@ -433,11 +446,7 @@ func TestPerHostCountsEverySpellingOfAHost(t *testing.T) {
 	rb := e.run(t, b, "run_b", e.clock.Now())
 	e.waitRun(t, rb.ID, func(r *vibejobs.Run) bool { return r.State == vibejobs.RunDelivering })
 	rc.waitPolls(t, 2)
-	select {
-	case x := <-e.sender.got:
-		t.Fatalf("%v sent while another spelling of its host held the only slot", x.payload["runId"])
-	default:
-	}
+	e.wantNothingSent(t, "while another spelling of its host held the only slot")
 	unblock()
 	if x := e.sender.next(t); x.payload["runId"] != rb.ID {
 		t.Fatalf("after the slot freed, sent %v", x.payload["runId"])
@@ -468,11 +477,7 @@ func TestWaitingClaimReleasedHalfTheLeaseMarginAfterItsTime(t *testing.T) {
 	e.clock.Add(100 * time.Millisecond)
 	// Released, it is claimed again at once and waits anew: the host is
 	// still full.
-	for deadline := time.Now().Add(10 * time.Second); rc.released.Load() == 0; time.Sleep(time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatal("the waiting claim was not released")
-		}
-	}
+	rc.waitReleased(t, "the waiting claim was not released")
 	unblock()
 	if x := e.sender.next(t); x.payload["runId"] != second.ID || x.payload["attempt"] != 1.0 {
 		t.Fatalf("after the release sent %v", x.payload)
@@ -499,19 +504,11 @@ func TestWaitingClaimReleasedAtItsDeadline(t *testing.T) {
 	e.waitRun(t, victim.ID, func(r *vibejobs.Run) bool { return r.State == vibejobs.RunDelivering })
 	// Past the victim's deadline, within LeaseMargin/2 of its due time.
 	e.clock.Add(time.Second + time.Millisecond)
-	for deadline := time.Now().Add(10 * time.Second); rc.released.Load() == 0; time.Sleep(time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatal("the claim waiting past its deadline was not released")
-		}
-	}
+	rc.waitReleased(t, "the claim waiting past its deadline was not released")
 	unblock()
 	e.waitRun(t, blocker.ID, func(r *vibejobs.Run) bool { return r.State == vibejobs.RunSucceeded })
 	rc.waitPolls(t, 2)
-	select {
-	case x := <-e.sender.got:
-		t.Fatalf("sent %v after its deadline", x.payload["runId"])
-	default:
-	}
+	e.wantNothingSent(t, "after its deadline")
 	got := e.waitRun(t, victim.ID, func(r *vibejobs.Run) bool { return r.State == vibejobs.RunScheduled })
 	if len(got.Attempts) != 0 {
 		t.Errorf("attempts of the run released at its deadline: %+v", got.Attempts)
@@ -536,11 +533,7 @@ func TestWaitingFirstAttemptReleasedWhenItWouldBeLate(t *testing.T) {
 	e.waitRun(t, victim.ID, func(r *vibejobs.Run) bool { return r.State == vibejobs.RunDelivering })
 	// 61 s after the victim's scheduledFor, within LeaseMargin/2 of its claim.
 	e.clock.Add(2 * time.Second)
-	for deadline := time.Now().Add(10 * time.Second); rc.released.Load() == 0; time.Sleep(time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatal("the waiting first attempt was not released when it would be late")
-		}
-	}
+	rc.waitReleased(t, "the waiting first attempt was not released when it would be late")
 	unblock()
 	x := e.sender.next(t)
 	if x.payload["runId"] != victim.ID || x.payload["attempt"] != 1.0 || x.payload["late"] != true {
@@ -568,11 +561,7 @@ func TestShutdownReleasesWaitingClaims(t *testing.T) {
 	if sentFirst.payload["runId"] != first.ID {
 		t.Fatalf("sent %v first", sentFirst.payload["runId"])
 	}
-	select {
-	case x := <-e.sender.got:
-		t.Fatalf("sent %v after shutdown began", x.payload["runId"])
-	default:
-	}
+	e.wantNothingSent(t, "after shutdown began")
 	e.waitRun(t, first.ID, func(r *vibejobs.Run) bool { return r.State == vibejobs.RunSucceeded })
 	got := e.waitRun(t, second.ID, func(*vibejobs.Run) bool { return true })
 	if got.State != vibejobs.RunScheduled || len(got.Attempts) != 0 {
@@ -649,11 +638,7 @@ func TestWithdrawAllReleasesWaitingClaims(t *testing.T) {
 	e.sender.next(t)
 	e.waitRun(t, second.ID, func(r *vibejobs.Run) bool { return r.State == vibejobs.RunDelivering })
 	d.WithdrawAll()
-	for deadline := time.Now().Add(10 * time.Second); rc.released.Load() == 0; time.Sleep(time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatal("the waiting claim was not released")
-		}
-	}
+	rc.waitReleased(t, "the waiting claim was not released")
 	unblock()
 	for _, r := range []*vibejobs.Run{first, second} {
 		e.waitRun(t, r.ID, func(r *vibejobs.Run) bool { return r.State == vibejobs.RunSucceeded })
