@@ -29,15 +29,16 @@ func (s *Store) DueJobs(ctx context.Context, before time.Time, limit int) ([]*vi
 
 // applyPlansSQL applies a batch of plans in one statement. A job advances
 // only while it still has the plan's From and Anchor, is active, enabled
-// and not deleted. Its row is locked with SKIP LOCKED: a job another replica is
-// advancing right now is skipped rather than waited for (that plan is stale
-// once the other commits, and if it rolls back the next scan plans the job
-// again), so replicas applying overlapping batches neither wait nor
-// deadlock. Runs are inserted only for the jobs that advanced, and the
-// unique (job_id, scheduled_for, occurrence_at) skips an occurrence that
-// already has its run (occurrence_at is scheduled_for for a
-// schedule-triggered run; see migration 00007). The NOTIFY
-// goes out at commit when runs were created.
+// and not deleted. Its row is locked with SKIP LOCKED: a job another
+// replica is advancing right now is skipped rather than waited for (that
+// plan is stale once the other commits, and if it rolls back the next scan
+// plans the job again), so replicas applying overlapping batches neither
+// wait nor deadlock. Runs are inserted only for the jobs that advanced, and
+// the unique (job_id, scheduled_for, occurrence_at) skips an occurrence
+// that already has its run (occurrence_at is scheduled_for for a
+// schedule-triggered run; see migration 00007). It returns the runs
+// created and the skipped occurrences of the jobs that advanced. The
+// NOTIFY goes out at commit when runs were created.
 //
 // Rows are reached by primary-key probes from the plan array (a LATERAL
 // subquery with a locking clause is never flattened) and updated by the
@@ -90,9 +91,10 @@ SELECT c.n, (SELECT COALESCE(sum(skipped), 0)::bigint FROM advanced), CASE WHEN 
 FROM (SELECT count(*) AS n FROM created) c`
 
 // ApplyRunPlans applies plans in one transaction and returns the runs
-// created. Each plan applies only while its job still has NextRunAt = From
-// and is active, enabled and live, and not while another transaction holds the job
-// (see applyPlansSQL); at most one schedule-triggered run exists per (job,
+// created and the skipped occurrences of the plans applied. Each plan
+// applies only while its job still has NextRunAt = From and ScheduleAnchor
+// = Anchor and is active, enabled and live, and not while another
+// transaction holds the job (see applyPlansSQL); at most one schedule-triggered run exists per (job,
 // scheduledFor), enforced by a unique constraint.
 func (s *Store) ApplyRunPlans(ctx context.Context, plans []vibejobs.RunPlan, now time.Time) (int, int64, error) {
 	if err := vibejobs.CheckPlans(plans); err != nil {
@@ -361,9 +363,9 @@ func (s *Store) NextDueAt(ctx context.Context) (time.Time, bool, error) {
 // its attempt is inserted, only while it is still delivering under the
 // lease of the outcome's claim (owner, attempt number, claim time); any
 // other outcome lost its lease and is dropped with its attempt, even when
-// the same owner claimed the run again since. A retrying step of a deleted job's run becomes
-// cancelled (job_deleted), and one due after the run's deadline failed
-// (deadline_exceeded). Every run moved gets its event, in outcome order,
+// the same owner claimed the run again since. A retrying step of a deleted
+// job's run becomes cancelled (job_deleted), and one due after the run's
+// deadline failed (deadline_exceeded). Every run moved gets its event, in outcome order,
 // with one take of each project's feed counter for the whole batch.
 var recordSQL = `WITH o AS (
 	SELECT * FROM unnest($2::text[], $3::integer[], $4::timestamptz[], $5::timestamptz[], $6::integer[],

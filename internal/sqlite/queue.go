@@ -39,9 +39,10 @@ func (s *Store) DueJobs(ctx context.Context, before time.Time, limit int) ([]*vi
 }
 
 // ApplyRunPlans applies all plans in one transaction. A plan advances its job
-// only while the job is enabled, active, undeleted and still at plan.From; its
-// runs are inserted only then, each skipped when its (job, scheduledFor)
-// exists.
+// only while the job is enabled, active, undeleted and still at plan.From and
+// plan.Anchor; its runs are inserted only then, each skipped when its (job,
+// scheduledFor) exists. It returns the runs created and the skipped
+// occurrences of the plans applied.
 //
 // The plans go to the database as JSON, a statement per round: one UPDATE
 // advances the jobs, one INSERT adds the runs of those that advanced. A job
