@@ -305,8 +305,11 @@ func (d *Dispatcher) start(claims []*vibejobs.Claim, now, ahead time.Time) {
 		}
 		// A first attempt the claim found on time must start on time: a
 		// claim still waiting then goes back, and the next claim decides
-		// late again (a release keeps it if the attempt was ever sent).
-		if onTime := c.Run.ScheduledFor.Add(vibejobs.LateThreshold); c.Run.Attempt == 1 && !c.Run.Late && onTime.Before(deadline) {
+		// late again (a release keeps it if the attempt was ever sent). A
+		// claim made after that moment found late decided before; it waits
+		// as any other.
+		onTime := c.Run.ScheduledFor.Add(vibejobs.LateThreshold)
+		if c.Run.Attempt == 1 && !c.Run.Late && now.Before(onTime) && onTime.Before(deadline) {
 			deadline = onTime
 		}
 		d.acquire(host, waiter{c: c, hold: hold, deadline: deadline})

@@ -541,6 +541,40 @@ func TestWaitingFirstAttemptReleasedWhenItWouldBeLate(t *testing.T) {
 	}
 }
 
+// TestWaitingRedeliveryOfAnOnTimeFirstAttemptWaits: a first attempt sent on
+// time and interrupted keeps late=false; its redelivery, claimed more than
+// 60 s after scheduledFor, waits for its host like any claim instead of
+// going back at once (and being claimed again, over and over).
+func TestWaitingRedeliveryOfAnOnTimeFirstAttemptWaits(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	j := e.job(t, "job_a", "https://a.example/")
+	unblock := e.blockHost(j.URL)
+	now := e.clock.Now()
+	victim := e.run(t, j, "run_victim", now.Add(-2*time.Minute))
+	// Sent on time by a process that died: late stays false.
+	if cs, err := e.store.ClaimDueRuns(ctx, "dead", victim.ScheduledFor.Add(10*time.Second), 1, time.Second); err != nil || len(cs) != 1 || cs[0].Run.Late {
+		t.Fatalf("first claim: %v, %v", cs, err)
+	}
+	if n, err := e.store.RecoverExpiredLeases(ctx, now.Add(-time.Second), 10); err != nil || n != 1 {
+		t.Fatalf("RecoverExpiredLeases = %d, %v", n, err)
+	}
+	blocker := e.run(t, j, "run_blocker", now.Add(-3*time.Minute))
+	_, rc, _, _ := e.startWith(t, 1, 0)
+	if x := e.sender.next(t); x.payload["runId"] != blocker.ID {
+		t.Fatalf("first sent %v", x.payload["runId"])
+	}
+	e.waitRun(t, victim.ID, func(r *vibejobs.Run) bool { return r.State == vibejobs.RunDelivering })
+	rc.waitPolls(t, 3)
+	if n := rc.released.Load(); n != 0 {
+		t.Fatalf("%d claims released while within LeaseMargin/2 of their claim", n)
+	}
+	unblock()
+	if x := e.sender.next(t); x.payload["runId"] != victim.ID || x.payload["attempt"] != 1.0 || x.payload["late"] != false {
+		t.Fatalf("sent %v attempt %v late %v; want %s attempt 1 late false", x.payload["runId"], x.payload["attempt"], x.payload["late"], victim.ID)
+	}
+}
+
 // TestShutdownReleasesWaitingClaims: at shutdown, claims still waiting for
 // their host go back to the database unsent, for another process to take,
 // and not due before their time.
