@@ -228,6 +228,14 @@ func (c *Client) Post(ctx context.Context, rawURL string, header http.Header, bo
 	if err != nil {
 		return Result{ErrorCode: CodeNetwork, Err: errors.New("egress: building the request failed")}
 	}
+	// The request keeps its GetBody, and with the Idempotency-Key header
+	// net/http counts it replayable: on a reused connection that breaks, it
+	// sends the request again on its own, also when the receiver had read it
+	// (it then got the attempt twice, with one signature time, and one is
+	// recorded; receivers dedupe by run id). Without GetBody it would not
+	// resend even a request the connection never carried, as when the
+	// receiver closes an idle connection just as it is reused: that attempt
+	// would fail and wait 30 s for its retry.
 	req.URL = u
 	req.Host = u.Host
 	req.Header = header.Clone()
