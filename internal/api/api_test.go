@@ -117,11 +117,15 @@ func TestJobLifecycle(t *testing.T) {
 	if _, ok := patched["secret"]; ok {
 		t.Error("PATCH answer holds the secret")
 	}
+	// @every ignores the time zone: a new zone alone keeps its grid.
+	e.clock.Advance(20 * time.Second)
+	rezoned := e.must(200, "PATCH", "/v1/jobs/"+id, e.admin, map[string]any{"timezone": "Asia/Tokyo"})
+	checkFields(t, "rezoned", rezoned, map[string]any{"timezone": "Asia/Tokyo", "nextRunAt": "2026-10-09T08:02:30.000Z"})
 
 	// Pause, then resume: occurrences while paused are skipped.
 	paused := e.must(200, "POST", "/v1/jobs/"+id+"/pause", e.admin, nil)
 	checkFields(t, "paused", paused, map[string]any{"enabled": false, "state": "paused", "nextRunAt": nil})
-	e.clock.Advance(10 * time.Minute)
+	e.clock.Advance(10*time.Minute - 20*time.Second) // 10 min after the PATCH
 	resumed := e.must(200, "POST", "/v1/jobs/"+id+"/resume", e.admin, "{}")
 	checkFields(t, "resumed", resumed, map[string]any{"enabled": true, "state": "active", "nextRunAt": "2026-10-09T08:12:30.000Z"})
 	// PATCH enabled is the same as pause/resume.

@@ -116,7 +116,9 @@ func (s *Server) applyJobInput(j *vibejobs.Job, in *jobInput, now time.Time, cre
 		}
 		if tz != j.Timezone {
 			j.Timezone = tz
-			scheduleChanged = j.At == nil || in.schedule != nil
+			// Neither a one-off instant nor @every depends on the zone: a
+			// new anchor would only move an @every job's grid.
+			scheduleChanged = j.At == nil && !schedule.IgnoresZone(j.Schedule) || in.schedule != nil
 		}
 	}
 	if in.schedule != nil {

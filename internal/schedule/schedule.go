@@ -104,6 +104,13 @@ func scheduleError(format string, args ...any) *Error {
 	return &Error{Code: CodeInvalidSchedule, Field: "schedule", Message: fmt.Sprintf(format, args...)}
 }
 
+// IgnoresZone reports whether spec is an @every schedule, whose fire times
+// do not depend on its time zone (see Parse).
+func IgnoresZone(spec string) bool {
+	fields := strings.Fields(spec)
+	return len(fields) > 0 && fields[0] == "@every"
+}
+
 // Parse parses a recurring schedule in the IANA time zone tz ("" means "UTC").
 // anchor is the moment the schedule was set: @every fires at anchor + k·d for
 // k ≥ 1, in absolute time, so restarts never drift it. The anchor is truncated to
