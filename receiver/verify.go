@@ -46,6 +46,9 @@ var (
 	// ErrInvalidSecret means a configured secret does not have the job secret
 	// format ("vjs_" and 43 base64url characters).
 	ErrInvalidSecret = errors.New("receiver: secret does not have the job secret format")
+	// ErrPreviousWithoutExpiry means Secrets.Previous is set without
+	// PreviousExpiresAt: such a secret would never be accepted.
+	ErrPreviousWithoutExpiry = errors.New("receiver: a previous secret needs PreviousExpiresAt")
 )
 
 // DefaultRotationWindow is how long [Verifier.Rotate] keeps accepting the
@@ -67,6 +70,9 @@ func (s Secrets) validate() error {
 	}
 	if s.Previous != "" && !contract.ValidSecret(s.Previous) {
 		return ErrInvalidSecret
+	}
+	if s.Previous != "" && s.PreviousExpiresAt.IsZero() {
+		return ErrPreviousWithoutExpiry
 	}
 	return nil
 }
@@ -107,13 +113,23 @@ func (v *Verifier) SetSecrets(s Secrets) error {
 func (v *Verifier) Secrets() Secrets { return *v.secrets.Load() }
 
 // Rotate makes next the current secret and keeps accepting the one it replaces
-// for window (DefaultRotationWindow when window ≤ 0) from now.
+// for window (DefaultRotationWindow when window ≤ 0) from now. Rotations at
+// once apply one after the other: each keeps the secret the one before made
+// current, and none is lost.
 func (v *Verifier) Rotate(next string, window time.Duration) error {
 	if window <= 0 {
 		window = DefaultRotationWindow
 	}
-	old := v.secrets.Load()
-	return v.SetSecrets(Secrets{Current: next, Previous: old.Current, PreviousExpiresAt: v.now().Add(window)})
+	for {
+		old := v.secrets.Load()
+		s := Secrets{Current: next, Previous: old.Current, PreviousExpiresAt: v.now().Add(window)}
+		if err := s.validate(); err != nil {
+			return err
+		}
+		if v.secrets.CompareAndSwap(old, &s) {
+			return nil
+		}
+	}
 }
 
 // Verify checks one Vibe-Signature header value against the raw body: the exact

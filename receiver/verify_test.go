@@ -4,6 +4,7 @@ import (
 	"errors"
 	"net/http"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -179,11 +180,46 @@ func TestRotation(t *testing.T) {
 			t.Fatalf("SetSecrets(invalid) = %v", err)
 		}
 	}
+	// A previous secret without its expiry would never be accepted: refused.
+	if err := v.SetSecrets(receiver.Secrets{Current: vectorSecret, Previous: otherSecret}); !errors.Is(err, receiver.ErrPreviousWithoutExpiry) {
+		t.Fatalf("SetSecrets(previous without expiry) = %v", err)
+	}
 	if v.Secrets().Current != vectorSecret {
 		t.Fatal("a refused SetSecrets changed the secrets")
 	}
 	if _, err := receiver.NewVerifier(receiver.Secrets{Current: "nope"}, nil); !errors.Is(err, receiver.ErrInvalidSecret) {
 		t.Fatalf("NewVerifier(invalid) = %v", err)
+	}
+}
+
+// TestRotateConcurrent: two rotations at once apply one after the other;
+// neither is lost. The first one is held inside Rotate (in its reading of
+// the clock) until the second finished.
+func TestRotateConcurrent(t *testing.T) {
+	first, second := otherSecret, "vjs_"+strings.Repeat("A", 42)+"E"
+	held, release := make(chan struct{}), make(chan struct{})
+	var calls atomic.Int32
+	clock := func() time.Time {
+		if calls.Add(1) == 1 {
+			close(held)
+			<-release
+		}
+		return time.Unix(vectorT, 0)
+	}
+	v := mustVerifier(t, receiver.Secrets{Current: vectorSecret}, clock)
+	done := make(chan error, 1)
+	go func() { done <- v.Rotate(first, 0) }()
+	<-held
+	if err := v.Rotate(second, 0); err != nil {
+		t.Fatal(err)
+	}
+	close(release)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if got := v.Secrets(); got.Current != first || got.Previous != second {
+		t.Fatalf("after two rotations at once: current %q previous %q; want %q and %q (the second rotation kept)",
+			got.Current, got.Previous, first, second)
 	}
 }
 
