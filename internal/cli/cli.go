@@ -154,7 +154,13 @@ func (e *env) runCommand(ctx context.Context, name string, cmd command, args []s
 	if err != nil {
 		return err
 	}
-	c.client = &client{base: base, token: token, http: &http.Client{Timeout: 60 * time.Second}, retries: 3, sleep: sleepCtx}
+	c.client = &client{base: base, token: token, retries: 3, sleep: sleepCtx, http: &http.Client{
+		Timeout: 60 * time.Second,
+		// The API never redirects a request it serves; a redirect comes
+		// from a path it cleaned (an id of "." or ".."), and following it
+		// would read another resource, or turn a POST into a GET.
+		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
+	}}
 	if e.tune != nil {
 		e.tune(c.client)
 	}

@@ -393,3 +393,35 @@ func TestServerUnreachable(t *testing.T) {
 		t.Errorf("unreachable: %v", err)
 	}
 }
+
+// TestDotIdsAndRedirects: "." and ".." are no ids (the server would clean
+// them out of the path and redirect, to the list, say). And a redirect is
+// an error, never followed: following it reads another resource, or turns
+// a POST into a GET.
+func TestDotIdsAndRedirects(t *testing.T) {
+	a := startAPI(t, func(h http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if r.URL.Path == "/v1/jobs/moved" {
+				http.Redirect(w, r, "/v1/jobs", http.StatusMovedPermanently)
+				return
+			}
+			h.ServeHTTP(w, r)
+		})
+	})
+	for _, args := range [][]string{
+		{"jobs", "get", "."},
+		{"jobs", "trigger", ".."},
+		{"runs", "get", "."},
+		{"subscriptions", "get", ".."},
+	} {
+		out, _, err := a.cli(t, args...)
+		var ue *UsageError
+		if !errors.As(err, &ue) || !strings.Contains(err.Error(), "is not an id") {
+			t.Errorf("vibejobs %s: %v (stdout %q), want a usage error", strings.Join(args, " "), err, out)
+		}
+	}
+	out, _, err := a.cli(t, "jobs", "get", "moved")
+	if err == nil {
+		t.Errorf("a redirect was followed: exit 0, stdout %q", out)
+	}
+}

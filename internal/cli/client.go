@@ -76,6 +76,12 @@ type reply struct {
 // do sends one logical operation: a POST carries key (one per operation,
 // the same on every retry). It returns the answer of a 2xx, or an *APIError.
 func (c *client) do(ctx context.Context, method, path string, body any, key string) (*reply, error) {
+	p, _, _ := strings.Cut(path, "?")
+	for _, seg := range strings.Split(p, "/") {
+		if seg == "." || seg == ".." {
+			return nil, usagef("%q is not an id", seg)
+		}
+	}
 	var payload []byte
 	if body != nil {
 		var err error
