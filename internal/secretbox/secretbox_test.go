@@ -5,6 +5,8 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"sync"
+	"sync/atomic"
 	"testing"
 
 	"github.com/vibejobs/vibejobs/internal/secretbox"
@@ -68,6 +70,55 @@ func TestParseRejectsBadFiles(t *testing.T) {
 	for _, bad := range []string{"", "# only a comment\n", "vjmk_short", "AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8", "vjmk_AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8x"} {
 		if _, err := secretbox.Parse([]byte(bad)); err == nil {
 			t.Errorf("Parse(%q) accepted", bad)
+		}
+	}
+}
+
+// TestLoadOrCreateAtOnce: replicas sharing a data directory start together.
+// Each one loads the one key that one of them created; none fails, and none
+// reads the file empty or half written.
+func TestLoadOrCreateAtOnce(t *testing.T) {
+	for round := range 100 {
+		path := filepath.Join(t.TempDir(), "data", "master.key")
+		const n = 8
+		var (
+			wg      sync.WaitGroup
+			start   = make(chan struct{})
+			ids     [n]string
+			errs    [n]error
+			created atomic.Int32
+		)
+		for i := range n {
+			wg.Go(func() {
+				<-start
+				k, c, err := secretbox.LoadOrCreate(path)
+				errs[i] = err
+				if err == nil {
+					ids[i] = k.CurrentID()
+				}
+				if c {
+					created.Add(1)
+				}
+			})
+		}
+		close(start)
+		wg.Wait()
+		for i := range n {
+			if errs[i] != nil {
+				t.Fatalf("round %d: a process starting at the same time failed: %v", round, errs[i])
+			}
+			if ids[i] != ids[0] {
+				t.Fatalf("round %d: processes hold different keys: %v", round, ids)
+			}
+		}
+		if c := created.Load(); c != 1 {
+			t.Fatalf("round %d: %d processes say they created the key, want 1", round, c)
+		}
+		if fi, err := os.Stat(path); err != nil || fi.Mode().Perm() != 0o600 {
+			t.Fatalf("round %d: key file %v, %v; want mode 0600", round, fi, err)
+		}
+		if left, _ := filepath.Glob(filepath.Join(filepath.Dir(path), ".master.key.*")); len(left) != 0 {
+			t.Fatalf("round %d: temporary files left: %v", round, left)
 		}
 	}
 }
