@@ -356,9 +356,10 @@ func (t *tx) ResetSubscription(ctx context.Context, projectID, id string, at tim
 // SubscriptionSecretsNotUnder lists subscriptions with a secret sealed under
 // another key than keyID, in id order.
 func (t *tx) SubscriptionSecretsNotUnder(ctx context.Context, keyID string, limit int) ([]*vibejobs.Subscription, error) {
+	// Locked, as in SecretsNotUnder.
 	subs, err := collectSubscriptions(t.q.Query(ctx, `SELECT `+subscriptionColumns+` FROM subscriptions
-		WHERE secret_key_id <> $1 OR (previous_key_id <> '' AND previous_key_id <> $1) ORDER BY id LIMIT $2`,
-		keyID, limit))
+		WHERE secret_key_id <> $1 OR (previous_key_id <> '' AND previous_key_id <> $1) ORDER BY id LIMIT $2
+		FOR UPDATE`, keyID, limit))
 	return subs, mapError(err, "listing subscription secrets to re-seal")
 }
 

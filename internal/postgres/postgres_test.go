@@ -1117,6 +1117,86 @@ func holdRun(tx pgx.Tx, _, runID string) error {
 	return err
 }
 
+// TestResealWaitsForASecretRotation: "master-key rotate" reads the secrets
+// to re-seal and writes them back in one transaction. A job or subscription
+// secret rotated through the API meanwhile (committed after the read began)
+// must reach the re-seal as rotated, or the re-seal writes the secret from
+// before the rotation back over it.
+func TestResealWaitsForASecretRotation(t *testing.T) {
+	ctx := context.Background()
+	schema := postgres.NewTestSchema(t)
+	a, b := open(t, schema), open(t, schema)
+	prj := newProject(t, a)
+	j := newJobs(t, a, prj, 1)[0]
+	sub := &vibejobs.Subscription{ID: id("sub_"), ProjectID: prj, URL: "https://hooks.example.com/x",
+		Secret: vibejobs.SealedSecret{KeyID: "old", Ciphertext: []byte("s0")}, CreatedAt: t0, UpdatedAt: t0}
+	mustUpdate(t, a, func(tx vibejobs.Tx) error { return tx.CreateSubscription(ctx, sub, 10) })
+	rotated := vibejobs.SealedSecret{KeyID: "old", Ciphertext: []byte("rotated")}
+
+	for _, c := range []struct {
+		name, prefix string
+		rotate       func(tx pgx.Tx) error
+		read         func(tx vibejobs.Tx) ([]byte, error)
+	}{{
+		name: "job", prefix: "SELECT j.id",
+		rotate: func(tx pgx.Tx) error {
+			_, err := tx.Exec(ctx, `UPDATE jobs SET secret_ciphertext = $2 WHERE id = $1`, j.ID, rotated.Ciphertext)
+			return err
+		},
+		read: func(tx vibejobs.Tx) ([]byte, error) {
+			jobs, err := tx.SecretsNotUnder(ctx, "new", 10)
+			if err != nil || len(jobs) != 1 {
+				return nil, fmt.Errorf("SecretsNotUnder = %d jobs, %v", len(jobs), err)
+			}
+			return jobs[0].Secret.Ciphertext, nil
+		},
+	}, {
+		name: "subscription", prefix: "SELECT id",
+		rotate: func(tx pgx.Tx) error {
+			_, err := tx.Exec(ctx, `UPDATE subscriptions SET secret_ciphertext = $2 WHERE id = $1`, sub.ID, rotated.Ciphertext)
+			return err
+		},
+		read: func(tx vibejobs.Tx) ([]byte, error) {
+			subs, err := tx.SubscriptionSecretsNotUnder(ctx, "new", 10)
+			if err != nil || len(subs) != 1 {
+				return nil, fmt.Errorf("SubscriptionSecretsNotUnder = %d subscriptions, %v", len(subs), err)
+			}
+			return subs[0].Secret.Ciphertext, nil
+		},
+	}} {
+		t.Run(c.name, func(t *testing.T) {
+			// The API's rotation, caught before its commit.
+			api, err := a.Pool().Begin(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer api.Rollback(ctx)
+			if err := c.rotate(api); err != nil {
+				t.Fatal(err)
+			}
+			var got []byte
+			read := make(chan error, 1)
+			go func() {
+				read <- b.Update(ctx, func(tx vibejobs.Tx) error {
+					var err error
+					got, err = c.read(tx)
+					return err
+				})
+			}()
+			waitForLockWait(t, a, c.prefix, "the re-seal's read never waited for the rotation")
+			if err := api.Commit(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if err := <-read; err != nil {
+				t.Fatal(err)
+			}
+			if string(got) != string(rotated.Ciphertext) {
+				t.Fatalf("the re-seal read the secret %q, from before the rotation; want %q", got, rotated.Ciphertext)
+			}
+		})
+	}
+}
+
 // TestDeleteJobRacesMaterialisation: a job deleted while another replica
 // materialises its runs and a user triggers it never keeps a waiting run.
 func TestDeleteJobRacesMaterialisation(t *testing.T) {

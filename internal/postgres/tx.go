@@ -425,8 +425,12 @@ func encodeHeaders(h map[string]string) ([]byte, error) {
 // secret is sealed under another key than keyID, in id order (without
 // LastRun).
 func (t *tx) SecretsNotUnder(ctx context.Context, keyID string, limit int) ([]*vibejobs.Job, error) {
+	// Locked: the caller re-seals and writes the secret back in this
+	// transaction, and a secret rotated through the API meanwhile must not
+	// be written over with the one read before (a locking read returns the
+	// version that rotation committed).
 	rows, err := t.q.Query(ctx, `SELECT `+jobColumns+` FROM jobs j`+noLastRun+`
-		WHERE j.secret_key_id <> $1 ORDER BY j.id LIMIT $2`, keyID, limit)
+		WHERE j.secret_key_id <> $1 ORDER BY j.id LIMIT $2 FOR UPDATE OF j`, keyID, limit)
 	if err != nil {
 		return nil, mapError(err, "listing secrets to re-seal")
 	}
