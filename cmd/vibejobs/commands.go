@@ -87,6 +87,35 @@ func masterKey(ctx context.Context, args []string, getenv func(string) string, s
 	if err := os.Rename(tmp, path); err != nil {
 		return fmt.Errorf("replacing master key file: %w", err)
 	}
+	// Servers seal under the new key from their next seal on (they check
+	// the file before each). A seal begun just before the file changed may
+	// commit after the first pass: a second pass, once such requests are
+	// done, re-seals it too.
+	total, err := resealAll(ctx, store, keys)
+	if err != nil {
+		return err
+	}
+	select {
+	case <-time.After(resealSettle):
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	more, err := resealAll(ctx, store, keys)
+	if err != nil {
+		return err
+	}
+	total += more
+	fmt.Fprintf(stdout, "master key rotated: new key %s, %d secrets re-sealed; older keys remain in %s until you remove them\n", keys.CurrentID(), total, path)
+	return nil
+}
+
+// resealSettle is how long "master-key rotate" waits for requests that
+// sealed a secret under the old key just before the key file changed.
+const resealSettle = 2 * time.Second
+
+// resealAll re-seals every job and subscription secret not sealed under
+// keys' current key, and returns how many.
+func resealAll(ctx context.Context, store vibejobs.Store, keys *secretbox.Keyring) (int, error) {
 	total := 0
 	for {
 		n := 0
@@ -112,7 +141,7 @@ func masterKey(ctx context.Context, args []string, getenv func(string) string, s
 			return nil
 		})
 		if err != nil {
-			return fmt.Errorf("re-sealing secrets (the new key is in place; run rotate again to finish): %w", err)
+			return 0, fmt.Errorf("re-sealing secrets (the new key is in place; run rotate again to finish): %w", err)
 		}
 		total += n
 		if n == 0 {
@@ -122,15 +151,14 @@ func masterKey(ctx context.Context, args []string, getenv func(string) string, s
 	for {
 		n, err := resealSubscriptions(ctx, store, keys)
 		if err != nil {
-			return fmt.Errorf("re-sealing subscription secrets (the new key is in place; run rotate again to finish): %w", err)
+			return 0, fmt.Errorf("re-sealing subscription secrets (the new key is in place; run rotate again to finish): %w", err)
 		}
 		total += n
 		if n == 0 {
 			break
 		}
 	}
-	fmt.Fprintf(stdout, "master key rotated: new key %s, %d secrets re-sealed; older keys remain in %s until you remove them\n", keys.CurrentID(), total, path)
-	return nil
+	return total, nil
 }
 
 // resealSubscriptions re-seals, in one transaction, up to 200 subscriptions

@@ -12,8 +12,10 @@ import (
 
 // keyFile is a secretbox.Keyring that follows its key file, so "master-key
 // rotate" takes effect on running servers without a restart: a secret sealed
-// under a key the server does not know yet makes it re-read the file, and the
-// file is re-read at most every reloadEvery for the current sealing key.
+// under a key the server does not know yet makes it re-read the file, the
+// file is re-read at most every reloadEvery for opening, and before every
+// seal when it changed on disk, so that nothing is sealed under a key the
+// rotation has replaced once the rotation's file is in place.
 type keyFile struct {
 	path        string
 	reloadEvery time.Duration
@@ -21,10 +23,12 @@ type keyFile struct {
 	mu     sync.Mutex
 	keys   *secretbox.Keyring
 	loaded time.Time
+	info   os.FileInfo // of the file keys were read from; nil if unknown
 }
 
 func newKeyFile(path string, keys *secretbox.Keyring) *keyFile {
-	return &keyFile{path: path, reloadEvery: 10 * time.Second, keys: keys, loaded: time.Now()}
+	info, _ := os.Stat(path)
+	return &keyFile{path: path, reloadEvery: 10 * time.Second, keys: keys, loaded: time.Now(), info: info}
 }
 
 func (k *keyFile) current(force bool) *secretbox.Keyring {
@@ -32,18 +36,31 @@ func (k *keyFile) current(force bool) *secretbox.Keyring {
 	defer k.mu.Unlock()
 	if force || time.Since(k.loaded) > k.reloadEvery {
 		k.loaded = time.Now()
+		info, _ := os.Stat(k.path) // before the read: a change after it is seen next time
 		if data, err := os.ReadFile(k.path); err == nil {
 			if keys, err := secretbox.Parse(data); err == nil {
-				k.keys = keys
+				k.keys, k.info = keys, info
 			}
 		}
 	}
 	return k.keys
 }
 
-// Seal seals under the current key of the file.
+// Seal seals under the current key of the file, as it is on disk now.
 func (k *keyFile) Seal(secret, jobID string) (vibejobs.SealedSecret, error) {
-	return k.current(false).Seal(secret, jobID)
+	return k.current(k.changed()).Seal(secret, jobID)
+}
+
+// changed reports whether the key file on disk is not the one last read
+// (rotate replaces it by a rename).
+func (k *keyFile) changed() bool {
+	info, err := os.Stat(k.path)
+	if err != nil {
+		return false // keep sealing under the keys in hand
+	}
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return k.info == nil || !os.SameFile(k.info, info) || !info.ModTime().Equal(k.info.ModTime()) || info.Size() != k.info.Size()
 }
 
 // Open opens s, re-reading the key file once when s names an unknown key.

@@ -47,13 +47,20 @@ func TestMasterKeyRotationKeepsDeliveriesValid(t *testing.T) {
 		t.Fatalf("key file after rotation: %v %v", kr.IDs(), err)
 	}
 
+	// A secret the running server seals right after the rotation is under
+	// the new key: the older keys may go at once, as rotate says.
+	if code, job := api.do("POST", "/v1/jobs", map[string]any{"name": "after", "schedule": "0 0 1 1 *", "url": rc.URL}); code != 201 {
+		t.Fatalf("create after the rotation: %d %v", code, job)
+	}
+
 	// The running server opens the re-sealed secret and signs correctly.
 	if code, _ := api.do("POST", "/v1/jobs/"+id+"/runs", nil); code != 202 {
 		t.Fatalf("trigger: %d", code)
 	}
 	checkDelivery(t, rc.next(t, 10e9), secret, id)
 
-	// With only the new key, the old one dropped, the server still starts.
+	// With only the new key, the old one dropped, the server still starts:
+	// it opens the stored secrets, both jobs' included.
 	first := bytes.SplitN(newKeys, []byte("\n"), 2)[0]
 	if err := os.WriteFile(filepath.Join(dataDir, "master.key"), append(first, '\n'), 0o600); err != nil {
 		t.Fatal(err)
