@@ -121,6 +121,10 @@ func TestJobLifecycle(t *testing.T) {
 	e.clock.Advance(20 * time.Second)
 	rezoned := e.must(200, "PATCH", "/v1/jobs/"+id, e.admin, map[string]any{"timezone": "Asia/Tokyo"})
 	checkFields(t, "rezoned", rezoned, map[string]any{"timezone": "Asia/Tokyo", "nextRunAt": "2026-10-09T08:02:30.000Z"})
+	// Nor with the same schedule sent again beside it, as a client sending
+	// every setting back does.
+	rezoned = e.must(200, "PATCH", "/v1/jobs/"+id, e.admin, map[string]any{"timezone": "Europe/Paris", "schedule": "@every 1m"})
+	checkFields(t, "rezoned with its schedule", rezoned, map[string]any{"timezone": "Europe/Paris", "nextRunAt": "2026-10-09T08:02:30.000Z"})
 
 	// Pause, then resume: occurrences while paused are skipped.
 	paused := e.must(200, "POST", "/v1/jobs/"+id+"/pause", e.admin, nil)

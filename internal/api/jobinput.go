@@ -118,7 +118,7 @@ func (s *Server) applyJobInput(j *vibejobs.Job, in *jobInput, now time.Time, cre
 			j.Timezone = tz
 			// Neither a one-off instant nor @every depends on the zone: a
 			// new anchor would only move an @every job's grid.
-			scheduleChanged = j.At == nil && !schedule.IgnoresZone(j.Schedule) || in.schedule != nil
+			scheduleChanged = j.At == nil && !schedule.IgnoresZone(j.Schedule)
 		}
 	}
 	if in.schedule != nil {
