@@ -43,9 +43,6 @@ func (s *Server) createJobs(ctx context.Context, c *call, tx vibejobs.Tx) (*resp
 		}
 		inputs[i] = in
 	}
-	if err := s.checkJobLimit(ctx, c, tx, len(inputs)); err != nil {
-		return nil, err
-	}
 	out := struct {
 		Jobs []jobWithSecret `json:"jobs"`
 	}{Jobs: make([]jobWithSecret, 0, len(inputs))}
@@ -63,6 +60,9 @@ func (s *Server) createJobs(ctx context.Context, c *call, tx vibejobs.Tx) (*resp
 		events = append(events, vibejobs.JobEvent(vibejobs.EventJobCreated, j, c.now))
 	}
 	if err := tx.AppendEvents(ctx, events...); err != nil {
+		return nil, err
+	}
+	if err := s.checkJobLimit(ctx, c, tx); err != nil {
 		return nil, err
 	}
 	c.wake = true

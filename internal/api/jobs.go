@@ -155,9 +155,6 @@ func (s *Server) createJob(ctx context.Context, c *call, tx vibejobs.Tx) (*respo
 	if e != nil {
 		return nil, e
 	}
-	if err := s.checkJobLimit(ctx, c, tx, 1); err != nil {
-		return nil, err
-	}
 	j, secret, err := s.insertJob(ctx, c, tx, in)
 	if err != nil {
 		return nil, err
@@ -165,17 +162,27 @@ func (s *Server) createJob(ctx context.Context, c *call, tx vibejobs.Tx) (*respo
 	if err := tx.AppendEvents(ctx, vibejobs.JobEvent(vibejobs.EventJobCreated, j, c.now)); err != nil {
 		return nil, err
 	}
+	if err := s.checkJobLimit(ctx, c, tx); err != nil {
+		return nil, err
+	}
 	c.info.job, c.wake = j.ID, true
 	return jsonResponse(http.StatusCreated, jobWithSecret{jobView(j), secret}).with("Location", "/v1/jobs/"+j.ID), nil
 }
 
-// checkJobLimit refuses adding n jobs beyond the project's limit.
-func (s *Server) checkJobLimit(ctx context.Context, c *call, tx vibejobs.Tx, n int) error {
-	have, err := tx.CountJobs(ctx, c.projectID())
+// checkJobLimit refuses the transaction's new jobs when they take the
+// project beyond its limit; the caller's effect then rolls back. It is
+// called once the jobs are inserted and their job.created events appended:
+// appending takes the project's feed counter until the transaction ends, so
+// the transactions that add or delete a project's jobs pass this point one
+// at a time, and each counts the jobs of those before it. Checked before
+// the inserts, two requests at once on PostgreSQL each saw room for one
+// and both committed.
+func (s *Server) checkJobLimit(ctx context.Context, c *call, tx vibejobs.Tx) error {
+	have, err := tx.CountJobs(ctx, c.projectID()) // this transaction's jobs included
 	if err != nil {
 		return err
 	}
-	if have+n > s.maxJobs {
+	if have > s.maxJobs {
 		return &vibejobs.Error{Kind: vibejobs.ECONFLICT, Code: "too_many_jobs",
 			Message: "this project has reached its limit of " + strconv.Itoa(s.maxJobs) + " jobs; delete some first"}
 	}

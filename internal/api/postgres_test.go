@@ -3,10 +3,15 @@ package api_test
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"log/slog"
+	"net/http"
 	"net/http/httptest"
+	"sync/atomic"
 	"testing"
+	"time"
 
+	"github.com/vibejobs/vibejobs"
 	"github.com/vibejobs/vibejobs/internal/api"
 	"github.com/vibejobs/vibejobs/internal/egress"
 	"github.com/vibejobs/vibejobs/internal/postgres"
@@ -59,5 +64,93 @@ func TestBadTextOnPostgres(t *testing.T) {
 				t.Errorf("%s %s: %d %s, want %d", c.method, c.path, w.Code, bytes.TrimSpace(w.Body.Bytes()), c.status)
 			}
 		}
+	}
+}
+
+// holdStore holds the first transaction that appends events, right after
+// its append, until release is closed.
+type holdStore struct {
+	vibejobs.Store
+	first   atomic.Bool
+	held    chan struct{}
+	release chan struct{}
+}
+
+type holdTx struct {
+	vibejobs.Tx
+	s *holdStore
+}
+
+func (s *holdStore) Update(ctx context.Context, fn func(tx vibejobs.Tx) error) error {
+	return s.Store.Update(ctx, func(tx vibejobs.Tx) error { return fn(&holdTx{Tx: tx, s: s}) })
+}
+
+func (t *holdTx) AppendEvents(ctx context.Context, events ...*vibejobs.Event) error {
+	err := t.Tx.AppendEvents(ctx, events...)
+	if err == nil && t.s.first.CompareAndSwap(false, true) {
+		close(t.s.held)
+		<-t.s.release
+	}
+	return err
+}
+
+// TestJobLimitHoldsAcrossConcurrentCreates: two requests create a job at
+// once in a project with room for one. The first is held after its insert,
+// before it commits; the second must not count on the room the first took.
+func TestJobLimitHoldsAcrossConcurrentCreates(t *testing.T) {
+	pg := postgres.MustOpenTestWith(t, postgres.Options{Logger: slog.New(slog.DiscardHandler)})
+	clk := &clock{t: t0}
+	tok, _, err := api.Bootstrap(context.Background(), pg, clk.Now(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := &holdStore{Store: pg, held: make(chan struct{}), release: make(chan struct{})}
+	policy, err := egress.NewPolicy(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := api.New(api.Config{Store: st, Sealer: mustKeyring(t), URLs: policy, Now: clk.Now,
+		Logger: slog.New(slog.DiscardHandler), RateLimit: api.RateLimit{PerSecond: -1}, MaxJobsPerProject: 1}).Handler()
+	create := func() int {
+		body, _ := json.Marshal(jobBody(nil))
+		r := httptest.NewRequest("POST", "/v1/jobs", bytes.NewReader(body))
+		r.Header.Set("Authorization", "Bearer "+tok)
+		r.Header.Set("Idempotency-Key", newKey())
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, r)
+		return w.Code
+	}
+	first := make(chan int, 1)
+	go func() { first <- create() }()
+	<-st.held
+	second := make(chan int, 1)
+	go func() { second <- create() }()
+	// The second waits for the first's lock on the project's feed, or (were
+	// it allowed past the limit) commits; either way, then let the first go.
+	for deadline := time.Now().Add(10 * time.Second); len(second) == 0; time.Sleep(5 * time.Millisecond) {
+		var waiting int
+		if err := pg.Pool().QueryRow(context.Background(), `SELECT count(*) FROM pg_stat_activity
+			WHERE datname = current_database() AND wait_event_type = 'Lock' AND starts_with(query, 'WITH ev AS')`).Scan(&waiting); err != nil {
+			t.Fatal(err)
+		}
+		if waiting > 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the second request neither waited nor ended")
+		}
+	}
+	close(st.release)
+	codes := []int{<-first, <-second}
+	projects, err := pg.ListProjects(context.Background())
+	if err != nil || len(projects) != 1 {
+		t.Fatalf("projects: %v, %v", projects, err)
+	}
+	n, err := pg.CountJobs(context.Background(), projects[0].ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n != 1 || codes[0] != http.StatusCreated || codes[1] != http.StatusConflict {
+		t.Fatalf("a project with room for one job holds %d after two creates at once (answers %v); want 1 and [201 409]", n, codes)
 	}
 }
