@@ -48,3 +48,41 @@ func TestClaimAheadSetting(t *testing.T) {
 		}
 	}
 }
+
+// TestRotationGraceSetting: --subscription-rotation-grace and its variable
+// take 1m to 720h; anything else, 0 included, is refused naming the range.
+func TestRotationGraceSetting(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		env  string
+		want time.Duration // ignored when bad
+		bad  bool
+	}{
+		{want: 24 * time.Hour},
+		{args: []string{"--subscription-rotation-grace", "1m"}, want: time.Minute},
+		{env: "720h", want: 720 * time.Hour},
+		{args: []string{"--subscription-rotation-grace", "0"}, bad: true},
+		{env: "0s", bad: true},
+		{env: "59s", bad: true},
+		{args: []string{"--subscription-rotation-grace", "721h"}, bad: true},
+		{args: []string{"--subscription-rotation-grace", "-1h"}, bad: true},
+		{env: "a day", bad: true},
+	} {
+		m := NewMain(io.Discard, io.Discard)
+		getenv := func(k string) string {
+			if k == "VIBEJOBS_SUBSCRIPTION_ROTATION_GRACE" {
+				return tc.env
+			}
+			return ""
+		}
+		err := m.ParseFlags(tc.args, getenv)
+		switch {
+		case tc.bad && (err == nil || !strings.Contains(err.Error(), "from 1m to 720h")):
+			t.Errorf("args %q env %q: err %v, want one naming the range", tc.args, tc.env, err)
+		case !tc.bad && err != nil:
+			t.Errorf("args %q env %q: %v", tc.args, tc.env, err)
+		case !tc.bad && m.Config.RotationGrace != tc.want:
+			t.Errorf("args %q env %q: RotationGrace %v, want %v", tc.args, tc.env, m.Config.RotationGrace, tc.want)
+		}
+	}
+}

@@ -158,9 +158,10 @@ func (c *Config) flagSet(fs *flag.FlagSet, getenv func(string) string) {
 	durationFlag(&c.RotationGrace, "subscription-rotation-grace", "SUBSCRIPTION_ROTATION_GRACE",
 		"how long a subscription's replaced secret keeps signing requests after rotate-secret, 1m to 720h (VIBEJOBS_SUBSCRIPTION_ROTATION_GRACE, default 24h)",
 		func(s string) (time.Duration, error) {
+			// Config's zero means the default; given, 0 is out of range too.
 			d, err := time.ParseDuration(s)
-			if err != nil {
-				return 0, errors.New("must be a duration such as 24h")
+			if err != nil || d < time.Minute || d > 720*time.Hour {
+				return 0, errors.New("must be a duration from 1m to 720h, such as 24h")
 			}
 			return d, nil
 		})
