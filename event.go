@@ -212,4 +212,8 @@ type SubscriptionStep struct {
 	NextAttemptAt time.Time
 	// LeaseUntil extends the lease; zero releases it.
 	LeaseUntil time.Time
+	// Seen is the subscription's UpdatedAt as the session last read it
+	// (zero: unchecked). A failure is recorded only if the settings are
+	// unchanged since: a reset or a new URL in between makes it moot.
+	Seen time.Time
 }

@@ -17,11 +17,11 @@ import (
 	"github.com/vibejobs/vibejobs/internal/postgres"
 )
 
-// TestBadTextOnPostgres: PostgreSQL's text refuses invalid UTF-8 and NUL
-// bytes, so an id or query value holding them must be answered before it
-// reaches the store: 404 for an id, 400 for a query value, never a 500.
-// (SQLite stores such bytes, so the table in TestBadInput cannot tell.)
-func TestBadTextOnPostgres(t *testing.T) {
+// postgresAPI serves the API on a fresh PostgreSQL schema, bootstrapped;
+// edit adjusts the Config first. It returns the handler, the bootstrap
+// token and the store.
+func postgresAPI(t *testing.T, edit func(*api.Config)) (http.Handler, string, *postgres.Store) {
+	t.Helper()
 	st := postgres.MustOpenTestWith(t, postgres.Options{Logger: slog.New(slog.DiscardHandler)})
 	clk := &clock{t: t0}
 	tok, _, err := api.Bootstrap(context.Background(), st, clk.Now(), nil)
@@ -32,8 +32,20 @@ func TestBadTextOnPostgres(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	h := api.New(api.Config{Store: st, Sealer: mustKeyring(t), URLs: policy, Now: clk.Now,
-		Logger: slog.New(slog.DiscardHandler), RateLimit: api.RateLimit{PerSecond: -1}}).Handler()
+	cfg := api.Config{Store: st, Sealer: mustKeyring(t), URLs: policy, Now: clk.Now,
+		Logger: slog.New(slog.DiscardHandler), RateLimit: api.RateLimit{PerSecond: -1}}
+	if edit != nil {
+		edit(&cfg)
+	}
+	return api.New(cfg).Handler(), tok, st
+}
+
+// TestBadTextOnPostgres: PostgreSQL's text refuses invalid UTF-8 and NUL
+// bytes, so an id or query value holding them must be answered before it
+// reaches the store: 404 for an id, 400 for a query value, never a 500.
+// (SQLite stores such bytes, so the table in TestBadInput cannot tell.)
+func TestBadTextOnPostgres(t *testing.T) {
+	h, tok, _ := postgresAPI(t, nil)
 	for _, bad := range []string{"%00", "%FF", "job_%00", "job_%C3%28"} {
 		for _, c := range []struct {
 			method, path string
@@ -98,19 +110,11 @@ func (t *holdTx) AppendEvents(ctx context.Context, events ...*vibejobs.Event) er
 // once in a project with room for one. The first is held after its insert,
 // before it commits; the second must not count on the room the first took.
 func TestJobLimitHoldsAcrossConcurrentCreates(t *testing.T) {
-	pg := postgres.MustOpenTestWith(t, postgres.Options{Logger: slog.New(slog.DiscardHandler)})
-	clk := &clock{t: t0}
-	tok, _, err := api.Bootstrap(context.Background(), pg, clk.Now(), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	st := &holdStore{Store: pg, held: make(chan struct{}), release: make(chan struct{})}
-	policy, err := egress.NewPolicy(nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	h := api.New(api.Config{Store: st, Sealer: mustKeyring(t), URLs: policy, Now: clk.Now,
-		Logger: slog.New(slog.DiscardHandler), RateLimit: api.RateLimit{PerSecond: -1}, MaxJobsPerProject: 1}).Handler()
+	var st *holdStore
+	h, tok, pg := postgresAPI(t, func(c *api.Config) {
+		st = &holdStore{Store: c.Store, held: make(chan struct{}), release: make(chan struct{})}
+		c.Store, c.MaxJobsPerProject = st, 1
+	})
 	create := func() int {
 		body, _ := json.Marshal(jobBody(nil))
 		r := httptest.NewRequest("POST", "/v1/jobs", bytes.NewReader(body))

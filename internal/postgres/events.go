@@ -407,7 +407,10 @@ func (s *Store) ClaimSubscriptions(ctx context.Context, owner string, now time.T
 
 // RecordSubscriptionStep applies st while owner holds the lease.
 func (s *Store) RecordSubscriptionStep(ctx context.Context, owner string, st vibejobs.SubscriptionStep) (*vibejobs.Subscription, error) {
-	var lease, next *time.Time
+	var lease, next, seen *time.Time
+	if !st.Seen.IsZero() {
+		seen = &st.Seen
+	}
 	if !st.LeaseUntil.IsZero() && st.ErrorCode == "" {
 		lease = &st.LeaseUntil
 	}
@@ -416,14 +419,17 @@ func (s *Store) RecordSubscriptionStep(ctx context.Context, owner string, st vib
 	}
 	sub, err := scanSubscription(s.pool.QueryRow(ctx, `UPDATE subscriptions SET
 			cursor_seq = greatest(cursor_seq, $3),
-			error_code = CASE WHEN $4 <> '' THEN $4 WHEN $5 THEN '' ELSE error_code END,
-			attempts = CASE WHEN $4 <> '' THEN attempts + 1 WHEN $5 THEN 0 ELSE attempts END,
-			next_attempt_at = CASE WHEN $4 <> '' THEN $6::timestamptz WHEN $5 THEN NULL ELSE next_attempt_at END,
+			error_code = CASE WHEN $4 <> '' AND ($9::timestamptz IS NULL OR updated_at = $9) THEN $4
+				WHEN $5 THEN '' ELSE error_code END,
+			attempts = CASE WHEN $4 <> '' AND ($9::timestamptz IS NULL OR updated_at = $9) THEN attempts + 1
+				WHEN $5 THEN 0 ELSE attempts END,
+			next_attempt_at = CASE WHEN $4 <> '' AND ($9::timestamptz IS NULL OR updated_at = $9) THEN $6::timestamptz
+				WHEN $5 THEN NULL ELSE next_attempt_at END,
 			last_success_at = CASE WHEN $5 THEN $7::timestamptz ELSE last_success_at END,
 			lease_owner = CASE WHEN $8::timestamptz IS NULL THEN NULL ELSE lease_owner END,
 			lease_expires_at = $8::timestamptz
 		WHERE id = $1 AND lease_owner = $2
-		RETURNING `+subscriptionColumns, st.ID, owner, st.Cursor, st.ErrorCode, st.Delivered, next, st.At, lease))
+		RETURNING `+subscriptionColumns, st.ID, owner, st.Cursor, st.ErrorCode, st.Delivered, next, st.At, lease, seen))
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, nil
 	}

@@ -395,9 +395,9 @@ func (s *Store) ClaimSubscriptions(ctx context.Context, owner string, now time.T
 // recordStepSQL applies a SubscriptionStep while owner holds the lease.
 const recordStepSQL = `UPDATE subscriptions SET
 		cursor_seq = max(cursor_seq, ?3),
-		error_code = CASE WHEN ?4 <> '' THEN ?4 WHEN ?5 THEN '' ELSE error_code END,
-		attempts = CASE WHEN ?4 <> '' THEN attempts + 1 WHEN ?5 THEN 0 ELSE attempts END,
-		next_attempt_at = CASE WHEN ?4 <> '' THEN ?6 WHEN ?5 THEN NULL ELSE next_attempt_at END,
+		error_code = CASE WHEN ?4 <> '' AND (?9 IS NULL OR updated_at = ?9) THEN ?4 WHEN ?5 THEN '' ELSE error_code END,
+		attempts = CASE WHEN ?4 <> '' AND (?9 IS NULL OR updated_at = ?9) THEN attempts + 1 WHEN ?5 THEN 0 ELSE attempts END,
+		next_attempt_at = CASE WHEN ?4 <> '' AND (?9 IS NULL OR updated_at = ?9) THEN ?6 WHEN ?5 THEN NULL ELSE next_attempt_at END,
 		last_success_at = CASE WHEN ?5 THEN ?7 ELSE last_success_at END,
 		lease_owner = CASE WHEN ?8 IS NULL THEN NULL ELSE lease_owner END,
 		lease_expires_at = ?8
@@ -405,7 +405,10 @@ const recordStepSQL = `UPDATE subscriptions SET
 	RETURNING ` + subscriptionColumns
 
 func (s *Store) RecordSubscriptionStep(ctx context.Context, owner string, st vibejobs.SubscriptionStep) (*vibejobs.Subscription, error) {
-	var lease, next any
+	var lease, next, seen any
+	if !st.Seen.IsZero() {
+		seen = ms(st.Seen)
+	}
 	if !st.LeaseUntil.IsZero() && st.ErrorCode == "" {
 		lease = ms(st.LeaseUntil)
 	}
@@ -416,7 +419,7 @@ func (s *Store) RecordSubscriptionStep(ctx context.Context, owner string, st vib
 	err := s.write(ctx, func(t wtx) error {
 		var err error
 		sub, err = scanSubscription(t.QueryRowContext(ctx, recordStepSQL, st.ID, owner, st.Cursor, st.ErrorCode,
-			st.Delivered, next, ms(st.At), lease))
+			st.Delivered, next, ms(st.At), lease, seen))
 		if errors.Is(err, sql.ErrNoRows) {
 			sub, err = nil, nil
 		}

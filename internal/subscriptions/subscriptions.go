@@ -76,6 +76,7 @@ type SecretOpener interface {
 type Store interface {
 	vibejobs.SubscriptionStore
 	ListEvents(ctx context.Context, projectID string, f vibejobs.EventFilter) (vibejobs.EventPage, error)
+	GetSubscription(ctx context.Context, projectID, id string) (*vibejobs.Subscription, error)
 }
 
 // Config of a Deliverer. Store, Sender, Opener and Owner are required.
@@ -282,6 +283,17 @@ type session struct {
 // and reports false, as it does when the session must end otherwise.
 func (ss *session) deliver(e *vibejobs.Event) bool {
 	d := ss.d
+	if cur, err := d.cfg.Store.GetSubscription(ss.ctx, ss.sub.ProjectID, ss.sub.ID); err != nil || !cur.UpdatedAt.Equal(ss.sub.UpdatedAt) {
+		// Deleted or changed (reset, new URL, filters, secret) since the
+		// session read it: write what was handled and let a fresh claim
+		// go on with the subscription as it is now.
+		if err == nil || vibejobs.ErrorKind(err) == vibejobs.ENOTFOUND {
+			ss.release()
+		} else {
+			ss.ownFailure(err)
+		}
+		return false
+	}
 	body := feed.Body(e)
 	header, err := d.sign(ss.sub, e, body, d.cfg.Now())
 	if err != nil {
@@ -298,7 +310,7 @@ func (ss *session) deliver(e *vibejobs.Event) bool {
 		retryAt := now.Add(vibejobs.Jitter(vibejobs.SubscriptionBackoff(attempts), d.cfg.Rand()))
 		_, err := d.cfg.Store.RecordSubscriptionStep(ss.ctx, d.cfg.Owner, vibejobs.SubscriptionStep{
 			ID: ss.sub.ID, At: now, Cursor: ss.cursor, Delivered: ss.delivered,
-			ErrorCode: res.ErrorCode, NextAttemptAt: retryAt,
+			ErrorCode: res.ErrorCode, NextAttemptAt: retryAt, Seen: ss.sub.UpdatedAt,
 		})
 		d.logStepFailed(ss.sub, e.Sequence, res.ErrorCode, res.StatusCode, attempts, &retryAt, err)
 		return false
