@@ -40,6 +40,26 @@ func postgresAPI(t *testing.T, edit func(*api.Config)) (http.Handler, string, *p
 	return api.New(cfg).Handler(), tok, st
 }
 
+// TestEventsAfterTheLargestSequences: any sequence number is a valid
+// "after", up to the largest int64. Near it, the read window (after + the
+// 1,000 sequences one read covers) overflowed PostgreSQL's bigint, and the
+// answer was a 500. It is an empty page at the head.
+func TestEventsAfterTheLargestSequences(t *testing.T) {
+	h, tok, _ := postgresAPI(t, nil)
+	for _, after := range []string{"9223372036854775807", "9223372036854775000"} {
+		r := httptest.NewRequest("GET", "/v1/events?after="+after, nil)
+		r.Header.Set("Authorization", "Bearer "+tok)
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, r)
+		var page struct {
+			Items []any `json:"items"`
+		}
+		if err := json.Unmarshal(w.Body.Bytes(), &page); w.Code != http.StatusOK || err != nil || len(page.Items) != 0 {
+			t.Errorf("GET /v1/events?after=%s: %d %s, want 200 and no events", after, w.Code, bytes.TrimSpace(w.Body.Bytes()))
+		}
+	}
+}
+
 // TestBadTextOnPostgres: PostgreSQL's text refuses invalid UTF-8 and NUL
 // bytes, so an id or query value holding them must be answered before it
 // reaches the store: 404 for an id, 400 for a query value, never a 500.

@@ -112,7 +112,7 @@ SELECT w.head, w.oldest, e.sequence, e.type, e.occurred_at, e.job_id, e.run_id, 
 	e.error_code, e.status_code, e.next_at
 FROM w LEFT JOIN LATERAL (
 	SELECT * FROM events e
-	WHERE e.project_id = $1 AND e.sequence > w.after AND e.sequence <= least(w.head, w.after + $3)
+	WHERE e.project_id = $1 AND e.sequence > w.after AND e.sequence <= w.head AND e.sequence - w.after <= $3
 		AND (cardinality($4::text[]) = 0 OR e.type = ANY($4::text[]))
 		AND ($5 = '' OR e.job_id = $5)
 	ORDER BY e.sequence
