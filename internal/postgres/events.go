@@ -101,18 +101,23 @@ func (t *tx) AppendEvents(ctx context.Context, events ...*vibejobs.Event) error 
 
 // listEventsSQL reads the head, the oldest event kept and a page of events
 // in one statement, so in one snapshot: every event up to the head it reads
-// is visible to it. A read from before the oldest event starts there.
+// is visible to it. A read from before the oldest event starts there. The
+// window ends at upto, the head or $3 sequences after after, whichever is
+// first, computed so that it cannot overflow for any after (an index bound,
+// so a read with filters stops there).
 const listEventsSQL = `WITH h AS (
 	SELECT head, coalesce((SELECT min(sequence) FROM events WHERE project_id = $1), head + 1) AS oldest
 	FROM (SELECT coalesce((SELECT head FROM event_heads WHERE project_id = $1), 0) AS head) h
-), w AS (
+), a AS (
 	SELECT head, oldest, greatest($2, oldest - 1) AS after FROM h
+), w AS MATERIALIZED (
+	SELECT head, oldest, after, least(head, after + least($3::bigint, 9223372036854775807 - after)) AS upto FROM a
 )
 SELECT w.head, w.oldest, e.sequence, e.type, e.occurred_at, e.job_id, e.run_id, e.state, e.reason, e.attempt,
 	e.error_code, e.status_code, e.next_at
 FROM w LEFT JOIN LATERAL (
 	SELECT * FROM events e
-	WHERE e.project_id = $1 AND e.sequence > w.after AND e.sequence <= w.head AND e.sequence - w.after <= $3
+	WHERE e.project_id = $1 AND e.sequence > w.after AND e.sequence <= w.upto
 		AND (cardinality($4::text[]) = 0 OR e.type = ANY($4::text[]))
 		AND ($5 = '' OR e.job_id = $5)
 	ORDER BY e.sequence
