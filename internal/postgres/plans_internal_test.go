@@ -248,3 +248,15 @@ func TestFailExpiredRunsReadsOnlyDueRuns(t *testing.T) {
 		t.Errorf("the deadline check read %d buffers with %d runs waiting, none due; want 10 at most", hits, n)
 	}
 }
+
+// TestEventsReadStopsAtItsWindow: a read of the feed covers at most 1,000
+// sequences after its cursor, and the index scan must stop there: a read
+// with type or job filters that match few events would otherwise walk the
+// feed to its head, on every poll of every subscription.
+func TestEventsReadStopsAtItsWindow(t *testing.T) {
+	s := MustOpenTestWith(t, Options{})
+	p := explain(t, s.pool, listEventsSQL, "prj_x", int64(5), 1000, []string{"run.failed"}, "", 100)
+	if !strings.Contains(p, "AND (sequence <= w.upto))") {
+		t.Errorf("the feed's read does not bound its index scan by its window:\n%s", p)
+	}
+}
