@@ -209,10 +209,16 @@ type Claim struct {
 	// this claim from an earlier one of the run by the same owner with the
 	// same attempt number (a redelivery after the first lease expired).
 	ClaimedAt time.Time
-	URL       string
-	Secret    SealedSecret
-	Timeout   time.Duration
-	Retry     RetryPolicy
+	// LateDecided says that Run.Late was decided by an earlier claim, not
+	// this one: so for every attempt after the first, and for a first
+	// attempt sent again after its claim's lease was recovered. Only a
+	// first attempt this claim decided is a first attempt for the
+	// first-attempt lateness it reports.
+	LateDecided bool
+	URL         string
+	Secret      SealedSecret
+	Timeout     time.Duration
+	Retry       RetryPolicy
 }
 
 // Outcome is a finished attempt and the run's next step.

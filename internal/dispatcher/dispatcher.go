@@ -605,7 +605,10 @@ func (d *Dispatcher) deliver(c *vibejobs.Claim, host string, h *heldClaim) {
 			"status", res.StatusCode, "error_code", res.ErrorCode, "next_state", string(step.State))
 	}
 	if d.cfg.Observer != nil {
-		d.cfg.Observer.AttemptFinished(res.ErrorCode, step, start.Sub(r.ScheduledFor), r.Attempt == 1, end.Sub(start))
+		// A first attempt sent again after an interruption was measured
+		// when it first went out.
+		first := r.Attempt == 1 && !c.LateDecided
+		d.cfg.Observer.AttemptFinished(res.ErrorCode, step, start.Sub(r.ScheduledFor), first, end.Sub(start))
 	}
 	snippet := res.Snippet
 	if len(snippet) > vibejobs.SnippetBytes {

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"net/http"
 	"path/filepath"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -676,5 +677,56 @@ func TestWithdrawAllReleasesWaitingClaims(t *testing.T) {
 	unblock()
 	for _, r := range []*vibejobs.Run{first, second} {
 		e.waitRun(t, r.ID, func(r *vibejobs.Run) bool { return r.State == vibejobs.RunSucceeded })
+	}
+}
+
+// firstObserver records the first flag of every attempt it is told of.
+type firstObserver struct {
+	mu    sync.Mutex
+	first []bool
+}
+
+func (o *firstObserver) AttemptFinished(_ string, _ vibejobs.Step, _ time.Duration, first bool, _ time.Duration) {
+	o.mu.Lock()
+	o.first = append(o.first, first)
+	o.mu.Unlock()
+}
+
+// TestResentFirstAttemptIsNotAFirstAttempt: the first-attempt lateness is
+// measured once per run, when the first attempt first goes out. A first
+// attempt sent again after its claim's lease was recovered (its late flag
+// kept) is not measured again: its lateness is the outage's, not the
+// schedule's.
+func TestResentFirstAttemptIsNotAFirstAttempt(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	j := e.job(t, "job_a", "https://a.example/")
+	now := e.clock.Now()
+	resent := e.run(t, j, "run_resent", now.Add(-2*time.Minute))
+	if cs, err := e.store.ClaimDueRuns(ctx, "dead", resent.ScheduledFor, 1, time.Second); err != nil || len(cs) != 1 {
+		t.Fatalf("first claim: %v, %v", cs, err)
+	}
+	if n, err := e.store.RecoverExpiredLeases(ctx, now.Add(-time.Second), 10); err != nil || n != 1 {
+		t.Fatalf("RecoverExpiredLeases = %d, %v", n, err)
+	}
+	fresh := e.run(t, j, "run_fresh", now)
+	obs := &firstObserver{}
+	d := dispatcher.New(dispatcher.Config{Store: e.store, Sender: e.sender, Opener: plainOpener{}, Owner: "o",
+		Now: e.clock.Now, Rand: func() float64 { return 0.5 }, Concurrency: 1, PerHost: 1,
+		PollInterval: 20 * time.Millisecond, Observer: obs})
+	runCtx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() { d.Run(runCtx); close(done) }()
+	defer func() { cancel(); <-done }()
+	for _, id := range []string{resent.ID, fresh.ID} {
+		e.waitRun(t, id, func(r *vibejobs.Run) bool { return r.State == vibejobs.RunSucceeded })
+	}
+	cancel()
+	<-done
+	obs.mu.Lock()
+	defer obs.mu.Unlock()
+	// The resent run is due first, so it goes first (concurrency 1).
+	if want := []bool{false, true}; !slices.Equal(obs.first, want) {
+		t.Fatalf("first flags reported %v, want %v (the resent first attempt, then a fresh one)", obs.first, want)
 	}
 }

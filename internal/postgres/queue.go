@@ -206,8 +206,8 @@ func (s *Store) applyPlansArgs(plans []vibejobs.RunPlan) []any {
 // version to the row as it is now, which the lock on the run (rechecked
 // against the run's latest version) guarantees still has that key.
 const claimSQL = `WITH due AS (
-	SELECT l.tid, q.due_at AS next_attempt_at FROM run_queue q CROSS JOIN LATERAL (
-		SELECT r.ctid AS tid FROM runs r
+	SELECT l.tid, l.late_decided, q.due_at AS next_attempt_at FROM run_queue q CROSS JOIN LATERAL (
+		SELECT r.ctid AS tid, r.late_decided FROM runs r
 		WHERE ` + queuedRunSQL + ` AND r.lease_owner IS NULL AND r.deadline_at >= $1
 		FOR UPDATE SKIP LOCKED) l
 	WHERE q.leased = false AND q.due_at <= $1 AND q.deadline_at >= $1
@@ -226,7 +226,7 @@ FROM due, jobs j
 WHERE r.ctid = due.tid AND r.ctid = ANY(ARRAY(SELECT tid FROM due)) AND j.id = r.job_id
 RETURNING ` + runColumns + `, due.next_attempt_at,
 	j.url, j.secret_key_id, j.secret_ciphertext, j.timeout_ns, j.max_attempts, j.min_backoff_ns, j.max_backoff_ns,
-	r.lease_expires_at AS lease_key, r.attempt_started_at
+	r.lease_expires_at AS lease_key, r.attempt_started_at, due.late_decided AS decided_before
 ), leased AS (
 	-- The queue row moves to the lease expiry: walks for due runs pass no
 	-- run in flight, and lease recovery finds the expired leases first.
@@ -261,7 +261,7 @@ func (s *Store) ClaimDueRuns(ctx context.Context, owner string, now time.Time, l
 			timeout, minBackoff, maxBackoff int64
 		)
 		run, err := scanRun(row, &due, &c.URL, &c.Secret.KeyID, &c.Secret.Ciphertext, &timeout,
-			&c.Retry.MaxAttempts, &minBackoff, &maxBackoff, &leaseKey, &c.ClaimedAt)
+			&c.Retry.MaxAttempts, &minBackoff, &maxBackoff, &leaseKey, &c.ClaimedAt, &c.LateDecided)
 		if err != nil {
 			return claimed{}, err
 		}

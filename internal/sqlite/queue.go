@@ -154,15 +154,18 @@ func (s *Store) ClaimDueRuns(ctx context.Context, owner string, now time.Time, l
 		}
 		var ids []string
 		var rowids []int64
+		decided := map[string]bool{} // Late decided before this claim
 		for rows.Next() {
 			var rowid int64
 			var id string
-			if err := rows.Scan(&rowid, &id); err != nil {
+			var wasDecided bool
+			if err := rows.Scan(&rowid, &id, &wasDecided); err != nil {
 				rows.Close()
 				return err
 			}
 			rowids = append(rowids, rowid)
 			ids = append(ids, id)
+			decided[id] = wasDecided
 		}
 		rows.Close()
 		if err := rows.Err(); err != nil {
@@ -233,6 +236,7 @@ func (s *Store) ClaimDueRuns(ctx context.Context, owner string, now time.Time, l
 			c := *set
 			c.Run = r
 			c.ClaimedAt = time.UnixMilli(nowMS).UTC() // attempt_started_at, as claimSQL wrote it
+			c.LateDecided = decided[id]
 			claims = append(claims, &c)
 		}
 		return nil
@@ -452,7 +456,7 @@ const applyInsertSQL = `INSERT INTO runs (id, job_id, project_id, trigger, sched
 		ON CONFLICT (job_id, scheduled_for, occurrence) DO NOTHING`
 
 // claimPickSQL picks the runs to claim, in due order.
-const claimPickSQL = `SELECT seq, id FROM runs
+const claimPickSQL = `SELECT seq, id, late IS NOT NULL FROM runs
 			WHERE state IN ('scheduled', 'retrying') AND next_attempt_at <= ?1 AND deadline_at >= ?1
 			ORDER BY next_attempt_at, seq LIMIT ?2`
 

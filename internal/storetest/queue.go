@@ -184,8 +184,8 @@ func testAttemptNumberingAcrossRetries(t *testing.T, f *fixture) {
 	r := f.run(j, T0)
 
 	c1 := f.claimIDs("w1", T0, 1, r)[0]
-	if c1.Run.Attempt != 1 {
-		t.Fatalf("first claim: attempt %d", c1.Run.Attempt)
+	if c1.Run.Attempt != 1 || c1.LateDecided {
+		t.Fatalf("first claim: attempt %d, late decided before %v; want 1, false", c1.Run.Attempt, c1.LateDecided)
 	}
 	f.record("w1", retrying(c1, T0, T0.Add(time.Second), T0.Add(30*time.Second)))
 	got := f.wantRun("after a retryable answer", r.ID, vibejobs.RunRetrying, 1, ptr(T0.Add(30*time.Second)))
@@ -196,8 +196,8 @@ func testAttemptNumberingAcrossRetries(t *testing.T, f *fixture) {
 
 	f.claimIDs("w1", T0.Add(30*time.Second-time.Millisecond), 1)
 	c2 := f.claimIDs("w2", T0.Add(30*time.Second), 1, r)[0]
-	if c2.Run.Attempt != 2 {
-		t.Fatalf("second claim: attempt %d", c2.Run.Attempt)
+	if c2.Run.Attempt != 2 || !c2.LateDecided {
+		t.Fatalf("second claim: attempt %d, late decided before %v; want 2, true", c2.Run.Attempt, c2.LateDecided)
 	}
 	f.record("w2", retrying(c2, T0.Add(30*time.Second), T0.Add(31*time.Second), T0.Add(6*time.Minute)))
 	c3 := f.claimIDs("w1", T0.Add(6*time.Minute), 1, r)[0]
@@ -414,7 +414,9 @@ func testRecoverExpiredLeases(t *testing.T, f *fixture) {
 	f.projects()
 	j := f.job(projectA, func(j *vibejobs.Job) { j.Timeout = 10 * time.Second })
 	r := f.run(j, T0)
-	f.claimIDs("w1", T0, 1, r)
+	if c := f.claimIDs("w1", T0, 1, r)[0]; c.LateDecided {
+		t.Fatal("first claim: late decided before it")
+	}
 
 	lease := T0.Add(10*time.Second + Margin)
 	if n, err := f.s.RecoverExpiredLeases(f.ctx, lease, 10); err != nil || n != 0 {
@@ -437,8 +439,8 @@ func testRecoverExpiredLeases(t *testing.T, f *fixture) {
 
 	// Sent again under the same number; late is not decided again.
 	c := f.claimIDs("w2", T0.Add(2*time.Minute), 1, r)[0]
-	if c.Run.Attempt != 1 || c.Run.Late {
-		t.Fatalf("redelivery: attempt %d late %v, want 1 false", c.Run.Attempt, c.Run.Late)
+	if c.Run.Attempt != 1 || c.Run.Late || !c.LateDecided {
+		t.Fatalf("redelivery: attempt %d late %v, late decided before %v; want 1 false true", c.Run.Attempt, c.Run.Late, c.LateDecided)
 	}
 	f.record("w2", succeeded(c, T0.Add(2*time.Minute), T0.Add(2*time.Minute+time.Second)))
 	got = f.wantRun("redelivered run", r.ID, vibejobs.RunSucceeded, 1, nil)
@@ -558,8 +560,9 @@ func testReleaseClaims(t *testing.T, f *fixture) {
 		t.Fatalf("claim after release: %v, want %v", ids, want)
 	}
 	for _, cl := range again {
-		if cl.Run.Attempt != 1 || !cl.Run.Late {
-			t.Errorf("released first attempt claimed again: attempt %d late %v, want 1 true", cl.Run.Attempt, cl.Run.Late)
+		if cl.Run.Attempt != 1 || !cl.Run.Late || cl.LateDecided {
+			t.Errorf("released first attempt claimed again: attempt %d late %v, late decided before %v; want 1 true false",
+				cl.Run.Attempt, cl.Run.Late, cl.LateDecided)
 		}
 	}
 
@@ -600,9 +603,9 @@ func testReleaseKeepsLateOfASentFirstAttempt(t *testing.T, f *fixture) {
 	got := f.wantRun("released redelivery of a first attempt", e.ID, vibejobs.RunScheduled, 1, &recovered)
 	f.wantAttempts("released redelivery of a first attempt", got, "1:interrupted")
 	c := f.claimIDs("w3", recovered.Add(5*time.Minute), 1, e)[0]
-	if c.Run.Attempt != 1 || c.Run.Late {
-		t.Errorf("released redelivery of a first attempt sent on time, claimed again: attempt %d late %v, want 1 false",
-			c.Run.Attempt, c.Run.Late)
+	if c.Run.Attempt != 1 || c.Run.Late || !c.LateDecided {
+		t.Errorf("released redelivery of a first attempt sent on time, claimed again: attempt %d late %v, late decided before %v; want 1 false true",
+			c.Run.Attempt, c.Run.Late, c.LateDecided)
 	}
 }
 
