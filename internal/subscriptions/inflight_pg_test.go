@@ -3,7 +3,6 @@ package subscriptions_test
 import (
 	"context"
 	"log/slog"
-	"sync"
 	"testing"
 	"time"
 
@@ -52,19 +51,13 @@ func TestResetWhileAFailingRequestIsInFlightPostgres(t *testing.T) {
 	}
 	r.drain()
 
-	r.mu.Lock()
-	r.hold = make(chan struct{})
-	r.mu.Unlock()
 	r.answer(500)
-	var wg sync.WaitGroup
-	wg.Go(func() { _ = d.RunOnce(ctx) })
-	r.next(t)
+	_, finish := r.inFlight(t, func() { _ = d.RunOnce(ctx) })
 	upd(func(tx vibejobs.Tx) error {
 		_, err := tx.ResetSubscription(ctx, e.project, sub.ID, e.clock.Now())
 		return err
 	})
-	close(r.hold)
-	wg.Wait()
+	finish()
 
 	emit() // sequence 2
 	if err := d.RunOnce(ctx); err != nil {

@@ -24,6 +24,27 @@ func (e *env) failN(t *testing.T, r *recv, sub *vibejobs.Subscription, n int) {
 	}
 }
 
+// inFlight runs round in the background with r holding the request it
+// receives; it returns that request once it is in flight, and finish, which
+// lets it go (r holds no more requests after it) and waits for round to end.
+func (r *recv) inFlight(t *testing.T, round func()) (request, func()) {
+	t.Helper()
+	hold := make(chan struct{})
+	r.mu.Lock()
+	r.hold = hold
+	r.mu.Unlock()
+	var wg sync.WaitGroup
+	wg.Go(round)
+	x := r.next(t)
+	return x, func() {
+		r.mu.Lock()
+		r.hold = nil
+		r.mu.Unlock()
+		close(hold)
+		wg.Wait()
+	}
+}
+
 // TestResetWhileAFailingRequestIsInFlight: POST /reset clears the failure
 // state and moves the cursor to the head. A refused retry of the old event
 // in flight at that moment ends after the reset: its failure must not be
@@ -36,13 +57,9 @@ func TestResetWhileAFailingRequestIsInFlight(t *testing.T) {
 	e.emit(e.job, vibejobs.EventJobUpdated) // sequence 1, the receiver never accepts it
 	e.failN(t, r, sub, 6)
 
-	r.mu.Lock()
-	r.hold = make(chan struct{})
-	r.mu.Unlock()
 	r.answer(500)
-	var wg sync.WaitGroup
-	wg.Go(func() { runOnce(t, e.deliverer("w1", nil)) })
-	if x := r.next(t); x.seq() != 1 {
+	x, finish := r.inFlight(t, func() { runOnce(t, e.deliverer("w1", nil)) })
+	if x.seq() != 1 {
 		t.Fatalf("in flight: %s", x.body)
 	}
 	// The operator resets (what POST /v1/subscriptions/{id}/reset runs).
@@ -55,8 +72,7 @@ func TestResetWhileAFailingRequestIsInFlight(t *testing.T) {
 	if reset.Cursor != 1 || reset.Failing() || reset.Attempts != 0 || reset.NextAttemptAt != nil {
 		t.Fatalf("reset answered %+v", reset)
 	}
-	close(r.hold)
-	wg.Wait()
+	finish()
 
 	e.emit(e.job, vibejobs.EventJobUpdated) // sequence 2, after the reset
 	runOnce(t, e.deliverer("w1", nil))
@@ -79,13 +95,8 @@ func TestNewURLWhileAFailingRequestIsInFlight(t *testing.T) {
 	e.emit(e.job, vibejobs.EventJobUpdated)
 	e.failN(t, bad, sub, 6)
 
-	bad.mu.Lock()
-	bad.hold = make(chan struct{})
-	bad.mu.Unlock()
 	bad.answer(500)
-	var wg sync.WaitGroup
-	wg.Go(func() { runOnce(t, e.deliverer("w1", nil)) })
-	bad.next(t)
+	_, finish := bad.inFlight(t, func() { runOnce(t, e.deliverer("w1", nil)) })
 	// What PATCH /v1/subscriptions/{id} {"url": good} runs.
 	e.update(func(tx vibejobs.Tx) error {
 		s, err := tx.GetSubscription(context.Background(), e.project, sub.ID)
@@ -95,8 +106,7 @@ func TestNewURLWhileAFailingRequestIsInFlight(t *testing.T) {
 		s.URL, s.NextAttemptAt, s.UpdatedAt = good.srv.URL, nil, e.clock.Now()
 		return tx.UpdateSubscription(context.Background(), s)
 	})
-	close(bad.hold)
-	wg.Wait()
+	finish()
 
 	runOnce(t, e.deliverer("w1", nil))
 	if got := seqs(good.drain()); len(got) != 1 || got[0] != 1 {
@@ -114,22 +124,13 @@ func TestDeletedSubscriptionGetsNoMoreEvents(t *testing.T) {
 	r := newRecv(t)
 	sub, _ := e.subscribe(r.srv.URL)
 	e.emit(e.job, e.updates(5)...)
-	r.mu.Lock()
-	r.hold = make(chan struct{})
-	r.mu.Unlock()
-	var wg sync.WaitGroup
-	wg.Go(func() { runOnce(t, e.deliverer("w1", nil)) })
-	if x := r.next(t); x.seq() != 1 {
+	x, finish := r.inFlight(t, func() { runOnce(t, e.deliverer("w1", nil)) })
+	if x.seq() != 1 {
 		t.Fatalf("in flight: %s", x.body)
 	}
 	e.update(func(tx vibejobs.Tx) error { return tx.DeleteSubscription(context.Background(), e.project, sub.ID) })
 	e.clock.Add(20 * time.Millisecond) // the request took 20 ms
-	r.mu.Lock()
-	hold := r.hold
-	r.hold = nil
-	r.mu.Unlock()
-	close(hold)
-	wg.Wait()
+	finish()
 	if got := seqs(r.drain()); len(got) != 0 {
 		t.Fatalf("after the subscription was deleted its URL received %v", got)
 	}
