@@ -421,62 +421,81 @@ func TestIdempotencyKeys(t *testing.T) {
 	}
 }
 
+// keyClaim is an in-progress claim of key "k" of prj made at "at".
+func keyClaim(prj string, at time.Time) *vibejobs.IdempotencyRecord {
+	return &vibejobs.IdempotencyRecord{ProjectID: prj, Key: "k", RequestHash: []byte{1}, CreatedAt: at, ExpiresAt: at.Add(24 * time.Hour)}
+}
+
+// takeover is what the API's takeover of a claim of key "k" saw.
+type takeover struct {
+	read                time.Time // creation time of the claim it read
+	readDone            bool      // the claim it read was completed
+	delErr, insErr, err error
+}
+
+// takeOverKey is the API's takeover of an abandoned claim of key "k", in
+// one transaction on s at "at": read the claim, delete it by its creation
+// time, insert its own. held runs just before the commit.
+func takeOverKey(s *postgres.Store, prj string, at time.Time, held func()) (o takeover) {
+	ctx := context.Background()
+	o.err = s.Update(ctx, func(tx vibejobs.Tx) error {
+		rec, err := tx.GetIdempotencyKey(ctx, prj, "k", at)
+		if err != nil {
+			return err
+		}
+		o.read, o.readDone = rec.CreatedAt, rec.Done
+		o.delErr = tx.DeleteIdempotencyKey(ctx, prj, "k", rec.CreatedAt)
+		if o.insErr = tx.InsertIdempotencyKey(ctx, keyClaim(prj, at)); o.insErr != nil {
+			return o.insErr
+		}
+		held()
+		return nil
+	})
+	return o
+}
+
+// commitGate holds a transaction just before its commit (hold, called in
+// it) until open is called, or the test ends: a failing test must not leave
+// the transaction open.
+type commitGate struct {
+	reached, commit chan struct{}
+	once            sync.Once
+}
+
+func newCommitGate(t *testing.T) *commitGate {
+	g := &commitGate{reached: make(chan struct{}, 1), commit: make(chan struct{})}
+	t.Cleanup(g.open)
+	return g
+}
+
+func (g *commitGate) hold() {
+	g.reached <- struct{}{}
+	<-g.commit
+}
+
+func (g *commitGate) open() { g.once.Do(func() { close(g.commit) }) }
+
 // TestIdempotencyTakeoverRace: two requests take one abandoned claim over
-// at once, as the API does (read the claim, delete it by its creation
-// time, insert their own). The slower one waits on the faster one's delete,
-// then finds nothing left to delete and meets the faster one's claim
-// (ECONFLICT), which the API answers as in progress. The faster one's claim
-// stands.
+// at once, as the API does. The slower one waits on the faster one's
+// delete, then finds nothing left to delete and meets the faster one's
+// claim (ECONFLICT), which the API answers as in progress. The faster one's
+// claim stands.
 func TestIdempotencyTakeoverRace(t *testing.T) {
 	ctx := context.Background()
 	schema := postgres.NewTestSchema(t)
 	a, b := open(t, schema), open(t, schema)
 	prj := newProject(t, a)
-	claimAt := func(at time.Time) *vibejobs.IdempotencyRecord {
-		return &vibejobs.IdempotencyRecord{ProjectID: prj, Key: "k", RequestHash: []byte{1}, CreatedAt: at, ExpiresAt: at.Add(24 * time.Hour)}
-	}
-	mustUpdate(t, a, func(tx vibejobs.Tx) error { return tx.InsertIdempotencyKey(ctx, claimAt(t0)) })
+	mustUpdate(t, a, func(tx vibejobs.Tx) error { return tx.InsertIdempotencyKey(ctx, keyClaim(prj, t0)) })
 	faster, slower := t0.Add(61*time.Second), t0.Add(62*time.Second)
 
-	// takeOver is the API's takeover of the abandoned claim, in one
-	// transaction on s at "at"; held runs just before the commit.
-	type takeover struct {
-		read                time.Time
-		delErr, insErr, err error
-	}
-	takeOver := func(s *postgres.Store, at time.Time, held func()) (o takeover) {
-		o.err = s.Update(ctx, func(tx vibejobs.Tx) error {
-			rec, err := tx.GetIdempotencyKey(ctx, prj, "k", at)
-			if err != nil {
-				return err
-			}
-			o.read = rec.CreatedAt
-			o.delErr = tx.DeleteIdempotencyKey(ctx, prj, "k", rec.CreatedAt)
-			if o.insErr = tx.InsertIdempotencyKey(ctx, claimAt(at)); o.insErr != nil {
-				return o.insErr
-			}
-			held()
-			return nil
-		})
-		return o
-	}
-
-	inserted, commit := make(chan struct{}, 1), make(chan struct{})
-	var release sync.Once
-	letCommit := func() { release.Do(func() { close(commit) }) }
-	defer letCommit() // a failing test must not leave the transaction open
+	gate := newCommitGate(t)
 	firstDone, secondDone := make(chan takeover, 1), make(chan takeover, 1)
-	go func() {
-		firstDone <- takeOver(a, faster, func() {
-			inserted <- struct{}{}
-			<-commit
-		})
-	}()
-	waitSignal(t, inserted, "the faster takeover")
-	go func() { secondDone <- takeOver(b, slower, func() {}) }()
+	go func() { firstDone <- takeOverKey(a, prj, faster, gate.hold) }()
+	waitSignal(t, gate.reached, "the faster takeover")
+	go func() { secondDone <- takeOverKey(b, prj, slower, func() {}) }()
 	// The slower delete waits for the faster transaction's row lock.
 	waitForLockWait(t, a, "DELETE FROM idempotency_keys", "the slower takeover never waited for the faster one")
-	letCommit()
+	gate.open()
 	if first := <-firstDone; first.err != nil || first.delErr != nil {
 		t.Fatalf("faster takeover: %v (delete: %v)", first.err, first.delErr)
 	}
@@ -503,13 +522,10 @@ func TestIdempotencyTakeoverOfACompletingClaim(t *testing.T) {
 	schema := postgres.NewTestSchema(t)
 	a, b := open(t, schema), open(t, schema)
 	prj := newProject(t, a)
-	claim := &vibejobs.IdempotencyRecord{ProjectID: prj, Key: "k", RequestHash: []byte{1}, CreatedAt: t0, ExpiresAt: t0.Add(24 * time.Hour)}
+	claim := keyClaim(prj, t0)
 	mustUpdate(t, a, func(tx vibejobs.Tx) error { return tx.InsertIdempotencyKey(ctx, claim) })
 
-	completed, commit := make(chan struct{}, 1), make(chan struct{})
-	var release sync.Once
-	letCommit := func() { release.Do(func() { close(commit) }) }
-	defer letCommit() // a failing test must not leave the transaction open
+	gate := newCommitGate(t)
 	slowDone := make(chan error, 1)
 	go func() {
 		slowDone <- a.Update(ctx, func(tx vibejobs.Tx) error {
@@ -518,43 +534,26 @@ func TestIdempotencyTakeoverOfACompletingClaim(t *testing.T) {
 			if err := tx.CompleteIdempotencyKey(ctx, &done); err != nil {
 				return err
 			}
-			completed <- struct{}{}
-			<-commit
+			gate.hold()
 			return nil
 		})
 	}()
-	waitSignal(t, completed, "the slow request's completion")
+	waitSignal(t, gate.reached, "the slow request's completion")
 
 	at := t0.Add(61 * time.Second)
-	var read time.Time
-	var delErr error
-	takeoverDone := make(chan error, 1)
-	go func() {
-		takeoverDone <- b.Update(ctx, func(tx vibejobs.Tx) error {
-			rec, err := tx.GetIdempotencyKey(ctx, prj, "k", at)
-			if err != nil {
-				return err
-			}
-			read = rec.CreatedAt
-			if rec.Done {
-				return errors.New("the takeover read the uncommitted completion")
-			}
-			delErr = tx.DeleteIdempotencyKey(ctx, prj, "k", rec.CreatedAt)
-			return tx.InsertIdempotencyKey(ctx, &vibejobs.IdempotencyRecord{ProjectID: prj, Key: "k",
-				RequestHash: []byte{1}, CreatedAt: at, ExpiresAt: at.Add(24 * time.Hour)})
-		})
-	}()
+	takeoverDone := make(chan takeover, 1)
+	go func() { takeoverDone <- takeOverKey(b, prj, at, func() {}) }()
 	waitForLockWait(t, a, "DELETE FROM idempotency_keys", "the takeover never waited for the completing transaction")
-	letCommit()
+	gate.open()
 	if err := <-slowDone; err != nil {
 		t.Fatalf("completing the slow request's claim: %v", err)
 	}
-	err := <-takeoverDone
-	if !read.Equal(t0) {
-		t.Errorf("the takeover read the claim of %s, want the slow request's of %s", read, t0)
+	o := <-takeoverDone
+	if !o.read.Equal(t0) || o.readDone {
+		t.Errorf("the takeover read the claim of %s (completed: %v), want the slow request's of %s, in progress", o.read, o.readDone, t0)
 	}
-	wantKind(t, delErr, vibejobs.ENOTFOUND, "")
-	wantKind(t, err, vibejobs.ECONFLICT, "idempotency_key_exists")
+	wantKind(t, o.delErr, vibejobs.ENOTFOUND, "")
+	wantKind(t, o.err, vibejobs.ECONFLICT, "idempotency_key_exists")
 	got, err := a.GetIdempotencyKey(ctx, prj, "k", at)
 	if err != nil || !got.Done || got.ResponseStatus != 201 || !got.CreatedAt.Equal(t0) {
 		t.Fatalf("the key after the race = %+v, %v; want the slow request's completed record", got, err)
