@@ -11,12 +11,7 @@ import (
 // from 0 to 1s, 0 meaning off (negative for the dispatcher), and anything
 // else is refused with a message naming the range.
 func TestClaimAheadSetting(t *testing.T) {
-	for _, tc := range []struct {
-		args []string
-		env  string
-		want time.Duration // ignored when bad
-		bad  bool
-	}{
+	for _, tc := range []durationCase{
 		{want: 0}, // the dispatcher's default
 		{args: []string{"--claim-ahead", "50ms"}, want: 50 * time.Millisecond},
 		{args: []string{"--claim-ahead", "0"}, want: -1},
@@ -30,34 +25,46 @@ func TestClaimAheadSetting(t *testing.T) {
 		{env: "-1ms", bad: true},
 		{env: "200", bad: true},
 	} {
-		m := NewMain(io.Discard, io.Discard)
-		getenv := func(k string) string {
-			if k == "VIBEJOBS_CLAIM_AHEAD" {
-				return tc.env
-			}
-			return ""
+		checkDurationSetting(t, tc, "VIBEJOBS_CLAIM_AHEAD", "from 0 to 1s", func(c Config) time.Duration { return c.ClaimAhead })
+	}
+}
+
+// durationCase is a serve flag or variable holding a duration: args and env
+// as given, and the setting wanted, or bad.
+type durationCase struct {
+	args []string
+	env  string
+	want time.Duration // ignored when bad
+	bad  bool
+}
+
+// checkDurationSetting parses tc with env as the variable's value; a bad
+// case must be refused with a message holding rangeText, a good one give
+// setting(Config) = tc.want.
+func checkDurationSetting(t *testing.T, tc durationCase, env, rangeText string, setting func(Config) time.Duration) {
+	t.Helper()
+	m := NewMain(io.Discard, io.Discard)
+	getenv := func(k string) string {
+		if k == env {
+			return tc.env
 		}
-		err := m.ParseFlags(tc.args, getenv)
-		switch {
-		case tc.bad && (err == nil || !strings.Contains(err.Error(), "from 0 to 1s")):
-			t.Errorf("args %q env %q: err %v, want one naming the range", tc.args, tc.env, err)
-		case !tc.bad && err != nil:
-			t.Errorf("args %q env %q: %v", tc.args, tc.env, err)
-		case !tc.bad && m.Config.ClaimAhead != tc.want:
-			t.Errorf("args %q env %q: ClaimAhead %v, want %v", tc.args, tc.env, m.Config.ClaimAhead, tc.want)
-		}
+		return ""
+	}
+	err := m.ParseFlags(tc.args, getenv)
+	switch {
+	case tc.bad && (err == nil || !strings.Contains(err.Error(), rangeText)):
+		t.Errorf("args %q env %q: err %v, want one naming the range", tc.args, tc.env, err)
+	case !tc.bad && err != nil:
+		t.Errorf("args %q env %q: %v", tc.args, tc.env, err)
+	case !tc.bad && setting(m.Config) != tc.want:
+		t.Errorf("args %q env %q: %s %v, want %v", tc.args, tc.env, env, setting(m.Config), tc.want)
 	}
 }
 
 // TestRotationGraceSetting: --subscription-rotation-grace and its variable
 // take 1m to 720h; anything else, 0 included, is refused naming the range.
 func TestRotationGraceSetting(t *testing.T) {
-	for _, tc := range []struct {
-		args []string
-		env  string
-		want time.Duration // ignored when bad
-		bad  bool
-	}{
+	for _, tc := range []durationCase{
 		{want: 24 * time.Hour},
 		{args: []string{"--subscription-rotation-grace", "1m"}, want: time.Minute},
 		{env: "720h", want: 720 * time.Hour},
@@ -68,21 +75,7 @@ func TestRotationGraceSetting(t *testing.T) {
 		{args: []string{"--subscription-rotation-grace", "-1h"}, bad: true},
 		{env: "a day", bad: true},
 	} {
-		m := NewMain(io.Discard, io.Discard)
-		getenv := func(k string) string {
-			if k == "VIBEJOBS_SUBSCRIPTION_ROTATION_GRACE" {
-				return tc.env
-			}
-			return ""
-		}
-		err := m.ParseFlags(tc.args, getenv)
-		switch {
-		case tc.bad && (err == nil || !strings.Contains(err.Error(), "from 1m to 720h")):
-			t.Errorf("args %q env %q: err %v, want one naming the range", tc.args, tc.env, err)
-		case !tc.bad && err != nil:
-			t.Errorf("args %q env %q: %v", tc.args, tc.env, err)
-		case !tc.bad && m.Config.RotationGrace != tc.want:
-			t.Errorf("args %q env %q: RotationGrace %v, want %v", tc.args, tc.env, m.Config.RotationGrace, tc.want)
-		}
+		checkDurationSetting(t, tc, "VIBEJOBS_SUBSCRIPTION_ROTATION_GRACE", "from 1m to 720h",
+			func(c Config) time.Duration { return c.RotationGrace })
 	}
 }
