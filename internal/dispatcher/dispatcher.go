@@ -289,7 +289,10 @@ const retakePause = 5 * time.Millisecond
 // be.
 func (d *Dispatcher) start(claims []*vibejobs.Claim, now, ahead time.Time) {
 	for _, c := range claims {
-		host := hostKey(c.URL)
+		// Config.PerHost counts a destination as the egress client's pool
+		// does, so the claims let through never wait inside the client for
+		// a connection (a wait their attempt's timeout would count).
+		host := egress.HostKey(c.URL)
 		var hold time.Time
 		if !ahead.IsZero() {
 			hold = ahead
@@ -663,9 +666,3 @@ func (d *Dispatcher) recordLoop() {
 	}
 	flush()
 }
-
-// hostKey names a URL's destination for Config.PerHost as the egress
-// client's connection pool names it, so that the claims the dispatcher lets
-// through to a host never wait inside the client for a connection (a wait
-// its attempt's timeout would count).
-func hostKey(raw string) string { return egress.HostKey(raw) }
