@@ -133,6 +133,17 @@ type Tx interface {
 	// SetJobSecret replaces one.
 	SecretsNotUnder(ctx context.Context, keyID string, limit int) ([]*Job, error)
 	SetJobSecret(ctx context.Context, jobID string, s SealedSecret) error
+	// RecordMasterKey records keyID as the id of the database's master key
+	// unless one is recorded already, and returns the recorded id. Every
+	// server sharing the database checks at start that its key file holds
+	// that key: servers with different key files would seal secrets the
+	// others cannot open. Of concurrent first calls, one records its id
+	// and the others return it.
+	RecordMasterKey(ctx context.Context, keyID string) (string, error)
+	// SetMasterKey records keyID as the database's master key, replacing
+	// the one recorded: master key rotation, once every secret is sealed
+	// under it.
+	SetMasterKey(ctx context.Context, keyID string) error
 
 	// AppendEvents appends events to their projects' feeds, numbering them
 	// (Event.Sequence) in the order given; they commit with the

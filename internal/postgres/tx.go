@@ -451,6 +451,25 @@ func (t *tx) SetJobSecret(ctx context.Context, jobID string, s vibejobs.SealedSe
 	return nil
 }
 
+// RecordMasterKey records keyID unless a master key is recorded, and
+// returns the recorded one. An insert racing another waits for it to commit
+// and then does nothing; the SELECT, a later statement, sees the winner.
+func (t *tx) RecordMasterKey(ctx context.Context, keyID string) (string, error) {
+	if _, err := t.q.Exec(ctx, `INSERT INTO master_key (key_id) VALUES ($1) ON CONFLICT DO NOTHING`, keyID); err != nil {
+		return "", mapError(err, "recording the master key")
+	}
+	var id string
+	err := t.q.QueryRow(ctx, `SELECT key_id FROM master_key`).Scan(&id)
+	return id, mapError(err, "reading the master key")
+}
+
+// SetMasterKey records keyID as the master key.
+func (t *tx) SetMasterKey(ctx context.Context, keyID string) error {
+	_, err := t.q.Exec(ctx, `INSERT INTO master_key (key_id) VALUES ($1)
+		ON CONFLICT (singleton) DO UPDATE SET key_id = excluded.key_id`, keyID)
+	return mapError(err, "recording the master key")
+}
+
 // nonNil makes a nil slice an empty bytea (pgx sends a nil slice as NULL).
 func nonNil(b []byte) []byte {
 	if b == nil {

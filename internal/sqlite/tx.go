@@ -311,6 +311,28 @@ func (t *tx) SetJobSecret(ctx context.Context, jobID string, s vibejobs.SealedSe
 	return nil
 }
 
+// RecordMasterKey records keyID unless a master key is recorded, and
+// returns the recorded one (SQLite has one writer at a time).
+func (t *tx) RecordMasterKey(ctx context.Context, keyID string) (string, error) {
+	if _, err := t.t.ExecContext(ctx, `INSERT INTO master_key (singleton, key_id) VALUES (1, ?) ON CONFLICT DO NOTHING`, keyID); err != nil {
+		return "", fmt.Errorf("recording the master key: %w", err)
+	}
+	var id string
+	if err := t.t.QueryRowContext(ctx, `SELECT key_id FROM master_key`).Scan(&id); err != nil {
+		return "", fmt.Errorf("reading the master key: %w", err)
+	}
+	return id, nil
+}
+
+// SetMasterKey records keyID as the master key.
+func (t *tx) SetMasterKey(ctx context.Context, keyID string) error {
+	if _, err := t.t.ExecContext(ctx, `INSERT INTO master_key (singleton, key_id) VALUES (1, ?)
+		ON CONFLICT (singleton) DO UPDATE SET key_id = excluded.key_id`, keyID); err != nil {
+		return fmt.Errorf("recording the master key: %w", err)
+	}
+	return nil
+}
+
 // nonNil makes a nil slice an empty BLOB (a nil one binds NULL).
 func nonNil(b []byte) []byte {
 	if b == nil {

@@ -2,7 +2,10 @@ package storetest
 
 import (
 	"errors"
+	"fmt"
 	"slices"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -522,6 +525,54 @@ func testSecretRotation(t *testing.T, f *fixture) {
 	})
 	err := f.s.Update(f.ctx, func(tx vibejobs.Tx) error { return tx.SetJobSecret(f.ctx, "job_missing", resealed) })
 	wantNotFound(t, "SetJobSecret of a missing job", err, "job")
+}
+
+// testMasterKey: the first RecordMasterKey records its key and later ones
+// return it, also when they race; a rolled-back record leaves none; and
+// SetMasterKey replaces the recorded key.
+func testMasterKey(t *testing.T, f *fixture) {
+	record := func(keyID string) (string, error) {
+		var got string
+		err := f.s.Update(f.ctx, func(tx vibejobs.Tx) error {
+			var err error
+			got, err = tx.RecordMasterKey(f.ctx, keyID)
+			return err
+		})
+		return got, err
+	}
+	err := f.s.Update(f.ctx, func(tx vibejobs.Tx) error {
+		if _, err := tx.RecordMasterKey(f.ctx, "rolledback"); err != nil {
+			return err
+		}
+		return errRollback
+	})
+	if !errors.Is(err, errRollback) {
+		t.Fatalf("Update returned %v, want the error of fn", err)
+	}
+
+	const n = 8
+	var wg sync.WaitGroup
+	got := make([]string, n)
+	errs := make([]error, n)
+	for i := range n {
+		wg.Go(func() { got[i], errs[i] = record(fmt.Sprintf("key%d", i)) })
+	}
+	wg.Wait()
+	for i := range n {
+		if errs[i] != nil {
+			t.Fatalf("RecordMasterKey(key%d): %v", i, errs[i])
+		}
+		if got[i] != got[0] || !strings.HasPrefix(got[0], "key") {
+			t.Fatalf("concurrent first RecordMasterKey calls returned %q: want one of their keys, the same for all", got)
+		}
+	}
+	if id, err := record("other"); err != nil || id != got[0] {
+		t.Fatalf("RecordMasterKey(other) once %s is recorded = %q, %v", got[0], id, err)
+	}
+	f.update(func(tx vibejobs.Tx) error { return tx.SetMasterKey(f.ctx, "rotated") })
+	if id, err := record("other"); err != nil || id != "rotated" {
+		t.Fatalf("RecordMasterKey(other) after SetMasterKey(rotated) = %q, %v", id, err)
+	}
 }
 
 // testCountJobs: CountJobs counts a project's live jobs through creates and

@@ -50,6 +50,7 @@ func Run(t *testing.T, open func(t *testing.T) vibejobs.Store) {
 		{"DeleteFutureRuns", testDeleteFutureRuns},
 		{"LastRun", testLastRun},
 		{"SecretRotation", testSecretRotation},
+		{"MasterKey", testMasterKey},
 
 		{"CreateAndGetRun", testCreateAndGetRun},
 		{"ManualRunsNeverMerged", testManualRunsNeverMerged},
