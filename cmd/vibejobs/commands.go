@@ -105,6 +105,11 @@ func masterKey(ctx context.Context, args []string, getenv func(string) string, s
 		return err
 	}
 	total += more
+	// Every secret is under the new key: from now on a server needs it to
+	// start (see checkMasterKey).
+	if err := store.Update(ctx, func(tx vibejobs.Tx) error { return tx.SetMasterKey(ctx, keys.CurrentID()) }); err != nil {
+		return fmt.Errorf("recording the new master key (run rotate again to finish): %w", err)
+	}
 	fmt.Fprintf(stdout, "master key rotated: new key %s, %d secrets re-sealed; older keys remain in %s until you remove them\n", keys.CurrentID(), total, path)
 	return nil
 }

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -96,6 +97,64 @@ func TestWrongMasterKeyStopsTheStart(t *testing.T) {
 	m2.Close()
 	if err == nil || !strings.Contains(err.Error(), "master key") {
 		t.Fatalf("started with a wrong master key: %v", err)
+	}
+}
+
+// TestServersOfOneDatabaseShareTheMasterKey: a server whose key file lacks
+// the master key of its database refuses to start, though no secret is
+// stored yet to show the mismatch: with two key files, each server would
+// seal secrets the other cannot open. After a rotation, that key is the new
+// one.
+func TestServersOfOneDatabaseShareTheMasterKey(t *testing.T) {
+	for _, store := range []string{"sqlite", "postgres"} {
+		t.Run(store, func(t *testing.T) {
+			database := filepath.Join(t.TempDir(), "shared.db")
+			if store == "postgres" {
+				database, _ = pgReplicaURL(t, "")
+			}
+			dirA, dirB := t.TempDir(), t.TempDir()
+			start := func(dataDir string) error {
+				m := NewMain(io.Discard, io.Discard)
+				m.Config = Config{Listen: "127.0.0.1:0", DataDir: dataDir, Database: database, LogFormat: "text",
+					LogLevel: "error", Concurrency: 8, PerHost: 8, RetentionDays: 90, MaxJobsPerProject: 10}
+				err := m.Run(context.Background())
+				m.Close()
+				return err
+			}
+			if err := start(dirA); err != nil {
+				t.Fatalf("first server: %v", err)
+			}
+			keyA, _ := os.ReadFile(filepath.Join(dirA, "master.key"))
+			ringA, err := secretbox.Parse(keyA)
+			if err != nil {
+				t.Fatal(err)
+			}
+			err = start(dirB)
+			if err == nil || !strings.Contains(err.Error(), ringA.CurrentID()) {
+				t.Fatalf("a server with its own new key file started on the database of another: %v", err)
+			}
+
+			env := func(k string) string {
+				return map[string]string{"VIBEJOBS_DATA_DIR": dirA, "VIBEJOBS_DATABASE": database}[k]
+			}
+			var out, errb bytes.Buffer
+			if code := run(context.Background(), []string{"master-key", "rotate"}, env, &out, &errb); code != 0 {
+				t.Fatalf("rotate: %d %s %s", code, out.String(), errb.String())
+			}
+			if err := os.WriteFile(filepath.Join(dirB, "master.key"), keyA, 0o600); err != nil {
+				t.Fatal(err)
+			}
+			if err := start(dirB); err == nil || !strings.Contains(err.Error(), "master key") {
+				t.Fatalf("a server with only the key rotated away started: %v", err)
+			}
+			rotated, _ := os.ReadFile(filepath.Join(dirA, "master.key"))
+			if err := os.WriteFile(filepath.Join(dirB, "master.key"), rotated, 0o600); err != nil {
+				t.Fatal(err)
+			}
+			if err := start(dirB); err != nil {
+				t.Fatalf("a server with the rotated key file: %v", err)
+			}
+		})
 	}
 }
 

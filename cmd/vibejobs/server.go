@@ -15,6 +15,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -474,9 +475,20 @@ func (m *Main) bootstrap(ctx context.Context, now func() time.Time) error {
 }
 
 // checkMasterKey refuses to start when stored secrets do not open with the
-// master key: the server would otherwise send deliveries with bad signatures.
+// master key: the server would otherwise send deliveries with bad
+// signatures. Nor does it start when the key file lacks the database's
+// master key (recorded by the first server to start), even before any
+// secret is stored: servers sharing a database with different key files
+// would each seal secrets the others cannot open.
 func checkMasterKey(ctx context.Context, store vibejobs.Store, keys *secretbox.Keyring) error {
 	return store.Update(ctx, func(tx vibejobs.Tx) error {
+		id, err := tx.RecordMasterKey(ctx, keys.CurrentID())
+		if err != nil {
+			return fmt.Errorf("checking master key: %w", err)
+		}
+		if !slices.Contains(keys.IDs(), id) {
+			return fmt.Errorf("the master key file holds no key %s, the master key of this database: every server sharing a database needs the same key file (wrong VIBEJOBS_MASTER_KEY_FILE?)", id)
+		}
 		jobs, err := tx.SecretsNotUnder(ctx, "", 5)
 		if err != nil {
 			return fmt.Errorf("checking master key: %w", err)
