@@ -115,13 +115,18 @@ func (v *Verifier) Secrets() Secrets { return *v.secrets.Load() }
 // Rotate makes next the current secret and keeps accepting the one it replaces
 // for window (DefaultRotationWindow when window ≤ 0) from now. Rotations at
 // once apply one after the other: each keeps the secret the one before made
-// current, and none is lost.
+// current, and none is lost. Rotating to the secret already current (a
+// reloaded config, a retried call) replaces nothing and changes nothing: the
+// previous secret keeps its window.
 func (v *Verifier) Rotate(next string, window time.Duration) error {
 	if window <= 0 {
 		window = DefaultRotationWindow
 	}
 	for {
 		old := v.secrets.Load()
+		if next == old.Current {
+			return nil
+		}
 		s := Secrets{Current: next, Previous: old.Current, PreviousExpiresAt: v.now().Add(window)}
 		if err := s.validate(); err != nil {
 			return err

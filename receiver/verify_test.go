@@ -223,6 +223,29 @@ func TestRotateConcurrent(t *testing.T) {
 	}
 }
 
+// TestRotateToTheCurrentSecret: rotating twice to the same secret (a
+// reloaded config, a retried call) keeps the secret replaced by the first
+// rotation for its window; dropping it would answer 401 to a delivery
+// signed just before the platform rotated, which fails the run for good.
+func TestRotateToTheCurrentSecret(t *testing.T) {
+	now := time.Unix(vectorT, 0)
+	v := mustVerifier(t, receiver.Secrets{Current: vectorSecret}, func() time.Time { return now })
+	if err := v.Rotate(otherSecret, 0); err != nil {
+		t.Fatal(err)
+	}
+	want := v.Secrets()
+	now = now.Add(10 * time.Second)
+	if err := v.Rotate(otherSecret, 0); err != nil {
+		t.Fatal(err)
+	}
+	if got := v.Secrets(); got != want {
+		t.Fatalf("secrets after rotating to the current one again: %+v, want %+v", got, want)
+	}
+	if err := v.Verify(vectorHeader, []byte(vectorBody)); err != nil {
+		t.Fatalf("delivery signed with the replaced secret, inside its window: %v", err)
+	}
+}
+
 func TestVerifyHeaders(t *testing.T) {
 	v := mustVerifier(t, receiver.Secrets{Current: vectorSecret}, fixedClock(vectorT))
 	body := []byte(vectorBody)
