@@ -133,21 +133,32 @@ func (w *Worker) ID() string { return w.id }
 // which are recorded on the item and logged).
 func (w *Worker) ProcessBatch(ctx context.Context) (int, error) {
 	now := w.now()
-	items, err := w.outbox.ClaimOutbox(ctx, w.id, now, now.Add(w.lease), w.concurrency)
+	leaseUntil := now.Add(w.lease)
+	items, err := w.outbox.ClaimOutbox(ctx, w.id, now, leaseUntil, w.concurrency)
 	if err != nil {
 		return 0, fmt.Errorf("claiming outbox items: %w", err)
+	}
+	// The app's context ends with the lease, which began before the claim:
+	// after it another worker may claim the item, so what is left of it is
+	// measured now, once the claim returned.
+	left := leaseUntil.Sub(w.now())
+	if left <= 0 {
+		// The claim outlasted the lease: the items are another worker's to
+		// claim already, and are left to it.
+		return len(items), fmt.Errorf("claiming outbox items took longer than the lease (%v): none run", w.lease)
 	}
 	errs := make([]error, len(items))
 	var wg sync.WaitGroup
 	for i, it := range items {
-		wg.Go(func() { errs[i] = w.runItem(ctx, it) })
+		wg.Go(func() { errs[i] = w.runItem(ctx, it, left) })
 	}
 	wg.Wait()
 	return len(items), errors.Join(errs...)
 }
 
-func (w *Worker) runItem(ctx context.Context, it OutboxItem) error {
-	pctx, cancel := context.WithTimeout(ctx, w.lease)
+// runItem runs one item for at most left, the rest of its lease.
+func (w *Worker) runItem(ctx context.Context, it OutboxItem, left time.Duration) error {
+	pctx, cancel := context.WithTimeout(ctx, left)
 	err := w.call(pctx, it.RunID, canonicalPayload(it.RunID, it.Payload))
 	cancel()
 

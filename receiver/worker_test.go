@@ -18,11 +18,16 @@ type fakeOutbox struct {
 	completed []string
 	failed    map[string]time.Time
 	reasons   map[string]string
+	// claimed, when set, runs inside ClaimOutbox (a claim that takes time).
+	claimed func()
 }
 
 func (o *fakeOutbox) ClaimOutbox(_ context.Context, _ string, _, _ time.Time, limit int) ([]receiver.OutboxItem, error) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
+	if o.claimed != nil {
+		o.claimed()
+	}
 	n := min(limit, len(o.items))
 	got := o.items[:n]
 	o.items = o.items[n:]
@@ -114,6 +119,51 @@ func TestWorkerStopReleasesItem(t *testing.T) {
 	}
 	if got, ok := o.failed["run_long"]; !ok || !got.Equal(now) {
 		t.Fatalf("released for %v (%v), want now", got, ok)
+	}
+}
+
+// TestWorkerContextEndsWithTheLease: the lease starts before the claim, so
+// a claim that takes time leaves the app less of it; the app's context ends
+// when the lease does, not a whole lease after the claim returned (by then
+// another worker may run the item). A claim that outlasts the lease runs
+// nothing.
+func TestWorkerContextEndsWithTheLease(t *testing.T) {
+	now := time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
+	var claimTook time.Duration
+	o := &fakeOutbox{claimed: func() { now = now.Add(claimTook) }}
+	var left time.Duration
+	ran := 0
+	w, err := receiver.NewWorker(receiver.WorkerConfig{
+		Outbox: o,
+		Lease:  time.Minute,
+		Now:    func() time.Time { return now },
+		Logger: slog.New(slog.DiscardHandler),
+		Process: func(ctx context.Context, _ string, _ []byte) error {
+			ran++
+			d, _ := ctx.Deadline()
+			left = time.Until(d)
+			return nil
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	claimTook = 40 * time.Second
+	o.items = []receiver.OutboxItem{{RunID: "run_slow_claim", Payload: []byte(vectorBody), Attempt: 1}}
+	if n, err := w.ProcessBatch(context.Background()); n != 1 || err != nil {
+		t.Fatalf("ProcessBatch = %d, %v", n, err)
+	}
+	if ran != 1 || left > 20*time.Second || left < 19*time.Second {
+		t.Fatalf("after a 40 s claim of a 1 min lease the app got %v (ran %d), want the 20 s left", left, ran)
+	}
+
+	claimTook = time.Minute
+	o.items = []receiver.OutboxItem{{RunID: "run_late", Payload: []byte(vectorBody), Attempt: 1}}
+	if n, err := w.ProcessBatch(context.Background()); n != 1 || err == nil {
+		t.Fatalf("ProcessBatch after a claim as long as the lease = %d, %v; want 1 and an error", n, err)
+	}
+	if ran != 1 || len(o.completed) != 1 || len(o.failed) != 0 {
+		t.Fatalf("an item whose lease ended during the claim was run (%d runs) or recorded (%v, %v)", ran, o.completed, o.failed)
 	}
 }
 
