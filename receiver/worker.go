@@ -247,11 +247,11 @@ func canonicalPayload(runID string, b []byte) []byte {
 	return c
 }
 
-// truncate shortens s to at most n bytes of valid UTF-8 (text columns reject
-// anything else).
+// truncate shortens s to at most n bytes of valid UTF-8 without NUL bytes
+// (text columns reject anything else: PostgreSQL refuses NUL too).
 func truncate(s string, n int) string {
 	if len(s) > n {
 		s = s[:n]
 	}
-	return strings.ToValidUTF8(s, "")
+	return strings.ReplaceAll(strings.ToValidUTF8(s, ""), "\x00", "")
 }

@@ -2,6 +2,8 @@ package pgstore_test
 
 import (
 	"context"
+	"errors"
+	"log/slog"
 	"os"
 	"runtime"
 	"strconv"
@@ -12,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/vibejobs/vibejobs/receiver"
 	"github.com/vibejobs/vibejobs/receiver/internal/pgtest"
 	"github.com/vibejobs/vibejobs/receiver/internal/storetest"
 	"github.com/vibejobs/vibejobs/receiver/pgstore"
@@ -179,4 +182,37 @@ func BenchmarkAccept(b *testing.B) {
 		}
 	})
 	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "accepts/s")
+}
+
+// TestFailureWithNULByteIsRecorded: an app error with a NUL byte (a
+// downstream's binary reply) is valid UTF-8, but PostgreSQL text refuses
+// it. The worker records the failure without it, so the item waits out its
+// backoff instead of being claimed again once its lease ends.
+func TestFailureWithNULByteIsRecorded(t *testing.T) {
+	s, _ := newStore(t)
+	ctx := context.Background()
+	if _, _, err := s.Accept(ctx, "run_nul", storetest.Body("run_nul")); err != nil {
+		t.Fatal(err)
+	}
+	clock := storetest.NewClock(time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC))
+	w, err := receiver.NewWorker(receiver.WorkerConfig{
+		Outbox:  s,
+		Now:     clock.Now,
+		Lease:   time.Minute,
+		Backoff: func(int) time.Duration { return time.Hour },
+		Logger:  slog.New(slog.DiscardHandler),
+		Process: func(context.Context, string, []byte) error {
+			return errors.New("smtp said \x00\x01 garbage")
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := w.ProcessBatch(ctx); err != nil {
+		t.Errorf("recording the app's failure: %v", err)
+	}
+	clock.Add(2 * time.Minute) // lease over, backoff (1 h) not
+	if n, _ := w.ProcessBatch(ctx); n != 0 {
+		t.Fatalf("item claimed again after 2 min despite a 1 h backoff: %+v", inspect(t, s, "run_nul"))
+	}
 }
