@@ -19,6 +19,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/vibejobs/vibejobs/receiver"
+	"github.com/vibejobs/vibejobs/receiver/internal/lease"
 )
 
 // Store implements receiver.Store, receiver.Outbox and receiver.RetentionStore.
@@ -210,7 +211,7 @@ func (s *Store) ClaimOutbox(ctx context.Context, worker string, now, leaseUntil 
 			FOR UPDATE SKIP LOCKED
 		) AS due
 		WHERE o.run_id = due.run_id
-		RETURNING o.run_id, o.payload, o.attempts`, worker, now, leaseUntil, limit)
+		RETURNING o.run_id, o.payload, o.attempts`, worker, now, lease.Until(leaseUntil, time.Microsecond), limit)
 	if err != nil {
 		return nil, fmt.Errorf("pgstore: claiming outbox items: %w", err)
 	}

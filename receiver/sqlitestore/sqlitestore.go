@@ -21,6 +21,7 @@ import (
 
 	"github.com/vibejobs/vibejobs/contract"
 	"github.com/vibejobs/vibejobs/receiver"
+	"github.com/vibejobs/vibejobs/receiver/internal/lease"
 )
 
 // BusyTimeout is how long a transaction waits for the write lock held by
@@ -187,7 +188,7 @@ func (s *Store) ClaimOutbox(ctx context.Context, worker string, now, leaseUntil 
 					AND (locked_until IS NULL OR locked_until <= ?2)
 				ORDER BY created_at, run_id
 				LIMIT ?4)
-			RETURNING run_id, payload, attempts`, worker, ts(now), ts(leaseUntil), limit)
+			RETURNING run_id, payload, attempts`, worker, ts(now), ts(lease.Until(leaseUntil, time.Millisecond)), limit)
 		if err != nil {
 			return err
 		}

@@ -29,6 +29,7 @@ func Run(t *testing.T, h Harness) {
 	t.Run("AcceptCancelled", func(t *testing.T) { testAcceptCancelled(t, h) })
 	t.Run("ConcurrentDeliveries", func(t *testing.T) { testConcurrentDeliveries(t, h) })
 	t.Run("ClaimLeaseCompleteFail", func(t *testing.T) { testClaimLease(t, h) })
+	t.Run("LeaseEndsNoEarlier", func(t *testing.T) { testLeaseEndsNoEarlier(t, h) })
 	t.Run("WorkerRetriesWithBackoff", func(t *testing.T) { testWorkerRetries(t, h) })
 	t.Run("ConcurrentWorkers", func(t *testing.T) { testConcurrentWorkers(t, h) })
 	t.Run("Retention", func(t *testing.T) { testRetention(t, h) })
@@ -194,6 +195,28 @@ func testClaimLease(t *testing.T, h Harness) {
 		if err := s.CompleteOutbox(ctx, a[0].RunID, now.Add(time.Hour)); err != nil {
 			t.Fatal(err)
 		}
+	}
+}
+
+// testLeaseEndsNoEarlier: a lease ends no earlier than asked, whatever
+// precision the store keeps times in: an item leased until just under a
+// whole millisecond past a minute is not handed out again a fraction before.
+func testLeaseEndsNoEarlier(t *testing.T, h Harness) {
+	s, _ := h.New(t)
+	ctx := context.Background()
+	mustAccept(t, s, "run_1")
+	t0 := time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
+	leaseUntil := t0.Add(time.Minute + 900*time.Microsecond + 900*time.Nanosecond)
+	if got, err := s.ClaimOutbox(ctx, "a", t0, leaseUntil, 1); err != nil || len(got) != 1 {
+		t.Fatalf("first claim: %v, %v", got, err)
+	}
+	for _, at := range []time.Time{t0.Add(time.Minute + 100*time.Microsecond), leaseUntil.Add(-100 * time.Nanosecond)} {
+		if got, err := s.ClaimOutbox(ctx, "b", at, at.Add(time.Minute), 1); err != nil || len(got) != 0 {
+			t.Fatalf("claim at %s, before the lease until %s ends: %d items, %v", at.Format(time.StampNano), leaseUntil.Format(time.StampNano), len(got), err)
+		}
+	}
+	if got, err := s.ClaimOutbox(ctx, "b", t0.Add(time.Minute+time.Millisecond), t0.Add(2*time.Minute), 1); err != nil || len(got) != 1 {
+		t.Fatalf("claim after the lease ended: %d items, %v", len(got), err)
 	}
 }
 
