@@ -104,7 +104,7 @@ func (p *Policy) ValidateURL(raw string) (*url.URL, error) {
 			return nil, urlNotAllowed("url must use https: http is allowed only to addresses the allow list opens")
 		}
 		setHost(u, ip.String(), port)
-		return u, nil
+		return normalForm(u)
 	}
 	if isLoopbackName(name) && !p.loopbackOpened() {
 		return nil, urlNotAllowed("url points to localhost, which the egress policy forbids")
@@ -113,7 +113,53 @@ func (p *Policy) ValidateURL(raw string) (*url.URL, error) {
 		return nil, urlNotAllowed("url must use https: http is allowed only to localhost and to addresses the allow list opens")
 	}
 	setHost(u, name, port)
+	return normalForm(u)
+}
+
+// normalForm finishes the normal form of u: a query byte that may not appear
+// raw in a request line (a space, a control or non-ASCII byte, a % that
+// starts no escape, …) is percent-encoded, as the path's are, since a
+// request carrying it raw is refused by the receiving server before any
+// handler sees it. The URL must then still fit MaxURLLength: encoding can
+// triple a byte, and a URL longer than that is refused at every delivery.
+func normalForm(u *url.URL) (*url.URL, error) {
+	u.RawQuery = encodeQuery(u.RawQuery)
+	if len(u.String()) > MaxURLLength {
+		return nil, invalidURL("url is longer than " + strconv.Itoa(MaxURLLength) + " characters once percent-encoded")
+	}
 	return u, nil
+}
+
+// encodeQuery percent-encodes the bytes of a raw query that RFC 3986 does
+// not allow there, keeping every valid escape as it is.
+func encodeQuery(q string) string {
+	const hex = "0123456789ABCDEF"
+	var b strings.Builder
+	for i := 0; i < len(q); i++ {
+		c := q[i]
+		if c == '%' && i+2 < len(q) && isHex(q[i+1]) && isHex(q[i+2]) || c != '%' && queryByte(c) {
+			b.WriteByte(c)
+			continue
+		}
+		b.WriteByte('%')
+		b.WriteByte(hex[c>>4])
+		b.WriteByte(hex[c&15])
+	}
+	return b.String()
+}
+
+// queryByte reports whether c may appear raw in a query: an unreserved or
+// sub-delim character, ':', '@', '/' or '?'.
+func queryByte(c byte) bool {
+	switch {
+	case c >= 'a' && c <= 'z', c >= 'A' && c <= 'Z', c >= '0' && c <= '9':
+		return true
+	}
+	return strings.IndexByte("-._~!$&'()*+,;=:@/?", c) >= 0
+}
+
+func isHex(c byte) bool {
+	return c >= '0' && c <= '9' || c >= 'a' && c <= 'f' || c >= 'A' && c <= 'F'
 }
 
 // HostKey names the destination of raw as Client.Post's connection pool

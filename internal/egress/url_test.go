@@ -130,6 +130,41 @@ func TestValidateURLLength(t *testing.T) {
 	})
 }
 
+// TestValidateURLNormalForm: a query byte that may not appear raw in a
+// request line is percent-encoded (a receiving server refuses the request
+// before any handler sees it), valid escapes are kept, and a URL that
+// encoding makes longer than MaxURLLength is refused: every delivery would
+// refuse it.
+func TestValidateURLNormalForm(t *testing.T) {
+	p := mustPolicy(t)
+	for raw, want := range map[string]string{
+		"https://example.com/hook?team=a b":       "https://example.com/hook?team=a%20b",
+		"https://example.com/?q=%zz&r=%4":         "https://example.com/?q=%25zz&r=%254",
+		"https://example.com/?q=é&x=\"<>{}|^`\\":  "https://example.com/?q=%C3%A9&x=%22%3C%3E%7B%7D%7C%5E%60%5C",
+		"https://example.com/p?a=%41&b=c/d?e:f@g": "https://example.com/p?a=%41&b=c/d?e:f@g",
+		"https://example.com/é?":                  "https://example.com/%C3%A9?",
+	} {
+		u, err := p.ValidateURL(raw)
+		if err != nil || u.String() != want {
+			t.Errorf("ValidateURL(%q) = %v, %v; want %s", raw, u, err, want)
+			continue
+		}
+		if again, err := p.ValidateURL(u.String()); err != nil || again.String() != want {
+			t.Errorf("ValidateURL of the normal form %s = %v, %v", want, again, err)
+		}
+	}
+	long := "https://example.com/" + strings.Repeat("é", 600)
+	if len(long) > egress.MaxURLLength {
+		t.Fatalf("the test URL is %d bytes", len(long))
+	}
+	for _, raw := range []string{long, "https://example.com/?" + strings.Repeat("é", 600)} {
+		var ue *egress.URLError
+		if u, err := p.ValidateURL(raw); !errors.As(err, &ue) || ue.Code != egress.CodeInvalidURL {
+			t.Errorf("ValidateURL of %d bytes, longer than %d once encoded = %v, %v; want invalid_url", len(raw), egress.MaxURLLength, u, err)
+		}
+	}
+}
+
 func TestValidateURLLoopbackOpened(t *testing.T) {
 	p := mustPolicy(t, loopbackOpen...)
 	runURLCases(t, p, []urlCase{
