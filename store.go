@@ -127,6 +127,14 @@ type Tx interface {
 	// another takes it over; deleting the completed record would let the
 	// effect run again under the same key.
 	DeleteIdempotencyKey(ctx context.Context, projectID, key string, createdAt time.Time) error
+	// CompletedIdempotencyKeys lists up to limit completed records, expired
+	// ones included, after (afterProject, afterKey) in (project, key)
+	// order, for master key rotation: their stored answers are sealed.
+	CompletedIdempotencyKeys(ctx context.Context, afterProject, afterKey string, limit int) ([]*IdempotencyRecord, error)
+	// SetIdempotencyAnswer replaces the stored headers and body of rec's
+	// completed record, only while it is the record completed from the
+	// claim made at rec.CreatedAt; otherwise it answers ENOTFOUND.
+	SetIdempotencyAnswer(ctx context.Context, rec *IdempotencyRecord) error
 
 	// SecretsNotUnder lists jobs whose secret is sealed under another key than keyID
 	// (deleted jobs included), for master key rotation;

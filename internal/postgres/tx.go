@@ -392,6 +392,52 @@ func (t *tx) CompleteIdempotencyKey(ctx context.Context, rec *vibejobs.Idempoten
 	return nil
 }
 
+// CompletedIdempotencyKeys lists completed records after (afterProject,
+// afterKey), in key order.
+func (t *tx) CompletedIdempotencyKeys(ctx context.Context, afterProject, afterKey string, limit int) ([]*vibejobs.IdempotencyRecord, error) {
+	rows, err := t.q.Query(ctx, `SELECT project_id, key, request_hash, done, response_status, response_headers,
+			response_body, created_at, expires_at
+		FROM idempotency_keys WHERE done AND (project_id, key) > ($1, $2)
+		ORDER BY project_id, key LIMIT $3`, afterProject, afterKey, limit)
+	if err != nil {
+		return nil, mapError(err, "listing idempotency keys")
+	}
+	recs, err := collect(rows, func(row rowScanner) (*vibejobs.IdempotencyRecord, error) {
+		var (
+			rec     vibejobs.IdempotencyRecord
+			headers []byte
+		)
+		if err := row.Scan(&rec.ProjectID, &rec.Key, &rec.RequestHash, &rec.Done, &rec.ResponseStatus, &headers,
+			&rec.ResponseBody, &rec.CreatedAt, &rec.ExpiresAt); err != nil {
+			return nil, err
+		}
+		if err := json.Unmarshal(headers, &rec.ResponseHeaders); err != nil {
+			return nil, fmt.Errorf("postgres: decoding the stored response headers: %w", err)
+		}
+		return &rec, nil
+	})
+	return recs, mapError(err, "listing idempotency keys")
+}
+
+// SetIdempotencyAnswer replaces the answer of the completed record of rec's
+// claim.
+func (t *tx) SetIdempotencyAnswer(ctx context.Context, rec *vibejobs.IdempotencyRecord) error {
+	headers, err := encodeHeaders(rec.ResponseHeaders)
+	if err != nil {
+		return err
+	}
+	tag, err := t.q.Exec(ctx, `UPDATE idempotency_keys SET response_headers = $3, response_body = $4
+		WHERE project_id = $1 AND key = $2 AND created_at = $5 AND done`,
+		rec.ProjectID, rec.Key, headers, rec.ResponseBody, rec.CreatedAt)
+	if err != nil {
+		return mapError(err, "replacing an idempotency answer")
+	}
+	if tag.RowsAffected() == 0 {
+		return vibejobs.ErrNotFound("idempotency_key")
+	}
+	return nil
+}
+
 // DeleteIdempotencyKey deletes the claim of key made at createdAt while it
 // is in progress, or answers ENOTFOUND. A delete that waited for a
 // completing transaction rechecks the row once that commits, and leaves the

@@ -249,6 +249,59 @@ func (t *tx) CompleteIdempotencyKey(ctx context.Context, rec *vibejobs.Idempoten
 	return nil
 }
 
+// CompletedIdempotencyKeys lists completed records after (afterProject,
+// afterKey), in key order.
+func (t *tx) CompletedIdempotencyKeys(ctx context.Context, afterProject, afterKey string, limit int) ([]*vibejobs.IdempotencyRecord, error) {
+	rows, err := t.t.QueryContext(ctx, `SELECT project_id, key, request_hash, done, response_status, response_headers,
+			response_body, created_at, expires_at
+		FROM idempotency_keys WHERE done AND (project_id, key) > (?, ?)
+		ORDER BY project_id, key LIMIT ?`, afterProject, afterKey, limit)
+	if err != nil {
+		return nil, fmt.Errorf("listing idempotency keys: %w", err)
+	}
+	defer rows.Close()
+	var recs []*vibejobs.IdempotencyRecord
+	for rows.Next() {
+		var (
+			rec              vibejobs.IdempotencyRecord
+			headers          string
+			created, expires int64
+		)
+		if err := rows.Scan(&rec.ProjectID, &rec.Key, &rec.RequestHash, &rec.Done, &rec.ResponseStatus, &headers,
+			&rec.ResponseBody, &created, &expires); err != nil {
+			return nil, fmt.Errorf("listing idempotency keys: %w", err)
+		}
+		if err := json.Unmarshal([]byte(headers), &rec.ResponseHeaders); err != nil {
+			return nil, fmt.Errorf("listing idempotency keys: decoding headers: %w", err)
+		}
+		rec.CreatedAt, rec.ExpiresAt = fromMS(created), fromMS(expires)
+		recs = append(recs, &rec)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("listing idempotency keys: %w", err)
+	}
+	return recs, nil
+}
+
+// SetIdempotencyAnswer replaces the answer of the completed record of rec's
+// claim.
+func (t *tx) SetIdempotencyAnswer(ctx context.Context, rec *vibejobs.IdempotencyRecord) error {
+	headers, err := encodeHeaders(rec.ResponseHeaders)
+	if err != nil {
+		return err
+	}
+	n, err := changed(t.t.ExecContext(ctx, `UPDATE idempotency_keys SET response_headers = ?, response_body = ?
+		WHERE project_id = ? AND key = ? AND created_at = ? AND done`,
+		headers, rec.ResponseBody, rec.ProjectID, rec.Key, ms(rec.CreatedAt)))
+	if err != nil {
+		return fmt.Errorf("replacing an idempotency answer: %w", err)
+	}
+	if n == 0 {
+		return vibejobs.ErrNotFound("idempotency_key")
+	}
+	return nil
+}
+
 func (t *tx) DeleteIdempotencyKey(ctx context.Context, projectID, key string, createdAt time.Time) error {
 	n, err := changed(t.t.ExecContext(ctx, `DELETE FROM idempotency_keys
 		WHERE project_id = ? AND key = ? AND created_at = ? AND NOT done`,

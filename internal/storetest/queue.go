@@ -791,6 +791,65 @@ func testPruneDeletedJobs(t *testing.T, f *fixture) {
 	}
 }
 
+// testIdempotencyAnswers: CompletedIdempotencyKeys pages through the
+// completed records of every project, expired ones included, in (project,
+// key) order; SetIdempotencyAnswer replaces a completed record's answer and
+// leaves a claim in progress, and a record taken over since, alone.
+func testIdempotencyAnswers(t *testing.T, f *fixture) {
+	f.projects()
+	complete := func(rec *vibejobs.IdempotencyRecord, body string) *vibejobs.IdempotencyRecord {
+		f.update(func(tx vibejobs.Tx) error {
+			if err := tx.InsertIdempotencyKey(f.ctx, rec); err != nil {
+				return err
+			}
+			rec.ResponseStatus, rec.ResponseHeaders, rec.ResponseBody = 201, map[string]string{"K": body}, []byte(body)
+			return tx.CompleteIdempotencyKey(f.ctx, rec)
+		})
+		return rec
+	}
+	b1 := complete(f.idempotencyRecord(projectB, "k1", T0), "b1")
+	a2 := complete(f.idempotencyRecord(projectA, "k2", T0.Add(-48*time.Hour)), "a2") // expired
+	a1 := complete(f.idempotencyRecord(projectA, "k1", T0), "a1")
+	inProgress := f.idempotencyRecord(projectA, "k0", T0)
+	f.update(func(tx vibejobs.Tx) error { return tx.InsertIdempotencyKey(f.ctx, inProgress) })
+
+	var got []*vibejobs.IdempotencyRecord
+	p, k := "", ""
+	for range 4 {
+		var page []*vibejobs.IdempotencyRecord
+		f.update(func(tx vibejobs.Tx) error {
+			var err error
+			page, err = tx.CompletedIdempotencyKeys(f.ctx, p, k, 2)
+			return err
+		})
+		if len(page) == 0 {
+			break
+		}
+		got = append(got, page...)
+		p, k = page[len(page)-1].ProjectID, page[len(page)-1].Key
+	}
+	wantEqual(t, "completed records, paged by two", got, []*vibejobs.IdempotencyRecord{a1, a2, b1})
+
+	a1.ResponseHeaders, a1.ResponseBody = map[string]string{"K": "resealed"}, []byte("resealed")
+	f.update(func(tx vibejobs.Tx) error { return tx.SetIdempotencyAnswer(f.ctx, a1) })
+	stored, err := f.s.GetIdempotencyKey(f.ctx, projectA, "k1", T0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantEqual(t, "record after SetIdempotencyAnswer", stored, a1)
+	for what, rec := range map[string]*vibejobs.IdempotencyRecord{
+		"of a claim in progress":       {ProjectID: projectA, Key: "k0", CreatedAt: inProgress.CreatedAt, ResponseBody: []byte("x")},
+		"of another claim of the key":  {ProjectID: projectB, Key: "k1", CreatedAt: T0.Add(time.Second), ResponseBody: []byte("x")},
+		"of a key that was never used": {ProjectID: projectB, Key: "nope", CreatedAt: T0, ResponseBody: []byte("x")},
+	} {
+		err := f.s.Update(f.ctx, func(tx vibejobs.Tx) error { return tx.SetIdempotencyAnswer(f.ctx, rec) })
+		wantNotFound(t, "SetIdempotencyAnswer "+what, err, "idempotency_key")
+	}
+	if stored, _ := f.s.GetIdempotencyKey(f.ctx, projectB, "k1", T0); stored == nil || string(stored.ResponseBody) != "b1" {
+		t.Errorf("a refused SetIdempotencyAnswer changed the record: %+v", stored)
+	}
+}
+
 func testIdempotency(t *testing.T, f *fixture) {
 	f.projects()
 	rec := f.idempotencyRecord(projectA, "key-1", T0)

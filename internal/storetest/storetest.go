@@ -86,6 +86,7 @@ func Run(t *testing.T, open func(t *testing.T) vibejobs.Store) {
 		{"PruneRuns", testPruneRuns},
 		{"PruneDeletedJobs", testPruneDeletedJobs},
 		{"Idempotency", testIdempotency},
+		{"IdempotencyAnswers", testIdempotencyAnswers},
 		{"PruneIdempotencyKeys", testPruneIdempotencyKeys},
 		{"Sessions", testSessions},
 
