@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/vibejobs/vibejobs"
+	"github.com/vibejobs/vibejobs/internal/api"
 	"github.com/vibejobs/vibejobs/internal/secretbox"
 )
 
@@ -91,26 +92,32 @@ func masterKey(ctx context.Context, args []string, getenv func(string) string, s
 	// the file before each). A seal begun just before the file changed may
 	// commit after the first pass: a second pass, once such requests are
 	// done, re-seals it too.
-	total, err := resealAll(ctx, store, keys)
-	if err != nil {
-		return err
+	secrets, answers := 0, 0
+	for pass := range 2 {
+		if pass == 1 {
+			select {
+			case <-time.After(resealSettle):
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		}
+		n, err := resealAll(ctx, store, keys)
+		if err != nil {
+			return err
+		}
+		secrets += n
+		if n, err = resealAnswers(ctx, store, keys); err != nil {
+			return fmt.Errorf("re-sealing stored Idempotency-Key answers (the new key is in place; run rotate again to finish): %w", err)
+		}
+		answers += n
 	}
-	select {
-	case <-time.After(resealSettle):
-	case <-ctx.Done():
-		return ctx.Err()
-	}
-	more, err := resealAll(ctx, store, keys)
-	if err != nil {
-		return err
-	}
-	total += more
 	// Every secret is under the new key: from now on a server needs it to
 	// start (see checkMasterKey).
 	if err := store.Update(ctx, func(tx vibejobs.Tx) error { return tx.SetMasterKey(ctx, keys.CurrentID()) }); err != nil {
 		return fmt.Errorf("recording the new master key (run rotate again to finish): %w", err)
 	}
-	fmt.Fprintf(stdout, "master key rotated: new key %s, %d secrets re-sealed; older keys remain in %s until you remove them\n", keys.CurrentID(), total, path)
+	fmt.Fprintf(stdout, "master key rotated: new key %s, %d secrets and %d stored Idempotency-Key answers re-sealed; older keys remain in %s until you remove them\n",
+		keys.CurrentID(), secrets, answers, path)
 	return nil
 }
 
@@ -164,6 +171,50 @@ func resealAll(ctx context.Context, store vibejobs.Store, keys *secretbox.Keyrin
 		}
 	}
 	return total, nil
+}
+
+// resealAnswers re-seals the stored answers of completed Idempotency-Key
+// records (they hold the secrets of the jobs and tokens they created), 200
+// records a transaction, and returns how many changed.
+func resealAnswers(ctx context.Context, store vibejobs.Store, keys *secretbox.Keyring) (int, error) {
+	total, project, key := 0, "", ""
+	for {
+		var recs []*vibejobs.IdempotencyRecord
+		n := 0
+		err := store.Update(ctx, func(tx vibejobs.Tx) error {
+			var err error
+			if recs, err = tx.CompletedIdempotencyKeys(ctx, project, key, 200); err != nil {
+				return err
+			}
+			n = 0
+			for _, rec := range recs {
+				changed, err := api.ResealAnswer(rec, keys, keys.CurrentID())
+				if err != nil {
+					return err
+				}
+				if !changed {
+					continue
+				}
+				// A record taken over since it was read (it had expired)
+				// holds another answer, sealed under the new key already.
+				switch err := tx.SetIdempotencyAnswer(ctx, rec); {
+				case err == nil:
+					n++
+				case vibejobs.ErrorKind(err) != vibejobs.ENOTFOUND:
+					return err
+				}
+			}
+			return nil
+		})
+		if err != nil {
+			return 0, err
+		}
+		total += n
+		if len(recs) < 200 {
+			return total, nil
+		}
+		project, key = recs[len(recs)-1].ProjectID, recs[len(recs)-1].Key
+	}
 }
 
 // resealSubscriptions re-seals, in one transaction, up to 200 subscriptions

@@ -349,7 +349,7 @@ func TestMasterKeyRotationResealsSubscriptions(t *testing.T) {
 	if code := run(context.Background(), []string{"master-key", "rotate"}, env, &out, &errb); code != 0 {
 		t.Fatalf("rotate: %d %s %s", code, out.String(), errb.String())
 	}
-	if !strings.Contains(out.String(), "1 secrets re-sealed") {
+	if !strings.Contains(out.String(), "1 secrets and 2 stored Idempotency-Key answers re-sealed") {
 		t.Fatalf("rotate said %q", out.String())
 	}
 	keys, _ := os.ReadFile(filepath.Join(dataDir, "master.key"))

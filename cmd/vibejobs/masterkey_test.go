@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"io"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -39,7 +40,7 @@ func TestMasterKeyRotationKeepsDeliveriesValid(t *testing.T) {
 	if code := run(context.Background(), []string{"master-key", "rotate"}, env, &out, &errb); code != 0 {
 		t.Fatalf("rotate: %d %s %s", code, out.String(), errb.String())
 	}
-	if !strings.Contains(out.String(), "1 secrets re-sealed") {
+	if !strings.Contains(out.String(), "1 secrets and 1 stored Idempotency-Key answers re-sealed") {
 		t.Fatalf("rotate said %q", out.String())
 	}
 	newKeys, _ := os.ReadFile(filepath.Join(dataDir, "master.key"))
@@ -207,5 +208,57 @@ func TestSecretsNeverAtRestOrInLogs(t *testing.T) {
 	}
 	if !strings.Contains(logs.String(), "server.started") {
 		t.Fatal("no log captured: the scan proved nothing")
+	}
+}
+
+// TestReplayAfterMasterKeyRotation: an Idempotency-Key's stored answer is
+// sealed under the master key, and "master-key rotate" re-seals it with the
+// secrets: once rotate ends and the older keys leave the file, as it says
+// they may, a retry with the key still gets the stored answer (it got a
+// 500 until the key expired).
+func TestReplayAfterMasterKeyRotation(t *testing.T) {
+	dataDir := t.TempDir()
+	m, api := startMain(t, dataDir)
+	body := `{"name":"k","schedule":"0 0 1 1 *","url":"http://127.0.0.1:9/"}`
+	post := func(api apiClient) (int, string) {
+		req, _ := http.NewRequest("POST", api.base+"/v1/jobs", strings.NewReader(body))
+		req.Header.Set("Authorization", "Bearer "+api.token)
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Idempotency-Key", "create-job-before-rotation")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	code, first := post(api)
+	if code != 201 {
+		t.Fatalf("create: %d %s", code, first)
+	}
+	m.Close()
+
+	var out, errb bytes.Buffer
+	env := func(k string) string {
+		if k == "VIBEJOBS_DATA_DIR" {
+			return dataDir
+		}
+		return ""
+	}
+	if code := run(context.Background(), []string{"master-key", "rotate"}, env, &out, &errb); code != 0 {
+		t.Fatalf("rotate: %d %s %s", code, out.String(), errb.String())
+	}
+	// As rotate says: the older keys may now be removed.
+	keys, _ := os.ReadFile(filepath.Join(dataDir, "master.key"))
+	newest := bytes.SplitN(keys, []byte("\n"), 2)[0]
+	if err := os.WriteFile(filepath.Join(dataDir, "master.key"), append(newest, '\n'), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	_, api = startMain(t, dataDir)
+
+	code, replay := post(api)
+	if code != 201 || replay != first {
+		t.Fatalf("retry with the same Idempotency-Key after the rotation: %d %s\nwant the stored answer 201 %s", code, replay, first)
 	}
 }

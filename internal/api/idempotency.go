@@ -273,5 +273,26 @@ func (s *Server) completedRecord(project, key string, hash []byte, r *response, 
 	}, nil
 }
 
+// ResealAnswer re-seals the stored answer of the completed record rec with
+// sealer (master key rotation) and reports whether rec changed: false when
+// the answer is already under keyID, the key sealer seals with now.
+func ResealAnswer(rec *vibejobs.IdempotencyRecord, sealer Sealer, keyID string) (bool, error) {
+	old, ok := rec.ResponseHeaders[sealedKeyHeader]
+	if !ok || old == keyID {
+		return false, nil
+	}
+	aad := recordAAD(rec.ProjectID, rec.Key)
+	plain, err := sealer.Open(vibejobs.SealedSecret{KeyID: old, Ciphertext: rec.ResponseBody}, aad)
+	if err != nil {
+		return false, fmt.Errorf("opening the stored answer of an idempotency key: %w", err)
+	}
+	sealed, err := sealer.Seal(plain, aad)
+	if err != nil {
+		return false, err
+	}
+	rec.ResponseHeaders[sealedKeyHeader], rec.ResponseBody = sealed.KeyID, sealed.Ciphertext
+	return true, nil
+}
+
 // recordAAD binds a sealed answer to its project and key.
 func recordAAD(project, key string) string { return "idempotency\x00" + project + "\x00" + key }
