@@ -49,6 +49,7 @@ import (
 	"errors"
 	"fmt"
 	"math/bits"
+	"regexp"
 	"strings"
 	"sync"
 	"time"
@@ -256,9 +257,14 @@ func parseEvery(fields []string, loc *time.Location, anchor time.Time) (Schedule
 // the zone file on every call, and Parse runs for every job the platform loads.
 var zones sync.Map // zone name → *time.Location
 
-// LoadLocation returns the IANA time zone name ("" means UTC). "Local" is refused:
-// a job's zone must not depend on the host. Locations are cached, so repeated calls
-// are cheap. The error is an *Error with Code "invalid_timezone", Field "timezone".
+// LoadLocation returns the IANA time zone name ("" means UTC). A job's zone
+// must not depend on the host, so names only a host's zoneinfo directory
+// holds are refused: "Local", "localtime" and "posixrules" (the host's own
+// zone), and the "posix/" and "right/" trees (not in the embedded zone
+// data, so a replica without the directory could not load them; and the
+// right/ zones count leap seconds, which Go ignores, putting every change
+// 27 s off). Locations are cached, so repeated calls are cheap. The error is
+// an *Error with Code "invalid_timezone", Field "timezone".
 func LoadLocation(name string) (*time.Location, error) {
 	if name == "" || name == "UTC" {
 		return time.UTC, nil
@@ -267,7 +273,9 @@ func LoadLocation(name string) (*time.Location, error) {
 		return v.(*time.Location), nil
 	}
 	bad := &Error{Code: CodeInvalidTimezone, Field: "timezone", Message: fmt.Sprintf("unknown time zone %q; use an IANA name such as Europe/Paris", clip(name))}
-	if name == "Local" || len(name) > maxZoneName {
+	switch {
+	case name == "Local", name == "localtime", name == "posixrules", len(name) > maxZoneName,
+		strings.HasPrefix(name, "posix/"), strings.HasPrefix(name, "right/"):
 		return nil, bad
 	}
 	loc, err := time.LoadLocation(name)
@@ -287,8 +295,10 @@ func LoadLocation(name string) (*time.Location, error) {
 // "at_in_past" (not after now) or "at_too_far".
 func ParseAt(s string, now time.Time) (time.Time, error) {
 	var at time.Time
-	err := errors.New("too long")
-	if len(s) <= maxAtLength {
+	err := errors.New("not RFC 3339")
+	if len(s) <= maxAtLength && rfc3339.MatchString(s) {
+		// RFC 3339 allows lower case t and z; time.Parse does not.
+		s = strings.ToUpper(s)
 		at, err = time.Parse(time.RFC3339Nano, s)
 	}
 	if err != nil {
@@ -303,6 +313,12 @@ func ParseAt(s string, now time.Time) (time.Time, error) {
 	}
 	return at, nil
 }
+
+// rfc3339 is the date-time of RFC 3339 §5.6. It is checked before
+// time.Parse, which also takes a comma before the fraction and offset
+// minutes past 59 (+00:60 read as +01:00). The ranges of the other fields
+// time.Parse checks.
+var rfc3339 = regexp.MustCompile(`^[0-9]{4}-[0-9]{2}-[0-9]{2}[Tt][0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]+)?([Zz]|[+-]([01][0-9]|2[0-3]):[0-5][0-9])$`)
 
 // At is a Schedule that fires once, at its instant.
 type At time.Time
