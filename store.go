@@ -183,6 +183,35 @@ type Tx interface {
 	SetSubscriptionSecrets(ctx context.Context, id string, current, previous SealedSecret) error
 }
 
+// RunEnd is a final state of a run and its failure reason ("" for
+// succeeded).
+type RunEnd struct {
+	State  RunState
+	Reason string
+}
+
+// RunsEnded counts the runs that reached a final state, by state and reason.
+type RunsEnded map[RunEnd]int
+
+// Add counts n more runs that ended in state with reason.
+func (e RunsEnded) Add(state RunState, reason string, n int) {
+	if n > 0 && state.Finished() {
+		e[RunEnd{state, reason}] += n
+	}
+}
+
+// RunsEndedNotifier is a Store that tells of the runs it ended: after every
+// transaction that ended runs commits (outcomes recorded, claims released,
+// leases recovered, expired runs failed, a deleted job's runs cancelled), it
+// calls f with them. A count made from what committed is exact where one
+// made from what a process asked for is not: an outcome that lost its lease
+// is dropped, and a retrying step of a deleted job's run cancels it.
+type RunsEndedNotifier interface {
+	// OnRunsEnded sets f, for the transactions that commit from then on.
+	// f must be cheap and safe for concurrent use.
+	OnRunsEnded(f func(RunsEnded))
+}
+
 // RunPlan is what the scheduler decided for one due job: the runs to create
 // and where its schedule continues.
 type RunPlan struct {

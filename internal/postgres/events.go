@@ -2,7 +2,9 @@ package postgres
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
+	"fmt"
 	"slices"
 	"time"
 
@@ -38,6 +40,32 @@ const appendEventsTail = `, ev_counts AS (
 	FROM ev JOIN ev_counts USING (project_id) JOIN ev_heads USING (project_id)
 	RETURNING 1
 )`
+
+// endedSQL is a scalar subquery of a statement whose ev CTE holds the
+// events of the runs it moved (columns state and reason): the runs it
+// ended, as a JSON array of {"s": state, "r": reason, "n": count}, or NULL.
+const endedSQL = `(SELECT json_agg(json_build_object('s', f.state, 'r', f.reason, 'n', f.n)) FROM (
+	SELECT state, reason, count(*) AS n FROM ev WHERE state IN ('succeeded', 'failed', 'cancelled')
+	GROUP BY state, reason) f)`
+
+// addEnded adds to e the runs an endedSQL value counts.
+func addEnded(e vibejobs.RunsEnded, value []byte) error {
+	if value == nil {
+		return nil
+	}
+	var ends []struct {
+		S string `json:"s"`
+		R string `json:"r"`
+		N int    `json:"n"`
+	}
+	if err := json.Unmarshal(value, &ends); err != nil {
+		return fmt.Errorf("postgres: decoding the runs a statement ended: %w", err)
+	}
+	for _, x := range ends {
+		e.Add(vibejobs.RunState(x.S), x.R, x.N)
+	}
+	return nil
+}
 
 // runEventType maps a run's new state (column state) to its event type.
 const runEventType = `CASE state WHEN 'succeeded' THEN 'run.succeeded' WHEN 'failed' THEN 'run.failed'

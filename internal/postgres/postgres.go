@@ -29,6 +29,7 @@ import (
 	"net"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -97,10 +98,12 @@ type Store struct {
 	// their whole primary key, the only index of run_queue. Mind that
 	// before adding one: a partial index on deadlines (WHERE NOT leased)
 	// was taken for the claim's key lookup, a walk of the whole index.
-	queue  *pgxpool.Pool
-	logger *slog.Logger
-	now    func() time.Time
-	schema string
+	queue *pgxpool.Pool
+	// onEnded is told of the runs each transaction ended (OnRunsEnded).
+	onEnded atomic.Pointer[func(vibejobs.RunsEnded)]
+	logger  *slog.Logger
+	now     func() time.Time
+	schema  string
 	// connConfig makes the dedicated connections of Notifications.
 	connConfig *pgx.ConnConfig
 
@@ -328,7 +331,19 @@ func (s *Store) update(ctx context.Context, fn func(tx vibejobs.Tx) error) error
 	if err := ptx.Commit(ctx); err != nil {
 		return mapError(err, "committing")
 	}
+	s.ended(t.ended)
 	return nil
+}
+
+// OnRunsEnded implements vibejobs.RunsEndedNotifier.
+func (s *Store) OnRunsEnded(f func(vibejobs.RunsEnded)) { s.onEnded.Store(&f) }
+
+// ended tells the OnRunsEnded function of e, runs a committed transaction
+// ended.
+func (s *Store) ended(e vibejobs.RunsEnded) {
+	if f := s.onEnded.Load(); f != nil && len(e) > 0 {
+		(*f)(e)
+	}
 }
 
 // retryable reports whether a transaction failed only because it raced

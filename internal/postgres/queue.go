@@ -416,7 +416,7 @@ var recordSQL = `WITH o AS (
 		failure_reason AS reason, number AS attempt, error_code, status_code, next_attempt_at AS next_at
 	FROM moved
 )` + appendEventsTail + `
-SELECT count(*) FROM appended`
+SELECT ` + endedSQL
 
 // RecordOutcomes records each outcome's attempt and moves its run to the
 // outcome's step, in one transaction, for the runs still delivering under
@@ -426,31 +426,45 @@ func (s *Store) RecordOutcomes(ctx context.Context, owner string, outcomes []vib
 	// One UPDATE changes a run once: a run's second outcome in one batch
 	// (which cannot be current anyway) goes in a later statement.
 	batches := splitByKey(outcomes, func(o vibejobs.Outcome) string { return o.RunID })
+	ended := vibejobs.RunsEnded{}
 	switch len(batches) {
 	case 0:
 		return nil
 	case 1:
 		// On the queue pool: see Store.queue.
-		return s.recordOutcomes(ctx, s.queue, owner, batches[0])
+		if err := s.recordOutcomes(ctx, s.queue, owner, batches[0], ended); err != nil {
+			return err
+		}
+		s.ended(ended)
+		return nil
 	}
 	err := pgx.BeginTxFunc(ctx, s.queue, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, func(tx pgx.Tx) error {
+		clear(ended)
 		for _, b := range batches {
-			if err := s.recordOutcomes(ctx, tx, owner, b); err != nil {
+			if err := s.recordOutcomes(ctx, tx, owner, b, ended); err != nil {
 				return err
 			}
 		}
 		return nil
 	})
-	return mapError(err, "recording outcomes")
+	if err != nil {
+		return mapError(err, "recording outcomes")
+	}
+	s.ended(ended)
+	return nil
 }
 
-func (s *Store) recordOutcomes(ctx context.Context, q querier, owner string, outcomes []vibejobs.Outcome) error {
+// recordOutcomes runs recordSQL and adds the runs it ended to ended.
+func (s *Store) recordOutcomes(ctx context.Context, q querier, owner string, outcomes []vibejobs.Outcome, ended vibejobs.RunsEnded) error {
 	args, err := recordArgs(owner, outcomes)
 	if err != nil {
 		return err
 	}
-	_, err = q.Exec(ctx, recordSQL, args...)
-	return mapError(err, "recording outcomes")
+	var value []byte
+	if err := q.QueryRow(ctx, recordSQL, args...).Scan(&value); err != nil {
+		return mapError(err, "recording outcomes")
+	}
+	return addEnded(ended, value)
 }
 
 // recordArgs are the arguments of recordSQL for owner's outcomes.
@@ -500,7 +514,8 @@ func (s *Store) ReleaseClaims(ctx context.Context, owner string, runIDs []string
 	if len(runIDs) == 0 {
 		return nil
 	}
-	_, err := s.pool.Exec(ctx, `WITH held AS (
+	var value []byte
+	err := s.pool.QueryRow(ctx, `WITH held AS (
 		SELECT r.ctid AS tid, r.lease_expires_at AS old_due, j.deleted_at AS job_deleted_at,
 			r.attempt <= 1 AND NOT EXISTS (SELECT 1 FROM attempts a WHERE a.run_id = r.id) AS unsent
 		FROM runs r JOIN jobs j ON j.id = r.job_id WHERE r.id = ANY($2) AND r.lease_owner = $1
@@ -528,9 +543,23 @@ func (s *Store) ReleaseClaims(ctx context.Context, owner string, runIDs []string
 			NULL::timestamptz AS next_at
 		FROM released WHERE state = 'cancelled'
 	)`+appendEventsTail+`
-	SELECT CASE WHEN bool_or(claimable) THEN pg_notify($5, $6) END FROM released`,
-		owner, runIDs, now, vibejobs.ReasonJobDeleted, NotifyChannel, s.schema)
-	return mapError(err, "releasing claims")
+	SELECT CASE WHEN bool_or(claimable) THEN pg_notify($5, $6) END, `+endedSQL+` FROM released`,
+		owner, runIDs, now, vibejobs.ReasonJobDeleted, NotifyChannel, s.schema).Scan(nil, &value)
+	if err != nil {
+		return mapError(err, "releasing claims")
+	}
+	return s.endedBy(value)
+}
+
+// endedBy tells of the runs a committed statement ended, from its endedSQL
+// value.
+func (s *Store) endedBy(value []byte) error {
+	ended := vibejobs.RunsEnded{}
+	if err := addEnded(ended, value); err != nil {
+		return err
+	}
+	s.ended(ended)
+	return nil
 }
 
 // RecoverExpiredLeases ends, as interrupted, the attempts of up to limit runs
@@ -545,7 +574,10 @@ func (s *Store) RecoverExpiredLeases(ctx context.Context, now time.Time, limit i
 	if limit <= 0 {
 		return 0, nil
 	}
-	var n int
+	var (
+		n     int
+		value []byte
+	)
 	err := s.pool.QueryRow(ctx, `WITH expired AS (
 		SELECT l.tid, l.attempt_started_at, l.job_deleted, q.due_at AS old_due FROM run_queue q CROSS JOIN LATERAL (
 			SELECT r.ctid AS tid, r.attempt_started_at, j.deleted_at IS NOT NULL AS job_deleted
@@ -581,13 +613,13 @@ func (s *Store) RecoverExpiredLeases(ctx context.Context, now time.Time, limit i
 			next_attempt_at AS next_at
 		FROM recovered
 	)`+appendEventsTail+`
-	SELECT count(*), CASE WHEN bool_or(claimable) THEN pg_notify($6, $7) END FROM recovered`,
+	SELECT count(*), CASE WHEN bool_or(claimable) THEN pg_notify($6, $7) END, `+endedSQL+` FROM recovered`,
 		now, limit, vibejobs.ReasonJobDeleted, vibejobs.ReasonDeadlineExceeded, vibejobs.ErrorCodeInterrupted,
-		NotifyChannel, s.schema).Scan(&n, nil)
+		NotifyChannel, s.schema).Scan(&n, nil, &value)
 	if err != nil {
 		return 0, mapError(err, "recovering expired leases")
 	}
-	return n, nil
+	return n, s.endedBy(value)
 }
 
 // FailExpiredRuns fails (deadline_exceeded, finished at now) up to limit runs
@@ -605,6 +637,7 @@ func (s *Store) FailExpiredRuns(ctx context.Context, now time.Time, limit int) (
 	if err != nil {
 		return 0, mapError(err, "failing expired runs")
 	}
+	s.ended(vibejobs.RunsEnded{{State: vibejobs.RunFailed, Reason: vibejobs.ReasonDeadlineExceeded}: n})
 	return n, nil
 }
 

@@ -31,6 +31,8 @@ type tx struct {
 	// jobDelta is the net change to each project's live jobs made so far,
 	// written to project_job_counts by flushJobCounts before commit.
 	jobDelta map[string]int64
+	// ended counts the runs the transaction ended, told after it commits.
+	ended vibejobs.RunsEnded
 }
 
 // addJobs notes n more (or fewer) live jobs in projectID.
@@ -256,6 +258,10 @@ func (t *tx) DeleteJob(ctx context.Context, projectID, id string, at time.Time) 
 	if err != nil {
 		return mapError(err, "cancelling the runs of a deleted job")
 	}
+	if t.ended == nil {
+		t.ended = vibejobs.RunsEnded{}
+	}
+	t.ended.Add(vibejobs.RunCancelled, vibejobs.ReasonJobDeleted, len(ids))
 	return t.dequeue(ctx, ids, dues)
 }
 

@@ -34,6 +34,9 @@ func appendEvents(ctx context.Context, t wtx, events []*vibejobs.Event) error {
 	counts := map[string]int64{}
 	var projects []string
 	for _, e := range events {
+		if e.RunID != "" {
+			t.ended.Add(vibejobs.RunState(e.State), e.Reason, 1)
+		}
 		if counts[e.ProjectID] == 0 {
 			projects = append(projects, e.ProjectID)
 		}

@@ -396,7 +396,19 @@ func recordRound(ctx context.Context, t wtx, owner string, outcomes []*vibejobs.
 		seqs[i] = next[p]
 		next[p]++
 	}
-	if _, err := t.ExecContext(ctx, recordEventsSQL, lastAttempt-int64(len(attempts)), jsonArray(seqs)); err != nil {
+	ends, err := t.QueryContext(ctx, recordEventsSQL, lastAttempt-int64(len(attempts)), jsonArray(seqs))
+	if err != nil {
+		return fmt.Errorf("appending run events: %w", err)
+	}
+	defer ends.Close()
+	for ends.Next() {
+		var state, reason string
+		if err := ends.Scan(&state, &reason); err != nil {
+			return fmt.Errorf("appending run events: %w", err)
+		}
+		t.ended.Add(vibejobs.RunState(state), reason, 1)
+	}
+	if err := ends.Err(); err != nil {
 		return fmt.Errorf("appending run events: %w", err)
 	}
 	return nil
@@ -435,7 +447,8 @@ const recordEventsSQL = `INSERT INTO events (project_id, sequence, type, occurre
 			r.next_attempt_at
 		FROM attempts a CROSS JOIN runs r ON r.seq = a.run_seq
 		WHERE a.id > ?1
-		ORDER BY a.id`
+		ORDER BY a.id
+		RETURNING state, reason`
 
 // applyAdvanceSQL advances the jobs of a round of plans that are still at
 // their From and Anchor.

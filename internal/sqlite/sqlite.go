@@ -20,6 +20,7 @@ import (
 	"runtime"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/pressly/goose/v3"
@@ -52,8 +53,10 @@ type Store struct {
 	// Open: preparing one inside a transaction would wait for the
 	// connection the transaction holds.
 	prepared map[string]*sql.Stmt
-	logger   *slog.Logger
-	now      func() time.Time
+	// onEnded is told of the runs each transaction ended (OnRunsEnded).
+	onEnded atomic.Pointer[func(vibejobs.RunsEnded)]
+	logger  *slog.Logger
+	now     func() time.Time
 	// checkpoints copies the WAL into the database in the background, so no
 	// commit pays for a checkpoint (see checkpointLoop).
 	ckpt     *sql.DB
@@ -260,21 +263,31 @@ func (s *Store) write(ctx context.Context, fn func(wtx) error) error {
 	if err != nil {
 		return fmt.Errorf("sqlite: beginning transaction: %w", err)
 	}
-	if err := fn(wtx{Tx: t, prepared: s.prepared}); err != nil {
+	ended := vibejobs.RunsEnded{}
+	if err := fn(wtx{Tx: t, prepared: s.prepared, ended: ended}); err != nil {
 		_ = t.Rollback()
 		return err
 	}
 	if err := t.Commit(); err != nil {
 		return fmt.Errorf("sqlite: committing: %w", err)
 	}
+	if f := s.onEnded.Load(); f != nil && len(ended) > 0 {
+		(*f)(ended)
+	}
 	return nil
 }
+
+// OnRunsEnded implements vibejobs.RunsEndedNotifier.
+func (s *Store) OnRunsEnded(f func(vibejobs.RunsEnded)) { s.onEnded.Store(&f) }
 
 // wtx is a write transaction that runs the statements prepared at Open
 // without parsing them again.
 type wtx struct {
 	*sql.Tx
 	prepared map[string]*sql.Stmt
+	// ended counts the runs the transaction ended: every statement that
+	// ends runs appends their events, and counts them as it does.
+	ended vibejobs.RunsEnded
 }
 
 func (t wtx) ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error) {

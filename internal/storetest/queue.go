@@ -1,6 +1,7 @@
 package storetest
 
 import (
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -977,4 +978,88 @@ func testPruneIdempotencyKeys(t *testing.T, f *fixture) {
 	if _, err := f.s.GetIdempotencyKey(f.ctx, projectA, "live", T0); err != nil {
 		t.Errorf("live key pruned: %v", err)
 	}
+}
+
+// testRunsEnded: the store tells, after each commit, of exactly the runs it
+// ended, by state and reason: from recorded outcomes (not a dropped one, nor
+// a retry), a deleted job's runs cancelled by the deletion, by a retrying
+// outcome and by a release, a lease recovered past the deadline, and expired
+// runs failed; a rolled-back deletion tells nothing.
+func testRunsEnded(t *testing.T, f *fixture) {
+	notifier, ok := f.s.(vibejobs.RunsEndedNotifier)
+	if !ok {
+		t.Fatal("the store does not implement vibejobs.RunsEndedNotifier")
+	}
+	var mu sync.Mutex
+	got := vibejobs.RunsEnded{}
+	notifier.OnRunsEnded(func(e vibejobs.RunsEnded) {
+		mu.Lock()
+		defer mu.Unlock()
+		for k, v := range e {
+			got[k] += v
+		}
+	})
+	want := func(what string, w vibejobs.RunsEnded) {
+		t.Helper()
+		mu.Lock()
+		g := got
+		got = vibejobs.RunsEnded{}
+		mu.Unlock()
+		wantEqual(t, what, g, w)
+	}
+	succeededEnd := vibejobs.RunEnd{State: vibejobs.RunSucceeded}
+	deleted := vibejobs.RunEnd{State: vibejobs.RunCancelled, Reason: vibejobs.ReasonJobDeleted}
+	expired := vibejobs.RunEnd{State: vibejobs.RunFailed, Reason: vibejobs.ReasonDeadlineExceeded}
+
+	f.projects()
+	j := f.job(projectA)
+	c1, c2, c3, c4 := f.claimOne(j, "w"), f.claimOne(j, "w"), f.claimOne(j, "w"), f.claimOne(j, "w")
+	at := c1.Run.ScheduledFor
+	f.record("w", succeeded(c1, at, at), failed(c2, at, at, 401, vibejobs.ReasonAppRejected),
+		retrying(c3, at, at, at.Add(20*time.Hour)))
+	want("recorded outcomes", vibejobs.RunsEnded{succeededEnd: 1,
+		{State: vibejobs.RunFailed, Reason: vibejobs.ReasonAppRejected}: 1})
+	f.record("intruder", succeeded(c4, at, at))
+	want("an outcome that lost its lease", vibejobs.RunsEnded{})
+	f.record("w", succeeded(c4, at, at))
+	want("the outcome of the lease", vibejobs.RunsEnded{succeededEnd: 1})
+
+	gone := f.job(projectA)
+	f.run(gone, T0.Add(time.Hour))
+	inFlight, held := f.claimOne(gone, "w"), f.claimOne(gone, "w")
+	f.update(func(tx vibejobs.Tx) error { return tx.DeleteJob(f.ctx, projectA, gone.ID, T0) })
+	want("deleting a job with a waiting run and two in flight", vibejobs.RunsEnded{deleted: 1})
+	at = inFlight.Run.ScheduledFor
+	f.record("w", retrying(inFlight, at, at, at.Add(time.Minute)))
+	want("a retrying outcome of a deleted job's run", vibejobs.RunsEnded{deleted: 1})
+	if err := f.s.ReleaseClaims(f.ctx, "w", []string{held.Run.ID}, T0); err != nil {
+		t.Fatal(err)
+	}
+	want("releasing a deleted job's run", vibejobs.RunsEnded{deleted: 1})
+
+	kept := f.job(projectA)
+	f.run(kept, T0.Add(time.Hour))
+	err := f.s.Update(f.ctx, func(tx vibejobs.Tx) error {
+		if err := tx.DeleteJob(f.ctx, projectA, kept.ID, T0); err != nil {
+			return err
+		}
+		return errRollback
+	})
+	if !errors.Is(err, errRollback) {
+		t.Fatalf("Update = %v, want the rollback", err)
+	}
+	want("a rolled-back deletion", vibejobs.RunsEnded{})
+
+	f.claimOne(j, "w") // never recorded: its lease expires
+	late := T0.Add(200 * time.Hour)
+	if n, err := f.s.RecoverExpiredLeases(f.ctx, late, 10); err != nil || n != 1 {
+		t.Fatalf("RecoverExpiredLeases = %d, %v", n, err)
+	}
+	want("a lease recovered past the run's deadline", vibejobs.RunsEnded{expired: 1})
+	// c3's run waits for its retry and kept's for its time, both past
+	// their deadlines by then.
+	if n, err := f.s.FailExpiredRuns(f.ctx, late, 10); err != nil || n != 2 {
+		t.Fatalf("FailExpiredRuns = %d, %v", n, err)
+	}
+	want("expired runs failed", vibejobs.RunsEnded{expired: 2})
 }

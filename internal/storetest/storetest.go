@@ -81,6 +81,7 @@ func Run(t *testing.T, open func(t *testing.T) vibejobs.Store) {
 		{"ReleaseKeepsLateOfASentFirstAttempt", testReleaseKeepsLateOfASentFirstAttempt},
 		{"NextDueAt", testNextDueAt},
 		{"QueueStats", testQueueStats},
+		{"RunsEnded", testRunsEnded},
 
 		{"FailExpiredRuns", testFailExpiredRuns},
 		{"PruneRuns", testPruneRuns},
