@@ -445,13 +445,21 @@ func TestMetricsExposed(t *testing.T) {
 	}
 	_, run := api.do("POST", "/v1/jobs/"+job["id"].(string)+"/runs", nil)
 	waitRunState(t, api, run["id"].(string), "succeeded")
-	resp, err := http.Get("http://" + m.Addr() + "/metrics")
-	if err != nil {
-		t.Fatal(err)
+	// The store tells the metrics of the run it ended right after the
+	// commit the API read: the scrape may come in between.
+	var text string
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		resp, err := http.Get("http://" + m.Addr() + "/metrics")
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		text = string(body)
+		if strings.Contains(text, "vibejobs_runs_finished_total") || time.Now().After(deadline) {
+			break
+		}
 	}
-	body, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	text := string(body)
 	for _, want := range []string{
 		`vibejobs_attempts_total{error_code="",outcome="succeeded"} 1`,
 		`vibejobs_runs_finished_total{reason="",state="succeeded"} 1`,

@@ -315,6 +315,9 @@ func (m *Main) Run(ctx context.Context) error {
 	}
 
 	met := metrics.New()
+	if n, ok := store.(vibejobs.RunsEndedNotifier); ok {
+		n.OnRunsEnded(met.RunsEnded)
+	}
 	owner := newOwnerID()
 	var dispStore vibejobs.DispatchStore = store
 	if m.WrapDispatchStore != nil {

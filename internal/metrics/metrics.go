@@ -53,7 +53,7 @@ func New() *Metrics {
 		oldestDue: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "vibejobs_oldest_due_run_age_seconds", Help: "Age of the oldest due, unclaimed run."}),
 		leases: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "vibejobs_leases_recovered_total", Help: "Runs whose lease expired and were made claimable again."}),
+			Name: "vibejobs_leases_recovered_total", Help: "Runs whose lease expired, their attempt recorded as interrupted: made claimable again, or ended when past their deadline or their job was deleted."}),
 		skipped: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "vibejobs_skipped_occurrences_total", Help: "Occurrences skipped by catch-up rules."}),
 	}
@@ -77,15 +77,22 @@ func (m *Metrics) RunsCreated(n int) { m.runsCreated.Add(float64(n)) }
 // Skipped counts occurrences skipped by catch-up.
 func (m *Metrics) Skipped(n int64) { m.skipped.Add(float64(n)) }
 
-// AttemptFinished records one attempt and, when it ended the run, the run.
+// AttemptFinished records one attempt, by the outcome the dispatcher
+// decided. Whether the run ended is the store's to say (RunsEnded): an
+// outcome may be dropped, or end the run otherwise.
 func (m *Metrics) AttemptFinished(errorCode string, step vibejobs.Step, lateness time.Duration, first bool, d time.Duration) {
 	m.attempts.WithLabelValues(string(step.State), errorCode).Inc()
 	m.duration.Observe(d.Seconds())
 	if first {
 		m.lateness.Observe(max(lateness, 0).Seconds())
 	}
-	if step.State.Finished() {
-		m.runsFinished.WithLabelValues(string(step.State), step.FailureReason).Inc()
+}
+
+// RunsEnded counts runs that reached a final state, as the store committed
+// them (see vibejobs.RunsEndedNotifier).
+func (m *Metrics) RunsEnded(e vibejobs.RunsEnded) {
+	for end, n := range e {
+		m.runsFinished.WithLabelValues(string(end.State), end.Reason).Add(float64(n))
 	}
 }
 
