@@ -193,3 +193,31 @@ func TestTokensAndProjects(t *testing.T) {
 		t.Errorf("second bootstrap: %q %v %v", tok, created, err)
 	}
 }
+
+// TestProjectLocation: the Location of a created project answers it: to the
+// installation token any project, to a project's admin its own only (another
+// project is not found, as a missing one), to other roles nothing.
+func TestProjectLocation(t *testing.T) {
+	e := newEnv(t)
+	created := e.do("POST", "/v1/projects", e.admin, map[string]any{"name": "loc"})
+	if created.status != 201 {
+		t.Fatalf("create project: %s", created)
+	}
+	loc := created.header.Get("Location")
+	if got := e.do("GET", loc, e.admin, nil); got.status != 200 || got.json(t)["name"] != "loc" {
+		t.Fatalf("GET Location %q of a created project: %s", loc, got)
+	}
+	id, tokens := e.newProject("other")
+	if got := e.do("GET", "/v1/projects/"+id, tokens[vibejobs.RoleAdmin], nil); got.status != 200 || got.json(t)["id"] != id {
+		t.Errorf("GET of its own project by its admin: %s", got)
+	}
+	if got := e.do("GET", loc, tokens[vibejobs.RoleAdmin], nil); got.status != 404 {
+		t.Errorf("GET of another project by an admin: %s, want 404", got)
+	}
+	if got := e.do("GET", "/v1/projects/"+id, tokens[vibejobs.RoleRead], nil); got.status != 403 {
+		t.Errorf("GET of its project by a read token: %s, want 403", got)
+	}
+	if got := e.do("GET", "/v1/projects/prj_missing", e.admin, nil); got.status != 404 {
+		t.Errorf("GET of a missing project: %s, want 404", got)
+	}
+}

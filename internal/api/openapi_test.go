@@ -241,6 +241,8 @@ func TestOpenAPIShapes(t *testing.T) {
 	check(req{method: "POST", path: "/v1/subscriptions/sub_none/reset"})
 	p := check(req{method: "POST", path: "/v1/projects", body: `{"name":"shapes","retentionDays":30}`}).json(t)
 	check(req{method: "GET", path: "/v1/projects"})
+	check(req{method: "GET", path: "/v1/projects/" + p["id"].(string)})
+	check(req{method: "GET", path: "/v1/projects/prj_none"})
 	tk := check(req{method: "POST", path: "/v1/projects/" + p["id"].(string) + "/tokens", body: `{"name":"r","role":"read"}`}).json(t)
 	check(req{method: "GET", path: "/v1/projects/" + p["id"].(string) + "/tokens"})
 	check(req{method: "GET", path: "/v1/jobs", token: tk["token"].(string)})

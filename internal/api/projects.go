@@ -110,6 +110,16 @@ func (s *Server) listProjects(ctx context.Context, c *call) (*response, error) {
 	return jsonResponse(http.StatusOK, out), nil
 }
 
+// getProject answers a project: an admin its own, the installation token
+// any (the Location of a created project).
+func (s *Server) getProject(ctx context.Context, c *call) (*response, error) {
+	p, err := tokenProject(ctx, s.store, c)
+	if err != nil {
+		return nil, err
+	}
+	return jsonResponse(http.StatusOK, projectView(p)), nil
+}
+
 // tokenProject returns the project a token route names, if the caller may
 // manage its tokens: an admin only its own, the installation token any.
 // Another project answers 404 exactly like a missing one.

@@ -219,6 +219,7 @@ func (s *Server) routeTable() []route {
 
 		{method: "POST", path: "/v1/projects", access: accessInstallation, effect: s.createProject},
 		{method: "GET", path: "/v1/projects", access: accessInstallation, serve: s.listProjects},
+		{method: "GET", path: "/v1/projects/{id}", access: accessAdmin, serve: s.getProject},
 		{method: "POST", path: "/v1/projects/{id}/tokens", access: accessAdmin, effect: s.createToken},
 		{method: "GET", path: "/v1/projects/{id}/tokens", access: accessAdmin, serve: s.listTokens},
 		{method: "DELETE", path: "/v1/tokens/{id}", access: accessAdmin, serve: s.revokeToken},
