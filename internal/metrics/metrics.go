@@ -55,7 +55,7 @@ func New() *Metrics {
 		leases: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "vibejobs_leases_recovered_total", Help: "Runs whose lease expired, their attempt recorded as interrupted: made claimable again, or ended when past their deadline or their job was deleted."}),
 		skipped: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "vibejobs_skipped_occurrences_total", Help: "Occurrences skipped by catch-up rules."}),
+			Name: "vibejobs_skipped_occurrences_total", Help: "Occurrences skipped by catch-up rules, or already past the delivery lifetime when the scheduler reached them."}),
 	}
 	m.reg.MustRegister(m.runsCreated, m.runsFinished, m.attempts, m.duration, m.lateness,
 		m.due, m.oldestDue, m.leases, m.skipped,
