@@ -466,7 +466,8 @@ func TestMetricsExposed(t *testing.T) {
 		"vibejobs_delivery_duration_seconds_count 1",
 		"vibejobs_first_attempt_lateness_seconds_count 1",
 		"vibejobs_runs_due", "vibejobs_oldest_due_run_age_seconds", "vibejobs_leases_recovered_total",
-		"vibejobs_skipped_occurrences_total", "vibejobs_runs_created_total", "go_goroutines", "process_resident_memory_bytes",
+		`vibejobs_runs_created_total{trigger="manual"} 1`,
+		"vibejobs_skipped_occurrences_total", "go_goroutines", "process_resident_memory_bytes",
 	} {
 		if !strings.Contains(text, want) {
 			t.Errorf("/metrics lacks %q", want)

@@ -364,6 +364,7 @@ func (m *Main) Run(ctx context.Context) error {
 		Store: store, Sealer: sealer, URLs: policy, Now: now, Logger: m.logger,
 		Wake:              func() { sched.Wake(); disp.Wake(); subs.Wake() },
 		JobChanged:        disp.JobChanged,
+		RunCreated:        met.ManualRunCreated,
 		Metrics:           met.Handler(),
 		Extra:             web.New(web.Config{Store: store, Now: now, Logger: m.logger}),
 		MaxJobsPerProject: cfg.MaxJobsPerProject,

@@ -112,7 +112,7 @@ func (s *Server) triggerRun(ctx context.Context, c *call, tx vibejobs.Tx) (*resp
 	if err := tx.CreateRun(ctx, r); err != nil {
 		return nil, err
 	}
-	c.info.run, c.wake = r.ID, true
+	c.info.run, c.wake, c.runCreated = r.ID, true, true
 	return jsonResponse(http.StatusAccepted, runView(r)).with("Location", "/v1/runs/"+r.ID), nil
 }
 

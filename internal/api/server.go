@@ -75,6 +75,9 @@ type Config struct {
 	// the dispatcher withdraws its claims not yet sent (see
 	// dispatcher.Dispatcher.JobChanged).
 	JobChanged func(jobID string)
+	// RunCreated is called once the creation of a manual run has
+	// committed (the runs-created metric; the scheduler counts its own).
+	RunCreated func()
 	// Ready is checked by /readyz besides Store.Ping.
 	Ready func(ctx context.Context) error
 	// Metrics, when set, is served at GET /metrics without a token.
@@ -94,19 +97,20 @@ type Config struct {
 
 // Server is the management API. Its Handler is safe for concurrent use.
 type Server struct {
-	store   vibejobs.Store
-	sealer  Sealer
-	urls    URLValidator
-	now     func() time.Time
-	rand    io.Reader
-	log     *slog.Logger
-	wake    func()
-	changed func(jobID string)
-	ready   func(ctx context.Context) error
-	metrics http.Handler
-	extra   http.Handler
-	maxJobs int
-	maxBody int64
+	store      vibejobs.Store
+	sealer     Sealer
+	urls       URLValidator
+	now        func() time.Time
+	rand       io.Reader
+	log        *slog.Logger
+	wake       func()
+	changed    func(jobID string)
+	runCreated func()
+	ready      func(ctx context.Context) error
+	metrics    http.Handler
+	extra      http.Handler
+	maxJobs    int
+	maxBody    int64
 	// rotationGrace: see Config.RotationGrace.
 	rotationGrace time.Duration
 	limiter       *limiter
@@ -124,20 +128,21 @@ func New(cfg Config) *Server {
 		panic("api: Config.Store and Config.Sealer are required")
 	}
 	s := &Server{
-		store:   cfg.Store,
-		sealer:  cfg.Sealer,
-		urls:    cfg.URLs,
-		now:     cfg.Now,
-		rand:    &lockedReader{r: cmp.Or[io.Reader](cfg.Rand, cryptoRand)},
-		log:     cmp.Or(cfg.Logger, slog.Default()),
-		wake:    cfg.Wake,
-		changed: cfg.JobChanged,
-		ready:   cfg.Ready,
-		metrics: cfg.Metrics,
-		extra:   cfg.Extra,
-		maxJobs: cmp.Or(cfg.MaxJobsPerProject, DefaultMaxJobsPerProject),
-		maxBody: cmp.Or(cfg.MaxBodyBytes, DefaultMaxBodyBytes),
-		openapi: openapiDocument,
+		store:      cfg.Store,
+		sealer:     cfg.Sealer,
+		urls:       cfg.URLs,
+		now:        cfg.Now,
+		rand:       &lockedReader{r: cmp.Or[io.Reader](cfg.Rand, cryptoRand)},
+		log:        cmp.Or(cfg.Logger, slog.Default()),
+		wake:       cfg.Wake,
+		changed:    cfg.JobChanged,
+		runCreated: cfg.RunCreated,
+		ready:      cfg.Ready,
+		metrics:    cfg.Metrics,
+		extra:      cfg.Extra,
+		maxJobs:    cmp.Or(cfg.MaxJobsPerProject, DefaultMaxJobsPerProject),
+		maxBody:    cmp.Or(cfg.MaxBodyBytes, DefaultMaxBodyBytes),
+		openapi:    openapiDocument,
 
 		rotationGrace: cmp.Or(cfg.RotationGrace, vibejobs.DefaultRotationGrace),
 	}
@@ -149,6 +154,9 @@ func New(cfg Config) *Server {
 	}
 	if cfg.JobChanged == nil {
 		s.changed = func(string) {}
+	}
+	if cfg.RunCreated == nil {
+		s.runCreated = func() {}
 	}
 	rl := cfg.RateLimit
 	if rl.PerSecond >= 0 {
@@ -238,6 +246,9 @@ type call struct {
 	body  []byte
 	info  *logInfo
 	wake  bool // call Wake once the effect committed
+	// runCreated: a manual run was created; RunCreated is called once the
+	// effect committed.
+	runCreated bool
 	// changedJob names a job whose delivery settings changed or that was
 	// deleted: JobChanged is called with it once the effect committed.
 	changedJob string
@@ -436,6 +447,9 @@ func (s *Server) serveRoute(r *http.Request, rt route, info *logInfo) *response 
 func (s *Server) committed(c *call) {
 	if c.wake {
 		s.wake()
+	}
+	if c.runCreated {
+		s.runCreated()
 	}
 	if c.changedJob != "" {
 		s.changed(c.changedJob)

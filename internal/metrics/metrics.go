@@ -18,7 +18,7 @@ import (
 // maintenance packages. The zero value is not usable; call New.
 type Metrics struct {
 	reg          *prometheus.Registry
-	runsCreated  prometheus.Counter
+	runsCreated  *prometheus.CounterVec
 	runsFinished *prometheus.CounterVec
 	attempts     *prometheus.CounterVec
 	duration     prometheus.Histogram
@@ -34,8 +34,9 @@ type Metrics struct {
 func New() *Metrics {
 	m := &Metrics{
 		reg: prometheus.NewRegistry(),
-		runsCreated: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "vibejobs_runs_created_total", Help: "Runs created from schedule occurrences."}),
+		runsCreated: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "vibejobs_runs_created_total", Help: "Runs created, by trigger: schedule (occurrences) or manual."},
+			[]string{"trigger"}),
 		runsFinished: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "vibejobs_runs_finished_total", Help: "Runs that reached a final state, by state and reason."},
 			[]string{"state", "reason"}),
@@ -72,7 +73,14 @@ func (m *Metrics) Handler() http.Handler {
 }
 
 // RunsCreated counts runs created by the scheduler.
-func (m *Metrics) RunsCreated(n int) { m.runsCreated.Add(float64(n)) }
+func (m *Metrics) RunsCreated(n int) {
+	m.runsCreated.WithLabelValues(string(vibejobs.TriggerSchedule)).Add(float64(n))
+}
+
+// ManualRunCreated counts a manual run created through the API.
+func (m *Metrics) ManualRunCreated() {
+	m.runsCreated.WithLabelValues(string(vibejobs.TriggerManual)).Inc()
+}
 
 // Skipped counts occurrences skipped by catch-up.
 func (m *Metrics) Skipped(n int64) { m.skipped.Add(float64(n)) }
