@@ -79,3 +79,41 @@ func TestRotationGraceSetting(t *testing.T) {
 			func(c Config) time.Duration { return c.RotationGrace })
 	}
 }
+
+// TestIntegerSettingsBounds: the integer settings refuse values past their
+// upper bounds with a message naming the range, from a flag or from the
+// environment. A huge concurrency panicked the dispatcher at start, and a
+// huge retention overflowed the prune cutoff into the future, pruning every
+// finished run.
+func TestIntegerSettingsBounds(t *testing.T) {
+	for _, tc := range []struct {
+		flag, env, value, rangeText string
+	}{
+		{"--concurrency", "VIBEJOBS_CONCURRENCY", "1125899906842624", "from 1 to 10000"},
+		{"--concurrency", "VIBEJOBS_CONCURRENCY", "10001", "from 1 to 10000"},
+		{"--per-host", "VIBEJOBS_PER_HOST", "10001", "from 1 to 10000"},
+		{"--retention-days", "VIBEJOBS_RETENTION_DAYS", "9223372036854775807", "from 7 to 3650"},
+		{"--retention-days", "VIBEJOBS_RETENTION_DAYS", "3651", "from 7 to 3650"},
+		{"--retention-days", "VIBEJOBS_RETENTION_DAYS", "6", "from 7 to 3650"},
+		{"--rate-limit", "VIBEJOBS_RATE_LIMIT", "4611686018427387904", "from 1 to 1000000"},
+	} {
+		fromEnv := func(k string) string {
+			if k == tc.env {
+				return tc.value
+			}
+			return ""
+		}
+		for what, parse := range map[string]func(m *Main) error{
+			"flag": func(m *Main) error { return m.ParseFlags([]string{tc.flag, tc.value}, func(string) string { return "" }) },
+			"env":  func(m *Main) error { return m.ParseFlags(nil, fromEnv) },
+		} {
+			if err := parse(NewMain(io.Discard, io.Discard)); err == nil || !strings.Contains(err.Error(), tc.rangeText) {
+				t.Errorf("%s %s=%s: %v, want an error naming the range %q", what, tc.env, tc.value, err, tc.rangeText)
+			}
+		}
+	}
+	m := NewMain(io.Discard, io.Discard)
+	if err := m.ParseFlags([]string{"--concurrency", "10000", "--retention-days", "3650", "--rate-limit", "1000000"}, func(string) string { return "" }); err != nil {
+		t.Fatalf("the bounds themselves: %v", err)
+	}
+}

@@ -128,11 +128,11 @@ func (c *Config) flagSet(fs *flag.FlagSet, getenv func(string) string) {
 			}
 		}
 	}
-	intFlag(&c.Concurrency, "concurrency", "CONCURRENCY", dispatcher.DefaultConcurrency, "attempts in flight at most")
-	intFlag(&c.PerHost, "per-host", "PER_HOST", dispatcher.DefaultPerHost, "attempts in flight per destination host at most")
-	intFlag(&c.RetentionDays, "retention-days", "RETENTION_DAYS", maintenance.DefaultRetentionDays, "history retention in days, at least 7")
+	intFlag(&c.Concurrency, "concurrency", "CONCURRENCY", dispatcher.DefaultConcurrency, "attempts in flight at most (1–10000)")
+	intFlag(&c.PerHost, "per-host", "PER_HOST", dispatcher.DefaultPerHost, "attempts in flight per destination host at most (1–10000)")
+	intFlag(&c.RetentionDays, "retention-days", "RETENTION_DAYS", maintenance.DefaultRetentionDays, "history retention in days, 7 to 3650")
 	intFlag(&c.MaxJobsPerProject, "max-jobs-per-project", "MAX_JOBS_PER_PROJECT", 10000, "jobs per project at most")
-	intFlag(&c.RateLimit, "rate-limit", "RATE_LIMIT", api.DefaultRatePerSecond, "API requests per second per token (burst twice that)")
+	intFlag(&c.RateLimit, "rate-limit", "RATE_LIMIT", api.DefaultRatePerSecond, "API requests per second per token (burst twice that; 1 to 1000000)")
 	// durationFlag declares a duration flag whose environment variable is
 	// read first; a value parse refuses is an error of the flag, or, from
 	// the environment, badDuration for validate to report.
@@ -181,18 +181,26 @@ func parseClaimAhead(s string) (time.Duration, error) {
 	return d, nil
 }
 
+// Upper bounds of the integer settings: beyond them a value is a mistake
+// that would hurt (the dispatcher allocates per attempt in flight at start;
+// the rate limit's burst is twice the rate).
+const (
+	maxConcurrency = 10_000
+	maxRateLimit   = 1_000_000
+)
+
 func (c *Config) validate() error {
 	switch {
 	case c.ClaimAhead == badDuration:
 		return errors.New("VIBEJOBS_CLAIM_AHEAD must be a duration from 0 to 1s, such as 200ms")
-	case c.Concurrency < 1:
-		return errors.New("VIBEJOBS_CONCURRENCY must be a positive integer")
-	case c.PerHost < 1:
-		return errors.New("VIBEJOBS_PER_HOST must be a positive integer")
-	case c.RetentionDays < maintenance.MinRetentionDays:
-		return fmt.Errorf("retention must be at least %d days", maintenance.MinRetentionDays)
-	case c.RateLimit < 1:
-		return errors.New("VIBEJOBS_RATE_LIMIT must be a positive integer")
+	case c.Concurrency < 1 || c.Concurrency > maxConcurrency:
+		return fmt.Errorf("VIBEJOBS_CONCURRENCY must be an integer from 1 to %d", maxConcurrency)
+	case c.PerHost < 1 || c.PerHost > maxConcurrency:
+		return fmt.Errorf("VIBEJOBS_PER_HOST must be an integer from 1 to %d", maxConcurrency)
+	case c.RetentionDays < maintenance.MinRetentionDays || c.RetentionDays > maintenance.MaxRetentionDays:
+		return fmt.Errorf("VIBEJOBS_RETENTION_DAYS must be an integer from %d to %d", maintenance.MinRetentionDays, maintenance.MaxRetentionDays)
+	case c.RateLimit < 1 || c.RateLimit > maxRateLimit:
+		return fmt.Errorf("VIBEJOBS_RATE_LIMIT must be an integer from 1 to %d", maxRateLimit)
 	case c.MaxJobsPerProject < 1:
 		return errors.New("VIBEJOBS_MAX_JOBS_PER_PROJECT must be a positive integer")
 	case c.LogFormat != "text" && c.LogFormat != "json":

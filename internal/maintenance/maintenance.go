@@ -24,6 +24,7 @@ const (
 	DefaultPruneInterval    = 5 * time.Minute
 	DefaultRetentionDays    = 90
 	MinRetentionDays        = 7
+	MaxRetentionDays        = 3650
 	DefaultBatch            = 500
 	DefaultStatsInterval    = 5 * time.Second
 	DefaultVacuumInterval   = 10 * time.Second
@@ -76,7 +77,7 @@ func New(cfg Config) *Maintainer {
 	cfg.PruneInterval = cmp.Or(cfg.PruneInterval, DefaultPruneInterval)
 	cfg.StatsInterval = cmp.Or(cfg.StatsInterval, DefaultStatsInterval)
 	cfg.VacuumInterval = cmp.Or(cfg.VacuumInterval, DefaultVacuumInterval)
-	cfg.RetentionDays = max(cmp.Or(cfg.RetentionDays, DefaultRetentionDays), MinRetentionDays)
+	cfg.RetentionDays = min(max(cmp.Or(cfg.RetentionDays, DefaultRetentionDays), MinRetentionDays), MaxRetentionDays)
 	cfg.Batch = cmp.Or(cfg.Batch, DefaultBatch)
 	return &Maintainer{cfg: cfg}
 }
