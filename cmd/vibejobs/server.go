@@ -479,11 +479,45 @@ func (m *Main) bootstrap(ctx context.Context, now func() time.Time) error {
 	}
 	m.AdminToken = token
 	path := filepath.Join(m.Config.DataDir, "admin.token")
-	if err := os.WriteFile(path, []byte(token+"\n"), 0o600); err != nil {
-		return fmt.Errorf("writing admin token: %w", err)
+	// Shown before it is saved: the token is committed, and no later start
+	// creates one again, so a start that failed to save it must not fail
+	// to show it.
+	fmt.Fprintf(m.Stdout, "Created project \"default\" and an admin API token (shown once):\n\n    %s\n\n", token)
+	if err := writePrivateFile(path, []byte(token+"\n")); err != nil {
+		fmt.Fprintf(m.Stdout, "It could not be saved (%v): keep it from above.\n\n", err)
+		m.logger.Warn("admin_token.not_saved", "error", err.Error())
+		return nil
 	}
-	fmt.Fprintf(m.Stdout, "Created project \"default\" and an admin API token (shown once, also saved to %s):\n\n    %s\n\n", path, token)
+	fmt.Fprintf(m.Stdout, "It is also saved to %s (mode 0600).\n\n", path)
 	return nil
+}
+
+// writePrivateFile replaces path with a file holding data, readable by its
+// owner only: written beside it under a fresh name, then renamed over it (a
+// file written in place keeps the mode it had).
+func writePrivateFile(path string, data []byte) error {
+	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".*")
+	if err != nil {
+		return err
+	}
+	tmp := f.Name()
+	_, err = f.Write(data)
+	if err == nil {
+		err = f.Chmod(0o600)
+	}
+	if err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(tmp, path)
+	}
+	if err != nil {
+		os.Remove(tmp)
+	}
+	return err
 }
 
 // checkMasterKey refuses to start when stored secrets do not open with the
