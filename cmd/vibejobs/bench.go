@@ -52,7 +52,10 @@ func bench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	burst := fs.Int("burst", 0, "events: then this many runs due at once, and how fast their events drain")
 	cpuprofile := fs.String("cpuprofile", "", "burst: write a CPU profile of the delivery window to this file")
 	if err := fs.Parse(args[1:]); err != nil {
-		return fmt.Errorf("%w: %v", errUsage, err)
+		return fmt.Errorf("%w: %w", errUsage, err)
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("%w: unexpected argument %q (the counts are flags: --runs, --jobs)", errUsage, fs.Arg(0))
 	}
 	switch {
 	case *runs < 1, *jobs < 1, *conc < 1, *replicas < 1, *subs < 0, *burst < 0:

@@ -21,7 +21,7 @@ func storeFlags(name string, args []string, getenv func(string) string, stderr i
 	fs.SetOutput(stderr)
 	c.flagSet(fs, getenv)
 	if err := fs.Parse(args); err != nil {
-		return nil, fmt.Errorf("%w: %v", errUsage, err)
+		return nil, fmt.Errorf("%w: %w", errUsage, err)
 	}
 	if fs.NArg() > 0 {
 		return nil, fmt.Errorf("%w: unexpected argument %q", errUsage, fs.Arg(0))

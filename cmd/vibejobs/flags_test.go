@@ -1,6 +1,8 @@
 package main
 
 import (
+	"bytes"
+	"context"
 	"io"
 	"strings"
 	"testing"
@@ -104,8 +106,10 @@ func TestIntegerSettingsBounds(t *testing.T) {
 			return ""
 		}
 		for what, parse := range map[string]func(m *Main) error{
-			"flag": func(m *Main) error { return m.ParseFlags([]string{tc.flag, tc.value}, func(string) string { return "" }) },
-			"env":  func(m *Main) error { return m.ParseFlags(nil, fromEnv) },
+			"flag": func(m *Main) error {
+				return m.ParseFlags([]string{tc.flag, tc.value}, func(string) string { return "" })
+			},
+			"env": func(m *Main) error { return m.ParseFlags(nil, fromEnv) },
 		} {
 			if err := parse(NewMain(io.Discard, io.Discard)); err == nil || !strings.Contains(err.Error(), tc.rangeText) {
 				t.Errorf("%s %s=%s: %v, want an error naming the range %q", what, tc.env, tc.value, err, tc.rangeText)
@@ -115,5 +119,28 @@ func TestIntegerSettingsBounds(t *testing.T) {
 	m := NewMain(io.Discard, io.Discard)
 	if err := m.ParseFlags([]string{"--concurrency", "10000", "--retention-days", "3650", "--rate-limit", "1000000"}, func(string) string { return "" }); err != nil {
 		t.Fatalf("the bounds themselves: %v", err)
+	}
+}
+
+// TestHelpIsNotAnError: -h prints a command's usage and exits 0, as the
+// top-level usage ("see vibejobs serve -h") invites; serve, migrate and
+// master-key rotate reported it as a usage error (exit 2).
+func TestHelpIsNotAnError(t *testing.T) {
+	for _, args := range [][]string{{"serve", "-h"}, {"migrate", "-h"}, {"master-key", "rotate", "-h"}, {"bench", "burst", "-h"}, {"jobs", "create", "-h"}} {
+		var out, errb bytes.Buffer
+		code := run(context.Background(), args, func(string) string { return "" }, &out, &errb)
+		if code != 0 || strings.Contains(errb.String(), "error:") || !strings.Contains(out.String()+errb.String(), "-") {
+			t.Errorf("vibejobs %s: exit %d, stderr %q", strings.Join(args, " "), code, errb.String())
+		}
+	}
+}
+
+// TestBenchRefusesExtraArgument: "bench burst 5000" ran the default 20,000
+// runs; like every other command, bench refuses an argument it does not
+// take.
+func TestBenchRefusesExtraArgument(t *testing.T) {
+	var errb bytes.Buffer
+	if code := run(context.Background(), []string{"bench", "burst", "--runs", "1", "5000"}, func(string) string { return "" }, io.Discard, &errb); code != 2 || !strings.Contains(errb.String(), `"5000"`) {
+		t.Fatalf("bench burst --runs 1 5000: exit %d, stderr %q; want 2 and the argument named", code, errb.String())
 	}
 }

@@ -9,6 +9,7 @@ package main
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -66,8 +67,8 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	default:
 		err = cli.Run(ctx, args, stdout, stderr)
 	}
-	if err == nil {
-		return 0
+	if err == nil || errors.Is(err, flag.ErrHelp) {
+		return 0 // -h: the flag set printed the usage
 	}
 	fmt.Fprintln(stderr, "error:", err)
 	var ue *cli.UsageError

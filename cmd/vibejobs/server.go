@@ -226,7 +226,7 @@ func (m *Main) ParseFlags(args []string, getenv func(string) string) error {
 	fs.SetOutput(m.Stderr)
 	m.Config.flagSet(fs, getenv)
 	if err := fs.Parse(args); err != nil {
-		return fmt.Errorf("%w: %v", errUsage, err)
+		return fmt.Errorf("%w: %w", errUsage, err)
 	}
 	if fs.NArg() > 0 {
 		return fmt.Errorf("%w: unexpected argument %q", errUsage, fs.Arg(0))
