@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"strconv"
 	"strings"
@@ -90,6 +91,7 @@ func (c *client) do(ctx context.Context, method, path string, body any, key stri
 		}
 	}
 	var lastErr error
+	unanswered := false // an attempt went out and no answer came back
 	for attempt := 0; ; attempt++ {
 		if attempt > 0 {
 			wait := time.Duration(100<<attempt) * time.Millisecond // 200ms, 400ms, 800ms
@@ -104,6 +106,16 @@ func (c *client) do(ctx context.Context, method, path string, body any, key stri
 		rep, err, retry := c.once(ctx, method, path, payload, key)
 		if err == nil {
 			return rep, nil
+		}
+		// A DELETE carries no Idempotency-Key: when an earlier attempt's
+		// answer was lost, "not found" is most likely its own work.
+		var ae *APIError
+		if method == http.MethodDelete && unanswered && errors.As(err, &ae) && ae.Status == http.StatusNotFound {
+			return &reply{status: http.StatusNoContent}, nil
+		}
+		var oe *net.OpError
+		if !errors.As(err, &ae) && !(errors.As(err, &oe) && oe.Op == "dial") {
+			unanswered = true // a refused connection sent nothing
 		}
 		lastErr = err
 		if !retry || attempt >= c.retries {
