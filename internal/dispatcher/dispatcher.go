@@ -32,6 +32,10 @@ const (
 	DefaultPollInterval = time.Second
 	DefaultFlushBatch   = 500
 	DefaultClaimAhead   = 200 * time.Millisecond
+	// DefaultStoreTimeout bounds each store call: a connection gone
+	// silent without a reset (a dropped route, a failover) would otherwise
+	// hang the loop until TCP gives up, a quarter of an hour or more.
+	DefaultStoreTimeout = 10 * time.Second
 )
 
 // Sender sends one attempt; *egress.Client is the production one.
@@ -84,7 +88,9 @@ type Config struct {
 	// deleted job, so that its attempts start with its new settings. A
 	// negative value turns it off.
 	ClaimAhead time.Duration
-	Observer   Observer
+	// StoreTimeout bounds each store call (DefaultStoreTimeout).
+	StoreTimeout time.Duration
+	Observer     Observer
 }
 
 // Dispatcher claims and delivers runs. Run loops until its context ends.
@@ -121,6 +127,12 @@ type Dispatcher struct {
 
 	outcomes chan vibejobs.Outcome
 	wg       sync.WaitGroup // attempts in flight
+	// stopping is closed when Run's context ends: from then on the record
+	// loop gives up on outcomes it cannot write (see recordLoop).
+	stopping chan struct{}
+	// retryWait is the pause before the record loop's retry number
+	// attempt+1.
+	retryWait func(attempt int) time.Duration
 }
 
 // New returns a Dispatcher with the defaults filled in.
@@ -137,6 +149,7 @@ func New(cfg Config) *Dispatcher {
 	cfg.ClaimBatch = cmp.Or(cfg.ClaimBatch, DefaultClaimBatch)
 	cfg.LeaseMargin = cmp.Or(cfg.LeaseMargin, DefaultLeaseMargin)
 	cfg.PollInterval = cmp.Or(cfg.PollInterval, DefaultPollInterval)
+	cfg.StoreTimeout = cmp.Or(cfg.StoreTimeout, DefaultStoreTimeout)
 	cfg.UserAgent = cmp.Or(cfg.UserAgent, "vibejobs/dev")
 	// A claim waits for its host until LeaseMargin/2 after its hold (see
 	// waiter): the hold must leave the attempt room within the lease.
@@ -148,7 +161,16 @@ func New(cfg Config) *Dispatcher {
 		waiting:  map[string][]waiter{},
 		held:     map[*vibejobs.Claim]*heldClaim{},
 		outcomes: make(chan vibejobs.Outcome, cfg.Concurrency),
+		stopping: make(chan struct{}),
+		retryWait: func(attempt int) time.Duration {
+			return min(time.Duration(attempt+1)*100*time.Millisecond, 2*time.Second)
+		},
 	}
+}
+
+// storeCtx bounds a store call by Config.StoreTimeout.
+func (d *Dispatcher) storeCtx(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(ctx, d.cfg.StoreTimeout)
 }
 
 // Wake asks the dispatcher to look for due runs now.
@@ -169,6 +191,7 @@ func (d *Dispatcher) Run(ctx context.Context) {
 		d.recordLoop()
 	}()
 	defer func() {
+		close(d.stopping)
 		// Claims still waiting for their host go back to the queue; the
 		// attempts in flight finish.
 		d.expireWaiting(context.Background(), d.cfg.Now(), true)
@@ -234,7 +257,9 @@ func (d *Dispatcher) claimOnce(ctx context.Context) (time.Duration, error) {
 	now := d.cfg.Now()
 	dueNow := d.backlog
 	if !dueNow {
-		next, ok, err := d.cfg.Store.NextDueAt(ctx)
+		sctx, cancel := d.storeCtx(ctx)
+		next, ok, err := d.cfg.Store.NextDueAt(sctx)
+		cancel()
 		if err != nil {
 			return 0, err
 		}
@@ -250,8 +275,11 @@ func (d *Dispatcher) claimOnce(ctx context.Context) (time.Duration, error) {
 	want := min(free, d.cfg.ClaimBatch)
 	var claims []*vibejobs.Claim
 	if dueNow {
+		sctx, cancel := d.storeCtx(ctx)
 		var err error
-		if claims, err = d.cfg.Store.ClaimDueRuns(ctx, d.cfg.Owner, now, want, d.cfg.LeaseMargin); err != nil {
+		claims, err = d.cfg.Store.ClaimDueRuns(sctx, d.cfg.Owner, now, want, d.cfg.LeaseMargin)
+		cancel()
+		if err != nil {
 			d.backlog = false
 			return 0, err
 		}
@@ -263,7 +291,9 @@ func (d *Dispatcher) claimOnce(ctx context.Context) (time.Duration, error) {
 		// These are first attempts not yet due (late is false for them)
 		// or retries due by now+ahead; each is held until its time.
 		ahead := now.Add(d.cfg.ClaimAhead)
-		more, err := d.cfg.Store.ClaimDueRuns(ctx, d.cfg.Owner, ahead, want-len(claims), d.cfg.LeaseMargin)
+		sctx, cancel := d.storeCtx(ctx)
+		more, err := d.cfg.Store.ClaimDueRuns(sctx, d.cfg.Owner, ahead, want-len(claims), d.cfg.LeaseMargin)
+		cancel()
 		if err != nil {
 			return 0, err
 		}
@@ -332,7 +362,9 @@ func (d *Dispatcher) release(ctx context.Context, runIDs []string, now time.Time
 	if len(runIDs) == 0 {
 		return
 	}
-	if err := d.cfg.Store.ReleaseClaims(context.WithoutCancel(ctx), d.cfg.Owner, runIDs, now); err != nil {
+	sctx, cancel := d.storeCtx(context.WithoutCancel(ctx))
+	defer cancel()
+	if err := d.cfg.Store.ReleaseClaims(sctx, d.cfg.Owner, runIDs, now); err != nil {
 		d.cfg.Logger.Error("dispatcher.release_failed", "error", err, "runs", len(runIDs))
 	}
 }
@@ -630,21 +662,36 @@ func (d *Dispatcher) deliver(c *vibejobs.Claim, host string, h *heldClaim) {
 }
 
 // recordLoop writes outcomes in batches until the channel closes. A batch
-// that fails is retried: the runs stay leased to us meanwhile, and if we
-// never manage, their leases expire and another process redelivers them.
+// that fails is retried for as long as the dispatcher runs: the runs stay
+// leased to us meanwhile, and an outcome written late, even after its lease
+// ended, still counts unless another process took the run over. Dropped, the
+// outcome of an attempt the app accepted would have the run sent again once
+// its lease ended, after a database outage as short as 21 s. While a batch
+// waits, the outcomes behind it fill the channel and hold their slots, so
+// no more is claimed. Once Run is stopping, a batch is given up after 20
+// retries (about 20 s): its runs go to lease recovery.
 func (d *Dispatcher) recordLoop() {
 	batch := make([]vibejobs.Outcome, 0, DefaultFlushBatch)
 	flush := func() {
+		left := 20 // retries once stopping
 		for attempt := 0; len(batch) > 0; attempt++ {
-			err := d.cfg.Store.RecordOutcomes(context.Background(), d.cfg.Owner, batch)
+			ctx, cancel := d.storeCtx(context.Background())
+			err := d.cfg.Store.RecordOutcomes(ctx, d.cfg.Owner, batch)
+			cancel()
 			if err == nil {
 				break
 			}
 			d.cfg.Logger.Error("dispatcher.record_failed", "error", err, "outcomes", len(batch))
-			if attempt >= 20 {
-				break
+			select {
+			case <-d.stopping:
+				if left--; left < 0 {
+					d.cfg.Logger.Error("dispatcher.outcomes_dropped", "outcomes", len(batch))
+					batch = batch[:0]
+					return
+				}
+			default:
 			}
-			time.Sleep(min(time.Duration(attempt+1)*100*time.Millisecond, 2*time.Second))
+			time.Sleep(d.retryWait(attempt))
 		}
 		batch = batch[:0]
 	}

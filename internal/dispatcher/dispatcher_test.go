@@ -3,6 +3,7 @@ package dispatcher_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"net/http"
 	"path/filepath"
 	"slices"
@@ -729,4 +730,64 @@ func TestResentFirstAttemptIsNotAFirstAttempt(t *testing.T) {
 	if want := []bool{false, true}; !slices.Equal(obs.first, want) {
 		t.Fatalf("first flags reported %v, want %v (the resent first attempt, then a fresh one)", obs.first, want)
 	}
+}
+
+// outageStore fails the first failRecords RecordOutcomes calls as a
+// database that is down would, and makes the first call of NextDueAt and of
+// RecordOutcomes hang until its context ends, as on a connection gone
+// silent without a reset.
+type outageStore struct {
+	vibejobs.DispatchStore
+	failRecords         int64
+	records             atomic.Int64
+	hungPoll, hungWrite atomic.Bool
+}
+
+func (o *outageStore) NextDueAt(ctx context.Context) (time.Time, bool, error) {
+	if o.hungPoll.CompareAndSwap(false, true) {
+		<-ctx.Done()
+		return time.Time{}, false, ctx.Err()
+	}
+	return o.DispatchStore.NextDueAt(ctx)
+}
+
+func (o *outageStore) RecordOutcomes(ctx context.Context, owner string, outcomes []vibejobs.Outcome) error {
+	if n := o.records.Add(1); n <= o.failRecords {
+		if n == 1 && o.hungWrite.CompareAndSwap(false, true) {
+			<-ctx.Done()
+			return ctx.Err()
+		}
+		return errors.New("database unavailable")
+	}
+	return o.DispatchStore.RecordOutcomes(ctx, owner, outcomes)
+}
+
+// TestDatabaseOutageNeitherHangsNorLosesOutcomes: a store call on a
+// connection gone silent ends at StoreTimeout instead of hanging the loop
+// for good, and an outcome that cannot be written is retried for as long as
+// the dispatcher runs: it was dropped after 20 retries (21 s), and once its
+// lease ended the run was sent again, though the app had accepted it.
+func TestDatabaseOutageNeitherHangsNorLosesOutcomes(t *testing.T) {
+	e := newEnv(t)
+	o := &outageStore{DispatchStore: e.store, failRecords: 40}
+	d := dispatcher.New(dispatcher.Config{
+		Store: o, Sender: e.sender, Opener: plainOpener{}, Owner: "test-owner",
+		Now: e.clock.Now, Rand: func() float64 { return 0.5 }, Concurrency: 8,
+		PollInterval: 20 * time.Millisecond, StoreTimeout: 50 * time.Millisecond,
+	})
+	dispatcher.SetRetryWait(d, func(int) time.Duration { return time.Millisecond })
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { d.Run(ctx); close(done) }()
+	t.Cleanup(func() { cancel(); <-done })
+
+	j := e.job(t, "job_outage", "https://app.example/hook")
+	r := e.run(t, j, "run_outage", e.clock.Now())
+	d.Wake()
+	e.sender.next(t)
+	e.waitRun(t, r.ID, func(r *vibejobs.Run) bool { return r.State == vibejobs.RunSucceeded })
+	if n := o.records.Load(); n != 41 {
+		t.Errorf("RecordOutcomes calls: %d, want 40 failed and one written", n)
+	}
+	e.wantNothingSent(t, "after the outage")
 }
