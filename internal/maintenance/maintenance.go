@@ -28,6 +28,8 @@ const (
 	DefaultBatch            = 500
 	DefaultStatsInterval    = 5 * time.Second
 	DefaultVacuumInterval   = 10 * time.Second
+	// DefaultStoreTimeout bounds each store call (see Config.StoreTimeout).
+	DefaultStoreTimeout = 30 * time.Second
 )
 
 // QueueVacuumer is a store whose queue tables need vacuuming from here,
@@ -61,6 +63,10 @@ type Config struct {
 	Observer      Observer
 	// OnRecovered is called when runs became claimable again (wakes the dispatcher).
 	OnRecovered func()
+	// StoreTimeout bounds each store call (a batch): a connection gone
+	// silent without a reset would otherwise hang the loops until TCP
+	// gives up.
+	StoreTimeout time.Duration
 }
 
 // Maintainer runs the upkeep loops.
@@ -77,6 +83,7 @@ func New(cfg Config) *Maintainer {
 	cfg.PruneInterval = cmp.Or(cfg.PruneInterval, DefaultPruneInterval)
 	cfg.StatsInterval = cmp.Or(cfg.StatsInterval, DefaultStatsInterval)
 	cfg.VacuumInterval = cmp.Or(cfg.VacuumInterval, DefaultVacuumInterval)
+	cfg.StoreTimeout = cmp.Or(cfg.StoreTimeout, DefaultStoreTimeout)
 	cfg.RetentionDays = min(max(cmp.Or(cfg.RetentionDays, DefaultRetentionDays), MinRetentionDays), MaxRetentionDays)
 	cfg.Batch = cmp.Or(cfg.Batch, DefaultBatch)
 	return &Maintainer{cfg: cfg}
@@ -120,7 +127,9 @@ func (m *Maintainer) RecoverOnce(ctx context.Context) {
 	now := m.cfg.Now()
 	total := 0
 	for {
-		n, err := m.cfg.Store.RecoverExpiredLeases(ctx, now, m.cfg.Batch)
+		sctx, cancel := m.storeCtx(ctx)
+		n, err := m.cfg.Store.RecoverExpiredLeases(sctx, now, m.cfg.Batch)
+		cancel()
 		if err != nil {
 			m.logErr(ctx, "maintenance.recover_failed", err)
 			break
@@ -155,7 +164,9 @@ func (m *Maintainer) ExpireOnce(ctx context.Context) {
 // idempotency records and dashboard sessions.
 func (m *Maintainer) PruneOnce(ctx context.Context) {
 	now := m.cfg.Now()
-	projects, err := m.cfg.Store.ListProjects(ctx)
+	sctx, cancel := m.storeCtx(ctx)
+	projects, err := m.cfg.Store.ListProjects(sctx)
+	cancel()
 	if err != nil {
 		m.logErr(ctx, "maintenance.prune_failed", err)
 		return
@@ -190,7 +201,9 @@ func (m *Maintainer) PruneOnce(ctx context.Context) {
 // an error (logged as failEvent) or the end of ctx.
 func (m *Maintainer) inBatches(ctx context.Context, failEvent string, task func(ctx context.Context, limit int) (int, error)) {
 	for ctx.Err() == nil {
-		n, err := task(ctx, m.cfg.Batch)
+		sctx, cancel := m.storeCtx(ctx)
+		n, err := task(sctx, m.cfg.Batch)
+		cancel()
 		if err != nil {
 			m.logErr(ctx, failEvent, err)
 			return
@@ -208,7 +221,9 @@ func (m *Maintainer) VacuumOnce(ctx context.Context) {
 	if !ok {
 		return
 	}
-	if err := v.VacuumQueue(ctx); err != nil {
+	sctx, cancel := m.storeCtx(ctx)
+	defer cancel()
+	if err := v.VacuumQueue(sctx); err != nil {
 		m.logErr(ctx, "maintenance.vacuum_failed", err)
 	}
 }
@@ -218,12 +233,19 @@ func (m *Maintainer) StatsOnce(ctx context.Context) {
 	if m.cfg.Observer == nil {
 		return
 	}
-	s, err := m.cfg.Store.QueueStats(ctx, m.cfg.Now())
+	sctx, cancel := m.storeCtx(ctx)
+	s, err := m.cfg.Store.QueueStats(sctx, m.cfg.Now())
+	cancel()
 	if err != nil {
 		m.logErr(ctx, "maintenance.stats_failed", err)
 		return
 	}
 	m.cfg.Observer.Queue(s)
+}
+
+// storeCtx bounds a store call by Config.StoreTimeout.
+func (m *Maintainer) storeCtx(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(ctx, m.cfg.StoreTimeout)
 }
 
 func (m *Maintainer) logErr(ctx context.Context, msg string, err error) {

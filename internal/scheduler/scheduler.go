@@ -27,6 +27,8 @@ const (
 	DefaultInterval     = 250 * time.Millisecond
 	DefaultBatchSize    = 1000
 	DefaultCatchUpGrace = 5 * time.Second
+	// DefaultStoreTimeout bounds each store call (see Config.StoreTimeout).
+	DefaultStoreTimeout = 10 * time.Second
 	// maxSteps bounds the occurrences one plan walks through; beyond it the
 	// schedule is fast-forwarded and the uncounted remainder is not added to
 	// SkippedRuns: for a per-second schedule, after about 23 days of
@@ -54,6 +56,9 @@ type Config struct {
 	OnRunsCreated func(n int)
 	// OnSkipped is called with the number of occurrences skipped by catch-up.
 	OnSkipped func(n int64)
+	// StoreTimeout bounds each store call: a connection gone silent
+	// without a reset would otherwise hang the scans until TCP gives up.
+	StoreTimeout time.Duration
 }
 
 // Scheduler materialises runs. Run loops; RunOnce does one pass.
@@ -75,6 +80,7 @@ func New(cfg Config) *Scheduler {
 	cfg.Interval = cmp.Or(cfg.Interval, DefaultInterval)
 	cfg.BatchSize = cmp.Or(cfg.BatchSize, DefaultBatchSize)
 	cfg.CatchUpGrace = cmp.Or(cfg.CatchUpGrace, DefaultCatchUpGrace)
+	cfg.StoreTimeout = cmp.Or(cfg.StoreTimeout, DefaultStoreTimeout)
 	return &Scheduler{cfg: cfg, wake: make(chan struct{}, 1)}
 }
 
@@ -124,7 +130,9 @@ func (s *Scheduler) RunOnce(ctx context.Context) (int, error) {
 
 func (s *Scheduler) runOnce(ctx context.Context) (created int, full bool, err error) {
 	now := s.cfg.Now()
-	jobs, err := s.cfg.Store.DueJobs(ctx, now.Add(s.cfg.Lookahead), s.cfg.BatchSize)
+	sctx, cancel := context.WithTimeout(ctx, s.cfg.StoreTimeout)
+	jobs, err := s.cfg.Store.DueJobs(sctx, now.Add(s.cfg.Lookahead), s.cfg.BatchSize)
+	cancel()
 	if err != nil {
 		return 0, false, fmt.Errorf("listing due jobs: %w", err)
 	}
@@ -147,7 +155,9 @@ func (s *Scheduler) runOnce(ctx context.Context) (created int, full bool, err er
 	}
 	// Skipped occurrences are counted only for the plans applied: a plan
 	// another replica applied first was counted there.
-	created, skipped, err := s.cfg.Store.ApplyRunPlans(ctx, plans, now)
+	sctx, cancel = context.WithTimeout(ctx, s.cfg.StoreTimeout)
+	created, skipped, err := s.cfg.Store.ApplyRunPlans(sctx, plans, now)
+	cancel()
 	if err != nil {
 		return 0, false, fmt.Errorf("applying run plans: %w", err)
 	}

@@ -48,6 +48,8 @@ const (
 	// DefaultTimeout is one request's budget (name resolution to response
 	// headers).
 	DefaultTimeout = 10 * time.Second
+	// DefaultStoreTimeout bounds each store call (see Config.StoreTimeout).
+	DefaultStoreTimeout = 10 * time.Second
 	// ErrorPause is how long a subscription waits after a failure on our
 	// side (the database, a secret that does not open): not the receiver's
 	// doing, so it is logged but not recorded as the subscription's failure.
@@ -95,6 +97,10 @@ type Config struct {
 	Lease        time.Duration
 	PollInterval time.Duration
 	Timeout      time.Duration
+	// StoreTimeout bounds each store call: a connection gone silent
+	// without a reset would otherwise hang a session, and its slot, until
+	// TCP gives up.
+	StoreTimeout time.Duration
 }
 
 // Deliverer works the subscriptions with events to send. Run loops until
@@ -122,7 +128,38 @@ func New(cfg Config) *Deliverer {
 	cfg.PollInterval = cmp.Or(cfg.PollInterval, DefaultPollInterval)
 	cfg.Timeout = cmp.Or(cfg.Timeout, DefaultTimeout)
 	cfg.UserAgent = cmp.Or(cfg.UserAgent, "vibejobs/dev")
+	cfg.Store = boundedStore{Store: cfg.Store, timeout: cmp.Or(cfg.StoreTimeout, DefaultStoreTimeout)}
 	return &Deliverer{cfg: cfg, wake: make(chan struct{}, 1)}
+}
+
+// boundedStore bounds each call the Deliverer makes by timeout.
+type boundedStore struct {
+	Store
+	timeout time.Duration
+}
+
+func (b boundedStore) ClaimSubscriptions(ctx context.Context, owner string, now time.Time, limit int, lease time.Duration) ([]*vibejobs.Subscription, error) {
+	ctx, cancel := context.WithTimeout(ctx, b.timeout)
+	defer cancel()
+	return b.Store.ClaimSubscriptions(ctx, owner, now, limit, lease)
+}
+
+func (b boundedStore) RecordSubscriptionStep(ctx context.Context, owner string, st vibejobs.SubscriptionStep) (*vibejobs.Subscription, error) {
+	ctx, cancel := context.WithTimeout(ctx, b.timeout)
+	defer cancel()
+	return b.Store.RecordSubscriptionStep(ctx, owner, st)
+}
+
+func (b boundedStore) ListEvents(ctx context.Context, projectID string, f vibejobs.EventFilter) (vibejobs.EventPage, error) {
+	ctx, cancel := context.WithTimeout(ctx, b.timeout)
+	defer cancel()
+	return b.Store.ListEvents(ctx, projectID, f)
+}
+
+func (b boundedStore) GetSubscription(ctx context.Context, projectID, id string) (*vibejobs.Subscription, error) {
+	ctx, cancel := context.WithTimeout(ctx, b.timeout)
+	defer cancel()
+	return b.Store.GetSubscription(ctx, projectID, id)
 }
 
 // Wake asks the Deliverer to look for new events now.
