@@ -13,6 +13,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -301,14 +302,73 @@ func TestReplicasSurviveSIGKILL(t *testing.T) {
 	t.Logf("%d interrupted attempts redelivered", interrupted)
 }
 
+func (sr *slowReceiver) total() int {
+	sr.mu.Lock()
+	defer sr.mu.Unlock()
+	n := 0
+	for _, c := range sr.byRun {
+		n += c
+	}
+	return n
+}
+
+// TestReplicaCarriesOnWhenConnectionsGoSilent: every open connection to
+// PostgreSQL goes silent, dropped without a reset (a failover, a NAT entry
+// gone), while new connections work. The database calls of the background
+// loops end at their timeout and the server delivers again on new
+// connections; it hung for good, /readyz answering 200 all along (its
+// ping opens a new connection).
+func TestReplicaCarriesOnWhenConnectionsGoSilent(t *testing.T) {
+	if testing.Short() {
+		t.Skip("needs PostgreSQL")
+	}
+	proxy := newTCPProxy(t, "127.0.0.1:5432")
+	url, _ := pgReplicaURL(t, proxy.ln.Addr().String())
+	rc := newSlowReceiver(t, 0)
+	m := NewMain(io.Discard, io.Discard)
+	m.Config = Config{Listen: "127.0.0.1:0", DataDir: t.TempDir(), Database: url, AllowPrivate: "127.0.0.0/8",
+		LogFormat: "text", LogLevel: "error", Concurrency: 64, PerHost: 32, RetentionDays: 90,
+		MaxJobsPerProject: 100, StoreTimeout: time.Second}
+	if err := m.Run(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	closed := make(chan struct{})
+	t.Cleanup(func() {
+		go func() { m.Close(); close(closed) }()
+		select {
+		case <-closed:
+		case <-time.After(30 * time.Second):
+			t.Error("Close hung")
+		}
+	})
+	api := apiClient{t: t, base: "http://" + m.Addr(), token: m.AdminToken}
+	createEveryJobs(t, api, 3, rc.URL)
+	// Each frozen connection in the pools costs a call its timeout (and
+	// pgx's cancel delay) before it is dropped: here about 16 s in all.
+	waitDeliveries := func(n int, what string) {
+		t.Helper()
+		for deadline := time.Now().Add(45 * time.Second); rc.total() < n; time.Sleep(20 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: %d deliveries, want %d", what, rc.total(), n)
+			}
+		}
+	}
+	waitDeliveries(6, "before the connections went silent")
+	proxy.freeze()
+	frozen := time.Now()
+	waitDeliveries(rc.total()+9, "after the connections went silent (3 jobs @every 1s)")
+	t.Logf("9 deliveries %v after the connections went silent", time.Since(frozen).Round(time.Millisecond))
+}
+
 // tcpProxy sits between replicas and PostgreSQL so a test can cut every
-// connection and refuse new ones, as if the database went away.
+// connection and refuse new ones, as if the database went away, or make the
+// connections open at a moment go silent (freeze).
 type tcpProxy struct {
 	ln     net.Listener
 	target string
 	mu     sync.Mutex
 	down   bool
-	conns  map[net.Conn]struct{}
+	conns  map[net.Conn]*atomic.Bool // the frozen flag of the connection's pair
 }
 
 func newTCPProxy(t *testing.T, target string) *tcpProxy {
@@ -316,7 +376,7 @@ func newTCPProxy(t *testing.T, target string) *tcpProxy {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := &tcpProxy{ln: ln, target: target, conns: map[net.Conn]struct{}{}}
+	p := &tcpProxy{ln: ln, target: target, conns: map[net.Conn]*atomic.Bool{}}
 	go p.serve()
 	t.Cleanup(func() { ln.Close(); p.cut() })
 	return p
@@ -340,11 +400,43 @@ func (p *tcpProxy) serve() {
 			c.Close()
 			continue
 		}
+		frozen := new(atomic.Bool)
 		p.mu.Lock()
-		p.conns[c], p.conns[up] = struct{}{}, struct{}{}
+		p.conns[c], p.conns[up] = frozen, frozen
 		p.mu.Unlock()
-		go func() { io.Copy(up, c); up.Close(); c.Close() }()
-		go func() { io.Copy(c, up); up.Close(); c.Close() }()
+		go pipe(up, c, frozen)
+		go pipe(c, up, frozen)
+	}
+}
+
+// pipe copies src to dst, dropping what it reads once frozen, until either
+// side closes; then it closes both.
+func pipe(dst, src net.Conn, frozen *atomic.Bool) {
+	defer dst.Close()
+	defer src.Close()
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := src.Read(buf)
+		if err != nil {
+			return
+		}
+		if frozen.Load() {
+			continue
+		}
+		if _, err := dst.Write(buf[:n]); err != nil {
+			return
+		}
+	}
+}
+
+// freeze makes the connections open now go silent: what either side sends
+// is dropped and nothing is closed, as when a route or a NAT entry
+// disappears without a reset. New connections work.
+func (p *tcpProxy) freeze() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, frozen := range p.conns {
+		frozen.Store(true)
 	}
 }
 
@@ -355,7 +447,7 @@ func (p *tcpProxy) cut() {
 	for c := range p.conns {
 		c.Close()
 	}
-	p.conns = map[net.Conn]struct{}{}
+	p.conns = map[net.Conn]*atomic.Bool{}
 }
 
 func (p *tcpProxy) restore() {

@@ -58,6 +58,12 @@ type Config struct {
 	// dispatcher.Config.ClaimAhead): 0 keeps the default, negative turns it
 	// off, at most a second.
 	ClaimAhead time.Duration
+	// StoreTimeout bounds each database call of the background loops
+	// (dispatcher, scheduler, maintenance, event webhooks), so that a
+	// connection gone silent without a reset does not hang them; zero
+	// keeps each loop's default (10 s, 30 s for maintenance). Not a flag:
+	// tests shorten it.
+	StoreTimeout time.Duration
 }
 
 // badDuration marks a duration setting whose environment value did not
@@ -345,7 +351,7 @@ func (m *Main) Run(ctx context.Context) error {
 	}
 	subs := subscriptions.New(subscriptions.Config{
 		Store: store, Sender: subsClient, Opener: sealer, Owner: owner,
-		UserAgent: "vibejobs/" + Version, Logger: m.logger, Now: now,
+		UserAgent: "vibejobs/" + Version, Logger: m.logger, Now: now, StoreTimeout: cfg.StoreTimeout,
 	})
 	met.WatchSubscriptions(store.AllSubscriptions)
 	// Recorded outcomes appended run events: look for subscribers at once.
@@ -358,15 +364,18 @@ func (m *Main) Run(ctx context.Context) error {
 		Store: dispStore, Sender: runSender, Opener: sealer, Owner: owner,
 		UserAgent: "vibejobs/" + Version, Logger: m.logger, Now: now,
 		Concurrency: cfg.Concurrency, PerHost: cfg.PerHost, ClaimAhead: cfg.ClaimAhead, Observer: obs,
+		StoreTimeout: cfg.StoreTimeout,
 	})
 	sched := scheduler.New(scheduler.Config{
 		Store: store, Logger: m.logger, Now: now,
 		OnRunsCreated: func(n int) { met.RunsCreated(n); disp.Wake() },
 		OnSkipped:     met.Skipped,
+		StoreTimeout:  cfg.StoreTimeout,
 	})
 	maint := maintenance.New(maintenance.Config{
 		Store: store, Logger: m.logger, Now: now, RetentionDays: cfg.RetentionDays,
 		Observer: met, OnRecovered: func() { disp.Wake(); subs.Wake() },
+		StoreTimeout: cfg.StoreTimeout,
 	})
 	apiSrv := api.New(api.Config{
 		Store: store, Sealer: sealer, URLs: policy, Now: now, Logger: m.logger,
