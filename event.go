@@ -199,15 +199,18 @@ type SubscriptionStep struct {
 	ID string
 	At time.Time
 	// Cursor is the last event handled; the stored cursor never moves back.
+	// A step that moves it forward is past the event the subscription
+	// failed at, if any: the failure state clears (or, with ErrorCode,
+	// starts again at one attempt), whether the event was accepted or
+	// passed over because the filters changed.
 	Cursor int64
 	// Delivered says the receiver accepted (a 2xx) events up to Cursor
 	// since the last step, the latest at At: LastSuccessAt becomes At and,
 	// unless ErrorCode is set too, the failure state clears.
 	Delivered bool
 	// ErrorCode, when set, says the event after Cursor failed: Attempts
-	// grows by one and the subscription waits until NextAttemptAt. The
-	// caller sets it only on a subscription whose Attempts is 0 when it
-	// also sets Delivered (a failure right after a success is the first).
+	// grows by one (is one, when Cursor moved forward) and the
+	// subscription waits until NextAttemptAt.
 	ErrorCode     string
 	NextAttemptAt time.Time
 	// LeaseUntil extends the lease; zero releases it.

@@ -453,11 +453,12 @@ func (s *Store) RecordSubscriptionStep(ctx context.Context, owner string, st vib
 	sub, err := scanSubscription(s.pool.QueryRow(ctx, `UPDATE subscriptions SET
 			cursor_seq = greatest(cursor_seq, $3),
 			error_code = CASE WHEN $4 <> '' AND ($9::timestamptz IS NULL OR updated_at = $9) THEN $4
-				WHEN $5 THEN '' ELSE error_code END,
-			attempts = CASE WHEN $4 <> '' AND ($9::timestamptz IS NULL OR updated_at = $9) THEN attempts + 1
-				WHEN $5 THEN 0 ELSE attempts END,
+				WHEN $5 OR $3 > cursor_seq THEN '' ELSE error_code END,
+			attempts = CASE WHEN $4 <> '' AND ($9::timestamptz IS NULL OR updated_at = $9) THEN
+					CASE WHEN $3 > cursor_seq THEN 1 ELSE attempts + 1 END
+				WHEN $5 OR $3 > cursor_seq THEN 0 ELSE attempts END,
 			next_attempt_at = CASE WHEN $4 <> '' AND ($9::timestamptz IS NULL OR updated_at = $9) THEN $6::timestamptz
-				WHEN $5 THEN NULL ELSE next_attempt_at END,
+				WHEN $5 OR $3 > cursor_seq THEN NULL ELSE next_attempt_at END,
 			last_success_at = CASE WHEN $5 THEN $7::timestamptz ELSE last_success_at END,
 			lease_owner = CASE WHEN $8::timestamptz IS NULL THEN NULL ELSE lease_owner END,
 			lease_expires_at = $8::timestamptz

@@ -398,9 +398,13 @@ func (s *Store) ClaimSubscriptions(ctx context.Context, owner string, now time.T
 // recordStepSQL applies a SubscriptionStep while owner holds the lease.
 const recordStepSQL = `UPDATE subscriptions SET
 		cursor_seq = max(cursor_seq, ?3),
-		error_code = CASE WHEN ?4 <> '' AND (?9 IS NULL OR updated_at = ?9) THEN ?4 WHEN ?5 THEN '' ELSE error_code END,
-		attempts = CASE WHEN ?4 <> '' AND (?9 IS NULL OR updated_at = ?9) THEN attempts + 1 WHEN ?5 THEN 0 ELSE attempts END,
-		next_attempt_at = CASE WHEN ?4 <> '' AND (?9 IS NULL OR updated_at = ?9) THEN ?6 WHEN ?5 THEN NULL ELSE next_attempt_at END,
+		error_code = CASE WHEN ?4 <> '' AND (?9 IS NULL OR updated_at = ?9) THEN ?4
+			WHEN ?5 OR ?3 > cursor_seq THEN '' ELSE error_code END,
+		attempts = CASE WHEN ?4 <> '' AND (?9 IS NULL OR updated_at = ?9) THEN
+				CASE WHEN ?3 > cursor_seq THEN 1 ELSE attempts + 1 END
+			WHEN ?5 OR ?3 > cursor_seq THEN 0 ELSE attempts END,
+		next_attempt_at = CASE WHEN ?4 <> '' AND (?9 IS NULL OR updated_at = ?9) THEN ?6
+			WHEN ?5 OR ?3 > cursor_seq THEN NULL ELSE next_attempt_at END,
 		last_success_at = CASE WHEN ?5 THEN ?7 ELSE last_success_at END,
 		lease_owner = CASE WHEN ?8 IS NULL THEN NULL ELSE lease_owner END,
 		lease_expires_at = ?8

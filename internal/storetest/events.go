@@ -529,7 +529,27 @@ func testSubscriptionDelivery(t *testing.T, f *fixture) {
 	if got := step("w1", vibejobs.SubscriptionStep{ID: s.ID, At: T0, Cursor: 6, Delivered: true}); got != nil {
 		t.Fatalf("step of a deleted subscription: %+v", got)
 	}
-	_ = idle
+
+	// Past a failed event without sending it (its filters changed), the
+	// failure at it is over; a failure after moving on is the first at its
+	// event.
+	f.appendJobEvents(f.job(projectB), 3)
+	claim("w3", T0, idle)
+	step("w3", vibejobs.SubscriptionStep{ID: idle.ID, At: T0, Cursor: 0, ErrorCode: "http_5xx", NextAttemptAt: T0.Add(time.Second)})
+	claim("w3", T0.Add(time.Second), idle)
+	got = step("w3", vibejobs.SubscriptionStep{ID: idle.ID, At: T0.Add(time.Second), Cursor: 0, ErrorCode: "http_5xx", NextAttemptAt: T0.Add(time.Hour)})
+	if got.Attempts != 2 {
+		t.Fatalf("second failure at one event: %+v", got)
+	}
+	claim("w3", T0.Add(time.Hour), idle)
+	got = step("w3", vibejobs.SubscriptionStep{ID: idle.ID, At: T0.Add(time.Hour), Cursor: 1, LeaseUntil: T0.Add(2 * time.Hour)})
+	if got.Cursor != 1 || got.Failing() || got.Attempts != 0 || got.NextAttemptAt != nil || got.LastSuccessAt != nil {
+		t.Fatalf("past the failed event without a delivery: %+v", got)
+	}
+	got = step("w3", vibejobs.SubscriptionStep{ID: idle.ID, At: T0.Add(time.Hour), Cursor: 2, ErrorCode: "timeout", NextAttemptAt: T0.Add(2 * time.Hour)})
+	if got.Cursor != 2 || got.ErrorCode != "timeout" || got.Attempts != 1 {
+		t.Fatalf("a failure after passing over an event: %+v", got)
+	}
 }
 
 // appendJobEventsAt appends n job.updated events of j that occurred at "at".

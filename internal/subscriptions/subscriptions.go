@@ -340,8 +340,10 @@ func (ss *session) deliver(e *vibejobs.Event) bool {
 	res := d.cfg.Sender.Post(ss.ctx, ss.sub.URL, header, body, d.cfg.Timeout)
 	now := d.cfg.Now()
 	if res.ErrorCode != "" {
-		attempts := 1 // a failure right after accepted events is the first at its event
-		if !ss.delivered {
+		// A failure after events accepted or passed over is the first at
+		// its event (the store restarts the count when the cursor moves).
+		attempts := 1
+		if ss.cursor <= ss.sub.Cursor {
 			attempts = ss.sub.Attempts + 1
 		}
 		retryAt := now.Add(vibejobs.Jitter(vibejobs.SubscriptionBackoff(attempts), d.cfg.Rand()))
@@ -377,6 +379,11 @@ func (ss *session) flush() bool {
 	}
 	if next == nil {
 		return false // deleted, or the lease went to another replica
+	}
+	if next.Cursor > ss.cursor {
+		// Reset while we worked: the events up to the head it chose are
+		// skipped for good; go on from there.
+		ss.cursor = next.Cursor
 	}
 	if wasFailing && ss.delivered {
 		d.cfg.Logger.Info("subscription.recovered", "subscription", ss.sub.ID, "project", ss.sub.ProjectID,

@@ -718,3 +718,92 @@ func TestCursorWrittenWhileStreaming(t *testing.T) {
 		}
 	}
 }
+
+// resetOnFirstList resets the subscription (as POST .../reset would) right
+// after the session's first page is read: an operator's reset that lands
+// while a session is passing over events its filters exclude.
+type resetOnFirstList struct {
+	subscriptions.Store
+	e    *env
+	id   string
+	once sync.Once
+}
+
+func (r *resetOnFirstList) ListEvents(ctx context.Context, projectID string, f vibejobs.EventFilter) (vibejobs.EventPage, error) {
+	page, err := r.Store.ListEvents(ctx, projectID, f)
+	r.once.Do(func() {
+		r.e.clock.Add(time.Millisecond)
+		r.e.update(func(tx vibejobs.Tx) error {
+			_, err := tx.ResetSubscription(context.Background(), r.e.project, r.id, r.e.clock.Now())
+			return err
+		})
+	})
+	return page, err
+}
+
+// TestResetDuringFilteredPageSkipsForGood: a reset jumps the cursor to the
+// head, and "the events skipped are never sent" (resetSubscription). A
+// session that was passing over excluded events when the reset landed must
+// not go on to send the events the reset skipped.
+func TestResetDuringFilteredPageSkipsForGood(t *testing.T) {
+	e := newEnv(t)
+	r := newRecv(t)
+	sub, _ := e.subscribe(r.srv.URL, func(s *vibejobs.Subscription) {
+		s.Types = []vibejobs.EventType{vibejobs.EventJobPaused}
+	})
+	// A first page of 100 excluded events, then 50 matching ones.
+	e.emit(e.job, e.updates(100)...)
+	paused := make([]vibejobs.EventType, 50)
+	for i := range paused {
+		paused[i] = vibejobs.EventJobPaused
+	}
+	e.emit(e.job, paused...)
+
+	runOnce(t, e.deliverer("w1", &resetOnFirstList{Store: e.store, e: e, id: sub.ID}))
+	if s := e.get(sub.ID); s.Cursor != 150 {
+		t.Fatalf("cursor %d after the reset, want the head 150", s.Cursor)
+	}
+	if got := seqs(r.drain()); len(got) != 0 {
+		t.Fatalf("the reset skipped events 1..150, yet %d of them were sent: %v", len(got), got)
+	}
+}
+
+// TestFilteredOutFailedEventRestartsBackoff: a subscription failing at an
+// event its filters then exclude passes over it without a request. Its
+// failure was about that event: once past it, the subscription is not
+// failing, and the next event to fail is at its first attempt, retried
+// after 12 s (it counted on from the old event's six, and waited 12 min).
+func TestFilteredOutFailedEventRestartsBackoff(t *testing.T) {
+	e := newEnv(t)
+	r := newRecv(t)
+	sub, _ := e.subscribe(r.srv.URL)
+	e.emit(e.job, vibejobs.EventJobUpdated) // sequence 1, refused six times
+	e.failN(t, r, sub, 6)
+
+	// What PATCH /v1/subscriptions/{id} {"types":["job.paused"]} runs.
+	e.update(func(tx vibejobs.Tx) error {
+		s, err := tx.GetSubscription(context.Background(), e.project, sub.ID)
+		if err != nil {
+			return err
+		}
+		s.Types, s.UpdatedAt = []vibejobs.EventType{vibejobs.EventJobPaused}, e.clock.Now()
+		return tx.UpdateSubscription(context.Background(), s)
+	})
+	e.emit(e.job, vibejobs.EventJobUpdated) // sequence 2, excluded too
+	runOnce(t, e.deliverer("w1", nil))
+	if s := e.get(sub.ID); s.Cursor != 2 || s.Failing() || s.Attempts != 0 {
+		t.Errorf("past the excluded events: cursor %d, failing %v (%q), attempts %d", s.Cursor, s.Failing(), s.ErrorCode, s.Attempts)
+	}
+
+	e.emit(e.job, vibejobs.EventJobPaused) // sequence 3, its first attempt is refused
+	r.answer(500)
+	runOnce(t, e.deliverer("w1", nil))
+	if got := seqs(r.drain()); len(got) != 1 || got[0] != 3 {
+		t.Fatalf("sent %v, want 3", got)
+	}
+	s := e.get(sub.ID)
+	if s.Attempts != 1 || !s.NextAttemptAt.Equal(e.clock.Now().Add(12*time.Second)) {
+		t.Fatalf("first failure at event 3: attempts %d, next attempt in %v, want 1 and 12s",
+			s.Attempts, s.NextAttemptAt.Sub(e.clock.Now()))
+	}
+}
