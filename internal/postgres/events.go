@@ -265,8 +265,22 @@ func collectSubscriptions(rows pgx.Rows, err error) ([]*vibejobs.Subscription, e
 
 // GetSubscription returns the subscription id of projectID, or ENOTFOUND.
 func (r reader) GetSubscription(ctx context.Context, projectID, id string) (*vibejobs.Subscription, error) {
+	return r.getSubscription(ctx, projectID, id, "")
+}
+
+// GetSubscription reads the subscription as Store.GetSubscription does and
+// locks its row until the transaction ends. A transaction reads it to
+// change it (the API's edits, rotations and resets write the row back from
+// what they read): a rotation, reset or delivery step committed between the
+// read and the write would be written over, a secret just handed out
+// dropped at once, a reset's retry time put back.
+func (t *tx) GetSubscription(ctx context.Context, projectID, id string) (*vibejobs.Subscription, error) {
+	return t.getSubscription(ctx, projectID, id, " FOR UPDATE")
+}
+
+func (r reader) getSubscription(ctx context.Context, projectID, id, lock string) (*vibejobs.Subscription, error) {
 	s, err := scanSubscription(r.q.QueryRow(ctx, `SELECT `+subscriptionColumns+` FROM subscriptions
-		WHERE id = $1 AND project_id = $2`, id, projectID))
+		WHERE id = $1 AND project_id = $2`+lock, id, projectID))
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, vibejobs.ErrNotFound("subscription")
 	}

@@ -966,6 +966,43 @@ func TestStore(t *testing.T) {
 	})
 }
 
+// TestSubscriptionEditLocksItsRow: the API reads a subscription and writes
+// the row back from what it read in one transaction; a change committed in
+// between (a concurrent rotation, reset or delivery step) was written over,
+// a secret another rotation had just handed out dropped at once. The read
+// locks the row: another transaction's change waits for the edit.
+func TestSubscriptionEditLocksItsRow(t *testing.T) {
+	ctx := context.Background()
+	schema := postgres.NewTestSchema(t)
+	a, b := open(t, schema), open(t, schema)
+	prj := newProject(t, a)
+	sub := &vibejobs.Subscription{ID: "sub_locked", ProjectID: prj, URL: "https://hooks.example.com/",
+		Secret: vibejobs.SealedSecret{KeyID: "k", Ciphertext: []byte{1}}, CreatedAt: t0, UpdatedAt: t0}
+	mustUpdate(t, a, func(tx vibejobs.Tx) error { return tx.CreateSubscription(ctx, sub, 16) })
+	mustUpdate(t, a, func(tx vibejobs.Tx) error {
+		cur, err := tx.GetSubscription(ctx, prj, sub.ID)
+		if err != nil {
+			return err
+		}
+		// A reset from another transaction must wait for this one.
+		wctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+		defer cancel()
+		err = b.Update(wctx, func(tx vibejobs.Tx) error {
+			_, err := tx.ResetSubscription(wctx, prj, sub.ID, t0.Add(time.Minute))
+			return err
+		})
+		if err == nil {
+			t.Error("a reset committed between an edit's read of the subscription and its write")
+		}
+		cur.URL, cur.UpdatedAt = "https://hooks.example.com/new", t0.Add(time.Second)
+		return tx.UpdateSubscription(ctx, cur)
+	})
+	got, err := a.GetSubscription(ctx, prj, sub.ID)
+	if err != nil || got.URL != "https://hooks.example.com/new" {
+		t.Fatalf("after the edit: %+v, %v", got, err)
+	}
+}
+
 // TestJobEditLocksOutTheScheduler: an edit reads the job and writes the
 // whole row back in one transaction. A scheduler step between the two
 // would be written over (NextRunAt moved back, its skipped occurrences
