@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"path/filepath"
 	"time"
 
 	"github.com/vibejobs/vibejobs"
@@ -81,11 +80,9 @@ func masterKey(ctx context.Context, args []string, getenv func(string) string, s
 	if err != nil {
 		return err
 	}
-	tmp := filepath.Join(filepath.Dir(path), ".master.key.tmp")
-	if err := os.WriteFile(tmp, content, 0o600); err != nil {
-		return fmt.Errorf("writing master key file: %w", err)
-	}
-	if err := os.Rename(tmp, path); err != nil {
+	// On disk for good before any secret is sealed under the new key: a
+	// file lost to a crash after the re-sealing would lose every secret.
+	if err := writePrivateFile(path, content); err != nil {
 		return fmt.Errorf("replacing master key file: %w", err)
 	}
 	// Servers seal under the new key from their next seal on (they check

@@ -503,7 +503,9 @@ func (m *Main) bootstrap(ctx context.Context, now func() time.Time) error {
 
 // writePrivateFile replaces path with a file holding data, readable by its
 // owner only: written beside it under a fresh name, then renamed over it (a
-// file written in place keeps the mode it had).
+// file written in place keeps the mode it had), and synced with its
+// directory, so that after a crash path holds either the old content or
+// the new.
 func writePrivateFile(path string, data []byte) error {
 	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".*")
 	if err != nil {
@@ -525,8 +527,14 @@ func writePrivateFile(path string, data []byte) error {
 	}
 	if err != nil {
 		os.Remove(tmp)
+		return err
 	}
-	return err
+	dir, err := os.Open(filepath.Dir(path))
+	if err != nil {
+		return err
+	}
+	defer dir.Close()
+	return dir.Sync()
 }
 
 // checkMasterKey refuses to start when stored secrets do not open with the
