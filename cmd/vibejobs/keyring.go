@@ -2,6 +2,7 @@ package main
 
 import (
 	"errors"
+	"log/slog"
 	"os"
 	"sync"
 	"time"
@@ -19,6 +20,7 @@ import (
 type keyFile struct {
 	path        string
 	reloadEvery time.Duration
+	logger      *slog.Logger
 
 	mu     sync.Mutex
 	keys   *secretbox.Keyring
@@ -26,9 +28,9 @@ type keyFile struct {
 	info   os.FileInfo // of the file keys were read from; nil if unknown
 }
 
-func newKeyFile(path string, keys *secretbox.Keyring) *keyFile {
+func newKeyFile(path string, keys *secretbox.Keyring, logger *slog.Logger) *keyFile {
 	info, _ := os.Stat(path)
-	return &keyFile{path: path, reloadEvery: 10 * time.Second, keys: keys, loaded: time.Now(), info: info}
+	return &keyFile{path: path, reloadEvery: 10 * time.Second, logger: logger, keys: keys, loaded: time.Now(), info: info}
 }
 
 func (k *keyFile) current(force bool) *secretbox.Keyring {
@@ -37,10 +39,17 @@ func (k *keyFile) current(force bool) *secretbox.Keyring {
 	if force || time.Since(k.loaded) > k.reloadEvery {
 		k.loaded = time.Now()
 		info, _ := os.Stat(k.path) // before the read: a change after it is seen next time
-		if data, err := os.ReadFile(k.path); err == nil {
-			if keys, err := secretbox.Parse(data); err == nil {
-				k.keys, k.info = keys, info
-			}
+		data, err := os.ReadFile(k.path)
+		var keys *secretbox.Keyring
+		if err == nil {
+			keys, err = secretbox.Parse(data)
+		}
+		if err != nil {
+			// The keys in hand go on sealing and opening: say so, as
+			// secrets the file's new key sealed elsewhere will not open.
+			k.logger.Warn("master_key.reload_failed", "path", k.path, "error", err.Error())
+		} else {
+			k.keys, k.info = keys, info
 		}
 	}
 	return k.keys

@@ -306,7 +306,7 @@ func (m *Main) Run(ctx context.Context) error {
 	if err := checkMasterKey(ctx, store, keys); err != nil {
 		return err
 	}
-	sealer := newKeyFile(cfg.masterKeyPath(), keys)
+	sealer := newKeyFile(cfg.masterKeyPath(), keys, m.logger)
 	m.sealer = sealer
 	if err := m.bootstrap(ctx, now); err != nil {
 		return err

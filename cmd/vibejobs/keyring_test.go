@@ -1,0 +1,44 @@
+package main
+
+import (
+	"bytes"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/vibejobs/vibejobs/internal/secretbox"
+)
+
+// TestKeyFileSaysWhenItCannotReload: a key file that changed on disk but
+// does not read (unreadable, or not a key file) leaves the server sealing
+// and opening with the keys it has; it says so in the log, without a key,
+// since secrets a new key sealed elsewhere will not open here. It was
+// silent.
+func TestKeyFileSaysWhenItCannotReload(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "master.key")
+	keys, _, err := secretbox.LoadOrCreate(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	content, _ := os.ReadFile(path)
+	var logs bytes.Buffer
+	kf := newKeyFile(path, keys, slog.New(slog.NewTextHandler(&logs, nil)))
+	if err := os.WriteFile(path, []byte("not a key file, longer than it was before\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	sealed, err := kf.Seal("vjs_secret", "job_1")
+	if err != nil || sealed.KeyID != keys.CurrentID() {
+		t.Fatalf("Seal with an unreadable key file: %v %v, want the keys in hand", sealed.KeyID, err)
+	}
+	if plain, err := kf.Open(sealed, "job_1"); err != nil || plain != "vjs_secret" {
+		t.Fatalf("Open: %q %v", plain, err)
+	}
+	if !strings.Contains(logs.String(), "master_key.reload_failed") {
+		t.Fatalf("no warning logged: %q", logs.String())
+	}
+	if strings.Contains(logs.String(), strings.TrimSpace(string(content))) {
+		t.Fatal("the log carries the key")
+	}
+}
