@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -339,24 +338,10 @@ func TestMasterKeyRotationResealsSubscriptions(t *testing.T) {
 	_, rot := api.do("POST", "/v1/subscriptions/"+sub["id"].(string)+"/rotate-secret", nil)
 	m.Close()
 
-	var out, errb bytes.Buffer
-	env := func(k string) string {
-		if k == "VIBEJOBS_DATA_DIR" {
-			return dataDir
-		}
-		return ""
+	if out := rotateMasterKey(t, map[string]string{"VIBEJOBS_DATA_DIR": dataDir}); !strings.Contains(out, "1 secrets and 2 stored Idempotency-Key answers re-sealed") {
+		t.Fatalf("rotate said %q", out)
 	}
-	if code := run(context.Background(), []string{"master-key", "rotate"}, env, &out, &errb); code != 0 {
-		t.Fatalf("rotate: %d %s %s", code, out.String(), errb.String())
-	}
-	if !strings.Contains(out.String(), "1 secrets and 2 stored Idempotency-Key answers re-sealed") {
-		t.Fatalf("rotate said %q", out.String())
-	}
-	keys, _ := os.ReadFile(filepath.Join(dataDir, "master.key"))
-	first := bytes.SplitN(keys, []byte("\n"), 2)[0]
-	if err := os.WriteFile(filepath.Join(dataDir, "master.key"), append(first, '\n'), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	dropOlderKeys(t, dataDir)
 	_, api = startMain(t, dataDir)
 	sink.addSecret(rot["secret"].(string))
 	sink.addSecret(sub["secret"].(string))

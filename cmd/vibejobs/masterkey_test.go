@@ -30,18 +30,8 @@ func TestMasterKeyRotationKeepsDeliveriesValid(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	var out, errb bytes.Buffer
-	env := func(k string) string {
-		if k == "VIBEJOBS_DATA_DIR" {
-			return dataDir
-		}
-		return ""
-	}
-	if code := run(context.Background(), []string{"master-key", "rotate"}, env, &out, &errb); code != 0 {
-		t.Fatalf("rotate: %d %s %s", code, out.String(), errb.String())
-	}
-	if !strings.Contains(out.String(), "1 secrets and 1 stored Idempotency-Key answers re-sealed") {
-		t.Fatalf("rotate said %q", out.String())
+	if out := rotateMasterKey(t, map[string]string{"VIBEJOBS_DATA_DIR": dataDir}); !strings.Contains(out, "1 secrets and 1 stored Idempotency-Key answers re-sealed") {
+		t.Fatalf("rotate said %q", out)
 	}
 	newKeys, _ := os.ReadFile(filepath.Join(dataDir, "master.key"))
 	kr, err := secretbox.Parse(newKeys)
@@ -63,11 +53,8 @@ func TestMasterKeyRotationKeepsDeliveriesValid(t *testing.T) {
 
 	// With only the new key, the old one dropped, the server still starts:
 	// it opens the stored secrets, both jobs' included.
-	first := bytes.SplitN(newKeys, []byte("\n"), 2)[0]
-	if err := os.WriteFile(filepath.Join(dataDir, "master.key"), append(first, '\n'), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	m := NewMain(&out, &errb)
+	dropOlderKeys(t, dataDir)
+	m := NewMain(io.Discard, io.Discard)
 	m.Config = Config{Listen: "127.0.0.1:0", DataDir: dataDir, LogFormat: "text", LogLevel: "error",
 		Concurrency: 8, PerHost: 8, RetentionDays: 90, MaxJobsPerProject: 10}
 	if err := m.Run(context.Background()); err != nil {
@@ -135,13 +122,7 @@ func TestServersOfOneDatabaseShareTheMasterKey(t *testing.T) {
 				t.Fatalf("a server with its own new key file started on the database of another: %v", err)
 			}
 
-			env := func(k string) string {
-				return map[string]string{"VIBEJOBS_DATA_DIR": dirA, "VIBEJOBS_DATABASE": database}[k]
-			}
-			var out, errb bytes.Buffer
-			if code := run(context.Background(), []string{"master-key", "rotate"}, env, &out, &errb); code != 0 {
-				t.Fatalf("rotate: %d %s %s", code, out.String(), errb.String())
-			}
+			rotateMasterKey(t, map[string]string{"VIBEJOBS_DATA_DIR": dirA, "VIBEJOBS_DATABASE": database})
 			if err := os.WriteFile(filepath.Join(dirB, "master.key"), keyA, 0o600); err != nil {
 				t.Fatal(err)
 			}
@@ -239,26 +220,38 @@ func TestReplayAfterMasterKeyRotation(t *testing.T) {
 	}
 	m.Close()
 
-	var out, errb bytes.Buffer
-	env := func(k string) string {
-		if k == "VIBEJOBS_DATA_DIR" {
-			return dataDir
-		}
-		return ""
-	}
-	if code := run(context.Background(), []string{"master-key", "rotate"}, env, &out, &errb); code != 0 {
-		t.Fatalf("rotate: %d %s %s", code, out.String(), errb.String())
-	}
-	// As rotate says: the older keys may now be removed.
-	keys, _ := os.ReadFile(filepath.Join(dataDir, "master.key"))
-	newest := bytes.SplitN(keys, []byte("\n"), 2)[0]
-	if err := os.WriteFile(filepath.Join(dataDir, "master.key"), append(newest, '\n'), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	rotateMasterKey(t, map[string]string{"VIBEJOBS_DATA_DIR": dataDir})
+	dropOlderKeys(t, dataDir)
 	_, api = startMain(t, dataDir)
 
 	code, replay := post(api)
 	if code != 201 || replay != first {
 		t.Fatalf("retry with the same Idempotency-Key after the rotation: %d %s\nwant the stored answer 201 %s", code, replay, first)
+	}
+}
+
+// rotateMasterKey runs "vibejobs master-key rotate" with env as its
+// environment and returns what it printed.
+func rotateMasterKey(t *testing.T, env map[string]string) string {
+	t.Helper()
+	var out, errb bytes.Buffer
+	if code := run(context.Background(), []string{"master-key", "rotate"}, func(k string) string { return env[k] }, &out, &errb); code != 0 {
+		t.Fatalf("rotate: %d %s %s", code, out.String(), errb.String())
+	}
+	return out.String()
+}
+
+// dropOlderKeys leaves only the current (first) key in dataDir's key
+// file, as rotate says one may once it ended.
+func dropOlderKeys(t *testing.T, dataDir string) {
+	t.Helper()
+	path := filepath.Join(dataDir, "master.key")
+	keys, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	first := bytes.SplitN(keys, []byte("\n"), 2)[0]
+	if err := os.WriteFile(path, append(first, '\n'), 0o600); err != nil {
+		t.Fatal(err)
 	}
 }

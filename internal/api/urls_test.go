@@ -21,14 +21,7 @@ func TestAcceptedURLIsDeliverable(t *testing.T) {
 	e := newEnv(t) // egress policy opens 127.0.0.0/8, as in every API test
 	app := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
 	defer app.Close()
-	policy, err := egress.NewPolicy([]string{"127.0.0.0/8"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	client, err := egress.NewClient(egress.Config{Policy: policy})
-	if err != nil {
-		t.Fatal(err)
-	}
+	client := deliveryClient(t)
 	raw := app.URL + "/" + strings.Repeat("é", 600) // about 1222 bytes
 	if len(raw) > 2048 {
 		t.Fatalf("raw URL is %d bytes", len(raw))
@@ -66,11 +59,7 @@ func TestURLWithRawSpaceIsDeliverable(t *testing.T) {
 	var hits atomic.Int32
 	app := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { hits.Add(1) }))
 	defer app.Close()
-	policy, _ := egress.NewPolicy([]string{"127.0.0.0/8"})
-	client, err := egress.NewClient(egress.Config{Policy: policy})
-	if err != nil {
-		t.Fatal(err)
-	}
+	client := deliveryClient(t)
 	res := e.do("POST", "/v1/jobs", e.admin, jobBody(map[string]any{"url": app.URL + "/hook?team=a b"}))
 	if res.status != 201 {
 		t.Fatalf("create: %s", res)
@@ -81,4 +70,19 @@ func TestURLWithRawSpaceIsDeliverable(t *testing.T) {
 		t.Errorf("the API stored %q (201); a delivery to it: status %d, error code %q; the app's handler ran %d times",
 			stored, r.StatusCode, r.ErrorCode, hits.Load())
 	}
+}
+
+// deliveryClient is the client deliveries go through, with loopback opened
+// as in every API test.
+func deliveryClient(t *testing.T) *egress.Client {
+	t.Helper()
+	policy, err := egress.NewPolicy([]string{"127.0.0.0/8"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	client, err := egress.NewClient(egress.Config{Policy: policy})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return client
 }
