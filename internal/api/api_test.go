@@ -3,6 +3,7 @@ package api_test
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"net/http"
 	"slices"
 	"strings"
@@ -13,6 +14,7 @@ import (
 	"github.com/vibejobs/vibejobs"
 	"github.com/vibejobs/vibejobs/contract"
 	"github.com/vibejobs/vibejobs/internal/api"
+	"github.com/vibejobs/vibejobs/internal/scheduler"
 )
 
 func TestHealthAndReady(t *testing.T) {
@@ -311,6 +313,55 @@ func TestPauseWithdrawsMaterialisedRuns(t *testing.T) {
 	if rs := e.must(200, "GET", "/v1/jobs/"+id+"/runs", e.admin, nil)["runs"].([]any); len(rs) != 0 {
 		t.Errorf("a future run survived the pause: %v", rs)
 	}
+}
+
+// TestPauseWithdrawsAOneOffRunAhead: the scheduler creates a one-off job's
+// run up to its lookahead before the instant and marks the job completed.
+// Paused in between, the job had not run, yet its run stayed and fired; and
+// given a new at and resumed, it fired at both instants. A one-off run
+// ahead is withdrawn by a pause as a recurring job's occurrence is.
+func TestPauseWithdrawsAOneOffRunAhead(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	sch := scheduler.New(scheduler.Config{Store: e.store, Now: e.clock.Now, Logger: slog.New(slog.DiscardHandler)})
+	fired := func() (at []string) {
+		t.Helper()
+		if _, err := sch.RunOnce(ctx); err != nil {
+			t.Fatal(err)
+		}
+		claims, err := e.store.ClaimDueRuns(ctx, "test", e.clock.Now(), 100, time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, c := range claims {
+			at = append(at, c.Run.ScheduledFor.UTC().Format("15:04:05"))
+		}
+		return at
+	}
+	paused := e.createJob(e.admin, map[string]any{"schedule": nil, "at": "2026-10-09T08:00:30Z"})["id"].(string)
+	moved := e.createJob(e.admin, map[string]any{"schedule": nil, "at": "2026-10-09T08:00:30Z"})["id"].(string)
+	e.clock.Advance(29 * time.Second) // 08:00:29: both runs are created
+	if got := fired(); len(got) != 0 {
+		t.Fatalf("fired before the instant: %v", got)
+	}
+	checkFields(t, "paused before its instant", e.must(200, "POST", "/v1/jobs/"+paused+"/pause", e.admin, nil),
+		map[string]any{"state": "paused", "enabled": false})
+	e.must(200, "POST", "/v1/jobs/"+moved+"/pause", e.admin, nil)
+	checkFields(t, "given a new at", e.must(200, "PATCH", "/v1/jobs/"+moved, e.admin,
+		map[string]any{"at": "2026-10-09T08:10:00Z", "enabled": true}),
+		map[string]any{"state": "active", "nextRunAt": "2026-10-09T08:10:00.000Z"})
+	e.clock.Advance(2 * time.Second)
+	if got := fired(); len(got) != 0 {
+		t.Errorf("at the old instant, after the pause and the move: fired %v", got)
+	}
+	e.clock.Advance(10 * time.Minute)
+	if got := fired(); !slices.Equal(got, []string{"08:10:00"}) {
+		t.Errorf("at the new instant: fired %v, want the moved job once", got)
+	}
+	// Resumed before its instant, the paused one would run then; past it,
+	// it is completed (see TestOneOffJob).
+	checkFields(t, "resumed past its instant", e.must(200, "POST", "/v1/jobs/"+paused+"/resume", e.admin, nil),
+		map[string]any{"state": "completed", "nextRunAt": nil})
 }
 
 func TestPagination(t *testing.T) {

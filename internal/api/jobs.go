@@ -117,7 +117,12 @@ func plan(j, before *vibejobs.Job, changed bool, now time.Time) (withdraw bool, 
 		// @every counts from here.
 		j.ScheduleAnchor = now
 	}
-	if before != nil && before.State == vibejobs.JobCompleted && !changed {
+	// A one-off job is completed once its run is created, up to the
+	// scheduler's lookahead before its instant; until that instant it has
+	// not run, and a pause withdraws the run like any occurrence ahead.
+	ranOut := before != nil && before.State == vibejobs.JobCompleted &&
+		!(before.At != nil && before.At.After(now) && before.Enabled && !j.Enabled)
+	if ranOut && !changed {
 		// A one-off job that has run stays completed; only a new at (or a
 		// schedule) revives it. Disabling it changes nothing else.
 		if j.Enabled && !before.Enabled {
