@@ -104,7 +104,10 @@ type Tx interface {
 	DeleteJob(ctx context.Context, projectID, id string, at time.Time) error
 	// DeleteFutureRuns deletes the job's schedule-triggered runs that no attempt
 	// has started and whose scheduledFor is after t: occurrences materialised
-	// ahead of time that a pause or a schedule change withdraws.
+	// ahead of time that a pause or a schedule change withdraws. A run claimed
+	// ahead of its time (delivering, with no attempt recorded, its
+	// scheduledFor still ahead: its holder sends it only then) goes too; its
+	// holder's release or outcome then changes nothing.
 	DeleteFutureRuns(ctx context.Context, jobID string, after time.Time) (int, error)
 	// CreateRun inserts a manual run. A run due after its deadline is
 	// refused (EINVALID, see Run.CheckDue).

@@ -402,16 +402,19 @@ func testDeleteFutureRuns(t *testing.T, f *fixture) {
 	future1 := sched(j, T0.Add(time.Minute), T0.Add(time.Minute))
 	future2 := sched(j, T0.Add(2*time.Minute), T0.Add(2*time.Minute))
 	started := sched(j, T0.Add(3*time.Minute), T0.Add(-5*time.Hour)) // due early so it can be claimed alone
+	// Claimed ahead of its time and held until it (see dispatcher.Config.ClaimAhead): not sent.
+	held := sched(j, T0.Add(6*time.Minute), T0.Add(-4*time.Hour))
 	otherJob := sched(k, T0.Add(time.Minute), T0.Add(time.Minute))
 	created, _, err := f.s.ApplyRunPlans(f.ctx, []vibejobs.RunPlan{
-		{JobID: j.ID, Anchor: j.ScheduleAnchor, From: T0, Next: ptr(T0.Add(4 * time.Minute)), Runs: []*vibejobs.Run{atCut, future1, future2, started}},
+		{JobID: j.ID, Anchor: j.ScheduleAnchor, From: T0, Next: ptr(T0.Add(4 * time.Minute)), Runs: []*vibejobs.Run{atCut, future1, future2, started, held}},
 		{JobID: k.ID, Anchor: k.ScheduleAnchor, From: T0, Next: ptr(T0.Add(4 * time.Minute)), Runs: []*vibejobs.Run{otherJob}},
 	}, T0)
-	if err != nil || created != 5 {
-		t.Fatalf("ApplyRunPlans = %d, %v; want 5", created, err)
+	if err != nil || created != 6 {
+		t.Fatalf("ApplyRunPlans = %d, %v; want 6", created, err)
 	}
 	c := f.claimIDs("w1", T0.Add(-5*time.Hour), 1, started)[0]
 	f.record("w1", retrying(c, T0.Add(-5*time.Hour), T0.Add(-5*time.Hour+time.Second), T0.Add(time.Hour)))
+	heldClaim := f.claimIDs("w2", T0.Add(-4*time.Hour), 1, held)[0]
 	manual := f.run(j, T0.Add(5*time.Minute))
 
 	var n int
@@ -420,15 +423,24 @@ func testDeleteFutureRuns(t *testing.T, f *fixture) {
 		n, err = tx.DeleteFutureRuns(f.ctx, j.ID, T0)
 		return err
 	})
-	if n != 2 {
-		t.Errorf("DeleteFutureRuns = %d, want 2", n)
+	if n != 3 {
+		t.Errorf("DeleteFutureRuns = %d, want 3", n)
 	}
-	for _, r := range []*vibejobs.Run{future1, future2} {
+	for _, r := range []*vibejobs.Run{future1, future2, held} {
 		_, err := f.s.GetRun(f.ctx, projectA, r.ID)
 		wantNotFound(t, "GetRun of a withdrawn future run", err, "run")
 	}
 	for _, r := range []*vibejobs.Run{atCut, started, manual, otherJob} {
 		f.getRun(projectA, r.ID)
+	}
+	// The held claim's holder learns of it when it gives the claim back
+	// or records its outcome: nothing happens; no lease is left to recover.
+	if err := f.s.ReleaseClaims(f.ctx, "w2", []string{held.ID}, T0); err != nil {
+		t.Fatalf("ReleaseClaims of a withdrawn run: %v", err)
+	}
+	f.record("w2", succeeded(heldClaim, held.ScheduledFor, held.ScheduledFor))
+	if n, err := f.s.RecoverExpiredLeases(f.ctx, T0.Add(10*time.Hour), 10); err != nil || n != 0 {
+		t.Errorf("RecoverExpiredLeases after the withdrawal = %d, %v; want 0", n, err)
 	}
 
 	// The withdrawn occurrence can be planned again.
