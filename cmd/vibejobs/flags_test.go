@@ -144,3 +144,28 @@ func TestBenchRefusesExtraArgument(t *testing.T) {
 		t.Fatalf("bench burst --runs 1 5000: exit %d, stderr %q; want 2 and the argument named", code, errb.String())
 	}
 }
+
+// TestSettingsErrorsNameTheFlag: a refused setting's message names the flag
+// and its variable, and what it takes; a database URL of another kind is
+// refused rather than opened as a SQLite file of that name; the log format
+// is read regardless of case, as the log level is.
+func TestSettingsErrorsNameTheFlag(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--concurrency", "10001"}, "--concurrency (VIBEJOBS_CONCURRENCY) must be an integer from 1 to 10000"},
+		{[]string{"--log-level", "trace"}, "--log-level (VIBEJOBS_LOG_LEVEL) must be debug, info, warn or error"},
+		{[]string{"--log-format", "xml"}, "--log-format (VIBEJOBS_LOG_FORMAT) must be text or json"},
+		{[]string{"--database", "mysql://db/x"}, `--database (VIBEJOBS_DATABASE): "mysql" URLs are not supported`},
+	} {
+		err := NewMain(io.Discard, io.Discard).ParseFlags(tc.args, func(string) string { return "" })
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%q: %v, want %q", tc.args, err, tc.want)
+		}
+	}
+	m := NewMain(io.Discard, io.Discard)
+	if err := m.ParseFlags([]string{"--log-format", "JSON", "--log-level", "DEBUG"}, func(string) string { return "" }); err != nil || m.Config.LogFormat != "json" {
+		t.Fatalf("--log-format JSON: %v (%q)", err, m.Config.LogFormat)
+	}
+}

@@ -196,32 +196,36 @@ const (
 )
 
 func (c *Config) validate() error {
+	c.LogFormat = strings.ToLower(c.LogFormat) // as log levels are read, JSON is json
 	switch {
 	case c.ClaimAhead == badDuration:
-		return errors.New("VIBEJOBS_CLAIM_AHEAD must be a duration from 0 to 1s, such as 200ms")
+		return errors.New("--claim-ahead (VIBEJOBS_CLAIM_AHEAD) must be a duration from 0 to 1s, such as 200ms")
 	case c.Concurrency < 1 || c.Concurrency > maxConcurrency:
-		return fmt.Errorf("VIBEJOBS_CONCURRENCY must be an integer from 1 to %d", maxConcurrency)
+		return fmt.Errorf("--concurrency (VIBEJOBS_CONCURRENCY) must be an integer from 1 to %d", maxConcurrency)
 	case c.PerHost < 1 || c.PerHost > maxConcurrency:
-		return fmt.Errorf("VIBEJOBS_PER_HOST must be an integer from 1 to %d", maxConcurrency)
+		return fmt.Errorf("--per-host (VIBEJOBS_PER_HOST) must be an integer from 1 to %d", maxConcurrency)
 	case c.RetentionDays < maintenance.MinRetentionDays || c.RetentionDays > maintenance.MaxRetentionDays:
-		return fmt.Errorf("VIBEJOBS_RETENTION_DAYS must be an integer from %d to %d", maintenance.MinRetentionDays, maintenance.MaxRetentionDays)
+		return fmt.Errorf("--retention-days (VIBEJOBS_RETENTION_DAYS) must be an integer from %d to %d", maintenance.MinRetentionDays, maintenance.MaxRetentionDays)
 	case c.RateLimit < 1 || c.RateLimit > maxRateLimit:
-		return fmt.Errorf("VIBEJOBS_RATE_LIMIT must be an integer from 1 to %d", maxRateLimit)
+		return fmt.Errorf("--rate-limit (VIBEJOBS_RATE_LIMIT) must be an integer from 1 to %d", maxRateLimit)
 	case c.MaxJobsPerProject < 1:
-		return errors.New("VIBEJOBS_MAX_JOBS_PER_PROJECT must be a positive integer")
+		return errors.New("--max-jobs-per-project (VIBEJOBS_MAX_JOBS_PER_PROJECT) must be a positive integer")
 	case c.LogFormat != "text" && c.LogFormat != "json":
-		return errors.New("log format must be text or json")
+		return errors.New("--log-format (VIBEJOBS_LOG_FORMAT) must be text or json")
 	case c.DataDir == "":
-		return errors.New("data dir must not be empty")
+		return errors.New("--data-dir (VIBEJOBS_DATA_DIR) must not be empty")
 	case c.RotationGrace != 0 && (c.RotationGrace < time.Minute || c.RotationGrace > 720*time.Hour):
-		return errors.New("VIBEJOBS_SUBSCRIPTION_ROTATION_GRACE must be a duration from 1m to 720h")
+		return errors.New("--subscription-rotation-grace (VIBEJOBS_SUBSCRIPTION_ROTATION_GRACE) must be a duration from 1m to 720h")
+	}
+	if scheme, _, ok := strings.Cut(c.Database, "://"); ok && scheme != "postgres" && scheme != "postgresql" {
+		return fmt.Errorf("--database (VIBEJOBS_DATABASE): %q URLs are not supported: give postgres://… or a SQLite file path", scheme)
 	}
 	if _, err := egress.ParseAllowList(c.AllowPrivate); err != nil {
-		return fmt.Errorf("allow-private: %w", err)
+		return fmt.Errorf("--allow-private (VIBEJOBS_ALLOW_PRIVATE): %w", err)
 	}
 	var lvl slog.Level
 	if err := lvl.UnmarshalText([]byte(c.LogLevel)); err != nil {
-		return fmt.Errorf("log level: %w", err)
+		return fmt.Errorf("--log-level (VIBEJOBS_LOG_LEVEL) must be debug, info, warn or error, not %q", c.LogLevel)
 	}
 	return nil
 }
