@@ -2,6 +2,7 @@ package api
 
 import (
 	"context"
+	"fmt"
 	"net/http"
 	"strconv"
 	"strings"
@@ -55,6 +56,13 @@ func (s *Server) listEvents(ctx context.Context, c *call) (*response, error) {
 	page, err := s.store.ListEvents(ctx, c.projectID(), f)
 	if err != nil {
 		return nil, err
+	}
+	if f.After > page.Head {
+		// Sequences are never reused and the head never goes back: this
+		// cursor is not from this feed (another project's, or from before
+		// the database was restored). Answered as caught up, its reader
+		// would wait for ever.
+		return nil, invalid("invalid_after", "after", fmt.Sprintf("after (%d) is beyond the feed's head (%d): the cursor is not from this feed", f.After, page.Head))
 	}
 	out := eventListJSON{Items: make([]feed.Item, 0, len(page.Events)), Head: page.Head, Oldest: page.Oldest, Next: page.Next}
 	for _, ev := range page.Events {

@@ -92,12 +92,18 @@ func TestJobEvents(t *testing.T) {
 	if n := len(m["items"].([]any)); n != 3 {
 		t.Errorf("run events of the job: %d", n)
 	}
+	if m := e.must(200, "GET", "/v1/events?after=12", e.admin, nil); m["next"] != 12.0 || m["head"] != 12.0 {
+		t.Errorf("at the head: %v", m)
+	}
 	m = e.must(200, "GET", "/v1/events?jobId=job_other", e.admin, nil)
 	if n := len(m["items"].([]any)); n != 0 || m["next"] != 12.0 {
 		t.Errorf("another job: %d events, next %v", n, m["next"])
 	}
 	for q, code := range map[string]string{
 		"after=-1": "invalid_after", "after=x": "invalid_after", "after=1&after=2": "invalid_after",
+		// Beyond the head (12): not a cursor of this feed; answered as
+		// caught up, its reader would wait for ever.
+		"after=13": "invalid_after", "after=9223372036854775807": "invalid_after",
 		"limit=0": "invalid_limit", "limit=101": "invalid_limit",
 		"type=run.nope": "invalid_type", "type=": "invalid_type", "jobId=": "invalid_job_id",
 	} {

@@ -78,7 +78,7 @@ func eventsTail(fs *flag.FlagSet) func(*call) error {
 		}
 		cursor := *after
 		if cursor < 0 {
-			page, err := c.eventPage(q, 1<<62)
+			page, err := c.eventPage(url.Values{"limit": {"1"}}, 0)
 			if err != nil {
 				return err
 			}
