@@ -37,6 +37,19 @@ func TestOpenRejectsPathsItCannotShare(t *testing.T) {
 	}
 }
 
+// TestNewDatabaseIsPrivate: a new database file, and the WAL files SQLite
+// makes beside it with its mode, are readable by their owner only (0644
+// before): they hold the sealed secrets and every project's history.
+func TestNewDatabaseIsPrivate(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "vibejobs.db")
+	openAt(t, path)
+	for _, p := range []string{path, path + "-wal", path + "-shm"} {
+		if fi, err := os.Stat(p); err != nil || fi.Mode().Perm() != 0o600 {
+			t.Errorf("%s: %v %v, want mode 0600", filepath.Base(p), fi.Mode().Perm(), err)
+		}
+	}
+}
+
 // Reopening keeps the data, migrating again is a no-op, and the database is
 // in WAL mode.
 func TestReopen(t *testing.T) {

@@ -17,6 +17,7 @@ import (
 	"fmt"
 	"io/fs"
 	"log/slog"
+	"os"
 	"runtime"
 	"strings"
 	"sync"
@@ -82,7 +83,14 @@ func Open(ctx context.Context, path string, opts Options) (*Store, error) {
 		s.now = time.Now
 	}
 
-	var err error
+	// A new database is its owner's only (SQLite gives its -wal and -shm
+	// files the database file's mode): it holds the sealed secrets and the
+	// history of every project.
+	f, err := os.OpenFile(path, os.O_RDONLY|os.O_CREATE, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("sqlite: opening %s: %w", path, err)
+	}
+	f.Close()
 	s.w, err = sql.Open("sqlite", writerDSN(path))
 	if err != nil {
 		return nil, fmt.Errorf("sqlite: opening %s: %w", path, err)
