@@ -10,6 +10,7 @@ package dispatcher
 import (
 	"cmp"
 	"context"
+	"errors"
 	"log/slog"
 	"math/rand/v2"
 	"net/http"
@@ -662,18 +663,20 @@ func (d *Dispatcher) deliver(c *vibejobs.Claim, host string, h *heldClaim) {
 }
 
 // recordLoop writes outcomes in batches until the channel closes. A batch
-// that fails is retried for as long as the dispatcher runs: the runs stay
-// leased to us meanwhile, and an outcome written late, even after its lease
-// ended, still counts unless another process took the run over. Dropped, the
-// outcome of an attempt the app accepted would have the run sent again once
-// its lease ended, after a database outage as short as 21 s. While a batch
-// waits, the outcomes behind it fill the channel and hold their slots, so
-// no more is claimed. Once Run is stopping, a batch is given up after 20
-// retries (about 20 s): its runs go to lease recovery.
+// the database cannot take (unavailable, or no answer within StoreTimeout)
+// is retried for as long as the dispatcher runs: the runs stay leased to us
+// meanwhile, and an outcome written late, even after its lease ended, still
+// counts unless another process took the run over. Dropped, the outcome of
+// an attempt the app accepted would have the run sent again once its lease
+// ended, after a database outage as short as 21 s. While a batch waits, the
+// outcomes behind it fill the channel and hold their slots, so no more is
+// claimed. A batch refused for another reason, which retrying will not
+// mend, is given up after 20 retries (about 20 s), as is any batch once Run
+// is stopping: its runs go to lease recovery.
 func (d *Dispatcher) recordLoop() {
 	batch := make([]vibejobs.Outcome, 0, DefaultFlushBatch)
 	flush := func() {
-		left := 20 // retries once stopping
+		left := 20 // retries of a refused batch, or once stopping
 		for attempt := 0; len(batch) > 0; attempt++ {
 			ctx, cancel := d.storeCtx(context.Background())
 			err := d.cfg.Store.RecordOutcomes(ctx, d.cfg.Owner, batch)
@@ -682,14 +685,18 @@ func (d *Dispatcher) recordLoop() {
 				break
 			}
 			d.cfg.Logger.Error("dispatcher.record_failed", "error", err, "outcomes", len(batch))
+			outage := vibejobs.ErrorKind(err) == vibejobs.EUNAVAILABLE || errors.Is(err, context.DeadlineExceeded)
+			stopping := false
 			select {
 			case <-d.stopping:
+				stopping = true
+			default:
+			}
+			if !outage || stopping {
 				if left--; left < 0 {
 					d.cfg.Logger.Error("dispatcher.outcomes_dropped", "outcomes", len(batch))
-					batch = batch[:0]
-					return
+					break
 				}
-			default:
 			}
 			time.Sleep(d.retryWait(attempt))
 		}

@@ -732,13 +732,14 @@ func TestResentFirstAttemptIsNotAFirstAttempt(t *testing.T) {
 	}
 }
 
-// outageStore fails the first failRecords RecordOutcomes calls as a
-// database that is down would, and makes the first call of NextDueAt and of
-// RecordOutcomes hang until its context ends, as on a connection gone
-// silent without a reset.
+// outageStore fails the first failRecords RecordOutcomes calls with
+// failure (by default as a database that is down does), and makes the first
+// call of NextDueAt and of RecordOutcomes hang until its context ends, as on
+// a connection gone silent without a reset.
 type outageStore struct {
 	vibejobs.DispatchStore
 	failRecords         int64
+	failure             error
 	records             atomic.Int64
 	hungPoll, hungWrite atomic.Bool
 }
@@ -757,7 +758,10 @@ func (o *outageStore) RecordOutcomes(ctx context.Context, owner string, outcomes
 			<-ctx.Done()
 			return ctx.Err()
 		}
-		return errors.New("database unavailable")
+		if o.failure != nil {
+			return o.failure
+		}
+		return vibejobs.Errorf(vibejobs.EUNAVAILABLE, "database_unavailable", "database unavailable")
 	}
 	return o.DispatchStore.RecordOutcomes(ctx, owner, outcomes)
 }
@@ -790,4 +794,41 @@ func TestDatabaseOutageNeitherHangsNorLosesOutcomes(t *testing.T) {
 		t.Errorf("RecordOutcomes calls: %d, want 40 failed and one written", n)
 	}
 	e.wantNothingSent(t, "after the outage")
+}
+
+// TestRefusedOutcomesDoNotStallDeliveries: a batch the store refuses for a
+// reason other than an outage, which retrying will not mend, is given up
+// after 20 retries (its runs go to lease recovery) rather than retried for
+// ever, holding every slot behind it.
+func TestRefusedOutcomesDoNotStallDeliveries(t *testing.T) {
+	e := newEnv(t)
+	o := &outageStore{DispatchStore: e.store, failRecords: 21, failure: errors.New("refused")}
+	o.hungPoll.Store(true)
+	o.hungWrite.Store(true)
+	d := dispatcher.New(dispatcher.Config{
+		Store: o, Sender: e.sender, Opener: plainOpener{}, Owner: "test-owner",
+		Now: e.clock.Now, Rand: func() float64 { return 0.5 }, Concurrency: 8, PollInterval: 20 * time.Millisecond,
+	})
+	dispatcher.SetRetryWait(d, func(int) time.Duration { return time.Millisecond })
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { d.Run(ctx); close(done) }()
+	t.Cleanup(func() { cancel(); <-done })
+
+	j := e.job(t, "job_refused", "https://app.example/hook")
+	e.run(t, j, "run_refused", e.clock.Now())
+	d.Wake()
+	e.sender.next(t)
+	for deadline := time.Now().Add(10 * time.Second); o.records.Load() < 21; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("RecordOutcomes calls: %d", o.records.Load())
+		}
+	}
+	after := e.run(t, j, "run_after", e.clock.Now())
+	d.Wake()
+	e.sender.next(t) // the dispatcher goes on
+	e.waitRun(t, after.ID, func(r *vibejobs.Run) bool { return r.State == vibejobs.RunSucceeded })
+	if n := o.records.Load(); n != 22 {
+		t.Errorf("RecordOutcomes calls: %d, want 21 for the refused batch, then the next one", n)
+	}
 }
