@@ -29,6 +29,10 @@ const (
 	DefaultCatchUpGrace = 5 * time.Second
 	// DefaultStoreTimeout bounds each store call (see Config.StoreTimeout).
 	DefaultStoreTimeout = 10 * time.Second
+	// applyTimePerRun is the time ApplyRunPlans is given per run to create,
+	// when that is more than StoreTimeout: generous, a run takes some tens
+	// of microseconds.
+	applyTimePerRun = 200 * time.Microsecond
 	// maxSteps bounds the occurrences one plan walks through; beyond it the
 	// schedule is fast-forwarded and the uncounted remainder is not added to
 	// SkippedRuns: for a per-second schedule, after about 23 days of
@@ -154,8 +158,14 @@ func (s *Scheduler) runOnce(ctx context.Context) (created int, full bool, err er
 		plans = append(plans, p)
 	}
 	// Skipped occurrences are counted only for the plans applied: a plan
-	// another replica applied first was counted there.
-	sctx, cancel = context.WithTimeout(ctx, s.cfg.StoreTimeout)
+	// another replica applied first was counted there. A batch catching
+	// up after downtime may hold 100 runs a job: its time grows with its
+	// runs, or a slow database would time the same batch out for ever.
+	runs := 0
+	for _, p := range plans {
+		runs += len(p.Runs)
+	}
+	sctx, cancel = context.WithTimeout(ctx, max(s.cfg.StoreTimeout, time.Duration(runs)*applyTimePerRun))
 	created, skipped, err := s.cfg.Store.ApplyRunPlans(sctx, plans, now)
 	cancel()
 	if err != nil {
