@@ -832,3 +832,52 @@ func TestRefusedOutcomesDoNotStallDeliveries(t *testing.T) {
 		t.Errorf("RecordOutcomes calls: %d, want 21 for the refused batch, then the next one", n)
 	}
 }
+
+// TestWithdrawalSparesAnAttemptInFlight: a pause withdraws the runs created
+// ahead of its time (DeleteFutureRuns after the request's time). The time
+// is taken when the request arrives: a run claimed ahead whose time falls
+// between that and the delete has gone out by then. Deleting the runs held
+// by a claim deleted this one with its attempt in flight: the app accepted
+// a run whose attempt and outcome were never recorded. A held run is left
+// to its holder, who alone knows whether it went out.
+func TestWithdrawalSparesAnAttemptInFlight(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	now := e.clock.Now()
+	at := now.Add(100 * time.Millisecond)
+	j := &vibejobs.Job{ID: "job_p", ProjectID: e.project, Name: "p", Schedule: "@every 1h", Timezone: "UTC",
+		URL: "https://a.example/", Enabled: true, State: vibejobs.JobActive, Retry: vibejobs.DefaultRetryPolicy(),
+		Timeout: 10 * time.Second, CatchUp: vibejobs.CatchUpAll, ScheduleAnchor: now, NextRunAt: &at,
+		CreatedAt: now, UpdatedAt: now,
+		Secret: vibejobs.SealedSecret{KeyID: "plain", Ciphertext: []byte("vjs_AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8")}}
+	e.update(t, func(tx vibejobs.Tx) error { return tx.CreateJob(ctx, j) })
+	r := vibejobs.NewRun("run_p", j, vibejobs.TriggerSchedule, at, now)
+	next := at.Add(time.Hour)
+	if n, _, err := e.store.ApplyRunPlans(ctx, []vibejobs.RunPlan{{JobID: j.ID, From: at, Anchor: now, Next: &next,
+		Runs: []*vibejobs.Run{r}}}, now); err != nil || n != 1 {
+		t.Fatalf("ApplyRunPlans = %d, %v", n, err)
+	}
+	unblock := e.blockHost(j.URL)
+	e.startWith(t, 8, 2*time.Second) // claims it ahead, holds it until its scheduledFor, then sends it
+
+	x := e.sender.next(t) // the attempt is in flight
+	if x.payload["runId"] != r.ID {
+		t.Fatalf("sent %v", x.payload)
+	}
+	// A pause whose request arrived 1 ms before the run's time commits now.
+	pausedAt := at.Add(-time.Millisecond)
+	var n int
+	e.update(t, func(tx vibejobs.Tx) error {
+		var err error
+		n, err = tx.DeleteFutureRuns(ctx, j.ID, pausedAt)
+		return err
+	})
+	if n != 0 {
+		t.Fatalf("DeleteFutureRuns withdrew %d run(s), the one whose attempt is in flight among them", n)
+	}
+	unblock() // the app accepts it
+	got := e.waitRun(t, r.ID, func(r *vibejobs.Run) bool { return r.State == vibejobs.RunSucceeded })
+	if len(got.Attempts) != 1 {
+		t.Fatalf("run %s with %d attempts, want its one attempt recorded", got.State, len(got.Attempts))
+	}
+}

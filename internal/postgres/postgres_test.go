@@ -1078,7 +1078,7 @@ func TestDeleteJobRacesTheRunInFlight(t *testing.T) {
 				Step:    vibejobs.Step{State: vibejobs.RunRetrying, NextAttemptAt: &next}}})
 		},
 	}, {
-		name: "release", prefix: "WITH held AS",
+		name: "release", prefix: "WITH held0 AS",
 		hold: holdRun,
 		run: func(s *postgres.Store, c *vibejobs.Claim) error {
 			return s.ReleaseClaims(ctx, "a", []string{c.Run.ID}, t0)

@@ -292,13 +292,12 @@ func (t *tx) dequeue(ctx context.Context, ids []string, dues []*time.Time, lease
 // scheduled after after, that have no recorded attempt (never claimed, or
 // claimed and released without being sent).
 func (t *tx) DeleteFutureRuns(ctx context.Context, jobID string, after time.Time) (int, error) {
-	// A leased run here (delivering: its state column stays scheduled, see
-	// migration 00005) was claimed ahead of its time and is held until it:
-	// a first attempt goes out at its scheduledFor, not before.
+	// A leased run (delivering: its state column stays scheduled, see
+	// migration 00005) stays, for its holder to give back (ReleaseClaims).
 	rows, err := t.q.Query(ctx, `DELETE FROM runs
-		WHERE job_id = $1 AND trigger = $2 AND scheduled_for > $3 AND state = 'scheduled'
+		WHERE job_id = $1 AND trigger = $2 AND scheduled_for > $3 AND state = 'scheduled' AND lease_owner IS NULL
 			AND NOT EXISTS (SELECT 1 FROM attempts a WHERE a.run_id = runs.id)
-		RETURNING id, COALESCE(lease_expires_at, next_attempt_at), lease_owner IS NOT NULL`,
+		RETURNING id, next_attempt_at, false`,
 		jobID, vibejobs.TriggerSchedule, after)
 	if err != nil {
 		return 0, mapError(err, "deleting future runs")

@@ -157,8 +157,7 @@ func (t *tx) DeleteJob(ctx context.Context, projectID, id string, at time.Time) 
 // released without being sent).
 func (t *tx) DeleteFutureRuns(ctx context.Context, jobID string, after time.Time) (int, error) {
 	n, err := changed(t.t.ExecContext(ctx, `DELETE FROM runs
-		WHERE job_id = ? AND scheduled_for > ? AND trigger = ?
-		AND (state = 'scheduled' OR state = 'delivering' AND attempt = 1)
+		WHERE job_id = ? AND scheduled_for > ? AND trigger = ? AND state = 'scheduled'
 		AND NOT EXISTS (SELECT 1 FROM attempts a WHERE a.run_seq = runs.seq)`,
 		jobID, ms(after), vibejobs.TriggerSchedule))
 	if err != nil {
