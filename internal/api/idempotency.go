@@ -157,7 +157,7 @@ func (s *Server) idempotent(ctx context.Context, c *call, effect func(context.Co
 	var resp *response
 	var userErr *vibejobs.Error
 	err = s.update(ctx, func(tx vibejobs.Tx) error {
-		resp, userErr, c.wake, c.changedJob = nil, nil, false, ""
+		resp, userErr, c.wake, c.changedJob, c.runCreated = nil, nil, false, "", false
 		r, err := effect(ctx, c, tx)
 		if err != nil {
 			if e := userError(err); e != nil {
@@ -182,7 +182,7 @@ func (s *Server) idempotent(ctx context.Context, c *call, effect func(context.Co
 		// The effect was refused: nothing of it committed. The refusal is the
 		// answer to this key from now on.
 		resp = errorResponse(userErr)
-		c.wake, c.changedJob = false, ""
+		c.wake, c.changedJob, c.runCreated = false, "", false
 		err = s.update(ctx, func(tx vibejobs.Tx) error {
 			rec, err := s.completedRecord(project, key, hash, resp, c.now)
 			if err != nil {
