@@ -49,6 +49,7 @@ import (
 	"errors"
 	"fmt"
 	"math/bits"
+	"path"
 	"regexp"
 	"strings"
 	"sync"
@@ -275,7 +276,10 @@ func LoadLocation(name string) (*time.Location, error) {
 	bad := &Error{Code: CodeInvalidTimezone, Field: "timezone", Message: fmt.Sprintf("unknown time zone %q; use an IANA name such as Europe/Paris", clip(name))}
 	switch {
 	case name == "Local", name == "localtime", name == "posixrules", len(name) > maxZoneName,
-		strings.HasPrefix(name, "posix/"), strings.HasPrefix(name, "right/"):
+		strings.HasPrefix(name, "posix/"), strings.HasPrefix(name, "right/"),
+		// Another spelling of a path (./localtime, Europe//Paris) reads the
+		// same host file: an IANA name is a clean path.
+		path.Clean(name) != name:
 		return nil, bad
 	}
 	loc, err := time.LoadLocation(name)

@@ -13,7 +13,8 @@ import (
 // data (a replica without the directory could not load them), and the
 // right/ zones put DST changes 27 s late.
 func TestHostZoneNamesRefused(t *testing.T) {
-	for _, tz := range []string{"localtime", "posixrules", "posix/Europe/Paris", "right/Europe/Paris"} {
+	for _, tz := range []string{"localtime", "posixrules", "posix/Europe/Paris", "right/Europe/Paris",
+		"./localtime", "./posixrules", "./posix/Europe/Paris", "./right/Europe/Paris", "Europe//Paris", "Europe/./Paris"} {
 		s, err := schedule.Parse("30 2 * * *", tz, utc("2026-03-01T00:00:00Z"))
 		var se *schedule.Error
 		if err == nil {
