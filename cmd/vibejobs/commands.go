@@ -185,6 +185,12 @@ func resealAnswers(ctx context.Context, store vibejobs.Store, keys *secretbox.Ke
 			}
 			n = 0
 			for _, rec := range recs {
+				if rec.ExpiresAt.Before(time.Now()) {
+					// Never replayed again, and pruned soon: an answer an
+					// older rotation left under a key since removed must
+					// not stop this one.
+					continue
+				}
 				changed, err := api.ResealAnswer(rec, keys, keys.CurrentID())
 				if err != nil {
 					return err

@@ -4,13 +4,17 @@ import (
 	"bytes"
 	"context"
 	"io"
+	"log/slog"
 	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/vibejobs/vibejobs"
 	"github.com/vibejobs/vibejobs/internal/secretbox"
+	"github.com/vibejobs/vibejobs/internal/sqlite"
 )
 
 // TestMasterKeyRotationKeepsDeliveriesValid rotates the master key while the
@@ -253,5 +257,41 @@ func dropOlderKeys(t *testing.T, dataDir string) {
 	first := bytes.SplitN(keys, []byte("\n"), 2)[0]
 	if err := os.WriteFile(path, append(first, '\n'), 0o600); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestRotationSkipsExpiredAnswers: a stored Idempotency-Key answer that
+// expired is never replayed again and is pruned soon; one an older rotation
+// left sealed under a key since removed from the file must not stop this
+// rotation (it failed on it, and never recorded the new key).
+func TestRotationSkipsExpiredAnswers(t *testing.T) {
+	dataDir := t.TempDir()
+	m, _ := startMain(t, dataDir)
+	m.Close()
+	ctx := context.Background()
+	st, err := sqlite.Open(ctx, filepath.Join(dataDir, "vibejobs.db"), sqlite.Options{Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ps, err := st.ListProjects(ctx)
+	if err != nil || len(ps) != 1 {
+		t.Fatalf("projects: %v %v", ps, err)
+	}
+	created := time.Now().Add(-48 * time.Hour)
+	rec := &vibejobs.IdempotencyRecord{ProjectID: ps[0].ID, Key: "old", RequestHash: []byte{1}, CreatedAt: created,
+		ExpiresAt: created.Add(24 * time.Hour)}
+	if err := st.Update(ctx, func(tx vibejobs.Tx) error {
+		if err := tx.InsertIdempotencyKey(ctx, rec); err != nil {
+			return err
+		}
+		rec.ResponseStatus, rec.ResponseBody = 201, []byte("sealed under a key long gone")
+		rec.ResponseHeaders = map[string]string{"Vibejobs-Sealed-Key": "0123456789abcdef"}
+		return tx.CompleteIdempotencyKey(ctx, rec)
+	}); err != nil {
+		t.Fatal(err)
+	}
+	st.Close()
+	if out := rotateMasterKey(t, map[string]string{"VIBEJOBS_DATA_DIR": dataDir}); !strings.Contains(out, "master key rotated") {
+		t.Fatalf("rotate said %q", out)
 	}
 }
