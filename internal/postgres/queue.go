@@ -650,7 +650,9 @@ func (s *Store) FailExpiredRuns(ctx context.Context, now time.Time, limit int) (
 	if err != nil {
 		return 0, mapError(err, "failing expired runs")
 	}
-	s.ended(vibejobs.RunsEnded{{State: vibejobs.RunFailed, Reason: vibejobs.ReasonDeadlineExceeded}: n})
+	ended := vibejobs.RunsEnded{}
+	ended.Add(vibejobs.RunFailed, vibejobs.ReasonDeadlineExceeded, n)
+	s.ended(ended)
 	return n, nil
 }
 
