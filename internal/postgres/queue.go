@@ -518,8 +518,8 @@ func (s *Store) ReleaseClaims(ctx context.Context, owner string, runIDs []string
 	err := s.pool.QueryRow(ctx, `WITH held0 AS (
 		SELECT r.ctid AS tid, r.id, r.lease_expires_at AS old_due, j.deleted_at AS job_deleted_at,
 			r.attempt <= 1 AND NOT EXISTS (SELECT 1 FROM attempts a WHERE a.run_id = r.id) AS unsent,
-			r.trigger = $7 AND r.created_at < j.updated_at AND r.scheduled_for > j.updated_at
-				AND (NOT j.enabled OR j.schedule_anchor > r.created_at) AS change_withdrew
+			COALESCE(r.trigger = $7 AND r.created_at < j.updated_at AND r.scheduled_for > j.updated_at
+				AND (NOT j.enabled OR j.schedule_anchor > r.created_at), false) AS change_withdrew
 		FROM runs r JOIN jobs j ON j.id = r.job_id WHERE r.id = ANY($2) AND r.lease_owner = $1
 		FOR UPDATE OF r FOR SHARE OF j
 	), withdrawn AS (
