@@ -766,6 +766,23 @@ func (o *outageStore) RecordOutcomes(ctx context.Context, owner string, outcomes
 	return o.DispatchStore.RecordOutcomes(ctx, owner, outcomes)
 }
 
+// startOutage starts a dispatcher on o (storeTimeout as its StoreTimeout,
+// 0 for the default) whose record loop retries a millisecond apart; the
+// test's cleanup stops it.
+func (e *env) startOutage(t *testing.T, o *outageStore, storeTimeout time.Duration) *dispatcher.Dispatcher {
+	d := dispatcher.New(dispatcher.Config{
+		Store: o, Sender: e.sender, Opener: plainOpener{}, Owner: "test-owner",
+		Now: e.clock.Now, Rand: func() float64 { return 0.5 }, Concurrency: 8,
+		PollInterval: 20 * time.Millisecond, StoreTimeout: storeTimeout,
+	})
+	dispatcher.SetRetryWait(d, func(int) time.Duration { return time.Millisecond })
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { d.Run(ctx); close(done) }()
+	t.Cleanup(func() { cancel(); <-done })
+	return d
+}
+
 // TestDatabaseOutageNeitherHangsNorLosesOutcomes: a store call on a
 // connection gone silent ends at StoreTimeout instead of hanging the loop
 // for good, and an outcome that cannot be written is retried for as long as
@@ -774,16 +791,7 @@ func (o *outageStore) RecordOutcomes(ctx context.Context, owner string, outcomes
 func TestDatabaseOutageNeitherHangsNorLosesOutcomes(t *testing.T) {
 	e := newEnv(t)
 	o := &outageStore{DispatchStore: e.store, failRecords: 40}
-	d := dispatcher.New(dispatcher.Config{
-		Store: o, Sender: e.sender, Opener: plainOpener{}, Owner: "test-owner",
-		Now: e.clock.Now, Rand: func() float64 { return 0.5 }, Concurrency: 8,
-		PollInterval: 20 * time.Millisecond, StoreTimeout: 50 * time.Millisecond,
-	})
-	dispatcher.SetRetryWait(d, func(int) time.Duration { return time.Millisecond })
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { d.Run(ctx); close(done) }()
-	t.Cleanup(func() { cancel(); <-done })
+	d := e.startOutage(t, o, 50*time.Millisecond)
 
 	j := e.job(t, "job_outage", "https://app.example/hook")
 	r := e.run(t, j, "run_outage", e.clock.Now())
@@ -805,15 +813,7 @@ func TestRefusedOutcomesDoNotStallDeliveries(t *testing.T) {
 	o := &outageStore{DispatchStore: e.store, failRecords: 21, failure: errors.New("refused")}
 	o.hungPoll.Store(true)
 	o.hungWrite.Store(true)
-	d := dispatcher.New(dispatcher.Config{
-		Store: o, Sender: e.sender, Opener: plainOpener{}, Owner: "test-owner",
-		Now: e.clock.Now, Rand: func() float64 { return 0.5 }, Concurrency: 8, PollInterval: 20 * time.Millisecond,
-	})
-	dispatcher.SetRetryWait(d, func(int) time.Duration { return time.Millisecond })
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { d.Run(ctx); close(done) }()
-	t.Cleanup(func() { cancel(); <-done })
+	d := e.startOutage(t, o, 0)
 
 	j := e.job(t, "job_refused", "https://app.example/hook")
 	e.run(t, j, "run_refused", e.clock.Now())
