@@ -228,9 +228,17 @@ func TestSubscriptionsAPI(t *testing.T) {
 		t.Errorf("patched: %v", p)
 	}
 	e.must(200, "POST", "/v1/jobs/"+id+"/resume", e.admin, nil)
+	before := e.must(200, "GET", "/v1/subscriptions/"+subID, e.admin, nil)["cursor"]
 	r := e.must(200, "POST", "/v1/subscriptions/"+subID+"/reset", e.admin, nil)
 	if r["cursor"] != 3.0 {
 		t.Errorf("reset cursor %v, want the head 3", r["cursor"])
+	}
+	// The answer names what the reset skipped, to be read from the feed.
+	if sk, _ := r["skipped"].(map[string]any); before == 3.0 || sk == nil || sk["after"] != before || sk["through"] != 3.0 {
+		t.Errorf("reset from cursor %v skipped %v, want after it through 3", before, r["skipped"])
+	}
+	if r := e.must(200, "POST", "/v1/subscriptions/"+subID+"/reset", e.admin, nil); r["skipped"] != nil {
+		t.Errorf("a reset at the head skipped %v, want null", r["skipped"])
 	}
 
 	// Refusals.

@@ -38,6 +38,18 @@ type subscriptionWithSecret struct {
 	Secret string `json:"secret"`
 }
 
+// subscriptionResetJSON is a subscription as reset, with the events it
+// skipped: never sent, read with GET /v1/events?after=<after>.
+type subscriptionResetJSON struct {
+	subscriptionJSON
+	Skipped *skippedJSON `json:"skipped"`
+}
+
+type skippedJSON struct {
+	After   int64 `json:"after"`
+	Through int64 `json:"through"`
+}
+
 type subscriptionListJSON struct {
 	Subscriptions []subscriptionJSON `json:"subscriptions"`
 }
@@ -288,15 +300,23 @@ func (s *Server) rotateSubscriptionSecret(ctx context.Context, c *call, tx vibej
 
 // resetSubscription jumps the cursor to the head of the feed and clears the
 // failure state: the way out for an event the receiver can never accept.
-// The events skipped are never sent; GET /v1/events?after=<old cursor>
-// still reads them.
+// The events skipped are never sent; the answer names them (skipped), and
+// GET /v1/events?after=<skipped.after> still reads them.
 func (s *Server) resetSubscription(ctx context.Context, c *call, tx vibejobs.Tx) (*response, error) {
 	if e := decodeEmpty(c.body); e != nil {
 		return nil, e
 	}
-	sub, err := tx.ResetSubscription(ctx, c.projectID(), c.r.PathValue("id"), c.now)
+	before, err := tx.GetSubscription(ctx, c.projectID(), c.r.PathValue("id"))
 	if err != nil {
 		return nil, err
 	}
-	return jsonResponse(http.StatusOK, s.subscriptionView(sub)), nil
+	sub, err := tx.ResetSubscription(ctx, c.projectID(), before.ID, c.now)
+	if err != nil {
+		return nil, err
+	}
+	out := subscriptionResetJSON{subscriptionJSON: s.subscriptionView(sub)}
+	if sub.Cursor > before.Cursor {
+		out.Skipped = &skippedJSON{After: before.Cursor, Through: sub.Cursor}
+	}
+	return jsonResponse(http.StatusOK, out), nil
 }

@@ -161,6 +161,11 @@ type apiSubscription struct {
 	CreatedAt               string   `json:"createdAt"`
 	UpdatedAt               string   `json:"updatedAt"`
 	Secret                  string   `json:"secret"`
+	// Skipped is in the answer of a reset: the events it skipped.
+	Skipped *struct {
+		After   int64 `json:"after"`
+		Through int64 `json:"through"`
+	} `json:"skipped"`
 }
 
 func orAll(s []string) string {
@@ -209,6 +214,10 @@ func (c *call) printSubscription(rep *reply, withSecret bool) error {
 	}
 	if withSecret && s.Secret != "" {
 		fmt.Fprintf(c.stdout, "\nsecret: %s\n(shown only this once: store it now; verify requests with receiver.VerifyEvent)\n", s.Secret)
+	}
+	if k := s.Skipped; k != nil {
+		fmt.Fprintf(c.stdout, "\nskipped events %d to %d: they are never sent; read them with\n  vibejobs events tail --after %d --follow=false\n",
+			k.After+1, k.Through, k.After)
 	}
 	return nil
 }

@@ -120,6 +120,12 @@ func TestSubscriptionCommands(t *testing.T) {
 	if r := a.okJSON(t, "subscriptions", "reset", id); r["cursor"] != 0.0 || r["failing"] != false {
 		t.Errorf("reset: %v", r)
 	}
+	// A reset past events names them, and how to read them.
+	a.okJSON(t, "jobs", "create", "--name", "after-reset", "--schedule", "@daily", "--url", "https://example.com/")
+	if out := a.ok(t, "subscriptions", "reset", id); !strings.Contains(out, "skipped events 1 to 1") ||
+		!strings.Contains(out, "events tail --after 0") {
+		t.Errorf("reset past an event:\n%s", out)
+	}
 	if out := a.ok(t, "subscriptions", "delete", id); !strings.Contains(out, "deleted subscription "+id) {
 		t.Errorf("delete: %q", out)
 	}
