@@ -104,10 +104,7 @@ type Tx interface {
 	DeleteJob(ctx context.Context, projectID, id string, at time.Time) error
 	// DeleteFutureRuns deletes the job's schedule-triggered runs that no attempt
 	// has started and whose scheduledFor is after t: occurrences materialised
-	// ahead of time that a pause or a schedule change withdraws. A run some
-	// process holds (claimed, perhaps ahead of its time) stays: only its
-	// holder knows whether it went out, and gives it back unsent on the
-	// job's change (see DispatchStore.ReleaseClaims).
+	// ahead of time that a pause or a schedule change withdraws.
 	DeleteFutureRuns(ctx context.Context, jobID string, after time.Time) (int, error)
 	// CreateRun inserts a manual run. A run due after its deadline is
 	// refused (EINVALID, see Run.CheckDue).
@@ -307,10 +304,7 @@ type DispatchStore interface {
 	// again at once, keeping their attempt number. Late is decided again
 	// only for a first attempt no claim ever sent (no attempt recorded). A
 	// run of a deleted job is cancelled instead, with its run.cancelled
-	// event. A schedule-triggered run no claim ever sent whose occurrence a
-	// change of its job withdrew (made before it was due, after the run was
-	// created: a pause, or a schedule change, which sets ScheduleAnchor) is
-	// deleted, as DeleteFutureRuns deletes the runs nobody held.
+	// event.
 	ReleaseClaims(ctx context.Context, owner string, runIDs []string, now time.Time) error
 }
 

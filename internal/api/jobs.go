@@ -270,9 +270,7 @@ func (s *Server) changeJob(ctx context.Context, c *call, tx vibejobs.Tx, change 
 	if err := tx.UpdateJob(ctx, j); err != nil {
 		return nil, err
 	}
-	// Claims held ahead of their time are withdrawn: to start with the
-	// new delivery settings, or (a pause, a schedule change) not at all.
-	if j.URL != before.URL || j.Timeout != before.Timeout || j.Retry != before.Retry || withdraw {
+	if j.URL != before.URL || j.Timeout != before.Timeout || j.Retry != before.Retry {
 		c.changedJob = j.ID
 	}
 	if withdraw {

@@ -71,9 +71,9 @@ type Config struct {
 	// created, so the scheduler and dispatcher look at once.
 	Wake func()
 	// JobChanged is called with a job's id once a change to its URL,
-	// secret, timeout or retry policy, its pause or a change of its
-	// schedule, or its deletion, has committed, so the dispatcher withdraws
-	// its claims not yet sent (see dispatcher.Dispatcher.JobChanged).
+	// secret, timeout or retry policy, or its deletion, has committed, so
+	// the dispatcher withdraws its claims not yet sent (see
+	// dispatcher.Dispatcher.JobChanged).
 	JobChanged func(jobID string)
 	// RunCreated is called once the creation of a manual run has
 	// committed (the runs-created metric; the scheduler counts its own).
@@ -249,9 +249,8 @@ type call struct {
 	// runCreated: a manual run was created; RunCreated is called once the
 	// effect committed.
 	runCreated bool
-	// changedJob names a job whose delivery settings changed, that was
-	// paused or rescheduled, or deleted: JobChanged is called with it once
-	// the effect committed.
+	// changedJob names a job whose delivery settings changed or that was
+	// deleted: JobChanged is called with it once the effect committed.
 	changedJob string
 }
 

@@ -429,11 +429,9 @@ func (d *Dispatcher) startLocked(host string, w waiter) {
 
 // JobChanged withdraws the claims of job jobID whose attempt has not
 // started (held until their time, or waiting for their host): they go back
-// to the database, and are claimed again with the job's new settings,
-// cancelled if it was deleted, or deleted if a pause or a schedule change
-// withdrew their occurrence (see vibejobs.DispatchStore.ReleaseClaims).
-// Call it once a change to the job's URL, secret, timeout or retry policy,
-// its pause or a change of its schedule, or its deletion, has committed: an
+// to the database, and are claimed again with the job's new settings, or
+// cancelled if it was deleted. Call it once a change to the job's URL,
+// secret, timeout or retry policy, or its deletion, has committed: an
 // attempt then starts with the settings it has when it starts, as the spec
 // wants, although claims read them up to ClaimAhead ahead. Attempts already
 // sent finish.

@@ -515,24 +515,11 @@ func (s *Store) ReleaseClaims(ctx context.Context, owner string, runIDs []string
 		return nil
 	}
 	var value []byte
-	err := s.pool.QueryRow(ctx, `WITH held0 AS (
-		SELECT r.ctid AS tid, r.id, r.lease_expires_at AS old_due, j.deleted_at AS job_deleted_at,
-			r.attempt <= 1 AND NOT EXISTS (SELECT 1 FROM attempts a WHERE a.run_id = r.id) AS unsent,
-			COALESCE(r.trigger = $7 AND r.created_at < j.updated_at AND r.scheduled_for > j.updated_at
-				AND (NOT j.enabled OR j.schedule_anchor > r.created_at), false) AS change_withdrew
+	err := s.pool.QueryRow(ctx, `WITH held AS (
+		SELECT r.ctid AS tid, r.lease_expires_at AS old_due, j.deleted_at AS job_deleted_at,
+			r.attempt <= 1 AND NOT EXISTS (SELECT 1 FROM attempts a WHERE a.run_id = r.id) AS unsent
 		FROM runs r JOIN jobs j ON j.id = r.job_id WHERE r.id = ANY($2) AND r.lease_owner = $1
 		FOR UPDATE OF r FOR SHARE OF j
-	), withdrawn AS (
-		-- Never sent, and its occurrence withdrawn by a change of its job
-		-- made after it was created and before it was due: deleted, as
-		-- DeleteFutureRuns deletes the runs nobody held.
-		DELETE FROM runs r USING held0 h
-		WHERE r.ctid = h.tid AND h.unsent AND h.change_withdrew AND h.job_deleted_at IS NULL
-		RETURNING h.id, h.old_due
-	), unqueued AS (
-		DELETE FROM run_queue q USING withdrawn w WHERE q.leased = true AND q.due_at = w.old_due AND q.run_id = w.id
-	), held AS (
-		SELECT * FROM held0 WHERE NOT (unsent AND change_withdrew AND job_deleted_at IS NULL)
 	), released AS (
 		UPDATE runs r SET
 			state = CASE WHEN held.job_deleted_at IS NOT NULL THEN 'cancelled'
@@ -557,7 +544,7 @@ func (s *Store) ReleaseClaims(ctx context.Context, owner string, runIDs []string
 		FROM released WHERE state = 'cancelled'
 	)`+appendEventsTail+`
 	SELECT CASE WHEN bool_or(claimable) THEN pg_notify($5, $6) END, `+endedSQL+` FROM released`,
-		owner, runIDs, now, vibejobs.ReasonJobDeleted, NotifyChannel, s.schema, vibejobs.TriggerSchedule).Scan(nil, &value)
+		owner, runIDs, now, vibejobs.ReasonJobDeleted, NotifyChannel, s.schema).Scan(nil, &value)
 	if err != nil {
 		return mapError(err, "releasing claims")
 	}

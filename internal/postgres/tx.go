@@ -176,14 +176,12 @@ func (t *tx) CreateJob(ctx context.Context, j *vibejobs.Job) error {
 }
 
 // UpdateJob writes every mutable field of the live job j. When its delivery
-// settings (URL, secret, timeout, retry policy) changed, or it was paused or
-// its schedule changed (a new anchor), it notifies JobsChannel at commit:
-// replicas withdraw the claims they hold of it.
+// settings (URL, secret, timeout, retry policy) changed, it notifies
+// JobsChannel at commit.
 func (t *tx) UpdateJob(ctx context.Context, j *vibejobs.Job) error {
 	var n int
 	err := t.q.QueryRow(ctx, `WITH old AS (
-			SELECT url, secret_key_id, secret_ciphertext, timeout_ns, max_attempts, min_backoff_ns, max_backoff_ns,
-				enabled, schedule_anchor
+			SELECT url, secret_key_id, secret_ciphertext, timeout_ns, max_attempts, min_backoff_ns, max_backoff_ns
 			FROM jobs WHERE id = $1 AND project_id = $2 AND deleted_at IS NULL
 			FOR UPDATE
 		), updated AS (
@@ -195,8 +193,7 @@ func (t *tx) UpdateJob(ctx context.Context, j *vibejobs.Job) error {
 			WHERE j.id = $1
 			RETURNING (old.url, old.secret_key_id, old.secret_ciphertext, old.timeout_ns, old.max_attempts,
 				old.min_backoff_ns, old.max_backoff_ns) IS DISTINCT FROM (j.url, j.secret_key_id,
-				j.secret_ciphertext, j.timeout_ns, j.max_attempts, j.min_backoff_ns, j.max_backoff_ns)
-				OR old.enabled AND NOT j.enabled OR old.schedule_anchor IS DISTINCT FROM j.schedule_anchor AS changed
+				j.secret_ciphertext, j.timeout_ns, j.max_attempts, j.min_backoff_ns, j.max_backoff_ns) AS changed
 		)
 		SELECT count(*), CASE WHEN bool_or(changed) THEN pg_notify($20, $21) END FROM updated`,
 		j.ID, j.ProjectID, j.Name, j.Schedule, j.At, j.Timezone, j.URL, j.Enabled, string(j.State),
@@ -265,26 +262,22 @@ func (t *tx) DeleteJob(ctx context.Context, projectID, id string, at time.Time) 
 		t.ended = vibejobs.RunsEnded{}
 	}
 	t.ended.Add(vibejobs.RunCancelled, vibejobs.ReasonJobDeleted, len(ids))
-	return t.dequeue(ctx, ids, dues, nil)
+	return t.dequeue(ctx, ids, dues)
 }
 
 // dequeue deletes the run_queue rows of the runs ids, which this
 // transaction has locked and taken out of the queue; dues are their queue
-// keys (their due times before, or lease expiries for those leased; nil for
-// a run without one), leased says which were leased (nil: none). It is a
+// keys (their due times before, nil for a run without one). It is a
 // statement of its own: its snapshot, taken after the locks, sees a queue
 // row that a transaction holding a run's lock before this one moved (see
 // requeueSQL).
-func (t *tx) dequeue(ctx context.Context, ids []string, dues []*time.Time, leased []bool) error {
+func (t *tx) dequeue(ctx context.Context, ids []string, dues []*time.Time) error {
 	if len(ids) == 0 {
 		return nil
 	}
-	if leased == nil {
-		leased = make([]bool, len(ids))
-	}
 	_, err := t.q.Exec(ctx, `DELETE FROM run_queue WHERE ctid = ANY(ARRAY(
-		SELECT q.ctid FROM unnest($1::text[], $2::timestamptz[], $3::boolean[]) AS d(run_id, due_at, leased)
-		JOIN run_queue q ON q.leased = d.leased AND q.due_at = d.due_at AND q.run_id = d.run_id))`, ids, dues, leased)
+		SELECT q.ctid FROM unnest($1::text[], $2::timestamptz[]) AS d(run_id, due_at)
+		JOIN run_queue q ON q.leased = false AND q.due_at = d.due_at AND q.run_id = d.run_id))`, ids, dues)
 	return mapError(err, "dequeueing runs")
 }
 
@@ -292,32 +285,28 @@ func (t *tx) dequeue(ctx context.Context, ids []string, dues []*time.Time, lease
 // scheduled after after, that have no recorded attempt (never claimed, or
 // claimed and released without being sent).
 func (t *tx) DeleteFutureRuns(ctx context.Context, jobID string, after time.Time) (int, error) {
-	// A leased run (delivering: its state column stays scheduled, see
-	// migration 00005) stays, for its holder to give back (ReleaseClaims).
 	rows, err := t.q.Query(ctx, `DELETE FROM runs
 		WHERE job_id = $1 AND trigger = $2 AND scheduled_for > $3 AND state = 'scheduled' AND lease_owner IS NULL
 			AND NOT EXISTS (SELECT 1 FROM attempts a WHERE a.run_id = runs.id)
-		RETURNING id, next_attempt_at, false`,
+		RETURNING id, next_attempt_at`,
 		jobID, vibejobs.TriggerSchedule, after)
 	if err != nil {
 		return 0, mapError(err, "deleting future runs")
 	}
 	var (
-		ids    []string
-		dues   []*time.Time
-		leased []bool
-		id     string
-		due    *time.Time
-		held   bool
+		ids  []string
+		dues []*time.Time
+		id   string
+		due  *time.Time
 	)
-	_, err = pgx.ForEachRow(rows, []any{&id, &due, &held}, func() error {
-		ids, dues, leased = append(ids, id), append(dues, due), append(leased, held)
+	_, err = pgx.ForEachRow(rows, []any{&id, &due}, func() error {
+		ids, dues = append(ids, id), append(dues, due)
 		return nil
 	})
 	if err != nil {
 		return 0, mapError(err, "deleting future runs")
 	}
-	return len(ids), t.dequeue(ctx, ids, dues, leased)
+	return len(ids), t.dequeue(ctx, ids, dues)
 }
 
 // CreateRun inserts run for its live job: ENOTFOUND when the job is deleted

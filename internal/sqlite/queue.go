@@ -539,18 +539,6 @@ const releaseSQL = `UPDATE runs SET
 			WHERE id IN (SELECT value FROM json_each(?2)) AND state = 'delivering' AND lease_owner = ?3
 			RETURNING ` + runEventColumns
 
-// releaseWithdrawnSQL deletes, of the runs ?1 that owner ?2 gives back, the
-// schedule-triggered (?3) ones never sent whose occurrence a change of
-// their job withdrew: a pause or a schedule change (a new anchor) made
-// after the run was created and before it was due. DeleteFutureRuns deletes
-// such runs when nobody holds them.
-const releaseWithdrawnSQL = `DELETE FROM runs
-	WHERE id IN (SELECT value FROM json_each(?1)) AND state = 'delivering' AND lease_owner = ?2
-		AND trigger = ?3 AND attempt <= 1 AND NOT EXISTS (SELECT 1 FROM attempts a WHERE a.run_seq = runs.seq)
-		AND EXISTS (SELECT 1 FROM jobs j WHERE j.id = runs.job_id AND j.deleted_at IS NULL
-			AND runs.created_at < j.updated_at AND runs.scheduled_for > j.updated_at
-			AND (j.enabled = 0 OR j.schedule_anchor > runs.created_at))`
-
 // jobDeleted is true for a run (in a statement on runs) whose job is deleted.
 const jobDeleted = `EXISTS (SELECT 1 FROM jobs j WHERE j.id = runs.job_id AND j.deleted_at IS NOT NULL)`
 
@@ -594,9 +582,6 @@ func (s *Store) ReleaseClaims(ctx context.Context, owner string, runIDs []string
 		return nil
 	}
 	err := s.write(ctx, func(t wtx) error {
-		if _, err := t.ExecContext(ctx, releaseWithdrawnSQL, jsonArray(runIDs), owner, vibejobs.TriggerSchedule); err != nil {
-			return err
-		}
 		rows, err := t.QueryContext(ctx, releaseSQL, ms(now), jsonArray(runIDs), owner, vibejobs.ReasonJobDeleted)
 		if err != nil {
 			return err

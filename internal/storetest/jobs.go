@@ -402,20 +402,16 @@ func testDeleteFutureRuns(t *testing.T, f *fixture) {
 	future1 := sched(j, T0.Add(time.Minute), T0.Add(time.Minute))
 	future2 := sched(j, T0.Add(2*time.Minute), T0.Add(2*time.Minute))
 	started := sched(j, T0.Add(3*time.Minute), T0.Add(-5*time.Hour)) // due early so it can be claimed alone
-	// Claimed, perhaps ahead of its time: only its holder knows whether
-	// it went out.
-	held := sched(j, T0.Add(6*time.Minute), T0.Add(-4*time.Hour))
 	otherJob := sched(k, T0.Add(time.Minute), T0.Add(time.Minute))
 	created, _, err := f.s.ApplyRunPlans(f.ctx, []vibejobs.RunPlan{
-		{JobID: j.ID, Anchor: j.ScheduleAnchor, From: T0, Next: ptr(T0.Add(4 * time.Minute)), Runs: []*vibejobs.Run{atCut, future1, future2, started, held}},
+		{JobID: j.ID, Anchor: j.ScheduleAnchor, From: T0, Next: ptr(T0.Add(4 * time.Minute)), Runs: []*vibejobs.Run{atCut, future1, future2, started}},
 		{JobID: k.ID, Anchor: k.ScheduleAnchor, From: T0, Next: ptr(T0.Add(4 * time.Minute)), Runs: []*vibejobs.Run{otherJob}},
 	}, T0)
-	if err != nil || created != 6 {
-		t.Fatalf("ApplyRunPlans = %d, %v; want 6", created, err)
+	if err != nil || created != 5 {
+		t.Fatalf("ApplyRunPlans = %d, %v; want 5", created, err)
 	}
 	c := f.claimIDs("w1", T0.Add(-5*time.Hour), 1, started)[0]
 	f.record("w1", retrying(c, T0.Add(-5*time.Hour), T0.Add(-5*time.Hour+time.Second), T0.Add(time.Hour)))
-	f.claimIDs("w2", T0.Add(-4*time.Hour), 1, held)
 	manual := f.run(j, T0.Add(5*time.Minute))
 
 	var n int
@@ -431,7 +427,7 @@ func testDeleteFutureRuns(t *testing.T, f *fixture) {
 		_, err := f.s.GetRun(f.ctx, projectA, r.ID)
 		wantNotFound(t, "GetRun of a withdrawn future run", err, "run")
 	}
-	for _, r := range []*vibejobs.Run{atCut, started, manual, otherJob, held} {
+	for _, r := range []*vibejobs.Run{atCut, started, manual, otherJob} {
 		f.getRun(projectA, r.ID)
 	}
 
@@ -443,63 +439,6 @@ func testDeleteFutureRuns(t *testing.T, f *fixture) {
 	if err != nil || created != 1 {
 		t.Fatalf("ApplyRunPlans of a withdrawn occurrence = %d, %v; want 1", created, err)
 	}
-}
-
-// testReleaseWithdrawsChangedOccurrences: a run given back unsent whose
-// occurrence a pause or a schedule change of its job withdrew (made after
-// the run was created, before it was due) is deleted, as DeleteFutureRuns
-// deletes the runs nobody holds; any other goes back to the queue: a run
-// due before the change, one of a job changed otherwise, one sent before
-// (an attempt recorded).
-func testReleaseWithdrawsChangedOccurrences(t *testing.T, f *fixture) {
-	f.projects()
-	created := T0.Add(-time.Hour)
-	held := func(j *vibejobs.Job, at time.Time) *vibejobs.Run {
-		t.Helper()
-		due := T0.Add(-5 * time.Hour) // claimable alone, early
-		r := vibejobs.NewRun(f.id("run_"), j, vibejobs.TriggerSchedule, at, created)
-		r.NextAttemptAt = &due
-		if n, _, err := f.s.ApplyRunPlans(f.ctx, []vibejobs.RunPlan{{JobID: j.ID, Anchor: j.ScheduleAnchor,
-			From: *j.NextRunAt, Next: ptr(j.NextRunAt.Add(time.Minute)), Runs: []*vibejobs.Run{r}}}, created); err != nil || n != 1 {
-			t.Fatalf("ApplyRunPlans = %d, %v", n, err)
-		}
-		j.NextRunAt = ptr(j.NextRunAt.Add(time.Minute))
-		f.claimIDs("w", due, 1, r)
-		return r
-	}
-	change := func(j *vibejobs.Job, edit func(*vibejobs.Job)) {
-		t.Helper()
-		edit(j)
-		j.UpdatedAt = T0
-		f.update(func(tx vibejobs.Tx) error { return tx.UpdateJob(f.ctx, j) })
-	}
-	paused, rescheduled, renamed := f.job(projectA), f.job(projectA), f.job(projectA)
-	afterPause := held(paused, T0.Add(time.Minute))
-	beforePause := held(paused, T0.Add(-time.Minute))
-	afterChange := held(rescheduled, T0.Add(time.Minute))
-	afterRename := held(renamed, T0.Add(time.Minute))
-	change(paused, func(j *vibejobs.Job) { j.Enabled, j.State, j.NextRunAt = false, vibejobs.JobPaused, nil })
-	change(rescheduled, func(j *vibejobs.Job) { j.Schedule, j.ScheduleAnchor = "*/7 * * * *", T0 })
-	change(renamed, func(j *vibejobs.Job) { j.Name = "renamed" })
-
-	ids := []string{afterPause.ID, beforePause.ID, afterChange.ID, afterRename.ID}
-	if err := f.s.ReleaseClaims(f.ctx, "w", ids, T0); err != nil {
-		t.Fatal(err)
-	}
-	for _, r := range []*vibejobs.Run{afterPause, afterChange} {
-		_, err := f.s.GetRun(f.ctx, projectA, r.ID)
-		wantNotFound(t, "a withdrawn occurrence given back", err, "run")
-	}
-	for _, r := range []*vibejobs.Run{beforePause, afterRename} {
-		if got := f.getRun(projectA, r.ID); got.State != vibejobs.RunScheduled {
-			t.Errorf("run %s given back: %s, want scheduled", r.ID, got.State)
-		}
-	}
-	// No lease is left behind to recover, nor a queue entry to claim.
-	if n, err := f.s.RecoverExpiredLeases(f.ctx, T0.Add(10*time.Hour), 10); err != nil || n != 0 {
-		t.Errorf("RecoverExpiredLeases = %d, %v; want 0", n, err)
-	}
-	f.claimIDs("w", T0, 10, beforePause, afterRename)
 }
 
 func testLastRun(t *testing.T, f *fixture) {

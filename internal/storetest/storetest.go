@@ -48,7 +48,6 @@ func Run(t *testing.T, open func(t *testing.T) vibejobs.Store) {
 		{"DeleteJob", testDeleteJob},
 		{"CountJobs", testCountJobs},
 		{"DeleteFutureRuns", testDeleteFutureRuns},
-		{"ReleaseWithdrawsChangedOccurrences", testReleaseWithdrawsChangedOccurrences},
 		{"LastRun", testLastRun},
 		{"SecretRotation", testSecretRotation},
 		{"MasterKey", testMasterKey},
