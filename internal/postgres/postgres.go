@@ -424,6 +424,10 @@ func connectionLost(e *pgconn.PgError) bool {
 		return true
 	case e.Code == "57P01", e.Code == "57P02", e.Code == "57P03", e.Code == "53300":
 		return true
+	case e.Code == "25006":
+		// read_only_sql_transaction: the server is a standby now (a
+		// failover in progress); the primary comes back elsewhere.
+		return true
 	}
 	return false
 }
