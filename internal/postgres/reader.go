@@ -306,18 +306,26 @@ func (r reader) ListRuns(ctx context.Context, projectID string, f vibejobs.RunFi
 // GetIdempotencyKey returns the live record of key, or ENOTFOUND when there
 // is none or it expired (ExpiresAt ≤ now).
 func (r reader) GetIdempotencyKey(ctx context.Context, projectID, key string, now time.Time) (*vibejobs.IdempotencyRecord, error) {
-	var (
-		rec     = vibejobs.IdempotencyRecord{ProjectID: projectID, Key: key}
-		headers []byte
-	)
-	err := r.q.QueryRow(ctx, `SELECT request_hash, done, response_status, response_headers, response_body, created_at, expires_at
-		FROM idempotency_keys WHERE project_id = $1 AND key = $2 AND expires_at > $3`, projectID, key, now).
-		Scan(&rec.RequestHash, &rec.Done, &rec.ResponseStatus, &headers, &rec.ResponseBody, &rec.CreatedAt, &rec.ExpiresAt)
+	rec, err := scanIdempotencyRecord(r.q.QueryRow(ctx, `SELECT `+idempotencyColumns+`
+		FROM idempotency_keys WHERE project_id = $1 AND key = $2 AND expires_at > $3`, projectID, key, now))
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, vibejobs.ErrNotFound("idempotency_key")
 	}
-	if err != nil {
-		return nil, mapError(err, "reading an idempotency key")
+	return rec, mapError(err, "reading an idempotency key")
+}
+
+// idempotencyColumns are the columns scanIdempotencyRecord reads.
+const idempotencyColumns = `project_id, key, request_hash, done, response_status, response_headers,
+	response_body, created_at, expires_at`
+
+func scanIdempotencyRecord(row rowScanner) (*vibejobs.IdempotencyRecord, error) {
+	var (
+		rec     vibejobs.IdempotencyRecord
+		headers []byte
+	)
+	if err := row.Scan(&rec.ProjectID, &rec.Key, &rec.RequestHash, &rec.Done, &rec.ResponseStatus, &headers,
+		&rec.ResponseBody, &rec.CreatedAt, &rec.ExpiresAt); err != nil {
+		return nil, err
 	}
 	if err := json.Unmarshal(headers, &rec.ResponseHeaders); err != nil {
 		return nil, fmt.Errorf("postgres: decoding the stored response headers: %w", err)

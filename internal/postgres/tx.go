@@ -401,27 +401,13 @@ func (t *tx) CompleteIdempotencyKey(ctx context.Context, rec *vibejobs.Idempoten
 // CompletedIdempotencyKeys lists completed records after (afterProject,
 // afterKey), in key order.
 func (t *tx) CompletedIdempotencyKeys(ctx context.Context, afterProject, afterKey string, limit int) ([]*vibejobs.IdempotencyRecord, error) {
-	rows, err := t.q.Query(ctx, `SELECT project_id, key, request_hash, done, response_status, response_headers,
-			response_body, created_at, expires_at
+	rows, err := t.q.Query(ctx, `SELECT `+idempotencyColumns+`
 		FROM idempotency_keys WHERE done AND (project_id, key) > ($1, $2)
 		ORDER BY project_id, key LIMIT $3`, afterProject, afterKey, limit)
 	if err != nil {
 		return nil, mapError(err, "listing idempotency keys")
 	}
-	recs, err := collect(rows, func(row rowScanner) (*vibejobs.IdempotencyRecord, error) {
-		var (
-			rec     vibejobs.IdempotencyRecord
-			headers []byte
-		)
-		if err := row.Scan(&rec.ProjectID, &rec.Key, &rec.RequestHash, &rec.Done, &rec.ResponseStatus, &headers,
-			&rec.ResponseBody, &rec.CreatedAt, &rec.ExpiresAt); err != nil {
-			return nil, err
-		}
-		if err := json.Unmarshal(headers, &rec.ResponseHeaders); err != nil {
-			return nil, fmt.Errorf("postgres: decoding the stored response headers: %w", err)
-		}
-		return &rec, nil
-	})
+	recs, err := collect(rows, scanIdempotencyRecord)
 	return recs, mapError(err, "listing idempotency keys")
 }
 

@@ -325,24 +325,35 @@ func (r reader) ListRuns(ctx context.Context, projectID string, f vibejobs.RunFi
 }
 
 func (r reader) GetIdempotencyKey(ctx context.Context, projectID, key string, now time.Time) (*vibejobs.IdempotencyRecord, error) {
-	var rec vibejobs.IdempotencyRecord
-	var headers string
-	var created, expires int64
-	err := r.q.QueryRowContext(ctx, `SELECT project_id, key, request_hash, done, response_status, response_headers,
-		response_body, created_at, expires_at FROM idempotency_keys WHERE project_id = ? AND key = ? AND expires_at > ?`,
-		projectID, key, ms(now)).Scan(&rec.ProjectID, &rec.Key, &rec.RequestHash, &rec.Done, &rec.ResponseStatus,
-		&headers, &rec.ResponseBody, &created, &expires)
+	rec, err := scanIdempotencyRecord(r.q.QueryRowContext(ctx, `SELECT `+idempotencyColumns+`
+		FROM idempotency_keys WHERE project_id = ? AND key = ? AND expires_at > ?`, projectID, key, ms(now)))
 	if errors.Is(err, sql.ErrNoRows) {
 		return nil, vibejobs.ErrNotFound("idempotency_key")
 	}
 	if err != nil {
 		return nil, fmt.Errorf("getting idempotency key: %w", err)
 	}
-	if err := json.Unmarshal([]byte(headers), &rec.ResponseHeaders); err != nil {
-		return nil, fmt.Errorf("getting idempotency key: decoding headers: %w", err)
+	return rec, nil
+}
+
+// idempotencyColumns are the columns scanIdempotencyRecord reads.
+const idempotencyColumns = `project_id, key, request_hash, done, response_status, response_headers,
+	response_body, created_at, expires_at`
+
+func scanIdempotencyRecord(row scanner) (*vibejobs.IdempotencyRecord, error) {
+	var (
+		rec              vibejobs.IdempotencyRecord
+		headers          string
+		created, expires int64
+	)
+	if err := row.Scan(&rec.ProjectID, &rec.Key, &rec.RequestHash, &rec.Done, &rec.ResponseStatus, &headers,
+		&rec.ResponseBody, &created, &expires); err != nil {
+		return nil, err
 	}
-	rec.CreatedAt = fromMS(created)
-	rec.ExpiresAt = fromMS(expires)
+	if err := json.Unmarshal([]byte(headers), &rec.ResponseHeaders); err != nil {
+		return nil, fmt.Errorf("decoding headers: %w", err)
+	}
+	rec.CreatedAt, rec.ExpiresAt = fromMS(created), fromMS(expires)
 	return &rec, nil
 }
 

@@ -252,8 +252,7 @@ func (t *tx) CompleteIdempotencyKey(ctx context.Context, rec *vibejobs.Idempoten
 // CompletedIdempotencyKeys lists completed records after (afterProject,
 // afterKey), in key order.
 func (t *tx) CompletedIdempotencyKeys(ctx context.Context, afterProject, afterKey string, limit int) ([]*vibejobs.IdempotencyRecord, error) {
-	rows, err := t.t.QueryContext(ctx, `SELECT project_id, key, request_hash, done, response_status, response_headers,
-			response_body, created_at, expires_at
+	rows, err := t.t.QueryContext(ctx, `SELECT `+idempotencyColumns+`
 		FROM idempotency_keys WHERE done AND (project_id, key) > (?, ?)
 		ORDER BY project_id, key LIMIT ?`, afterProject, afterKey, limit)
 	if err != nil {
@@ -262,20 +261,11 @@ func (t *tx) CompletedIdempotencyKeys(ctx context.Context, afterProject, afterKe
 	defer rows.Close()
 	var recs []*vibejobs.IdempotencyRecord
 	for rows.Next() {
-		var (
-			rec              vibejobs.IdempotencyRecord
-			headers          string
-			created, expires int64
-		)
-		if err := rows.Scan(&rec.ProjectID, &rec.Key, &rec.RequestHash, &rec.Done, &rec.ResponseStatus, &headers,
-			&rec.ResponseBody, &created, &expires); err != nil {
+		rec, err := scanIdempotencyRecord(rows)
+		if err != nil {
 			return nil, fmt.Errorf("listing idempotency keys: %w", err)
 		}
-		if err := json.Unmarshal([]byte(headers), &rec.ResponseHeaders); err != nil {
-			return nil, fmt.Errorf("listing idempotency keys: decoding headers: %w", err)
-		}
-		rec.CreatedAt, rec.ExpiresAt = fromMS(created), fromMS(expires)
-		recs = append(recs, &rec)
+		recs = append(recs, rec)
 	}
 	if err := rows.Err(); err != nil {
 		return nil, fmt.Errorf("listing idempotency keys: %w", err)
