@@ -3,7 +3,9 @@ package main
 import (
 	"bytes"
 	"context"
+	"errors"
 	"io"
+	"io/fs"
 	"log/slog"
 	"net/http"
 	"os"
@@ -124,6 +126,11 @@ func TestServersOfOneDatabaseShareTheMasterKey(t *testing.T) {
 			err = start(dirB)
 			if err == nil || !strings.Contains(err.Error(), ringA.CurrentID()) {
 				t.Fatalf("a server with its own new key file started on the database of another: %v", err)
+			}
+			// The key file that start created (at what could be a mistyped
+			// path) is gone again.
+			if _, err := os.Stat(filepath.Join(dirB, "master.key")); !errors.Is(err, fs.ErrNotExist) {
+				t.Fatalf("the refused start left its new key file: %v", err)
 			}
 
 			rotateMasterKey(t, map[string]string{"VIBEJOBS_DATA_DIR": dirA, "VIBEJOBS_DATABASE": database})

@@ -308,6 +308,11 @@ func (m *Main) Run(ctx context.Context) error {
 	}
 	m.store = store
 	if err := checkMasterKey(ctx, store, keys); err != nil {
+		if created && errors.Is(err, errForeignMasterKey) {
+			// The key this start made is of no use to this database: leave
+			// no stray key file at a mistyped path.
+			os.Remove(cfg.masterKeyPath())
+		}
 		return err
 	}
 	sealer := newKeyFile(cfg.masterKeyPath(), keys, m.logger)
@@ -541,6 +546,10 @@ func writePrivateFile(path string, data []byte) error {
 	return dir.Sync()
 }
 
+// errForeignMasterKey is checkMasterKey's refusal of a key file that lacks
+// the database's master key.
+var errForeignMasterKey = errors.New("wrong master key")
+
 // checkMasterKey refuses to start when stored secrets do not open with the
 // master key: the server would otherwise send deliveries with bad
 // signatures. Nor does it start when the key file lacks the database's
@@ -554,7 +563,7 @@ func checkMasterKey(ctx context.Context, store vibejobs.Store, keys *secretbox.K
 			return fmt.Errorf("checking master key: %w", err)
 		}
 		if !slices.Contains(keys.IDs(), id) {
-			return fmt.Errorf("the master key file holds no key %s, the master key of this database: every server sharing a database needs the same key file (wrong VIBEJOBS_MASTER_KEY_FILE?)", id)
+			return fmt.Errorf("%w: the master key file holds no key %s, the master key of this database: every server sharing a database needs the same key file (wrong VIBEJOBS_MASTER_KEY_FILE?)", errForeignMasterKey, id)
 		}
 		jobs, err := tx.SecretsNotUnder(ctx, "", 5)
 		if err != nil {
