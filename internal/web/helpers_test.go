@@ -66,12 +66,12 @@ func (s *syncBuffer) String() string {
 	return s.b.String()
 }
 
-// env is a dashboard on a real SQLite store with two projects, A and B,
-// each with a read token.
+// env is a dashboard on a real store (SQLite unless newEnvOn is given
+// another) with two projects, A and B, each with a read token.
 type env struct {
 	t        *testing.T
 	ctx      context.Context
-	store    *sqlite.Store
+	store    vibejobs.Store
 	clock    *clock
 	logs     *syncBuffer
 	handler  http.Handler
@@ -98,7 +98,13 @@ func mustOpenStore(t *testing.T) *sqlite.Store {
 
 func newEnv(t *testing.T, edit ...func(*web.Config)) *env {
 	t.Helper()
-	e := &env{t: t, ctx: context.Background(), store: mustOpenStore(t), clock: &clock{t: t0}, logs: &syncBuffer{},
+	return newEnvOn(t, mustOpenStore(t), edit...)
+}
+
+// newEnvOn is newEnv on store, which must be empty.
+func newEnvOn(t *testing.T, store vibejobs.Store, edit ...func(*web.Config)) *env {
+	t.Helper()
+	e := &env{t: t, ctx: context.Background(), store: store, clock: &clock{t: t0}, logs: &syncBuffer{},
 		projectA: "prj_a", projectB: "prj_b"}
 	e.update(func(tx vibejobs.Tx) error {
 		for _, p := range []*vibejobs.Project{

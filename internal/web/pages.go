@@ -192,6 +192,15 @@ func (d *dashboard) jobsPage(w http.ResponseWriter, r *http.Request, v *viewer) 
 	d.render(w, r, http.StatusOK, "jobs", page{Title: "Jobs", Viewer: viewerOf(v), Refresh: true, Body: data})
 }
 
+// pathID returns the id a page's path names, and false when it can name
+// nothing: an id holding a NUL byte or invalid UTF-8. Such an id is not
+// found, as on SQLite; asked for it, PostgreSQL (whose text refuses those
+// bytes) would report invalid input instead.
+func pathID(r *http.Request) (string, bool) {
+	id := r.PathValue("id")
+	return id, utf8.ValidString(id) && strings.IndexByte(id, 0) < 0
+}
+
 type runRow struct {
 	ID            string
 	Trigger       string
@@ -248,7 +257,12 @@ var runStates = []vibejobs.RunState{
 
 func (d *dashboard) jobPage(w http.ResponseWriter, r *http.Request, v *viewer) {
 	ctx := r.Context()
-	j, err := d.store.GetJob(ctx, v.projectID(), r.PathValue("id"))
+	id, ok := pathID(r)
+	if !ok {
+		d.notFound(w, r, v, "job")
+		return
+	}
+	j, err := d.store.GetJob(ctx, v.projectID(), id)
 	if err != nil {
 		d.fail(w, r, v, "job", err)
 		return
@@ -336,7 +350,12 @@ type runData struct {
 
 func (d *dashboard) runPage(w http.ResponseWriter, r *http.Request, v *viewer) {
 	ctx := r.Context()
-	run, err := d.store.GetRun(ctx, v.projectID(), r.PathValue("id"))
+	id, ok := pathID(r)
+	if !ok {
+		d.notFound(w, r, v, "run")
+		return
+	}
+	run, err := d.store.GetRun(ctx, v.projectID(), id)
 	if err != nil {
 		d.fail(w, r, v, "run", err)
 		return
