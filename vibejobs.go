@@ -6,6 +6,7 @@ import (
 	"io"
 	"strings"
 	"time"
+	"unicode/utf8"
 )
 
 // JobState is the state a job shows.
@@ -277,3 +278,9 @@ func NewID(prefix string, now time.Time, r io.Reader) string {
 	sb.WriteString(hex.EncodeToString(b[:]))
 	return sb.String()
 }
+
+// StorableText reports whether every store can hold s as text: valid UTF-8
+// without NUL bytes (PostgreSQL refuses both, SQLite takes them). Input
+// that fails it names nothing stored, so a lookup by it finds nothing on
+// every store.
+func StorableText(s string) bool { return utf8.ValidString(s) && strings.IndexByte(s, 0) < 0 }

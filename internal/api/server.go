@@ -20,7 +20,6 @@ import (
 	"strings"
 	"sync"
 	"time"
-	"unicode/utf8"
 
 	"github.com/vibejobs/vibejobs"
 )
@@ -384,7 +383,7 @@ func checkText(r *http.Request, rt route) *vibejobs.Error {
 	return nil
 }
 
-func badText(s string) bool { return !utf8.ValidString(s) || strings.IndexByte(s, 0) >= 0 }
+func badText(s string) bool { return !vibejobs.StorableText(s) }
 
 func (s *Server) serveRoute(r *http.Request, rt route, info *logInfo) *response {
 	ctx := r.Context()

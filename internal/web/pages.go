@@ -198,7 +198,7 @@ func (d *dashboard) jobsPage(w http.ResponseWriter, r *http.Request, v *viewer) 
 // bytes) would report invalid input instead.
 func pathID(r *http.Request) (string, bool) {
 	id := r.PathValue("id")
-	return id, utf8.ValidString(id) && strings.IndexByte(id, 0) < 0
+	return id, vibejobs.StorableText(id)
 }
 
 type runRow struct {
