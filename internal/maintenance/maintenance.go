@@ -42,6 +42,9 @@ type QueueVacuumer interface {
 type Observer interface {
 	LeasesRecovered(n int)
 	Queue(s vibejobs.QueueStats)
+	// QueueUnknown says the queue figures could not be read: the last
+	// ones no longer hold.
+	QueueUnknown()
 }
 
 // Config of a Maintainer.
@@ -228,7 +231,8 @@ func (m *Maintainer) VacuumOnce(ctx context.Context) {
 	}
 }
 
-// StatsOnce reports the queue gauges.
+// StatsOnce reports the queue gauges, or that they are unknown when the
+// store does not answer.
 func (m *Maintainer) StatsOnce(ctx context.Context) {
 	if m.cfg.Observer == nil {
 		return
@@ -237,6 +241,7 @@ func (m *Maintainer) StatsOnce(ctx context.Context) {
 	s, err := m.cfg.Store.QueueStats(sctx, m.cfg.Now())
 	cancel()
 	if err != nil {
+		m.cfg.Observer.QueueUnknown()
 		m.logErr(ctx, "maintenance.stats_failed", err)
 		return
 	}

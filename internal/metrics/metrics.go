@@ -5,6 +5,7 @@ package metrics
 import (
 	"context"
 	"net/http"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -23,8 +24,7 @@ type Metrics struct {
 	attempts     *prometheus.CounterVec
 	duration     prometheus.Histogram
 	lateness     prometheus.Histogram
-	due          prometheus.Gauge
-	oldestDue    prometheus.Gauge
+	queue        *queueCollector
 	leases       prometheus.Counter
 	skipped      prometheus.Counter
 }
@@ -49,17 +49,14 @@ func New() *Metrics {
 		lateness: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name: "vibejobs_first_attempt_lateness_seconds", Help: "Start of first attempts minus scheduledFor.",
 			Buckets: []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 5, 60, 600}}),
-		due: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "vibejobs_runs_due", Help: "Runs due and not yet claimed."}),
-		oldestDue: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "vibejobs_oldest_due_run_age_seconds", Help: "Age of the oldest due, unclaimed run."}),
+		queue: &queueCollector{known: true},
 		leases: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "vibejobs_leases_recovered_total", Help: "Runs whose lease expired, their attempt recorded as interrupted: made claimable again, or ended when past their deadline or their job was deleted."}),
 		skipped: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "vibejobs_skipped_occurrences_total", Help: "Occurrences skipped by catch-up rules, or already past the delivery lifetime when the scheduler reached them."}),
 	}
 	m.reg.MustRegister(m.runsCreated, m.runsFinished, m.attempts, m.duration, m.lateness,
-		m.due, m.oldestDue, m.leases, m.skipped,
+		m.queue, m.leases, m.skipped,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
@@ -109,8 +106,47 @@ func (m *Metrics) LeasesRecovered(n int) { m.leases.Add(float64(n)) }
 
 // Queue sets the queue gauges.
 func (m *Metrics) Queue(s vibejobs.QueueStats) {
-	m.due.Set(float64(s.Due))
-	m.oldestDue.Set(s.OldestDueAge.Seconds())
+	m.queue.mu.Lock()
+	m.queue.stats, m.queue.known = s, true
+	m.queue.mu.Unlock()
+}
+
+// QueueUnknown says the queue could not be read (the database does not
+// answer): the queue gauges are absent until the next Queue, rather than
+// frozen at the last figures while the backlog may grow.
+func (m *Metrics) QueueUnknown() {
+	m.queue.mu.Lock()
+	m.queue.known = false
+	m.queue.mu.Unlock()
+}
+
+var (
+	runsDueDesc   = prometheus.NewDesc("vibejobs_runs_due", "Runs due and not yet claimed.", nil, nil)
+	oldestDueDesc = prometheus.NewDesc("vibejobs_oldest_due_run_age_seconds",
+		"Age of the oldest due, unclaimed run.", nil, nil)
+)
+
+// queueCollector reports the queue figures last read, while known.
+type queueCollector struct {
+	mu    sync.Mutex
+	stats vibejobs.QueueStats
+	known bool
+}
+
+func (c *queueCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- runsDueDesc
+	ch <- oldestDueDesc
+}
+
+func (c *queueCollector) Collect(ch chan<- prometheus.Metric) {
+	c.mu.Lock()
+	s, known := c.stats, c.known
+	c.mu.Unlock()
+	if !known {
+		return
+	}
+	ch <- prometheus.MustNewConstMetric(runsDueDesc, prometheus.GaugeValue, float64(s.Due))
+	ch <- prometheus.MustNewConstMetric(oldestDueDesc, prometheus.GaugeValue, s.OldestDueAge.Seconds())
 }
 
 // Subscription metrics, read from the store at every scrape so every

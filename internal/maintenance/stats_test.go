@@ -1,0 +1,81 @@
+package maintenance_test
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"net/http/httptest"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/vibejobs/vibejobs"
+	"github.com/vibejobs/vibejobs/internal/maintenance"
+	"github.com/vibejobs/vibejobs/internal/metrics"
+	"github.com/vibejobs/vibejobs/internal/sqlite"
+)
+
+// statsStore answers QueueStats with stats, or err when set.
+type statsStore struct {
+	vibejobs.Store
+	stats vibejobs.QueueStats
+	err   error
+}
+
+func (s *statsStore) QueueStats(ctx context.Context, now time.Time) (vibejobs.QueueStats, error) {
+	return s.stats, s.err
+}
+
+// TestQueueGaugesGoWhenTheDatabaseDoesNotAnswer: the queue gauges report
+// what the database last said only while it answers; once a read fails they
+// are absent (as the subscription metrics are) rather than frozen at the
+// last value: a backlog growing through a database outage, or on a replica
+// cut off from it, must not read as the short queue seen before.
+func TestQueueGaugesGoWhenTheDatabaseDoesNotAnswer(t *testing.T) {
+	ctx := context.Background()
+	st, err := sqlite.Open(ctx, filepath.Join(t.TempDir(), "db"), sqlite.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	s := &statsStore{Store: st, stats: vibejobs.QueueStats{Due: 3, OldestDueAge: 42 * time.Second}}
+	met := metrics.New()
+	m := maintenance.New(maintenance.Config{Store: s, Observer: met, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	scrape := func() string {
+		rec := httptest.NewRecorder()
+		met.Handler().ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
+		return rec.Body.String()
+	}
+	m.StatsOnce(ctx)
+	out := scrape()
+	for _, want := range []string{"vibejobs_runs_due 3", "vibejobs_oldest_due_run_age_seconds 42"} {
+		if !strings.Contains(out, want) {
+			t.Fatalf("database answering: no %q in\n%s", want, out)
+		}
+	}
+	s.err = errors.New("database unavailable")
+	m.StatsOnce(ctx)
+	out = scrape()
+	for _, stale := range []string{"vibejobs_runs_due ", "vibejobs_oldest_due_run_age_seconds "} {
+		if strings.Contains(out, stale) {
+			t.Errorf("database not answering: still reports %q", line(out, stale))
+		}
+	}
+	s.err, s.stats = nil, vibejobs.QueueStats{}
+	m.StatsOnce(ctx)
+	if out := scrape(); !strings.Contains(out, "vibejobs_runs_due 0") || !strings.Contains(out, "vibejobs_oldest_due_run_age_seconds 0") {
+		t.Errorf("database answering again: gauges not back:\n%s", out)
+	}
+}
+
+// line returns the line of text that starts with prefix.
+func line(text, prefix string) string {
+	for _, l := range strings.Split(text, "\n") {
+		if strings.HasPrefix(l, prefix) {
+			return l
+		}
+	}
+	return ""
+}
