@@ -284,10 +284,16 @@ func (s *Store) Schema() string { return s.schema }
 // Pool returns the connection pool, for tests and tools that need raw SQL.
 func (s *Store) Pool() *pgxpool.Pool { return s.pool }
 
-// Ping checks that the database answers.
+// Ping checks that the database answers and takes writes: a server that
+// is read-only (a standby reached during a failover) refuses every change
+// as unavailable, so it is not ready either.
 func (s *Store) Ping(ctx context.Context) error {
-	if err := s.pool.Ping(ctx); err != nil {
+	var readOnly string
+	if err := s.pool.QueryRow(ctx, `SELECT current_setting('transaction_read_only')`).Scan(&readOnly); err != nil {
 		return mapError(err, "ping")
+	}
+	if readOnly == "on" {
+		return fmt.Errorf("%w: ping: the server is read-only", errUnavailable())
 	}
 	return nil
 }
