@@ -265,19 +265,21 @@ func (s *Store) Update(ctx context.Context, fn func(tx vibejobs.Tx) error) error
 	return err
 }
 
-// write runs fn in one IMMEDIATE transaction on the write connection.
+// write runs fn in one IMMEDIATE transaction on the write connection. A
+// database that cannot take the write for now is EUNAVAILABLE (see
+// unavailable).
 func (s *Store) write(ctx context.Context, fn func(wtx) error) error {
 	t, err := s.w.BeginTx(ctx, nil)
 	if err != nil {
-		return fmt.Errorf("sqlite: beginning transaction: %w", err)
+		return unavailable(fmt.Errorf("sqlite: beginning transaction: %w", err))
 	}
 	ended := vibejobs.RunsEnded{}
 	if err := fn(wtx{Tx: t, prepared: s.prepared, ended: ended}); err != nil {
 		_ = t.Rollback()
-		return err
+		return unavailable(err)
 	}
 	if err := t.Commit(); err != nil {
-		return fmt.Errorf("sqlite: committing: %w", err)
+		return unavailable(fmt.Errorf("sqlite: committing: %w", err))
 	}
 	if f := s.onEnded.Load(); f != nil && len(ended) > 0 {
 		(*f)(ended)
@@ -371,6 +373,28 @@ type querier interface {
 	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
 	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
 	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
+}
+
+// unavailable marks err EUNAVAILABLE (wrapping it still) when it says the
+// database cannot take writes for now, not that the write was wrong: locked
+// by another process past the busy timeout, a full disk, an I/O error, a
+// file turned read-only. So the API answers 503, not 500, and the
+// dispatcher keeps the outcomes it could not record until the database
+// takes them, as it does when PostgreSQL is gone: an outcome given up would
+// have its run, which the app may have accepted, sent again once its lease
+// ended.
+func unavailable(err error) error {
+	var e *sqlite.Error
+	if !errors.As(err, &e) {
+		return err
+	}
+	switch e.Code() & 0xff {
+	case sqlite3.SQLITE_BUSY, sqlite3.SQLITE_FULL, sqlite3.SQLITE_IOERR, sqlite3.SQLITE_READONLY,
+		sqlite3.SQLITE_CANTOPEN:
+		return fmt.Errorf("%w: %w", vibejobs.Errorf(vibejobs.EUNAVAILABLE, "database_unavailable",
+			"database unavailable"), err)
+	}
+	return err
 }
 
 func isBusy(err error) bool {
