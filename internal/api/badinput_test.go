@@ -269,3 +269,15 @@ func TestIdempotencyKeyInProgress(t *testing.T) {
 		t.Errorf("replay after the first request's late completion: %s", replay)
 	}
 }
+
+// TestIntegerPastInt32SaysItsRange: a whole number too large for any
+// integer field is refused with the range it missed, not as if it were no
+// integer at all.
+func TestIntegerPastInt32SaysItsRange(t *testing.T) {
+	e := newEnv(t)
+	res := e.send(req{method: "POST", path: "/v1/jobs", token: e.admin, key: keyAuto,
+		body: `{"name":"n","url":"https://example.com/h","schedule":"@daily","retry":{"maxAttempts":99999999999}}`})
+	if res.status != 400 || !strings.Contains(string(res.body), "2147483647") {
+		t.Fatalf("got %s, want 400 naming the integer range", res)
+	}
+}

@@ -178,7 +178,9 @@ func (o *object) integer(key string) (*int, *vibejobs.Error) {
 	}
 	var n int32
 	if err := json.Unmarshal(raw, &n); err != nil {
-		return nil, o.wrongType(key, "an integer")
+		// A whole number past int32 is refused too, and told so: "must be
+		// an integer" would puzzle whoever sent 99999999999.
+		return nil, o.wrongType(key, "an integer from -2147483648 to 2147483647")
 	}
 	v := int(n)
 	return &v, nil
