@@ -300,12 +300,16 @@ type DispatchStore interface {
 	// event (run.succeeded, run.failed, run.cancelled or run.retrying) in
 	// the same transaction; one call takes each project's feed counter once.
 	RecordOutcomes(ctx context.Context, owner string, outcomes []Outcome) error
-	// ReleaseClaims puts runs claimed by owner and never sent back to be claimed
-	// again at once, keeping their attempt number. Late is decided again
-	// only for a first attempt no claim ever sent (no attempt recorded). A
-	// run of a deleted job is cancelled instead, with its run.cancelled
-	// event.
-	ReleaseClaims(ctx context.Context, owner string, runIDs []string, now time.Time) error
+	// ReleaseClaims puts the runs of owner's claims, never sent, back to be
+	// claimed again at once, keeping their attempt number, only while the
+	// run is still delivering under the lease of that claim (owner and
+	// ClaimedAt): a claim whose lease expired and was recovered is left
+	// alone with the run, even when the same owner has claimed the run again
+	// since (released, that newer claim's attempt would be sent twice). Late
+	// is decided again only for a first attempt no claim ever sent (no
+	// attempt recorded). A run of a deleted job is cancelled instead, with
+	// its run.cancelled event.
+	ReleaseClaims(ctx context.Context, owner string, claims []*Claim, now time.Time) error
 }
 
 // DashboardSession is one dashboard login. It lives in the database, so

@@ -358,15 +358,18 @@ func latest(a, b time.Time) time.Time {
 	return a
 }
 
-// release puts runIDs back in the queue at now.
-func (d *Dispatcher) release(ctx context.Context, runIDs []string, now time.Time) {
-	if len(runIDs) == 0 {
+// release puts the runs of claims back in the queue at now. A claim whose
+// lease ran out while it waited (the claim loop held up by a slow database)
+// may have had its run recovered and claimed again by this dispatcher: the
+// store releases only the claim named, not that newer one.
+func (d *Dispatcher) release(ctx context.Context, claims []*vibejobs.Claim, now time.Time) {
+	if len(claims) == 0 {
 		return
 	}
 	sctx, cancel := d.storeCtx(context.WithoutCancel(ctx))
 	defer cancel()
-	if err := d.cfg.Store.ReleaseClaims(sctx, d.cfg.Owner, runIDs, now); err != nil {
-		d.cfg.Logger.Error("dispatcher.release_failed", "error", err, "runs", len(runIDs))
+	if err := d.cfg.Store.ReleaseClaims(sctx, d.cfg.Owner, claims, now); err != nil {
+		d.cfg.Logger.Error("dispatcher.release_failed", "error", err, "runs", len(claims))
 	}
 }
 
@@ -572,14 +575,14 @@ func (d *Dispatcher) expireWaiting(ctx context.Context, now time.Time, all bool)
 // back at now, the others at the latest of their holds, at most ClaimAhead
 // away.
 func (d *Dispatcher) releaseHeld(ctx context.Context, ws []waiter, now time.Time) {
-	var due, ahead []string
+	var due, ahead []*vibejobs.Claim
 	later := now
 	for _, w := range ws {
 		if !w.hold.After(now) {
-			due = append(due, w.c.Run.ID)
+			due = append(due, w.c)
 			continue
 		}
-		ahead = append(ahead, w.c.Run.ID)
+		ahead = append(ahead, w.c)
 		later = latest(later, w.hold)
 	}
 	d.release(ctx, due, now)

@@ -368,9 +368,9 @@ func (r *releaseCounter) waitReleased(t *testing.T, msg string) {
 	}
 }
 
-func (r *releaseCounter) ReleaseClaims(ctx context.Context, owner string, runIDs []string, now time.Time) error {
-	r.released.Add(int64(len(runIDs)))
-	return r.DispatchStore.ReleaseClaims(ctx, owner, runIDs, now)
+func (r *releaseCounter) ReleaseClaims(ctx context.Context, owner string, claims []*vibejobs.Claim, now time.Time) error {
+	r.released.Add(int64(len(claims)))
+	return r.DispatchStore.ReleaseClaims(ctx, owner, claims, now)
 }
 
 // startWith starts a dispatcher (fake clock, concurrency 8) whose store
@@ -879,5 +879,110 @@ func TestWithdrawalSparesAnAttemptInFlight(t *testing.T) {
 	got := e.waitRun(t, r.ID, func(r *vibejobs.Run) bool { return r.State == vibejobs.RunSucceeded })
 	if len(got.Attempts) != 1 {
 		t.Fatalf("run %s with %d attempts, want its one attempt recorded", got.State, len(got.Attempts))
+	}
+}
+
+// recoveringStore, once armed, makes the claim loop's next read of the
+// next due time wait for a database as slow as the claim's lease: the
+// clock moves on by by, and lease recovery (another replica's maintenance)
+// ends the leases that expired meanwhile.
+type recoveringStore struct {
+	vibejobs.DispatchStore
+	store *sqlite.Store
+	clock *clock
+	by    time.Duration
+	armed atomic.Bool
+	done  chan struct{}
+	// released counts the runs released, polls the reads of the next due
+	// time (one per pass of the claim loop).
+	released, polls atomic.Int64
+}
+
+func (r *recoveringStore) ReleaseClaims(ctx context.Context, owner string, claims []*vibejobs.Claim, now time.Time) error {
+	defer r.released.Add(int64(len(claims)))
+	return r.DispatchStore.ReleaseClaims(ctx, owner, claims, now)
+}
+
+func (r *recoveringStore) NextDueAt(ctx context.Context) (time.Time, bool, error) {
+	r.polls.Add(1)
+	if r.armed.CompareAndSwap(true, false) {
+		r.clock.Add(r.by)
+		_, err := r.store.RecoverExpiredLeases(ctx, r.clock.Now(), 10)
+		close(r.done)
+		if err != nil {
+			return time.Time{}, false, err
+		}
+	}
+	return r.DispatchStore.NextDueAt(ctx)
+}
+
+// TestStaleReleaseKeepsTheNewerClaim: a claim waiting for its host whose
+// lease expired and was recovered while the claim loop was held up, and
+// whose run this dispatcher claimed again, is released once the loop
+// runs again: the release must end that old claim only. It ended the new
+// claim's lease as well (a release named only the owner and the run), the
+// run was claimed a third time, and the app got it twice with no crash.
+func TestStaleReleaseKeepsTheNewerClaim(t *testing.T) {
+	e := newEnv(t)
+	blocker := e.job(t, "job_blocker", "https://a.example/blocker")
+	blocker.Timeout = 30 * time.Second // its lease outlives the test's jump
+	e.update(t, func(tx vibejobs.Tx) error { return tx.UpdateJob(context.Background(), blocker) })
+	victim := e.job(t, "job_victim", "https://a.example/victim")
+	victim.Timeout = time.Second // lease: 1 s + LeaseMargin
+	e.update(t, func(tx vibejobs.Tx) error { return tx.UpdateJob(context.Background(), victim) })
+	unblock := e.blockHost(blocker.URL)
+	rb := e.run(t, blocker, "run_blocker", e.clock.Now().Add(-time.Second))
+	rv := e.run(t, victim, "run_victim", e.clock.Now())
+
+	rs := &recoveringStore{DispatchStore: e.store, store: e.store, clock: e.clock,
+		by: victim.Timeout + dispatcher.DefaultLeaseMargin + time.Second, done: make(chan struct{})}
+	d := dispatcher.New(dispatcher.Config{
+		Store: rs, Sender: e.sender, Opener: plainOpener{}, Owner: "test-owner",
+		Now: e.clock.Now, Rand: func() float64 { return 0.5 }, Concurrency: 8, PerHost: 1,
+		PollInterval: 20 * time.Millisecond,
+	})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { d.Run(ctx); close(done) }()
+	t.Cleanup(func() { unblock(); cancel(); <-done })
+
+	if x := e.sender.next(t); x.url != blocker.URL {
+		t.Fatalf("first sent to %s", x.url)
+	}
+	// The victim's claim waits for the host the blocker holds.
+	e.waitRun(t, rv.ID, func(r *vibejobs.Run) bool { return r.State == vibejobs.RunDelivering })
+	rs.armed.Store(true)
+	<-rs.done
+	// Recovered, the victim is claimed again by this dispatcher and waits
+	// anew; the old claim, past its wait, goes back on the loop's next
+	// pass, and that pass claims what it finds due.
+	for deadline := time.Now().Add(10 * time.Second); rs.released.Load() == 0; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the old claim was not released")
+		}
+	}
+	want := rs.polls.Load() + 2
+	for deadline := time.Now().Add(10 * time.Second); rs.polls.Load() < want; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the claim loop stopped")
+		}
+	}
+	unblock()
+	e.waitRun(t, rb.ID, func(r *vibejobs.Run) bool { return r.State == vibejobs.RunSucceeded })
+	e.waitRun(t, rv.ID, func(r *vibejobs.Run) bool { return r.State == vibejobs.RunSucceeded })
+	sends := 0
+	for {
+		select {
+		case x := <-e.sender.got:
+			if x.url == victim.URL {
+				sends++
+			}
+			continue
+		default:
+		}
+		break
+	}
+	if sends != 1 {
+		t.Fatalf("victim sent %d times after its lease was recovered, want once", sends)
 	}
 }

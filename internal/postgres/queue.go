@@ -504,21 +504,30 @@ func recordArgs(owner string, outcomes []vibejobs.Outcome) ([]any, error) {
 		claimedAts}, nil
 }
 
-// ReleaseClaims puts owner's delivering runs among runIDs back to be claimed
-// at once (NextAttemptAt = now) under the same attempt number: no attempt is
-// recorded since none was sent, and a first attempt never sent before (no
-// attempt recorded, not even an interrupted one) decides Late again. A
-// released run of a deleted job is cancelled (job_deleted) instead, its job
-// read under a share lock (see tx.DeleteJob).
-func (s *Store) ReleaseClaims(ctx context.Context, owner string, runIDs []string, now time.Time) error {
-	if len(runIDs) == 0 {
+// ReleaseClaims puts the runs of owner's claims, while each is still
+// delivering under that claim's lease (owner and claim time: a lease
+// recovered and taken again by the same owner is another claim's), back to
+// be claimed at once (NextAttemptAt = now) under the same attempt number: no
+// attempt is recorded since none was sent, and a first attempt never sent
+// before (no attempt recorded, not even an interrupted one) decides Late
+// again. A released run of a deleted job is cancelled (job_deleted) instead,
+// its job read under a share lock (see tx.DeleteJob).
+func (s *Store) ReleaseClaims(ctx context.Context, owner string, claims []*vibejobs.Claim, now time.Time) error {
+	if len(claims) == 0 {
 		return nil
+	}
+	runIDs := make([]string, len(claims))
+	claimedAts := make([]time.Time, len(claims))
+	for i, c := range claims {
+		runIDs[i], claimedAts[i] = c.Run.ID, c.ClaimedAt
 	}
 	var value []byte
 	err := s.pool.QueryRow(ctx, `WITH held AS (
 		SELECT r.ctid AS tid, r.lease_expires_at AS old_due, j.deleted_at AS job_deleted_at,
 			r.attempt <= 1 AND NOT EXISTS (SELECT 1 FROM attempts a WHERE a.run_id = r.id) AS unsent
-		FROM runs r JOIN jobs j ON j.id = r.job_id WHERE r.id = ANY($2) AND r.lease_owner = $1
+		FROM unnest($2::text[], $7::timestamptz[]) AS c(run_id, claimed_at)
+			JOIN runs r ON r.id = c.run_id JOIN jobs j ON j.id = r.job_id
+		WHERE r.lease_owner = $1 AND r.attempt_started_at = c.claimed_at
 		FOR UPDATE OF r FOR SHARE OF j
 	), released AS (
 		UPDATE runs r SET
@@ -544,7 +553,7 @@ func (s *Store) ReleaseClaims(ctx context.Context, owner string, runIDs []string
 		FROM released WHERE state = 'cancelled'
 	)`+appendEventsTail+`
 	SELECT CASE WHEN bool_or(claimable) THEN pg_notify($5, $6) END, `+endedSQL+` FROM released`,
-		owner, runIDs, now, vibejobs.ReasonJobDeleted, NotifyChannel, s.schema).Scan(nil, &value)
+		owner, runIDs, now, vibejobs.ReasonJobDeleted, NotifyChannel, s.schema, claimedAts).Scan(nil, &value)
 	if err != nil {
 		return mapError(err, "releasing claims")
 	}

@@ -525,7 +525,9 @@ const recordCancelSQL = `UPDATE runs SET state = 'cancelled', failure_reason = ?
 		WHERE runs.seq = c.value ->> 0
 			AND ` + jobDeleted
 
-// releaseSQL puts claims back in the queue.
+// releaseSQL puts claims back in the queue: the runs still delivering under
+// the lease of the claim ?2 names (owner and claim time, as recordMoveSQL
+// tells them).
 const releaseSQL = `UPDATE runs SET
 				state = CASE WHEN ` + jobDeleted + ` THEN 'cancelled'
 					WHEN attempt <= 1 THEN 'scheduled' ELSE 'retrying' END,
@@ -536,7 +538,8 @@ const releaseSQL = `UPDATE runs SET
 				late = CASE WHEN attempt <= 1 AND NOT EXISTS (SELECT 1 FROM attempts a WHERE a.run_seq = runs.seq)
 					THEN NULL ELSE late END,
 				attempt_started_at = NULL, lease_owner = NULL, lease_expires_at = NULL
-			WHERE id IN (SELECT value FROM json_each(?2)) AND state = 'delivering' AND lease_owner = ?3
+			WHERE state = 'delivering' AND lease_owner = ?3
+				AND (id, attempt_started_at) IN (SELECT value ->> 0, value ->> 1 FROM json_each(?2))
 			RETURNING ` + runEventColumns
 
 // jobDeleted is true for a run (in a statement on runs) whose job is deleted.
@@ -571,18 +574,24 @@ func snippet(s string) string {
 	return s[:cut]
 }
 
-// ReleaseClaims puts the named runs owner still holds back in the queue, due
-// now, to be sent under the same attempt number. A first attempt never sent
+// ReleaseClaims puts the runs of owner's claims back in the queue, due now,
+// to be sent under the same attempt number, while each is still delivering
+// under its claim's lease (a lease recovered and taken again, by this owner
+// too, is another claim's). A first attempt never sent
 // before (no attempt recorded, not even an interrupted one) gets its late
 // flag decided again; one the app has seen keeps it. A run whose job was
 // deleted meanwhile has no attempt in flight any more: it is cancelled
 // (job_deleted), as DeleteJob would have done.
-func (s *Store) ReleaseClaims(ctx context.Context, owner string, runIDs []string, now time.Time) error {
-	if len(runIDs) == 0 {
+func (s *Store) ReleaseClaims(ctx context.Context, owner string, claims []*vibejobs.Claim, now time.Time) error {
+	if len(claims) == 0 {
 		return nil
 	}
+	held := make([][2]any, len(claims))
+	for i, c := range claims {
+		held[i] = [2]any{c.Run.ID, ms(c.ClaimedAt)}
+	}
 	err := s.write(ctx, func(t wtx) error {
-		rows, err := t.QueryContext(ctx, releaseSQL, ms(now), jsonArray(runIDs), owner, vibejobs.ReasonJobDeleted)
+		rows, err := t.QueryContext(ctx, releaseSQL, ms(now), jsonArray(held), owner, vibejobs.ReasonJobDeleted)
 		if err != nil {
 			return err
 		}

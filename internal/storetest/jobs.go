@@ -358,7 +358,7 @@ func testDeleteJob(t *testing.T, f *fixture) {
 
 	// A claim released unsent has no attempt in flight any more: cancelled.
 	rel := T0.Add(35 * time.Second)
-	if err := f.s.ReleaseClaims(f.ctx, "w1", []string{unsent.Run.ID}, rel); err != nil {
+	if err := f.s.ReleaseClaims(f.ctx, "w1", []*vibejobs.Claim{unsent}, rel); err != nil {
 		t.Fatalf("ReleaseClaims: %v", err)
 	}
 	if got := f.getRun(projectA, unsent.Run.ID); got.State != vibejobs.RunCancelled || got.FailureReason != vibejobs.ReasonJobDeleted ||

@@ -530,7 +530,7 @@ func testReleaseClaims(t *testing.T, f *fixture) {
 	cs := f.claimIDs("w1", T0, 3, a, b, c)
 
 	rel := T0.Add(time.Second)
-	if err := f.s.ReleaseClaims(f.ctx, "w1", []string{a.ID, b.ID}, rel); err != nil {
+	if err := f.s.ReleaseClaims(f.ctx, "w1", cs[:2], rel); err != nil {
 		t.Fatalf("ReleaseClaims: %v", err)
 	}
 	for _, r := range []*vibejobs.Run{a, b} {
@@ -538,11 +538,11 @@ func testReleaseClaims(t *testing.T, f *fixture) {
 		f.wantAttempts("released run", got, "")
 	}
 	// Another owner's release, or a release of a run no longer held, changes nothing.
-	if err := f.s.ReleaseClaims(f.ctx, "w2", []string{c.ID}, rel); err != nil {
+	if err := f.s.ReleaseClaims(f.ctx, "w2", cs[2:], rel); err != nil {
 		t.Fatalf("ReleaseClaims: %v", err)
 	}
 	f.wantRun("run released by another owner", c.ID, vibejobs.RunDelivering, 1, nil)
-	if err := f.s.ReleaseClaims(f.ctx, "w1", []string{a.ID}, T0.Add(5*time.Second)); err != nil {
+	if err := f.s.ReleaseClaims(f.ctx, "w1", cs[:1], T0.Add(5*time.Second)); err != nil {
 		t.Fatalf("ReleaseClaims: %v", err)
 	}
 	f.wantRun("run released twice", a.ID, vibejobs.RunScheduled, 1, &rel)
@@ -571,9 +571,9 @@ func testReleaseClaims(t *testing.T, f *fixture) {
 	d := f.run(j, T0.Add(time.Hour))
 	cd := f.claimIDs("w1", T0.Add(time.Hour), 1, d)[0]
 	f.record("w1", retrying(cd, T0.Add(time.Hour), T0.Add(time.Hour+time.Second), T0.Add(time.Hour+time.Minute)))
-	f.claimIDs("w1", T0.Add(time.Hour+time.Minute), 1, d)
+	cd = f.claimIDs("w1", T0.Add(time.Hour+time.Minute), 1, d)[0]
 	rel = T0.Add(time.Hour + 2*time.Minute)
-	if err := f.s.ReleaseClaims(f.ctx, "w1", []string{d.ID}, rel); err != nil {
+	if err := f.s.ReleaseClaims(f.ctx, "w1", []*vibejobs.Claim{cd}, rel); err != nil {
 		t.Fatalf("ReleaseClaims: %v", err)
 	}
 	got := f.wantRun("released retry", d.ID, vibejobs.RunRetrying, 2, &rel)
@@ -597,8 +597,8 @@ func testReleaseKeepsLateOfASentFirstAttempt(t *testing.T, f *fixture) {
 	if n, err := f.s.RecoverExpiredLeases(f.ctx, recovered, 10); err != nil || n != 1 {
 		t.Fatalf("RecoverExpiredLeases = %d, %v; want 1", n, err)
 	}
-	f.claimIDs("w2", recovered, 1, e)
-	if err := f.s.ReleaseClaims(f.ctx, "w2", []string{e.ID}, recovered); err != nil {
+	ce := f.claimIDs("w2", recovered, 1, e)
+	if err := f.s.ReleaseClaims(f.ctx, "w2", ce, recovered); err != nil {
 		t.Fatalf("ReleaseClaims: %v", err)
 	}
 	got := f.wantRun("released redelivery of a first attempt", e.ID, vibejobs.RunScheduled, 1, &recovered)
@@ -654,6 +654,30 @@ func testQueueStats(t *testing.T, f *fixture) {
 	}
 }
 
+// testReleaseOfARecoveredClaim: a claim whose lease was recovered, its run
+// claimed again by the same owner, releases nothing: the newer claim keeps
+// its lease (released, its attempt would be sent, and the run claimed and
+// sent again), and its outcome still counts.
+func testReleaseOfARecoveredClaim(t *testing.T, f *fixture) {
+	f.projects()
+	j := f.job(projectA)
+	r := f.run(j, T0)
+	old := f.claimIDs("w1", T0, 1, r)[0]
+	recovered := T0.Add(time.Minute)
+	if n, err := f.s.RecoverExpiredLeases(f.ctx, recovered, 10); err != nil || n != 1 {
+		t.Fatalf("RecoverExpiredLeases = %d, %v; want 1", n, err)
+	}
+	again := f.claimIDs("w1", recovered, 1, r)[0]
+	if err := f.s.ReleaseClaims(f.ctx, "w1", []*vibejobs.Claim{old}, recovered.Add(time.Second)); err != nil {
+		t.Fatalf("ReleaseClaims: %v", err)
+	}
+	f.wantRun("run claimed again after the release of its recovered claim", r.ID, vibejobs.RunDelivering, 1, nil)
+	f.claimIDs("w2", recovered.Add(time.Second), 10)
+	f.record("w1", succeeded(again, recovered, recovered.Add(time.Second)))
+	got := f.wantRun("outcome of the newer claim", r.ID, vibejobs.RunSucceeded, 1, nil)
+	f.wantAttempts("outcome of the newer claim", got, "1:interrupted 1")
+}
+
 func testFailExpiredRuns(t *testing.T, f *fixture) {
 	f.projects()
 	j := f.job(projectA)
@@ -668,8 +692,8 @@ func testFailExpiredRuns(t *testing.T, f *fixture) {
 	f.claimIDs("w1", T0.Add(-6*time.Second), 1, d)
 	// Claimed at its deadline, T0−30s, and put back after it: due then.
 	rel := f.run(j, T0.Add(-life-30*time.Second))
-	f.claimIDs("w1", T0.Add(-30*time.Second), 1, rel)
-	if err := f.s.ReleaseClaims(f.ctx, "w1", []string{rel.ID}, T0.Add(-29*time.Second)); err != nil {
+	crel := f.claimIDs("w1", T0.Add(-30*time.Second), 1, rel)
+	if err := f.s.ReleaseClaims(f.ctx, "w1", crel, T0.Add(-29*time.Second)); err != nil {
 		t.Fatalf("ReleaseClaims: %v", err)
 	}
 	// Scheduled, deadline T0−1ms.
@@ -1032,7 +1056,7 @@ func testRunsEnded(t *testing.T, f *fixture) {
 	at = inFlight.Run.ScheduledFor
 	f.record("w", retrying(inFlight, at, at, at.Add(time.Minute)))
 	want("a retrying outcome of a deleted job's run", vibejobs.RunsEnded{deleted: 1})
-	if err := f.s.ReleaseClaims(f.ctx, "w", []string{held.Run.ID}, T0); err != nil {
+	if err := f.s.ReleaseClaims(f.ctx, "w", []*vibejobs.Claim{held}, T0); err != nil {
 		t.Fatal(err)
 	}
 	want("releasing a deleted job's run", vibejobs.RunsEnded{deleted: 1})

@@ -79,6 +79,7 @@ func Run(t *testing.T, open func(t *testing.T) vibejobs.Store) {
 		{"RecoverExpiredLeasesLimit", testRecoverExpiredLeasesLimit},
 		{"ReleaseClaims", testReleaseClaims},
 		{"ReleaseKeepsLateOfASentFirstAttempt", testReleaseKeepsLateOfASentFirstAttempt},
+		{"ReleaseOfARecoveredClaim", testReleaseOfARecoveredClaim},
 		{"NextDueAt", testNextDueAt},
 		{"QueueStats", testQueueStats},
 		{"RunsEnded", testRunsEnded},
