@@ -1349,3 +1349,72 @@ func TestJobCountsUnderConcurrentCreates(t *testing.T) {
 		t.Fatalf("CountJobs = %d, %v; the project has %d live jobs, want 60", n, err, live)
 	}
 }
+
+// TestRecordOutcomesOfOneRunTwiceDoesNotDeadlock: a batch of outcomes can
+// hold two of one run (a claim whose lease was recovered while its outcome
+// waited, and this owner's newer claim of the run). Recorded in several
+// statements of one transaction, the first took the project's feed counter
+// and kept it while the next waited for a job an API edit held; the edit,
+// appending its events, waited for the counter: a deadlock, and the batch
+// failed.
+func TestRecordOutcomesOfOneRunTwiceDoesNotDeadlock(t *testing.T) {
+	ctx := context.Background()
+	s := open(t, "")
+	prj := newProject(t, s)
+	jobs := newJobs(t, s, prj, 2)
+	if _, _, err := s.ApplyRunPlans(ctx, []vibejobs.RunPlan{planFor(jobs[0], t0), planFor(jobs[1], t0.Add(30*time.Second))}, t0); err != nil {
+		t.Fatal(err)
+	}
+	stale, err := s.ClaimDueRuns(ctx, "a", t0, 10, time.Second)
+	if err != nil || len(stale) != 1 {
+		t.Fatalf("first claim = %v %v", stale, err)
+	}
+	if n, err := s.RecoverExpiredLeases(ctx, t0.Add(20*time.Second), 10); err != nil || n != 1 {
+		t.Fatalf("RecoverExpiredLeases = %d, %v", n, err)
+	}
+	at := t0.Add(30 * time.Second)
+	claims, err := s.ClaimDueRuns(ctx, "a", at, 10, time.Second)
+	if err != nil || len(claims) != 2 || claims[0].Run.ID != stale[0].Run.ID {
+		t.Fatalf("second claim = %v %v", claims, err)
+	}
+	outcome := func(c *vibejobs.Claim, step vibejobs.Step) vibejobs.Outcome {
+		return vibejobs.Outcome{RunID: c.Run.ID, ClaimedAt: c.ClaimedAt, Step: step,
+			Attempt: vibejobs.Attempt{Number: c.Run.Attempt, StartedAt: at, FinishedAt: at.Add(time.Second), StatusCode: 503, ErrorCode: "http_5xx"}}
+	}
+	next := at.Add(time.Minute)
+	retry := vibejobs.Step{State: vibejobs.RunRetrying, NextAttemptAt: &next}
+	outcomes := []vibejobs.Outcome{outcome(claims[0], retry), outcome(stale[0], retry), outcome(claims[1], retry)}
+
+	// An API edit of the second job holds it.
+	edit, err := s.Pool().Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer edit.Rollback(ctx)
+	if _, err := edit.Exec(ctx, `SELECT 1 FROM jobs WHERE id = $1 FOR UPDATE`, jobs[1].ID); err != nil {
+		t.Fatal(err)
+	}
+	recorded := make(chan error, 1)
+	go func() { recorded <- s.RecordOutcomes(ctx, "a", outcomes) }()
+	waitForLockWait(t, s, "WITH o AS", "the record never waited for the job being edited")
+	// The edit appends its event.
+	if _, err := edit.Exec(ctx, `INSERT INTO event_heads AS h (project_id, head) VALUES ($1, 1)
+		ON CONFLICT (project_id) DO UPDATE SET head = h.head + 1`, prj); err != nil {
+		t.Errorf("the edit's event: %v", err)
+	}
+	if err := edit.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-recorded; err != nil {
+		t.Fatalf("RecordOutcomes: %v", err)
+	}
+	for _, c := range claims {
+		r, err := s.GetRun(ctx, prj, c.Run.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r.State != vibejobs.RunRetrying || r.Attempt != 1 || r.NextAttemptAt == nil || !r.NextAttemptAt.Equal(next) {
+			t.Errorf("run %s: %s attempt %d next %v, want retrying attempt 1 next %v", r.ID, r.State, r.Attempt, r.NextAttemptAt, next)
+		}
+	}
+}

@@ -419,36 +419,40 @@ var recordSQL = `WITH o AS (
 SELECT ` + endedSQL
 
 // RecordOutcomes records each outcome's attempt and moves its run to the
-// outcome's step, in one transaction, for the runs still delivering under
-// owner's lease at that attempt number; the others are dropped. Terminal
-// steps set FinishedAt to the attempt's end.
+// outcome's step, in one statement, for the runs still delivering under
+// owner's lease at that attempt number and claim time; the others are
+// dropped. Terminal steps set FinishedAt to the attempt's end.
+//
+// Two outcomes of one run in a batch (one that waited while its claim's
+// lease was recovered, and one of this owner's newer claim of the run)
+// name different claims, of which recordSQL's held keeps one at most, so
+// the UPDATE changes the run once; an outcome repeating an earlier one's
+// claim would be dropped after it anyway, and is dropped here. One
+// statement, not one per outcome of a run in a transaction: a later
+// statement waited for a job (recordSQL's share lock) while holding the
+// feed counters the earlier one took, and an API transaction holding that
+// job and appending its events waited for those counters: a deadlock.
 func (s *Store) RecordOutcomes(ctx context.Context, owner string, outcomes []vibejobs.Outcome) error {
-	// One UPDATE changes a run once: a run's second outcome in one batch
-	// (which cannot be current anyway) goes in a later statement.
-	batches := splitByKey(outcomes, func(o vibejobs.Outcome) string { return o.RunID })
-	ended := vibejobs.RunsEnded{}
-	switch len(batches) {
-	case 0:
-		return nil
-	case 1:
-		// On the queue pool: see Store.queue.
-		if err := s.recordOutcomes(ctx, s.queue, owner, batches[0], ended); err != nil {
-			return err
-		}
-		s.ended(ended)
+	if len(outcomes) == 0 {
 		return nil
 	}
-	err := pgx.BeginTxFunc(ctx, s.queue, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, func(tx pgx.Tx) error {
-		clear(ended)
-		for _, b := range batches {
-			if err := s.recordOutcomes(ctx, tx, owner, b, ended); err != nil {
-				return err
-			}
+	type claim struct {
+		run    string
+		at     int64
+		number int
+	}
+	seen := make(map[claim]bool, len(outcomes))
+	distinct := make([]vibejobs.Outcome, 0, len(outcomes))
+	for _, o := range outcomes {
+		if k := (claim{o.RunID, o.ClaimedAt.UnixMicro(), o.Attempt.Number}); !seen[k] {
+			seen[k] = true
+			distinct = append(distinct, o)
 		}
-		return nil
-	})
-	if err != nil {
-		return mapError(err, "recording outcomes")
+	}
+	ended := vibejobs.RunsEnded{}
+	// On the queue pool: see Store.queue.
+	if err := s.recordOutcomes(ctx, s.queue, owner, distinct, ended); err != nil {
+		return err
 	}
 	s.ended(ended)
 	return nil

@@ -409,6 +409,27 @@ func testRecordOutcomesDropped(t *testing.T, f *fixture) {
 	f.record("w1", succeeded(again, T0.Add(2*time.Minute), T0.Add(2*time.Minute+time.Second)))
 	got = f.wantRun("outcome of the owner's new claim", a.ID, vibejobs.RunSucceeded, 1, nil)
 	f.wantAttempts("outcome of the owner's new claim", got, "1:interrupted 1")
+
+	// Both outcomes in one call, in either order (and one repeated): the
+	// new claim's is recorded, once.
+	for i, stale := range []bool{true, false} {
+		at := T0.Add(time.Duration(3+i) * time.Hour)
+		r := f.run(j, at)
+		old := f.claimIDs("w1", at, 1, r)[0]
+		if n, err := f.s.RecoverExpiredLeases(f.ctx, at.Add(time.Minute), 10); err != nil || n != 1 {
+			t.Fatalf("RecoverExpiredLeases = %d, %v; want 1", n, err)
+		}
+		again := f.claimIDs("w1", at.Add(2*time.Minute), 1, r)[0]
+		done := succeeded(again, at.Add(2*time.Minute), at.Add(2*time.Minute+time.Second))
+		late := retrying(old, at, at.Add(62*time.Second), at.Add(time.Hour))
+		if stale {
+			f.record("w1", late, done)
+		} else {
+			f.record("w1", done, late, done)
+		}
+		got = f.wantRun("both claims' outcomes in one call", r.ID, vibejobs.RunSucceeded, 1, nil)
+		f.wantAttempts("both claims' outcomes in one call", got, "1:interrupted 1")
+	}
 }
 
 func testRecoverExpiredLeases(t *testing.T, f *fixture) {
