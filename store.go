@@ -104,7 +104,14 @@ type Tx interface {
 	DeleteJob(ctx context.Context, projectID, id string, at time.Time) error
 	// DeleteFutureRuns deletes the job's schedule-triggered runs that no attempt
 	// has started and whose scheduledFor is after t: occurrences materialised
-	// ahead of time that a pause or a schedule change withdraws.
+	// ahead of time that a pause or a schedule change withdraws. A run some
+	// process holds (claimed ahead of its time, no attempt recorded) stays,
+	// since only its holder knows whether it went out, but is marked
+	// withdrawn: given back unsent (ReleaseClaims) it is deleted then, sent
+	// it is recorded as any other, and planned again first (ApplyRunPlans
+	// with the same occurrence: a resume, or a new schedule sharing it) it
+	// loses the mark. On PostgreSQL the commit tells every replica to give
+	// back its held runs of the job.
 	DeleteFutureRuns(ctx context.Context, jobID string, after time.Time) (int, error)
 	// CreateRun inserts a manual run. A run due after its deadline is
 	// refused (EINVALID, see Run.CheckDue).
@@ -308,7 +315,8 @@ type DispatchStore interface {
 	// since (released, that newer claim's attempt would be sent twice). Late
 	// is decided again only for a first attempt no claim ever sent (no
 	// attempt recorded). A run of a deleted job is cancelled instead, with
-	// its run.cancelled event.
+	// its run.cancelled event. A run never sent that DeleteFutureRuns marked
+	// withdrawn is deleted.
 	ReleaseClaims(ctx context.Context, owner string, claims []*Claim, now time.Time) error
 }
 

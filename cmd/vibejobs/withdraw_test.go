@@ -80,3 +80,74 @@ func mustUpdatePG(t *testing.T, s *postgres.Store, fn func(tx vibejobs.Tx) error
 		t.Fatal(err)
 	}
 }
+
+// TestPauseOnAnotherReplicaWithdrawsHeldRun: a job paused through another
+// replica while this one holds its run, claimed ahead of its time, has the
+// run withdrawn: the pause marks it and notifies, this replica gives it back
+// unsent, and it is deleted, never sent.
+func TestPauseOnAnotherReplicaWithdrawsHeldRun(t *testing.T) {
+	url, other := pgReplicaURL(t, "")
+	var received atomic.Int64
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { received.Add(1) }))
+	t.Cleanup(srv.Close)
+
+	ctx := context.Background()
+	m, _, _, cleanup, err := startBenchMain(ctx, url, 8, func(m *Main) { m.Config.ClaimAhead = 2 * time.Second })
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(cleanup)
+	far := time.Date(time.Now().Year()+1, 1, 1, 0, 0, 0, 0, time.UTC)
+	var job *vibejobs.Job
+	if err := createJobs(ctx, m, 1, func(_ int, j *vibejobs.Job) {
+		j.Schedule, j.URL, j.NextRunAt = "0 0 1 1 *", srv.URL+"/hook", &far
+		job = j
+	}); err != nil {
+		t.Fatal(err)
+	}
+	// Due in 2.5 s: claimed 2 s ahead, then held.
+	due := time.Now().Add(2500 * time.Millisecond).UTC().Truncate(time.Millisecond)
+	run := vibejobs.NewRun(vibejobs.NewID("run_", time.Now(), rand.Reader), job, vibejobs.TriggerSchedule, due, time.Now())
+	next := far
+	if _, _, err := m.store.ApplyRunPlans(ctx, []vibejobs.RunPlan{{JobID: job.ID, Anchor: job.ScheduleAnchor, From: far, Next: &next,
+		Runs: []*vibejobs.Run{run}}}, time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	state := func() (vibejobs.RunState, bool) {
+		r, err := other.GetRun(ctx, job.ProjectID, run.ID)
+		if vibejobs.ErrorKind(err) == vibejobs.ENOTFOUND {
+			return "", false
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r.State, true
+	}
+	for s, _ := state(); s != vibejobs.RunDelivering; s, _ = state() {
+		if time.Now().After(due) {
+			t.Fatal("the run was not claimed ahead of its time")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	pausedAt := time.Now()
+	job.Enabled, job.State, job.NextRunAt = false, vibejobs.JobPaused, nil
+	mustUpdatePG(t, other, func(tx vibejobs.Tx) error {
+		if err := tx.UpdateJob(ctx, job); err != nil {
+			return err
+		}
+		_, err := tx.DeleteFutureRuns(ctx, job.ID, pausedAt)
+		return err
+	})
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		s, ok := state()
+		if !ok {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the withdrawn run is still there, %s", s)
+		}
+	}
+	if n := received.Load(); n != 0 {
+		t.Fatalf("the withdrawn run was sent %d time(s)", n)
+	}
+}

@@ -528,8 +528,9 @@ func equalJSON(a, b any) bool {
 }
 
 // TestJobChangedAfterSettingsCommit: JobChanged names a job once a change to
-// its URL, timeout, retry policy or secret, or its deletion, committed, and
-// not for a change that leaves its delivery alone or is refused.
+// its URL, timeout, retry policy or secret, a pause or a schedule change, or
+// its deletion, committed, and not for a change that leaves its delivery
+// and its occurrences alone or is refused.
 func TestJobChangedAfterSettingsCommit(t *testing.T) {
 	var mu sync.Mutex
 	var changed []string
@@ -545,7 +546,10 @@ func TestJobChangedAfterSettingsCommit(t *testing.T) {
 		want               []string
 	}{
 		{"rename", "PATCH", "/v1/jobs/" + id, map[string]any{"name": "renamed"}, 200, nil},
-		{"pause", "POST", "/v1/jobs/" + id + "/pause", nil, 200, nil},
+		{"pause", "POST", "/v1/jobs/" + id + "/pause", nil, 200, []string{id}},
+		{"pause again", "POST", "/v1/jobs/" + id + "/pause", nil, 200, nil},
+		{"resume", "POST", "/v1/jobs/" + id + "/resume", nil, 200, nil},
+		{"schedule", "PATCH", "/v1/jobs/" + id, map[string]any{"schedule": "@hourly"}, 200, []string{id}},
 		{"refused URL", "PATCH", "/v1/jobs/" + id, map[string]any{"url": "ftp://x"}, 400, nil},
 		{"URL", "PATCH", "/v1/jobs/" + id, map[string]any{"url": "http://127.0.0.1:9/other"}, 200, []string{id}},
 		{"timeout", "PATCH", "/v1/jobs/" + id, map[string]any{"timeout": "20s"}, 200, []string{id}},

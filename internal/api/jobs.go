@@ -277,6 +277,9 @@ func (s *Server) changeJob(ctx context.Context, c *call, tx vibejobs.Tx, change 
 		if _, err := tx.DeleteFutureRuns(ctx, j.ID, c.now); err != nil {
 			return nil, err
 		}
+		// The runs held ahead of their time are the holders' to give back
+		// (see vibejobs.Tx.DeleteFutureRuns).
+		c.changedJob = j.ID
 	}
 	var events []*vibejobs.Event
 	if settingsChanged(&before, j) {

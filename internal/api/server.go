@@ -70,9 +70,9 @@ type Config struct {
 	// created, so the scheduler and dispatcher look at once.
 	Wake func()
 	// JobChanged is called with a job's id once a change to its URL,
-	// secret, timeout or retry policy, or its deletion, has committed, so
-	// the dispatcher withdraws its claims not yet sent (see
-	// dispatcher.Dispatcher.JobChanged).
+	// secret, timeout or retry policy, a pause or a schedule change, or its
+	// deletion, has committed, so the dispatcher withdraws its claims not
+	// yet sent (see dispatcher.Dispatcher.JobChanged).
 	JobChanged func(jobID string)
 	// RunCreated is called once the creation of a manual run has
 	// committed (the runs-created metric; the scheduler counts its own).

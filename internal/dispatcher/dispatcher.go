@@ -85,9 +85,10 @@ type Config struct {
 	// costs a few claims instead of one per millisecond, and a claim held
 	// up by the database (a slow commit) is not yet late. The job's
 	// delivery settings are read at the claim, up to ClaimAhead before the
-	// attempt starts; JobChanged withdraws the claims of an edited or
-	// deleted job, so that its attempts start with its new settings. A
-	// negative value turns it off.
+	// attempt starts; JobChanged withdraws the claims of an edited, paused,
+	// rescheduled or deleted job, so that its attempts start with its new
+	// settings and no withdrawn occurrence goes out. A negative value turns
+	// it off.
 	ClaimAhead time.Duration
 	// StoreTimeout bounds each store call (DefaultStoreTimeout).
 	StoreTimeout time.Duration
@@ -432,12 +433,13 @@ func (d *Dispatcher) startLocked(host string, w waiter) {
 
 // JobChanged withdraws the claims of job jobID whose attempt has not
 // started (held until their time, or waiting for their host): they go back
-// to the database, and are claimed again with the job's new settings, or
-// cancelled if it was deleted. Call it once a change to the job's URL,
-// secret, timeout or retry policy, or its deletion, has committed: an
-// attempt then starts with the settings it has when it starts, as the spec
-// wants, although claims read them up to ClaimAhead ahead. Attempts already
-// sent finish.
+// to the database, and are claimed again with the job's new settings,
+// cancelled if it was deleted, or deleted if a pause or a schedule change
+// withdrew their occurrence (see vibejobs.Tx.DeleteFutureRuns). Call it
+// once a change to the job's URL, secret, timeout or retry policy, a pause,
+// a schedule change or its deletion has committed: an attempt then starts
+// with the settings it has when it starts, as the spec wants, although
+// claims read them up to ClaimAhead ahead. Attempts already sent finish.
 func (d *Dispatcher) JobChanged(jobID string) {
 	d.withdraw(func(c *vibejobs.Claim) bool { return c.Run.JobID == jobID })
 }

@@ -659,6 +659,46 @@ func TestJobChangeWithdrawsHeldClaim(t *testing.T) {
 		}
 		e.waitRun(t, kept.ID, func(r *vibejobs.Run) bool { return r.State == vibejobs.RunSucceeded })
 	})
+	t.Run("paused", func(t *testing.T) {
+		// A pause withdraws the occurrences after its time, those claimed
+		// ahead and held too: given back unsent, the run is gone, and
+		// never sent.
+		e := newEnv(t)
+		ctx := context.Background()
+		j := e.job(t, "job_a", "https://a.example/")
+		later := e.clock.Now().Add(time.Hour)
+		j.NextRunAt = &later
+		e.update(t, func(tx vibejobs.Tx) error { return tx.UpdateJob(ctx, j) })
+		at := e.clock.Now().Add(time.Second)
+		r := vibejobs.NewRun("run_a", j, vibejobs.TriggerSchedule, at, e.clock.Now())
+		if n, _, err := e.store.ApplyRunPlans(ctx, []vibejobs.RunPlan{{JobID: j.ID, From: *j.NextRunAt, Anchor: j.ScheduleAnchor,
+			Next: j.NextRunAt, Runs: []*vibejobs.Run{r}}}, e.clock.Now()); err != nil || n != 1 {
+			t.Fatalf("ApplyRunPlans = %d, %v", n, err)
+		}
+		d, rc, _, _ := e.startWith(t, 8, 2*time.Second)
+		e.waitRun(t, r.ID, func(r *vibejobs.Run) bool { return r.State == vibejobs.RunDelivering })
+		j.Enabled, j.State, j.NextRunAt = false, vibejobs.JobPaused, nil
+		e.update(t, func(tx vibejobs.Tx) error {
+			if err := tx.UpdateJob(ctx, j); err != nil {
+				return err
+			}
+			_, err := tx.DeleteFutureRuns(ctx, j.ID, e.clock.Now())
+			return err
+		})
+		d.JobChanged(j.ID)
+		e.clock.Add(time.Second)
+		rc.waitReleased(t, "the held claim of the paused job was not given back")
+		for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) {
+			_, err := e.store.GetRun(ctx, e.project, r.ID)
+			if vibejobs.ErrorKind(err) == vibejobs.ENOTFOUND {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("the withdrawn run is still there: %v", err)
+			}
+		}
+		e.wantNothingSent(t, "after the pause")
+	})
 }
 
 // TestWithdrawAllReleasesWaitingClaims: WithdrawAll (job changes may have

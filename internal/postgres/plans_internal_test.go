@@ -87,8 +87,11 @@ func TestRowsLockedByCTIDAreFetchedByCTID(t *testing.T) {
 		}
 	}
 
-	if p := explain(t, s.pool, applyPlansSQL, s.applyPlansArgs(plans(jobs[:100]))...); strings.Contains(p, "Seq Scan on jobs") {
-		t.Errorf("applying 100 plans scans every job:\n%s", p)
+	if p := explain(t, s.pool, applyPlansSQL, s.applyPlansArgs(plans(jobs[:100]))...); strings.Contains(p, "Seq Scan on jobs") ||
+		strings.Contains(p, "Seq Scan on runs") {
+		t.Errorf("applying 100 plans scans every job or every run:\n%s", p)
+	} else if !strings.Contains(p, "runs_withdrawn_idx") {
+		t.Errorf("applying 100 plans looks for withdrawn runs wanted again without their index:\n%s", p)
 	}
 	claims, err := s.ClaimDueRuns(ctx, "w1", t0.Add(time.Minute), 64, time.Second)
 	if err != nil || len(claims) != 64 {

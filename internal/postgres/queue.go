@@ -86,6 +86,15 @@ var applyPlansSQL = `WITH plan AS (
 	WHERE n.job_id IN (SELECT id FROM advanced)
 	ON CONFLICT (job_id, scheduled_for, occurrence_at) DO NOTHING
 	RETURNING id, state, next_attempt_at, deadline_at
+), wanted AS (
+	-- A held run whose occurrence a change withdrew (see
+	-- tx.DeleteFutureRuns) and that this plan wants again keeps it: given
+	-- back, it is claimed again rather than deleted. Its insert above met
+	-- it and did nothing.
+	UPDATE runs r SET withdrawn = false
+	FROM unnest($7::text[], $9::text[], $10::timestamptz[]) AS n(job_id, trigger, scheduled_for)
+	WHERE r.withdrawn AND r.job_id = n.job_id AND r.scheduled_for = n.scheduled_for
+		AND n.trigger = 'schedule' AND n.job_id IN (SELECT id FROM advanced)
 )` + enqueueSQL("created") + `
 SELECT c.n, (SELECT COALESCE(sum(skipped), 0)::bigint FROM advanced), CASE WHEN c.n > 0 THEN pg_notify($15, $16) END
 FROM (SELECT count(*) AS n FROM created) c`
@@ -515,7 +524,9 @@ func recordArgs(owner string, outcomes []vibejobs.Outcome) ([]any, error) {
 // attempt is recorded since none was sent, and a first attempt never sent
 // before (no attempt recorded, not even an interrupted one) decides Late
 // again. A released run of a deleted job is cancelled (job_deleted) instead,
-// its job read under a share lock (see tx.DeleteJob).
+// its job read under a share lock (see tx.DeleteJob). A run never sent whose
+// occurrence was withdrawn while it was held is deleted (see
+// tx.DeleteFutureRuns).
 func (s *Store) ReleaseClaims(ctx context.Context, owner string, claims []*vibejobs.Claim, now time.Time) error {
 	if len(claims) == 0 {
 		return nil
@@ -527,29 +538,40 @@ func (s *Store) ReleaseClaims(ctx context.Context, owner string, claims []*vibej
 	}
 	var value []byte
 	err := s.pool.QueryRow(ctx, `WITH held AS (
-		SELECT r.ctid AS tid, r.lease_expires_at AS old_due, j.deleted_at AS job_deleted_at,
-			r.attempt <= 1 AND NOT EXISTS (SELECT 1 FROM attempts a WHERE a.run_id = r.id) AS unsent
+		SELECT r.ctid AS tid, r.id, r.lease_expires_at AS old_due, j.deleted_at AS job_deleted_at,
+			r.attempt <= 1 AND NOT EXISTS (SELECT 1 FROM attempts a WHERE a.run_id = r.id) AS unsent,
+			r.withdrawn
 		FROM unnest($2::text[], $7::timestamptz[]) AS c(run_id, claimed_at)
 			JOIN runs r ON r.id = c.run_id JOIN jobs j ON j.id = r.job_id
 		WHERE r.lease_owner = $1 AND r.attempt_started_at = c.claimed_at
 		FOR UPDATE OF r FOR SHARE OF j
+	), withdrawn AS (
+		-- Never sent, its occurrence withdrawn while it was held (see
+		-- tx.DeleteFutureRuns): deleted, as an unheld one was.
+		DELETE FROM runs r USING held c
+		WHERE r.ctid = c.tid AND c.withdrawn AND c.unsent AND c.job_deleted_at IS NULL
+		RETURNING c.id, c.old_due
+	), unqueued AS (
+		DELETE FROM run_queue q USING withdrawn w WHERE q.leased = true AND q.due_at = w.old_due AND q.run_id = w.id
+	), kept AS (
+		SELECT * FROM held WHERE NOT (withdrawn AND unsent AND job_deleted_at IS NULL)
 	), released AS (
 		UPDATE runs r SET
-			state = CASE WHEN held.job_deleted_at IS NOT NULL THEN 'cancelled'
+			state = CASE WHEN kept.job_deleted_at IS NOT NULL THEN 'cancelled'
 				WHEN r.attempt <= 1 THEN 'scheduled' ELSE 'retrying' END,
-			failure_reason = CASE WHEN held.job_deleted_at IS NOT NULL THEN $4 ELSE r.failure_reason END,
-			finished_at = CASE WHEN held.job_deleted_at IS NOT NULL THEN $3::timestamptz END,
-			next_attempt_at = CASE WHEN held.job_deleted_at IS NULL THEN $3::timestamptz END,
-			redeliver = held.job_deleted_at IS NULL,
-			late = CASE WHEN held.unsent THEN false ELSE r.late END,
-			late_decided = CASE WHEN held.unsent THEN false ELSE r.late_decided END,
+			failure_reason = CASE WHEN kept.job_deleted_at IS NOT NULL THEN $4 ELSE r.failure_reason END,
+			finished_at = CASE WHEN kept.job_deleted_at IS NOT NULL THEN $3::timestamptz END,
+			next_attempt_at = CASE WHEN kept.job_deleted_at IS NULL THEN $3::timestamptz END,
+			redeliver = kept.job_deleted_at IS NULL,
+			late = CASE WHEN kept.unsent THEN false ELSE r.late END,
+			late_decided = CASE WHEN kept.unsent THEN false ELSE r.late_decided END,
 			attempt_started_at = NULL,
 			lease_owner = NULL,
 			lease_expires_at = NULL
-		FROM held
-		WHERE r.ctid = held.tid AND r.ctid = ANY(ARRAY(SELECT tid FROM held))
-		RETURNING held.job_deleted_at IS NULL AS claimable, r.id, r.project_id, r.job_id, r.state, r.failure_reason,
-			r.attempt, held.old_due, r.next_attempt_at
+		FROM kept
+		WHERE r.ctid = kept.tid AND r.ctid = ANY(ARRAY(SELECT tid FROM kept))
+		RETURNING kept.job_deleted_at IS NULL AS claimable, r.id, r.project_id, r.job_id, r.state, r.failure_reason,
+			r.attempt, kept.old_due, r.next_attempt_at
 	)`+requeueSQL("released", "id", "next_attempt_at", true)+`, ev AS (
 		SELECT project_id, id AS ord, `+runEventType+` AS type, $3::timestamptz AS occurred_at, job_id,
 			id AS run_id, state, failure_reason AS reason, attempt, '' AS error_code, 0 AS status_code,

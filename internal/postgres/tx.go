@@ -283,8 +283,22 @@ func (t *tx) dequeue(ctx context.Context, ids []string, dues []*time.Time) error
 
 // DeleteFutureRuns deletes the job's schedule-triggered runs in scheduled,
 // scheduled after after, that have no recorded attempt (never claimed, or
-// claimed and released without being sent).
+// claimed and released without being sent). Those some process holds
+// (leased: their state column stays scheduled, see migration 00005) are
+// marked withdrawn instead (see migration 00011), and JobsChannel is
+// notified at commit so that every replica gives back its held ones.
 func (t *tx) DeleteFutureRuns(ctx context.Context, jobID string, after time.Time) (int, error) {
+	if _, err := t.q.Exec(ctx, `WITH marked AS (
+			UPDATE runs SET withdrawn = true
+			WHERE job_id = $1 AND trigger = $2 AND scheduled_for > $3 AND state = 'scheduled'
+				AND lease_owner IS NOT NULL AND attempt <= 1 AND NOT withdrawn
+				AND NOT EXISTS (SELECT 1 FROM attempts a WHERE a.run_id = runs.id)
+			RETURNING 1
+		)
+		SELECT CASE WHEN count(*) > 0 THEN pg_notify($4, $5) END FROM marked`,
+		jobID, vibejobs.TriggerSchedule, after, JobsChannel, t.s.jobPayload(jobID)); err != nil {
+		return 0, mapError(err, "withdrawing held future runs")
+	}
 	rows, err := t.q.Query(ctx, `DELETE FROM runs
 		WHERE job_id = $1 AND trigger = $2 AND scheduled_for > $3 AND state = 'scheduled' AND lease_owner IS NULL
 			AND NOT EXISTS (SELECT 1 FROM attempts a WHERE a.run_id = runs.id)

@@ -132,6 +132,12 @@ func applyRound(ctx context.Context, t wtx, plans []*vibejobs.RunPlan) (int, int
 	if err != nil {
 		return 0, 0, err
 	}
+	// A held run whose occurrence a change withdrew (see
+	// tx.DeleteFutureRuns) and that these plans want again keeps it: given
+	// back, it is claimed again rather than deleted.
+	if _, err := t.ExecContext(ctx, applyWantedSQL, jsonArray(runs)); err != nil {
+		return 0, 0, err
+	}
 	return int(n), skipped, nil
 }
 
@@ -468,6 +474,13 @@ const applyInsertSQL = `INSERT INTO runs (id, job_id, project_id, trigger, sched
 		FROM jsonb_each(?) ORDER BY key
 		ON CONFLICT (job_id, scheduled_for, occurrence) DO NOTHING`
 
+// applyWantedSQL clears the withdrawn mark of the runs whose occurrence the
+// rows of applyInsertSQL name: job ->> 1, scheduledFor ->> 4, and occurrence
+// ->> 5, 1 for a schedule-triggered run.
+const applyWantedSQL = `UPDATE runs SET withdrawn = 0
+		WHERE withdrawn = 1 AND (job_id, scheduled_for) IN (
+			SELECT value ->> 1, value ->> 4 FROM jsonb_each(?) WHERE value ->> 5 = 1)`
+
 // claimPickSQL picks the runs to claim, in due order.
 const claimPickSQL = `SELECT seq, id, late IS NOT NULL FROM runs
 			WHERE state IN ('scheduled', 'retrying') AND next_attempt_at <= ?1 AND deadline_at >= ?1
@@ -542,12 +555,22 @@ const releaseSQL = `UPDATE runs SET
 				AND (id, attempt_started_at) IN (SELECT value ->> 0, value ->> 1 FROM json_each(?2))
 			RETURNING ` + runEventColumns
 
+// releaseWithdrawnSQL deletes, of the claims ?1 that owner ?2 gives back,
+// the runs never sent whose occurrence was withdrawn while they were held
+// (see tx.DeleteFutureRuns), as an unheld one was; releaseSQL, after it,
+// finds them gone. A deleted job's run is left to releaseSQL to cancel.
+const releaseWithdrawnSQL = `DELETE FROM runs
+			WHERE state = 'delivering' AND lease_owner = ?2 AND withdrawn = 1
+				AND (id, attempt_started_at) IN (SELECT value ->> 0, value ->> 1 FROM json_each(?1))
+				AND attempt <= 1 AND NOT EXISTS (SELECT 1 FROM attempts a WHERE a.run_seq = runs.seq)
+				AND NOT ` + jobDeleted
+
 // jobDeleted is true for a run (in a statement on runs) whose job is deleted.
 const jobDeleted = `EXISTS (SELECT 1 FROM jobs j WHERE j.id = runs.job_id AND j.deleted_at IS NOT NULL)`
 
 // writeStatements are prepared once on the write connection.
-var writeStatements = []string{applyAdvanceSQL, applyInsertSQL, claimPickSQL, claimSQL, claimJobsSQL,
-	recordMoveSQL, recordAttemptsSQL, recordCancelSQL, releaseSQL, bumpHeadSQL, insertEventsSQL, recordEventsSQL,
+var writeStatements = []string{applyAdvanceSQL, applyInsertSQL, applyWantedSQL, claimPickSQL, claimSQL, claimJobsSQL,
+	recordMoveSQL, recordAttemptsSQL, recordCancelSQL, releaseWithdrawnSQL, releaseSQL, bumpHeadSQL, insertEventsSQL, recordEventsSQL,
 	claimSubscriptionsSQL, recordStepSQL}
 
 // jsonArray encodes rows for json_each: one bound parameter however many.
@@ -582,6 +605,8 @@ func snippet(s string) string {
 // flag decided again; one the app has seen keeps it. A run whose job was
 // deleted meanwhile has no attempt in flight any more: it is cancelled
 // (job_deleted), as DeleteJob would have done.
+// A run never sent whose occurrence was withdrawn while it was held is
+// deleted (see tx.DeleteFutureRuns).
 func (s *Store) ReleaseClaims(ctx context.Context, owner string, claims []*vibejobs.Claim, now time.Time) error {
 	if len(claims) == 0 {
 		return nil
@@ -591,6 +616,9 @@ func (s *Store) ReleaseClaims(ctx context.Context, owner string, claims []*vibej
 		held[i] = [2]any{c.Run.ID, ms(c.ClaimedAt)}
 	}
 	err := s.write(ctx, func(t wtx) error {
+		if _, err := t.ExecContext(ctx, releaseWithdrawnSQL, jsonArray(held), owner); err != nil {
+			return err
+		}
 		rows, err := t.QueryContext(ctx, releaseSQL, ms(now), jsonArray(held), owner, vibejobs.ReasonJobDeleted)
 		if err != nil {
 			return err

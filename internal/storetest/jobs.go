@@ -441,6 +441,74 @@ func testDeleteFutureRuns(t *testing.T, f *fixture) {
 	}
 }
 
+// testWithdrawHeldRuns: a run claimed ahead of its time when a pause or a
+// schedule change withdraws its occurrence stays with its holder. Given back
+// unsent, it is deleted, as an unheld one was; sent, its outcome is
+// recorded; planned again before it is given back, it is claimed again; its
+// holder dead, it is recovered and sent, since it may have gone out.
+func testWithdrawHeldRuns(t *testing.T, f *fixture) {
+	f.projects()
+	j := f.job(projectA)
+	released := f.schedRun(j, T0.Add(1*time.Second))
+	sent := f.schedRun(j, T0.Add(2*time.Second))
+	wanted := f.schedRun(j, T0.Add(3*time.Second))
+	orphaned := f.schedRun(j, T0.Add(4*time.Second))
+	atCut := f.schedRun(j, T0)
+	f.apply(5, vibejobs.RunPlan{JobID: j.ID, Anchor: j.ScheduleAnchor, From: T0, Next: ptr(T0.Add(time.Hour)),
+		Runs: []*vibejobs.Run{atCut, released, sent, wanted, orphaned}})
+	// Claimed ahead: the latest is due 4 s after the claim.
+	cs := f.claimIDs("w1", T0.Add(4*time.Second), 10, atCut, released, sent, wanted, orphaned)
+
+	var n int
+	f.update(func(tx vibejobs.Tx) error {
+		var err error
+		n, err = tx.DeleteFutureRuns(f.ctx, j.ID, T0)
+		return err
+	})
+	if n != 0 {
+		t.Errorf("DeleteFutureRuns deleted %d held runs, want 0", n)
+	}
+	for _, r := range []*vibejobs.Run{atCut, released, sent, wanted, orphaned} {
+		if got := f.getRun(projectA, r.ID); got.State != vibejobs.RunDelivering {
+			t.Errorf("held run at %s after DeleteFutureRuns: %s, want delivering", r.ScheduledFor.Format(time.TimeOnly), got.State)
+		}
+	}
+
+	// Given back unsent: gone. The run at the cut was not withdrawn: it is
+	// given back as usual.
+	if err := f.s.ReleaseClaims(f.ctx, "w1", []*vibejobs.Claim{cs[0], cs[1]}, T0); err != nil {
+		t.Fatalf("ReleaseClaims: %v", err)
+	}
+	_, err := f.s.GetRun(f.ctx, projectA, released.ID)
+	wantNotFound(t, "GetRun of a withdrawn run given back", err, "run")
+	f.wantRun("the run at the cut, given back", atCut.ID, vibejobs.RunScheduled, 1, ptr(T0))
+
+	// Sent: recorded.
+	f.record("w1", succeeded(cs[2], sent.ScheduledFor, sent.ScheduledFor.Add(time.Second)))
+	f.wantRun("a withdrawn run whose attempt went out", sent.ID, vibejobs.RunSucceeded, 1, nil)
+
+	// Planned again (a resume sets the next occurrence after its time),
+	// then given back: claimable again.
+	resumed := f.getJob(projectA, j.ID)
+	resumed.NextRunAt = ptr(wanted.ScheduledFor)
+	f.update(func(tx vibejobs.Tx) error { return tx.UpdateJob(f.ctx, resumed) })
+	f.apply(0, vibejobs.RunPlan{JobID: j.ID, Anchor: j.ScheduleAnchor, From: wanted.ScheduledFor,
+		Next: ptr(T0.Add(time.Hour)), Runs: []*vibejobs.Run{f.schedRun(j, wanted.ScheduledFor)}})
+	if err := f.s.ReleaseClaims(f.ctx, "w1", []*vibejobs.Claim{cs[3]}, T0.Add(3*time.Second)); err != nil {
+		t.Fatalf("ReleaseClaims: %v", err)
+	}
+	f.wantRun("a withdrawn run planned again, given back", wanted.ID, vibejobs.RunScheduled, 1, ptr(T0.Add(3*time.Second)))
+
+	// Its holder dead: recovered, to be sent again.
+	lease := T0.Add(4*time.Second + cs[4].Timeout + Margin)
+	if n, err := f.s.RecoverExpiredLeases(f.ctx, lease.Add(time.Millisecond), 10); err != nil || n != 1 {
+		t.Fatalf("RecoverExpiredLeases = %d, %v; want 1", n, err)
+	}
+	if got := f.getRun(projectA, orphaned.ID); got.State != vibejobs.RunScheduled {
+		t.Errorf("a withdrawn run whose holder died, recovered: %s, want scheduled", got.State)
+	}
+}
+
 func testLastRun(t *testing.T, f *fixture) {
 	f.projects()
 	j := f.job(projectA)

@@ -48,6 +48,7 @@ func Run(t *testing.T, open func(t *testing.T) vibejobs.Store) {
 		{"DeleteJob", testDeleteJob},
 		{"CountJobs", testCountJobs},
 		{"DeleteFutureRuns", testDeleteFutureRuns},
+		{"WithdrawHeldRuns", testWithdrawHeldRuns},
 		{"LastRun", testLastRun},
 		{"SecretRotation", testSecretRotation},
 		{"MasterKey", testMasterKey},
