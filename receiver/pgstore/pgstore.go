@@ -139,9 +139,13 @@ const (
 
 // Accept implements receiver.Store. BEGIN, the insert, the select and COMMIT
 // go to one connection in one round trip (a pipeline); the response is
-// returned only once the server has confirmed the COMMIT. On any error the
-// transaction is rolled back (explicitly when the connection is still usable;
-// by the server when it is not) and no response is returned.
+// returned only once the server has confirmed the COMMIT. The transaction is
+// READ COMMITTED whatever the database's default_transaction_isolation: under
+// REPEATABLE READ or SERIALIZABLE a repeat that waited for a concurrent
+// winner's receipt would fail with a serialization error instead of reading
+// it, and the platform would get an error for a run already accepted. On any
+// error the transaction is rolled back (explicitly when the connection is
+// still usable; by the server when it is not) and no response is returned.
 func (s *Store) Accept(ctx context.Context, runID string, payload []byte) (status int, body []byte, err error) {
 	conn, err := s.pool.Acquire(ctx)
 	if err != nil {
@@ -151,7 +155,7 @@ func (s *Store) Accept(ctx context.Context, runID string, payload []byte) (statu
 	defer conn.Release()
 
 	b := &pgx.Batch{}
-	b.BeginTx(pgx.TxOptions{})
+	b.BeginTx(pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
 	b.Queue(acceptInsertSQL, runID, payload)
 	b.Queue(acceptSelectSQL, runID)
 	b.Queue("COMMIT")

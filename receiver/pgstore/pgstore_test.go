@@ -216,3 +216,74 @@ func TestFailureWithNULByteIsRecorded(t *testing.T) {
 		t.Fatalf("item claimed again after 2 min despite a 1 h backoff: %+v", inspect(t, s, "run_nul"))
 	}
 }
+
+// TestAcceptConcurrentUnderRepeatableReadDefault: the acceptance relies on READ
+// COMMITTED (its SELECT must see a concurrent winner's receipt), so it must
+// not inherit a database whose default isolation is stricter. A redelivery
+// that waits on the first delivery's uncommitted receipt must, once that
+// commits, be answered with the stored 2xx, not an error (a 503 to the
+// platform, which on the last attempt fails a run the app has accepted).
+func TestAcceptConcurrentUnderRepeatableReadDefault(t *testing.T) {
+	dsn := pgtest.TestSchema(t)
+	ctx := context.Background()
+	cfg, err := pgxpool.ParseConfig(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.ConnConfig.RuntimeParams["default_transaction_isolation"] = "repeatable read"
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	s := pgstore.New(pool)
+	if err := s.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+
+	// The first delivery: its receipt is written but not yet committed.
+	first, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer first.Rollback(ctx)
+	var firstPID int
+	if err := first.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&firstPID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := first.Exec(ctx, `INSERT INTO accepted_runs (run_id, response_status, response_body) VALUES ('run_rr', 202, '{"accepted":true}')`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := first.Exec(ctx, `INSERT INTO job_outbox (run_id, payload) VALUES ('run_rr', $1::jsonb)`, storetest.Body("run_rr")); err != nil {
+		t.Fatal(err)
+	}
+
+	type result struct {
+		status int
+		body   []byte
+		err    error
+	}
+	done := make(chan result, 1)
+	go func() {
+		status, body, err := s.Accept(ctx, "run_rr", storetest.Body("run_rr"))
+		done <- result{status, body, err}
+	}()
+	// Wait until the redelivery is blocked behind the first one's row lock.
+	storetest.Eventually(t, 30*time.Second, "the redelivery waits for the first delivery's lock", func() bool {
+		var n int
+		if err := pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE $1 = ANY (pg_blocking_pids(pid))`, firstPID).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n > 0
+	})
+	if err := first.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	r := <-done
+	if r.err != nil || r.status != receiver.AcceptedStatus || string(r.body) != receiver.AcceptedBody {
+		t.Fatalf("redelivery after a concurrent acceptance = %d %q %v; want %d %s", r.status, r.body, r.err, receiver.AcceptedStatus, receiver.AcceptedBody)
+	}
+	if n := countItems(t, s); n != 1 {
+		t.Fatalf("%d outbox items, want 1", n)
+	}
+}
