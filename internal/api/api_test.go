@@ -364,6 +364,34 @@ func TestPauseWithdrawsAOneOffRunAhead(t *testing.T) {
 		map[string]any{"state": "completed", "nextRunAt": nil})
 }
 
+// TestNextOfAOneOffRunAhead: the scheduler creates a one-off job's run up
+// to its lookahead before the instant and marks the job completed. Until
+// the instant the run has not fired, and the preview still shows it: a
+// preview that said "no more fire times" disagreed with the run that then
+// went out.
+func TestNextOfAOneOffRunAhead(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	sch := scheduler.New(scheduler.Config{Store: e.store, Now: e.clock.Now, Logger: slog.New(slog.DiscardHandler)})
+	id := e.createJob(e.admin, map[string]any{"schedule": nil, "at": "2026-10-09T08:00:30Z"})["id"].(string)
+	e.clock.Advance(29 * time.Second) // 08:00:29: the run is created ahead
+	if n, err := sch.RunOnce(ctx); err != nil || n != 1 {
+		t.Fatalf("RunOnce = %d, %v; want the one-off's run", n, err)
+	}
+	checkFields(t, "run created ahead", e.must(200, "GET", "/v1/jobs/"+id, e.admin, nil), map[string]any{"state": "completed"})
+	if n := e.must(200, "GET", "/v1/jobs/"+id+"/next", e.admin, nil); !slices.Equal(n["times"].([]any), []any{"2026-10-09T08:00:30.000Z"}) {
+		t.Errorf("next of a one-off whose run waits for its instant: %v, want [2026-10-09T08:00:30.000Z]", n["times"])
+	}
+	e.clock.Advance(time.Second)
+	claims, err := e.store.ClaimDueRuns(ctx, "test", e.clock.Now(), 10, time.Second)
+	if err != nil || len(claims) != 1 || !claims[0].Run.ScheduledFor.Equal(time.Date(2026, 10, 9, 8, 0, 30, 0, time.UTC)) {
+		t.Fatalf("claims at the instant: %v, %v; want the one-off's run", claims, err)
+	}
+	if n := e.must(200, "GET", "/v1/jobs/"+id+"/next", e.admin, nil); len(n["times"].([]any)) != 0 {
+		t.Errorf("next of a one-off past its instant: %v, want none", n["times"])
+	}
+}
+
 func TestPagination(t *testing.T) {
 	e := newEnv(t)
 	want := map[string]bool{}

@@ -424,15 +424,16 @@ func (s *Server) nextFireTimes(ctx context.Context, c *call) (*response, error) 
 	if err != nil {
 		return nil, err
 	}
+	// A completed one-off job is previewed too: it is completed once its
+	// run exists, up to the scheduler's lookahead before its instant, and
+	// until that instant the run has yet to fire. Past it, At has none.
+	sch, err := jobSchedule(j)
+	if err != nil {
+		return nil, err
+	}
 	out := nextJSON{JobID: j.ID, Times: []apiTime{}}
-	if j.State != vibejobs.JobCompleted {
-		sch, err := jobSchedule(j)
-		if err != nil {
-			return nil, err
-		}
-		for _, t := range schedule.NextN(sch, c.now, n) {
-			out.Times = append(out.Times, apiTime(t))
-		}
+	for _, t := range schedule.NextN(sch, c.now, n) {
+		out.Times = append(out.Times, apiTime(t))
 	}
 	return jsonResponse(http.StatusOK, out), nil
 }
