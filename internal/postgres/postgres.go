@@ -143,6 +143,7 @@ func Open(ctx context.Context, url string, opts Options) (*Store, error) {
 		registerUTC(c.TypeMap())
 		return nil
 	}
+	cfg.AfterRelease = writable
 	if schema != "" {
 		if err := createSchema(ctx, cfg.ConnConfig, schema); err != nil {
 			return nil, err
@@ -283,6 +284,19 @@ func (s *Store) Schema() string { return s.schema }
 
 // Pool returns the connection pool, for tests and tools that need raw SQL.
 func (s *Store) Pool() *pgxpool.Pool { return s.pool }
+
+// writable reports whether a connection given back to its pool may serve
+// again: not when its server takes no writes, a hot standby or one made
+// read-only (PostgreSQL 14 and later report both settings to the client as
+// they change). In a failover the old primary is fenced or turned standby
+// while the address leads to the new one; a connection kept to the old one
+// would fail every write (an outage, see connectionLost) until its lifetime
+// ran out, an hour by default, so it is closed and the next use dials
+// again.
+func writable(c *pgx.Conn) bool {
+	pc := c.PgConn()
+	return pc.ParameterStatus("default_transaction_read_only") != "on" && pc.ParameterStatus("in_hot_standby") != "on"
+}
 
 // Ping checks that the database answers and takes writes: a server that
 // is read-only (a standby reached during a failover) refuses every change

@@ -5,6 +5,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/vibejobs/vibejobs"
 )
 
@@ -20,16 +22,16 @@ func TestPingRefusesAReadOnlyServer(t *testing.T) {
 	if err := s.Ping(ctx); err != nil {
 		t.Fatalf("Ping on a writable server: %v", err)
 	}
-	conns := s.pool.AcquireAllIdle(ctx)
-	if len(conns) == 0 {
-		t.Fatal("no idle connection")
+	// Every session of the pool now starts read-only, as on a standby.
+	cfg := s.pool.Config()
+	cfg.ConnConfig.RuntimeParams["default_transaction_read_only"] = "on"
+	ro, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
 	}
-	for _, c := range conns {
-		if _, err := c.Exec(ctx, "SET default_transaction_read_only = on"); err != nil {
-			t.Fatal(err)
-		}
-		c.Release()
-	}
+	writablePool := s.pool
+	s.pool = ro
+	t.Cleanup(func() { ro.Close(); s.pool = writablePool })
 	werr := s.Update(ctx, func(tx vibejobs.Tx) error {
 		return tx.CreateProject(ctx, &vibejobs.Project{ID: "prj_ro", Name: "ro", CreatedAt: time.Now()})
 	})
@@ -38,5 +40,40 @@ func TestPingRefusesAReadOnlyServer(t *testing.T) {
 	}
 	if err := s.Ping(ctx); vibejobs.ErrorKind(err) != vibejobs.EUNAVAILABLE {
 		t.Errorf("Ping on a server that takes no writes: %v, want unavailable", err)
+	}
+}
+
+// TestReadOnlySessionsAreNotKept: a pooled connection whose server turned
+// read-only (the old primary, fenced in a failover) is closed when given
+// back, on both pools, so the next use dials again, to the new primary,
+// instead of failing every write until the connection's lifetime ends.
+func TestReadOnlySessionsAreNotKept(t *testing.T) {
+	s := MustOpenTest(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for name, pool := range map[string]*pgxpool.Pool{"main": s.pool, "queue": s.queue} {
+		c, err := pool.Acquire(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		pid := c.Conn().PgConn().PID()
+		if _, err := c.Exec(ctx, "SET default_transaction_read_only = on"); err != nil {
+			t.Fatal(err)
+		}
+		c.Release()
+		for _, idle := range pool.AcquireAllIdle(ctx) {
+			if idle.Conn().PgConn().PID() == pid {
+				t.Errorf("%s pool: the read-only session is still pooled", name)
+			}
+			idle.Release()
+		}
+	}
+	if err := s.Update(ctx, func(tx vibejobs.Tx) error {
+		return tx.CreateProject(ctx, &vibejobs.Project{ID: "prj_rw", Name: "rw", CreatedAt: time.Now()})
+	}); err != nil {
+		t.Fatalf("a write after the read-only session went: %v", err)
+	}
+	if _, _, err := s.NextDueAt(ctx); err != nil {
+		t.Fatalf("a queue read after the read-only session went: %v", err)
 	}
 }
