@@ -254,8 +254,15 @@ func TestUsageErrors(t *testing.T) {
 		}
 	}
 	// -h is not an error.
-	if _, errOut, err := a.cli(t, "jobs", "create", "-h"); err != nil || !strings.Contains(errOut, "--schedule") {
+	if _, errOut, err := a.cli(t, "jobs", "create", "-h"); err != nil || !strings.Contains(errOut, "--schedule") ||
+		!strings.Contains(errOut, "(default 4)") {
 		t.Errorf("-h: %v %q", err, errOut)
+	}
+	// jobs update changes only the flags given: it names no defaults,
+	// which would read as what an omitted flag resets to.
+	if _, errOut, err := a.cli(t, "jobs", "update", "-h"); err != nil || !strings.Contains(errOut, "--max-attempts") ||
+		strings.Contains(errOut, "(default 4)") || strings.Contains(errOut, "(default all)") {
+		t.Errorf("jobs update -h: %v %q", err, errOut)
 	}
 }
 

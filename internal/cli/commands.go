@@ -60,17 +60,26 @@ type jobFlags struct {
 	maxAttempts                                                                 int
 }
 
-func (f *jobFlags) register(fs *flag.FlagSet) {
+// register defines the flags on fs. The API's defaults are named for jobs
+// create only: jobs update changes just the flags given, and a "default"
+// there would read as what an omitted flag resets to.
+func (f *jobFlags) register(fs *flag.FlagSet, create bool) {
+	def := func(v string) string {
+		if create {
+			return " (default " + v + ")"
+		}
+		return ""
+	}
 	fs.StringVar(&f.name, "name", "", "job `name` (1–200 characters)")
 	fs.StringVar(&f.schedule, "schedule", "", "cron (5 or 6 fields), @daily…, or \"@every 10m\"")
 	fs.StringVar(&f.at, "at", "", "one-off: an RFC 3339 `instant` instead of a schedule")
-	fs.StringVar(&f.timezone, "timezone", "", "IANA time `zone` of the schedule (default UTC)")
+	fs.StringVar(&f.timezone, "timezone", "", "IANA time `zone` of the schedule"+def("UTC"))
 	fs.StringVar(&f.url, "url", "", "target `URL` the runs are POSTed to")
-	fs.IntVar(&f.maxAttempts, "max-attempts", 0, "attempts per run, 1–4 (default 4)")
-	fs.StringVar(&f.minBackoff, "min-backoff", "", "first retry delay, 1s–1h (default 30s)")
-	fs.StringVar(&f.maxBackoff, "max-backoff", "", "longest retry delay, up to 24h (default 1h)")
-	fs.StringVar(&f.timeout, "timeout", "", "attempt timeout, 1s–30s (default 10s)")
-	fs.StringVar(&f.catchUp, "catch-up", "", "after downtime: all, latest or none (default all)")
+	fs.IntVar(&f.maxAttempts, "max-attempts", 0, "attempts per run, 1–4"+def("4"))
+	fs.StringVar(&f.minBackoff, "min-backoff", "", "first retry delay, 1s–1h"+def("30s"))
+	fs.StringVar(&f.maxBackoff, "max-backoff", "", "longest retry delay, up to 24h"+def("1h"))
+	fs.StringVar(&f.timeout, "timeout", "", "attempt timeout, 1s–30s"+def("10s"))
+	fs.StringVar(&f.catchUp, "catch-up", "", "after downtime: all, latest or none"+def("all"))
 }
 
 // body is the JSON of the flags given.
@@ -106,7 +115,7 @@ func (f *jobFlags) body(set map[string]bool) map[string]any {
 
 func jobCreate(fs *flag.FlagSet) func(*call) error {
 	var f jobFlags
-	f.register(fs)
+	f.register(fs, true)
 	paused := fs.Bool("paused", false, "create the job paused")
 	return func(c *call) error {
 		if !c.set["name"] || !c.set["url"] {
@@ -129,7 +138,7 @@ func jobCreate(fs *flag.FlagSet) func(*call) error {
 
 func jobUpdate(fs *flag.FlagSet) func(*call) error {
 	var f jobFlags
-	f.register(fs)
+	f.register(fs, false)
 	enabled := fs.String("enabled", "", "true to resume, false to pause")
 	return func(c *call) error {
 		b := f.body(c.set)
