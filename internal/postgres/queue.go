@@ -538,18 +538,37 @@ func (s *Store) ReleaseClaims(ctx context.Context, owner string, claims []*vibej
 	}
 	var value []byte
 	err := s.pool.QueryRow(ctx, `WITH held AS (
-		SELECT r.ctid AS tid, r.id, r.lease_expires_at AS old_due, j.deleted_at AS job_deleted_at,
-			r.attempt <= 1 AND NOT EXISTS (SELECT 1 FROM attempts a WHERE a.run_id = r.id) AS unsent,
-			r.withdrawn
+		-- The job is locked before its run, as an API change locks them
+		-- (tx.UpdateJob, then tx.DeleteFutureRuns marking the held runs):
+		-- locked after it, a release holding the run waited for the job
+		-- that a pause held while the pause waited for the run, a
+		-- deadlock. The run's lateral subquery names the job's, so it is
+		-- evaluated after it.
+		SELECT r.id, r.old_due, j.deleted_at AS job_deleted_at, r.unsent, r.withdrawn
 		FROM unnest($2::text[], $7::timestamptz[]) AS c(run_id, claimed_at)
-			JOIN runs r ON r.id = c.run_id JOIN jobs j ON j.id = r.job_id
-		WHERE r.lease_owner = $1 AND r.attempt_started_at = c.claimed_at
-		FOR UPDATE OF r FOR SHARE OF j
+		CROSS JOIN LATERAL (
+			SELECT j.id, j.deleted_at FROM jobs j
+			WHERE j.id = (SELECT job_id FROM runs WHERE id = c.run_id)
+			FOR SHARE) j
+		CROSS JOIN LATERAL (
+			SELECT r.id, r.lease_expires_at AS old_due,
+				r.attempt <= 1 AND NOT EXISTS (SELECT 1 FROM attempts a WHERE a.run_id = r.id) AS unsent,
+				r.withdrawn
+			FROM runs r
+			WHERE r.id = c.run_id AND r.job_id = j.id AND r.lease_owner = $1 AND r.attempt_started_at = c.claimed_at
+			FOR UPDATE) r
 	), withdrawn AS (
 		-- Never sent, its occurrence withdrawn while it was held (see
 		-- tx.DeleteFutureRuns): deleted, as an unheld one was.
+		-- By id, not by the locked ctid, here and below: a pause that
+		-- marked the run (or a plan that cleared its mark) and committed
+		-- after this statement's snapshot made the locked version one the
+		-- snapshot cannot see, and the ctid found no row: the run stayed
+		-- leased, given back, until its lease was recovered and it went out.
+		-- By id, the row visible to the snapshot leads to its latest version.
 		DELETE FROM runs r USING held c
-		WHERE r.ctid = c.tid AND c.withdrawn AND c.unsent AND c.job_deleted_at IS NULL
+		WHERE r.id = c.id AND r.id = ANY(ARRAY(SELECT id FROM held))
+			AND c.withdrawn AND c.unsent AND c.job_deleted_at IS NULL
 		RETURNING c.id, c.old_due
 	), unqueued AS (
 		DELETE FROM run_queue q USING withdrawn w WHERE q.leased = true AND q.due_at = w.old_due AND q.run_id = w.id
@@ -569,7 +588,7 @@ func (s *Store) ReleaseClaims(ctx context.Context, owner string, claims []*vibej
 			lease_owner = NULL,
 			lease_expires_at = NULL
 		FROM kept
-		WHERE r.ctid = kept.tid AND r.ctid = ANY(ARRAY(SELECT tid FROM kept))
+		WHERE r.id = kept.id AND r.id = ANY(ARRAY(SELECT id FROM kept))
 		RETURNING kept.job_deleted_at IS NULL AS claimable, r.id, r.project_id, r.job_id, r.state, r.failure_reason,
 			r.attempt, kept.old_due, r.next_attempt_at
 	)`+requeueSQL("released", "id", "next_attempt_at", true)+`, ev AS (
