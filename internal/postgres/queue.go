@@ -411,7 +411,13 @@ var recordSQL = `WITH o AS (
 		lease_owner = NULL,
 		lease_expires_at = NULL
 	FROM held c
-	WHERE r.ctid = c.tid AND r.ctid = ANY(ARRAY(SELECT tid FROM held))
+	-- By id, not by the locked ctid: a pause that marked the run withdrawn
+	-- (see tx.DeleteFutureRuns) and committed after this statement's
+	-- snapshot made the locked version one the snapshot cannot see; the
+	-- ctid found no row and the outcome of an attempt that went out was
+	-- dropped. By id, the row visible to the snapshot leads to its latest
+	-- version.
+	WHERE r.id = c.run_id AND r.id = ANY(ARRAY(SELECT run_id FROM held))
 	RETURNING c.run_id, c.number, c.started_at, c.finished_at, c.status_code, c.error_code,
 		c.signature_timestamp, c.response_snippet, c.ord, r.project_id, r.job_id, r.state, r.failure_reason,
 		r.next_attempt_at, c.old_due

@@ -79,3 +79,77 @@ func TestPauseRacesTheReleaseOfAHeldRun(t *testing.T) {
 		t.Errorf("the paused job's withdrawn run was claimed again: %d claims, %v", len(again), err)
 	}
 }
+
+// TestPauseRacesTheOutcomeOfAHeldRun: a job is paused while the attempt of
+// its run, claimed ahead of its time, is in flight (the API's clock read
+// the pause's time just before the run's time). The pause marks the run,
+// which has no attempt recorded yet; the outcome, arriving meanwhile, waits
+// for the pause's lock on the run. It must then be recorded: the app has
+// the delivery. Dropped, the run stayed leased until its lease was
+// recovered (an interrupted attempt) and was sent again.
+func TestPauseRacesTheOutcomeOfAHeldRun(t *testing.T) {
+	ctx := context.Background()
+	s := open(t, "")
+	prj := newProject(t, s)
+	j := newJobs(t, s, prj, 1)[0]
+	due := t0.Add(time.Second)
+	if _, _, err := s.ApplyRunPlans(ctx, []vibejobs.RunPlan{planFor(j, due)}, t0); err != nil {
+		t.Fatal(err)
+	}
+	claims, err := s.ClaimDueRuns(ctx, "a", due, 1, time.Second)
+	if err != nil || len(claims) != 1 {
+		t.Fatalf("claim = %v %v", claims, err)
+	}
+	c := claims[0]
+
+	// The pause marks the run, and stops before committing.
+	marked, commit := make(chan struct{}, 1), make(chan struct{})
+	paused := make(chan error, 1)
+	go func() {
+		paused <- s.Update(ctx, func(tx vibejobs.Tx) error {
+			p := *j
+			p.Enabled, p.State, p.NextRunAt = false, vibejobs.JobPaused, nil
+			if err := tx.UpdateJob(ctx, &p); err != nil {
+				return err
+			}
+			if _, err := tx.DeleteFutureRuns(ctx, j.ID, t0); err != nil {
+				return err
+			}
+			select {
+			case marked <- struct{}{}:
+			default:
+			}
+			<-commit
+			return nil
+		})
+	}()
+	defer func() {
+		select {
+		case <-commit:
+		default:
+			close(commit)
+		}
+	}()
+	waitSignal(t, marked, "the pause never marked the run")
+	recorded := make(chan error, 1)
+	go func() {
+		recorded <- s.RecordOutcomes(ctx, "a", []vibejobs.Outcome{{RunID: c.Run.ID, ClaimedAt: c.ClaimedAt,
+			Attempt: vibejobs.Attempt{Number: 1, StartedAt: due, FinishedAt: due.Add(time.Millisecond), StatusCode: 200},
+			Step:    vibejobs.Step{State: vibejobs.RunSucceeded}}})
+	}()
+	waitForLockWait(t, s, "WITH o AS", "the outcome never waited for the run being withdrawn")
+	close(commit)
+	if err := <-paused; err != nil {
+		t.Fatalf("the pause: %v", err)
+	}
+	if err := <-recorded; err != nil {
+		t.Fatalf("RecordOutcomes: %v", err)
+	}
+	r, err := s.GetRun(ctx, prj, c.Run.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.State != vibejobs.RunSucceeded {
+		t.Errorf("the run whose attempt went out while its job was paused: %s, want succeeded", r.State)
+	}
+}
