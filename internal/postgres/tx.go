@@ -287,7 +287,19 @@ func (t *tx) dequeue(ctx context.Context, ids []string, dues []*time.Time) error
 // (leased: their state column stays scheduled, see migration 00005) are
 // marked withdrawn instead (see migration 00011), and JobsChannel is
 // notified at commit so that every replica gives back its held ones.
+//
+// The runs are locked first, in a statement of their own: the marking and
+// the deletion each take a snapshot, and a run claimed between the two was
+// unheld for the one and held for the other, neither marked nor deleted,
+// and went out while its job was paused. Locked, a run is claimed before
+// the lock (and marked) or not at all (claims skip locked runs).
 func (t *tx) DeleteFutureRuns(ctx context.Context, jobID string, after time.Time) (int, error) {
+	if _, err := t.q.Exec(ctx, `SELECT 1 FROM runs
+		WHERE job_id = $1 AND trigger = $2 AND scheduled_for > $3 AND state = 'scheduled'
+			AND NOT EXISTS (SELECT 1 FROM attempts a WHERE a.run_id = runs.id)
+		FOR UPDATE`, jobID, vibejobs.TriggerSchedule, after); err != nil {
+		return 0, mapError(err, "locking future runs")
+	}
 	if _, err := t.q.Exec(ctx, `WITH marked AS (
 			UPDATE runs SET withdrawn = true
 			WHERE job_id = $1 AND trigger = $2 AND scheduled_for > $3 AND state = 'scheduled'

@@ -153,3 +153,68 @@ func TestPauseRacesTheOutcomeOfAHeldRun(t *testing.T) {
 		t.Errorf("the run whose attempt went out while its job was paused: %s, want succeeded", r.State)
 	}
 }
+
+// TestPauseRacesAClaim: DeleteFutureRuns marks the held runs in one
+// statement and deletes the unheld ones in the next. A run claimed (ahead
+// of its time) between the two was neither: unheld in the first
+// statement's snapshot, held in the second's. Given back on the pause's
+// notification, it went back to the queue and out while the job was
+// paused. Here the first statement waits for another held run of the job,
+// locked by a third session, while the claim commits.
+func TestPauseRacesAClaim(t *testing.T) {
+	ctx := context.Background()
+	s := open(t, "")
+	prj := newProject(t, s)
+	j := newJobs(t, s, prj, 1)[0]
+	first, second := t0.Add(time.Second), t0.Add(2*time.Second)
+	if _, _, err := s.ApplyRunPlans(ctx, []vibejobs.RunPlan{planFor(j, first, second)}, t0); err != nil {
+		t.Fatal(err)
+	}
+	held, err := s.ClaimDueRuns(ctx, "a", first, 1, time.Second)
+	if err != nil || len(held) != 1 {
+		t.Fatalf("claim = %v %v", held, err)
+	}
+	locker, err := s.Pool().Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer locker.Rollback(ctx)
+	if err := holdRun(locker, prj, held[0].Run.ID); err != nil {
+		t.Fatal(err)
+	}
+	paused := make(chan error, 1)
+	go func() {
+		paused <- s.Update(ctx, func(tx vibejobs.Tx) error {
+			p := *j
+			p.Enabled, p.State, p.NextRunAt = false, vibejobs.JobPaused, nil
+			if err := tx.UpdateJob(ctx, &p); err != nil {
+				return err
+			}
+			_, err := tx.DeleteFutureRuns(ctx, j.ID, t0)
+			return err
+		})
+	}()
+	for deadline := time.Now().Add(10 * time.Second); !lockWaiting(t, s, "WITH marked AS") && !lockWaiting(t, s, "SELECT 1 FROM runs"); time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the pause never waited for the held run")
+		}
+	}
+	// The second run is claimed, unless the pause holds it already.
+	claimed, err := s.ClaimDueRuns(ctx, "a", second, 1, time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := locker.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-paused; err != nil {
+		t.Fatalf("the pause: %v", err)
+	}
+	// The holder gives back its held runs of the paused job.
+	if err := s.ReleaseClaims(ctx, "a", append(held, claimed...), first); err != nil {
+		t.Fatal(err)
+	}
+	if again, err := s.ClaimDueRuns(ctx, "b", second.Add(time.Second), 10, time.Second); err != nil || len(again) != 0 {
+		t.Errorf("a run of the paused job was claimed again: %d claims, %v", len(again), err)
+	}
+}
