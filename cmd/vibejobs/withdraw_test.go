@@ -28,39 +28,13 @@ func TestEditOnAnotherReplicaReachesHeldClaim(t *testing.T) {
 	oldURL, newURL := counting(&toOld).URL+"/hook", counting(&toNew).URL+"/hook"
 
 	ctx := context.Background()
-	m, _, _, cleanup, err := startBenchMain(ctx, url, 8, func(m *Main) { m.Config.ClaimAhead = time.Second })
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(cleanup)
-	far := time.Date(time.Now().Year()+1, 1, 1, 0, 0, 0, 0, time.UTC)
-	var job *vibejobs.Job
-	if err := createJobs(ctx, m, 1, func(_ int, j *vibejobs.Job) {
-		j.Schedule, j.URL, j.NextRunAt = "0 0 1 1 *", oldURL, &far
-		job = j
-	}); err != nil {
-		t.Fatal(err)
-	}
-	// Due in 1.5 s: claimed 1 s ahead, then held.
-	due := time.Now().Add(1500 * time.Millisecond).UTC().Truncate(time.Millisecond)
-	run := vibejobs.NewRun(vibejobs.NewID("run_", time.Now(), rand.Reader), job, vibejobs.TriggerSchedule, due, time.Now())
-	next := far
-	if _, _, err := m.store.ApplyRunPlans(ctx, []vibejobs.RunPlan{{JobID: job.ID, Anchor: job.ScheduleAnchor, From: far, Next: &next,
-		Runs: []*vibejobs.Run{run}}}, time.Now()); err != nil {
-		t.Fatal(err)
-	}
+	job, run := heldRun(t, url, other, oldURL, time.Second)
 	state := func() vibejobs.RunState {
 		r, err := other.GetRun(ctx, job.ProjectID, run.ID)
 		if err != nil {
 			t.Fatal(err)
 		}
 		return r.State
-	}
-	for state() != vibejobs.RunDelivering {
-		if time.Now().After(due) {
-			t.Fatal("the run was not claimed ahead of its time")
-		}
-		time.Sleep(5 * time.Millisecond)
 	}
 	job.URL = newURL
 	mustUpdatePG(t, other, func(tx vibejobs.Tx) error { return tx.UpdateJob(ctx, job) })
@@ -71,6 +45,49 @@ func TestEditOnAnotherReplicaReachesHeldClaim(t *testing.T) {
 	}
 	if toOld.Load() != 0 || toNew.Load() != 1 {
 		t.Fatalf("sent %d to the old URL and %d to the new one; want the one attempt at the new URL", toOld.Load(), toNew.Load())
+	}
+}
+
+// heldRun starts a server on the PostgreSQL database url that claims runs
+// up to ahead before their time, gives it one job to target, and plans the
+// job's run due in twice ahead; it returns once the server holds the run,
+// claimed and waiting for its time, as other, another replica's store,
+// sees it.
+func heldRun(t *testing.T, url string, other *postgres.Store, target string, ahead time.Duration) (*vibejobs.Job, *vibejobs.Run) {
+	t.Helper()
+	ctx := context.Background()
+	m, _, _, cleanup, err := startBenchMain(ctx, url, 8, func(m *Main) { m.Config.ClaimAhead = ahead })
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(cleanup)
+	far := time.Date(time.Now().Year()+1, 1, 1, 0, 0, 0, 0, time.UTC)
+	var job *vibejobs.Job
+	if err := createJobs(ctx, m, 1, func(_ int, j *vibejobs.Job) {
+		j.Schedule, j.URL, j.NextRunAt = "0 0 1 1 *", target, &far
+		job = j
+	}); err != nil {
+		t.Fatal(err)
+	}
+	due := time.Now().Add(2 * ahead).UTC().Truncate(time.Millisecond)
+	run := vibejobs.NewRun(vibejobs.NewID("run_", time.Now(), rand.Reader), job, vibejobs.TriggerSchedule, due, time.Now())
+	next := far
+	if _, _, err := m.store.ApplyRunPlans(ctx, []vibejobs.RunPlan{{JobID: job.ID, Anchor: job.ScheduleAnchor, From: far, Next: &next,
+		Runs: []*vibejobs.Run{run}}}, time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	for {
+		r, err := other.GetRun(ctx, job.ProjectID, run.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r.State == vibejobs.RunDelivering {
+			return job, run
+		}
+		if time.Now().After(due) {
+			t.Fatal("the run was not claimed ahead of its time")
+		}
+		time.Sleep(5 * time.Millisecond)
 	}
 }
 
@@ -92,27 +109,7 @@ func TestPauseOnAnotherReplicaWithdrawsHeldRun(t *testing.T) {
 	t.Cleanup(srv.Close)
 
 	ctx := context.Background()
-	m, _, _, cleanup, err := startBenchMain(ctx, url, 8, func(m *Main) { m.Config.ClaimAhead = 2 * time.Second })
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(cleanup)
-	far := time.Date(time.Now().Year()+1, 1, 1, 0, 0, 0, 0, time.UTC)
-	var job *vibejobs.Job
-	if err := createJobs(ctx, m, 1, func(_ int, j *vibejobs.Job) {
-		j.Schedule, j.URL, j.NextRunAt = "0 0 1 1 *", srv.URL+"/hook", &far
-		job = j
-	}); err != nil {
-		t.Fatal(err)
-	}
-	// Due in 2.5 s: claimed 2 s ahead, then held.
-	due := time.Now().Add(2500 * time.Millisecond).UTC().Truncate(time.Millisecond)
-	run := vibejobs.NewRun(vibejobs.NewID("run_", time.Now(), rand.Reader), job, vibejobs.TriggerSchedule, due, time.Now())
-	next := far
-	if _, _, err := m.store.ApplyRunPlans(ctx, []vibejobs.RunPlan{{JobID: job.ID, Anchor: job.ScheduleAnchor, From: far, Next: &next,
-		Runs: []*vibejobs.Run{run}}}, time.Now()); err != nil {
-		t.Fatal(err)
-	}
+	job, run := heldRun(t, url, other, srv.URL+"/hook", 2*time.Second)
 	state := func() (vibejobs.RunState, bool) {
 		r, err := other.GetRun(ctx, job.ProjectID, run.ID)
 		if vibejobs.ErrorKind(err) == vibejobs.ENOTFOUND {
@@ -122,12 +119,6 @@ func TestPauseOnAnotherReplicaWithdrawsHeldRun(t *testing.T) {
 			t.Fatal(err)
 		}
 		return r.State, true
-	}
-	for s, _ := state(); s != vibejobs.RunDelivering; s, _ = state() {
-		if time.Now().After(due) {
-			t.Fatal("the run was not claimed ahead of its time")
-		}
-		time.Sleep(5 * time.Millisecond)
 	}
 	pausedAt := time.Now()
 	job.Enabled, job.State, job.NextRunAt = false, vibejobs.JobPaused, nil

@@ -6,7 +6,33 @@ import (
 	"time"
 
 	"github.com/vibejobs/vibejobs"
+	"github.com/vibejobs/vibejobs/internal/postgres"
 )
+
+// heldRuns opens a store with one job whose runs, one per instant of dues,
+// are planned and the first claimed ahead of its time by "a".
+func heldRuns(t *testing.T, dues ...time.Time) (s *postgres.Store, prj string, j *vibejobs.Job, c *vibejobs.Claim) {
+	t.Helper()
+	s = open(t, "")
+	prj = newProject(t, s)
+	j = newJobs(t, s, prj, 1)[0]
+	if _, _, err := s.ApplyRunPlans(context.Background(), []vibejobs.RunPlan{planFor(j, dues...)}, t0); err != nil {
+		t.Fatal(err)
+	}
+	claims, err := s.ClaimDueRuns(context.Background(), "a", dues[0], 1, time.Second)
+	if err != nil || len(claims) != 1 {
+		t.Fatalf("claim = %v %v", claims, err)
+	}
+	return s, prj, j, claims[0]
+}
+
+// pause disables j in tx, as the API's pause does before it withdraws the
+// job's future runs.
+func pause(ctx context.Context, tx vibejobs.Tx, j *vibejobs.Job) error {
+	p := *j
+	p.Enabled, p.State, p.NextRunAt = false, vibejobs.JobPaused, nil
+	return tx.UpdateJob(ctx, &p)
+}
 
 // TestPauseRacesTheReleaseOfAHeldRun: a job is paused through the API while
 // the holder of its run, claimed ahead of its time, gives the run back (a
@@ -19,27 +45,16 @@ import (
 // job was paused.
 func TestPauseRacesTheReleaseOfAHeldRun(t *testing.T) {
 	ctx := context.Background()
-	s := open(t, "")
-	prj := newProject(t, s)
-	j := newJobs(t, s, prj, 1)[0]
 	due := t0.Add(time.Second)
-	if _, _, err := s.ApplyRunPlans(ctx, []vibejobs.RunPlan{planFor(j, due)}, t0); err != nil {
-		t.Fatal(err)
-	}
-	// Claimed ahead of its time.
-	claims, err := s.ClaimDueRuns(ctx, "a", due, 1, time.Second)
-	if err != nil || len(claims) != 1 {
-		t.Fatalf("claim = %v %v", claims, err)
-	}
+	s, _, j, c := heldRuns(t, due)
+	claims := []*vibejobs.Claim{c}
 
 	// The pause updates its job, and stops before withdrawing its runs.
 	updated, resume := make(chan struct{}, 1), make(chan struct{})
 	paused := make(chan error, 1)
 	go func() {
 		paused <- s.Update(ctx, func(tx vibejobs.Tx) error {
-			p := *j
-			p.Enabled, p.State, p.NextRunAt = false, vibejobs.JobPaused, nil
-			if err := tx.UpdateJob(ctx, &p); err != nil {
+			if err := pause(ctx, tx, j); err != nil {
 				return err
 			}
 			select {
@@ -89,27 +104,15 @@ func TestPauseRacesTheReleaseOfAHeldRun(t *testing.T) {
 // recovered (an interrupted attempt) and was sent again.
 func TestPauseRacesTheOutcomeOfAHeldRun(t *testing.T) {
 	ctx := context.Background()
-	s := open(t, "")
-	prj := newProject(t, s)
-	j := newJobs(t, s, prj, 1)[0]
 	due := t0.Add(time.Second)
-	if _, _, err := s.ApplyRunPlans(ctx, []vibejobs.RunPlan{planFor(j, due)}, t0); err != nil {
-		t.Fatal(err)
-	}
-	claims, err := s.ClaimDueRuns(ctx, "a", due, 1, time.Second)
-	if err != nil || len(claims) != 1 {
-		t.Fatalf("claim = %v %v", claims, err)
-	}
-	c := claims[0]
+	s, prj, j, c := heldRuns(t, due)
 
 	// The pause marks the run, and stops before committing.
 	marked, commit := make(chan struct{}, 1), make(chan struct{})
 	paused := make(chan error, 1)
 	go func() {
 		paused <- s.Update(ctx, func(tx vibejobs.Tx) error {
-			p := *j
-			p.Enabled, p.State, p.NextRunAt = false, vibejobs.JobPaused, nil
-			if err := tx.UpdateJob(ctx, &p); err != nil {
+			if err := pause(ctx, tx, j); err != nil {
 				return err
 			}
 			if _, err := tx.DeleteFutureRuns(ctx, j.ID, t0); err != nil {
@@ -163,17 +166,9 @@ func TestPauseRacesTheOutcomeOfAHeldRun(t *testing.T) {
 // locked by a third session, while the claim commits.
 func TestPauseRacesAClaim(t *testing.T) {
 	ctx := context.Background()
-	s := open(t, "")
-	prj := newProject(t, s)
-	j := newJobs(t, s, prj, 1)[0]
 	first, second := t0.Add(time.Second), t0.Add(2*time.Second)
-	if _, _, err := s.ApplyRunPlans(ctx, []vibejobs.RunPlan{planFor(j, first, second)}, t0); err != nil {
-		t.Fatal(err)
-	}
-	held, err := s.ClaimDueRuns(ctx, "a", first, 1, time.Second)
-	if err != nil || len(held) != 1 {
-		t.Fatalf("claim = %v %v", held, err)
-	}
+	s, prj, j, c := heldRuns(t, first, second)
+	held := []*vibejobs.Claim{c}
 	locker, err := s.Pool().Begin(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -185,9 +180,7 @@ func TestPauseRacesAClaim(t *testing.T) {
 	paused := make(chan error, 1)
 	go func() {
 		paused <- s.Update(ctx, func(tx vibejobs.Tx) error {
-			p := *j
-			p.Enabled, p.State, p.NextRunAt = false, vibejobs.JobPaused, nil
-			if err := tx.UpdateJob(ctx, &p); err != nil {
+			if err := pause(ctx, tx, j); err != nil {
 				return err
 			}
 			_, err := tx.DeleteFutureRuns(ctx, j.ID, t0)
