@@ -122,6 +122,11 @@ type Dispatcher struct {
 	// starved says the claim loop waits for a free slot: the next attempt
 	// to finish wakes it.
 	starved bool
+	// claiming says a ClaimDueRuns is on its way: its claims, committed,
+	// are in neither held nor waiting yet, so a withdrawal meanwhile keeps
+	// its match in missed, for acquire to apply to them (see claim).
+	claiming bool
+	missed   []func(*vibejobs.Claim) bool
 
 	// backlog says the last claim for runs due now came back full; only
 	// the claim loop uses it.
@@ -277,10 +282,8 @@ func (d *Dispatcher) claimOnce(ctx context.Context) (time.Duration, error) {
 	want := min(free, d.cfg.ClaimBatch)
 	var claims []*vibejobs.Claim
 	if dueNow {
-		sctx, cancel := d.storeCtx(ctx)
 		var err error
-		claims, err = d.cfg.Store.ClaimDueRuns(sctx, d.cfg.Owner, now, want, d.cfg.LeaseMargin)
-		cancel()
+		claims, err = d.claim(ctx, now, want)
 		if err != nil {
 			d.backlog = false
 			return 0, err
@@ -293,9 +296,7 @@ func (d *Dispatcher) claimOnce(ctx context.Context) (time.Duration, error) {
 		// These are first attempts not yet due (late is false for them)
 		// or retries due by now+ahead; each is held until its time.
 		ahead := now.Add(d.cfg.ClaimAhead)
-		sctx, cancel := d.storeCtx(ctx)
-		more, err := d.cfg.Store.ClaimDueRuns(sctx, d.cfg.Owner, ahead, want-len(claims), d.cfg.LeaseMargin)
-		cancel()
+		more, err := d.claim(ctx, ahead, want-len(claims))
 		if err != nil {
 			return 0, err
 		}
@@ -313,6 +314,32 @@ func (d *Dispatcher) claimOnce(ctx context.Context) (time.Duration, error) {
 // retakePause is how long dispatchOnce waits after finding a run due but
 // claiming none.
 const retakePause = 5 * time.Millisecond
+
+// claim claims up to limit runs due by at. The claims are committed before
+// they come back, and a job change committing meanwhile (a pause that
+// marked a claimed run withdrawn, waiting for the claim's lock on it) may
+// call JobChanged before start holds them: the withdrawal is then kept for
+// start, which must follow, to apply (see acquire), so that such a claim
+// too is given back unsent.
+func (d *Dispatcher) claim(ctx context.Context, at time.Time, limit int) ([]*vibejobs.Claim, error) {
+	d.mu.Lock()
+	d.claiming = true
+	d.mu.Unlock()
+	sctx, cancel := d.storeCtx(ctx)
+	claims, err := d.cfg.Store.ClaimDueRuns(sctx, d.cfg.Owner, at, limit, d.cfg.LeaseMargin)
+	cancel()
+	if err != nil {
+		d.endClaim()
+	}
+	return claims, err
+}
+
+// endClaim ends what claim began, once its claims are held or waiting.
+func (d *Dispatcher) endClaim() {
+	d.mu.Lock()
+	d.claiming, d.missed = false, nil
+	d.mu.Unlock()
+}
 
 // start begins the attempts of claims made at now; a claim whose host is
 // full waits for a slot (see Config.PerHost). A claim made ahead of time
@@ -349,6 +376,7 @@ func (d *Dispatcher) start(claims []*vibejobs.Claim, now, ahead time.Time) {
 		}
 		d.acquire(host, waiter{c: c, hold: hold, deadline: deadline})
 	}
+	d.endClaim()
 }
 
 // latest returns the later of a and b.
@@ -409,6 +437,14 @@ const (
 func (d *Dispatcher) acquire(host string, w waiter) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	for _, match := range d.missed {
+		if match(w.c) {
+			// Withdrawn while it was being claimed (see claim): it goes
+			// back once due, as a withdrawn held claim does.
+			d.toRelease = append(d.toRelease, w)
+			return
+		}
+	}
 	d.inflight++
 	if d.perHost[host] < d.cfg.PerHost {
 		d.perHost[host]++
@@ -456,6 +492,9 @@ func (d *Dispatcher) WithdrawAll() {
 // closed and ends without sending, freeing its slot.
 func (d *Dispatcher) withdraw(match func(*vibejobs.Claim) bool) {
 	d.mu.Lock()
+	if d.claiming {
+		d.missed = append(d.missed, match)
+	}
 	n := len(d.toRelease)
 	for c, h := range d.held {
 		if match(c) && h.state.CompareAndSwap(claimHeld, claimWithdrawn) {

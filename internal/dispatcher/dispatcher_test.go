@@ -1026,3 +1026,90 @@ func TestStaleReleaseKeepsTheNewerClaim(t *testing.T) {
 		t.Fatalf("victim sent %d times after its lease was recovered, want once", sends)
 	}
 }
+
+// claimHook runs after once the first ClaimDueRuns that claimed something
+// returned from the store, before the dispatcher sees the claims.
+type claimHook struct {
+	*releaseCounter
+	once  sync.Once
+	after func()
+}
+
+func (h *claimHook) ClaimDueRuns(ctx context.Context, owner string, now time.Time, limit int, leaseMargin time.Duration) ([]*vibejobs.Claim, error) {
+	cs, err := h.releaseCounter.ClaimDueRuns(ctx, owner, now, limit, leaseMargin)
+	if len(cs) > 0 {
+		h.once.Do(h.after)
+	}
+	return cs, err
+}
+
+// TestJobChangedWhileClaiming: a job is paused, and JobChanged called,
+// while the claim of its run ahead of its time is on its way back from the
+// database: committed (the pause, which waits for the claim's lock on the
+// run, marks it withdrawn) but not yet held by the dispatcher, which
+// JobChanged then finds holding nothing. The claim must still be given
+// back unsent, and the run never sent while its job is paused.
+func TestJobChangedWhileClaiming(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	j := e.job(t, "job_a", "https://a.example/")
+	later := e.clock.Now().Add(time.Hour)
+	j.NextRunAt = &later
+	e.update(t, func(tx vibejobs.Tx) error { return tx.UpdateJob(ctx, j) })
+	at := e.clock.Now().Add(time.Second)
+	r := vibejobs.NewRun("run_a", j, vibejobs.TriggerSchedule, at, e.clock.Now())
+	if n, _, err := e.store.ApplyRunPlans(ctx, []vibejobs.RunPlan{{JobID: j.ID, From: *j.NextRunAt, Anchor: j.ScheduleAnchor,
+		Next: j.NextRunAt, Runs: []*vibejobs.Run{r}}}, e.clock.Now()); err != nil || n != 1 {
+		t.Fatalf("ApplyRunPlans = %d, %v", n, err)
+	}
+	var d *dispatcher.Dispatcher
+	ready := make(chan struct{})
+	rc := &releaseCounter{DispatchStore: e.store}
+	hook := &claimHook{releaseCounter: rc, after: func() {
+		<-ready
+		j.Enabled, j.State, j.NextRunAt = false, vibejobs.JobPaused, nil
+		if err := e.store.Update(ctx, func(tx vibejobs.Tx) error {
+			if err := tx.UpdateJob(ctx, j); err != nil {
+				return err
+			}
+			_, err := tx.DeleteFutureRuns(ctx, j.ID, e.clock.Now())
+			return err
+		}); err != nil {
+			t.Errorf("the pause: %v", err) // not Fatal: the claim loop's goroutine
+		}
+		d.JobChanged(j.ID)
+	}}
+	d = dispatcher.New(dispatcher.Config{
+		Store: hook, Sender: e.sender, Opener: plainOpener{}, Owner: "test-owner",
+		Now: e.clock.Now, Rand: func() float64 { return 0.5 }, Concurrency: 8, PerHost: 8,
+		PollInterval: 20 * time.Millisecond, ClaimAhead: 2 * time.Second,
+	})
+	runCtx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() { d.Run(runCtx); close(done) }()
+	defer func() { cancel(); <-done }()
+	close(ready)
+
+	e.waitRun(t, r.ID, func(r *vibejobs.Run) bool { return r.State == vibejobs.RunDelivering })
+	e.clock.Add(time.Second)
+	for deadline := time.Now().Add(10 * time.Second); rc.released.Load() == 0; time.Sleep(time.Millisecond) {
+		select {
+		case x := <-e.sender.got:
+			t.Fatalf("the run of the job paused while it was being claimed was sent: attempt %v", x.payload["attempt"])
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the claim of the job paused while it was being claimed was not given back")
+		}
+	}
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) {
+		_, err := e.store.GetRun(ctx, e.project, r.ID)
+		if vibejobs.ErrorKind(err) == vibejobs.ENOTFOUND {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the withdrawn run is still there: %v", err)
+		}
+	}
+	e.wantNothingSent(t, "after the pause")
+}
