@@ -2,6 +2,7 @@ package postgres
 
 import (
 	"context"
+	"errors"
 	"testing"
 	"time"
 
@@ -75,5 +76,21 @@ func TestReadOnlySessionsAreNotKept(t *testing.T) {
 	}
 	if _, _, err := s.NextDueAt(ctx); err != nil {
 		t.Fatalf("a queue read after the read-only session went: %v", err)
+	}
+}
+
+// TestListenerLeavesAReadOnlyServer: the listener does not LISTEN on a
+// server that takes no writes: after a failover the new primary's NOTIFYs
+// never reach the old one, so it connects again instead (and says then that
+// any job may have changed). Here its sessions start read-only.
+func TestListenerLeavesAReadOnlyServer(t *testing.T) {
+	s := MustOpenTest(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	s.connConfig.RuntimeParams["default_transaction_read_only"] = "on"
+	ready := false
+	listening, err := s.listenOnce(ctx, make(chan struct{}, 1), make(chan string, 1), func() { ready = true })
+	if !errors.Is(err, errListenReadOnly) || listening || ready {
+		t.Fatalf("listening on a read-only server: listening %v, ready %v, %v; want errListenReadOnly", listening, ready, err)
 	}
 }

@@ -2,6 +2,7 @@ package postgres
 
 import (
 	"context"
+	"errors"
 	"strings"
 	"time"
 
@@ -29,7 +30,8 @@ const (
 // delivery settings changed or that was deleted, by any replica, once
 // committed. The caller must keep reading it: the listener waits for it.
 //
-// A lost connection is re-established with backoff; once listening again,
+// A lost connection is re-established with backoff, and so is one whose
+// server takes no writes (see errListenReadOnly); once listening again,
 // wakeups signals and jobs receives "", since notifications sent meanwhile
 // are lost (the caller's polling is the fallback for runs). Both channels
 // are closed when ctx is done or the Store is closed.
@@ -102,6 +104,11 @@ func send(ctx context.Context, ch chan<- string, v string) {
 // jobPayload is the JobsChannel payload announcing job id.
 func (s *Store) jobPayload(id string) string { return id + " " + s.schema }
 
+// errListenReadOnly ends a listening session on a server that takes no
+// writes (see writable): the NOTIFYs of a failover's new primary never reach
+// it, so the listener connects again, to wherever the address leads now.
+var errListenReadOnly = errors.New("postgres: the server takes no writes (a standby, or fenced): listening elsewhere")
+
 // listenOnce connects, LISTENs, calls ready, and forwards this schema's
 // notifications until the connection fails or ctx is done. listening reports
 // whether it got as far as ready.
@@ -111,6 +118,9 @@ func (s *Store) listenOnce(ctx context.Context, out chan<- struct{}, jobs chan<-
 		return false, mapError(err, "connecting to listen")
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
+	if !writable(conn) {
+		return false, errListenReadOnly
+	}
 	for _, channel := range []string{NotifyChannel, JobsChannel} {
 		if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{channel}.Sanitize()); err != nil {
 			return false, mapError(err, "listening")
@@ -127,6 +137,9 @@ func (s *Store) listenOnce(ctx context.Context, out chan<- struct{}, jobs chan<-
 			pingCtx, cancel := context.WithTimeout(ctx, listenKeepalive)
 			err = conn.Ping(pingCtx)
 			cancel()
+			if err == nil && !writable(conn) {
+				err = errListenReadOnly
+			}
 			if err == nil {
 				continue
 			}
