@@ -600,13 +600,12 @@ func snippet(s string) string {
 // ReleaseClaims puts the runs of owner's claims back in the queue, due now,
 // to be sent under the same attempt number, while each is still delivering
 // under its claim's lease (a lease recovered and taken again, by this owner
-// too, is another claim's). A first attempt never sent
-// before (no attempt recorded, not even an interrupted one) gets its late
-// flag decided again; one the app has seen keeps it. A run whose job was
-// deleted meanwhile has no attempt in flight any more: it is cancelled
-// (job_deleted), as DeleteJob would have done.
-// A run never sent whose occurrence was withdrawn while it was held is
-// deleted (see tx.DeleteFutureRuns).
+// too, is another claim's). A first attempt never sent before (no attempt
+// recorded, not even an interrupted one) gets its late flag decided again;
+// one the app has seen keeps it. A run whose job was deleted meanwhile has
+// no attempt in flight any more: it is cancelled (job_deleted), as DeleteJob
+// would have done. A run never sent whose occurrence was withdrawn while it
+// was held is deleted (see tx.DeleteFutureRuns).
 func (s *Store) ReleaseClaims(ctx context.Context, owner string, claims []*vibejobs.Claim, now time.Time) error {
 	if len(claims) == 0 {
 		return nil
