@@ -3,9 +3,11 @@ package postgres
 import (
 	"context"
 	"errors"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/vibejobs/vibejobs"
@@ -92,5 +94,46 @@ func TestListenerLeavesAReadOnlyServer(t *testing.T) {
 	listening, err := s.listenOnce(ctx, make(chan struct{}, 1), make(chan string, 1), func() { ready = true })
 	if !errors.Is(err, errListenReadOnly) || listening || ready {
 		t.Fatalf("listening on a read-only server: listening %v, ready %v, %v; want errListenReadOnly", listening, ready, err)
+	}
+}
+
+// TestListenerSaysAnyJobMayHaveChangedAfterAFailedFirstSession: a listener
+// whose first session never got to listen (here it reached a server that
+// takes no writes, as in a failover; a refused connection is alike) missed
+// the job changes committed meanwhile, while the dispatcher, started at the
+// same time, claimed: once it listens, it must say that any job may have
+// changed, before the changes it hears from then on.
+func TestListenerSaysAnyJobMayHaveChangedAfterAFailedFirstSession(t *testing.T) {
+	s := MustOpenTest(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var sessions atomic.Int32
+	s.connConfig.AfterConnect = func(ctx context.Context, c *pgconn.PgConn) error {
+		if sessions.Add(1) > 1 {
+			return nil
+		}
+		// The first session only: read-only, as on the fenced old primary.
+		return c.Exec(ctx, "SET default_transaction_read_only = on").Close()
+	}
+	wctx, stop := context.WithCancel(ctx)
+	defer stop()
+	_, jobs := s.Notifications(wctx)
+	for {
+		if _, err := s.pool.Exec(ctx, "SELECT pg_notify($1, $2)", JobsChannel, s.jobPayload("job_x")); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case id := <-jobs:
+			if sessions.Load() < 2 {
+				t.Fatalf("job change %q heard on the read-only session", id)
+			}
+			if id != "" {
+				t.Fatalf("first job change after the failed first session: %q, want \"\" (any job may have changed)", id)
+			}
+			return
+		case <-time.After(20 * time.Millisecond):
+		case <-ctx.Done():
+			t.Fatal("the listener never listened")
+		}
 	}
 }

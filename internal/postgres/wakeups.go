@@ -62,6 +62,10 @@ func signal(out chan<- struct{}) {
 // listen runs listening sessions until ctx is done.
 func (s *Store) listen(ctx context.Context, out chan<- struct{}, jobs chan<- string) {
 	backoff := listenMinBackoff
+	// first says no session has ended yet. One that ended, listening or
+	// not (a refused connection, a server that takes no writes), leaves
+	// the notifications sent since unheard, while the reader's claims went
+	// on: the next session to listen says so.
 	first := true
 	for ctx.Err() == nil {
 		listening, err := s.listenOnce(ctx, out, jobs, func() {
@@ -71,9 +75,9 @@ func (s *Store) listen(ctx context.Context, out chan<- struct{}, jobs chan<- str
 				signal(out)
 				send(ctx, jobs, "")
 			}
-			first = false
 			backoff = listenMinBackoff
 		})
+		first = false
 		if ctx.Err() != nil {
 			return
 		}
