@@ -10,7 +10,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"sort"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -120,23 +119,29 @@ func pgReplicaURL(t *testing.T, host string) (string, *postgres.Store) {
 	return u + sep + "search_path=" + schema, store
 }
 
-// slowReceiver answers 200 after delay, counting deliveries per run id.
+// slowReceiver answers 200 after delay, counting deliveries per run id,
+// and the deliveries whose sender went away before the answer (aborted).
 type slowReceiver struct {
 	*httptest.Server
-	mu    sync.Mutex
-	byRun map[string]int
+	mu      sync.Mutex
+	byRun   map[string]int
+	aborted map[string]int
 }
 
 func newSlowReceiver(t *testing.T, delay time.Duration) *slowReceiver {
-	sr := &slowReceiver{byRun: map[string]int{}}
+	sr := &slowReceiver{byRun: map[string]int{}, aborted: map[string]int{}}
 	sr.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		b, _ := io.ReadAll(r.Body)
+		id := runIDOf(b)
 		sr.mu.Lock()
-		sr.byRun[runIDOf(b)]++
+		sr.byRun[id]++
 		sr.mu.Unlock()
 		select {
 		case <-time.After(delay):
 		case <-r.Context().Done():
+			sr.mu.Lock()
+			sr.aborted[id]++
+			sr.mu.Unlock()
 		}
 		w.WriteHeader(200)
 	}))
@@ -197,23 +202,52 @@ func waitAllFinished(t *testing.T, st vibejobs.Store, projectID string, jobIDs [
 	}
 }
 
-// checkEverySecond asserts the runs of an "@every 1s" job: one per second
-// with no gap (no occurrence lost), none twice, every one succeeded.
-func checkEverySecond(t *testing.T, jobID string, runs []*vibejobs.Run) {
+// checkEverySecond asserts the runs of a paused "@every 1s" job: exactly
+// one run for each occurrence from the job's anchor to its pause (no
+// occurrence lost, also none at the end, none twice, none after the pause),
+// every one succeeded. The expected occurrences are computed from the job
+// as stored, not from the runs found.
+func checkEverySecond(t *testing.T, st vibejobs.Store, projectID, jobID string, runs []*vibejobs.Run) {
 	t.Helper()
-	if len(runs) < 3 {
-		t.Fatalf("job %s: only %d runs", jobID, len(runs))
+	j, err := st.GetJob(context.Background(), projectID, jobID)
+	if err != nil {
+		t.Fatal(err)
 	}
-	sort.Slice(runs, func(i, j int) bool { return runs[i].ScheduledFor.Before(runs[j].ScheduledFor) })
-	for i, r := range runs {
+	if j.State != vibejobs.JobPaused {
+		t.Fatalf("job %s is %s, not paused: its occurrences have no end", jobID, j.State)
+	}
+	// The pause (at UpdatedAt) withdrew the runs scheduled after it and
+	// skips every later occurrence; every one up to it is a run.
+	var want []time.Time
+	for at := j.ScheduleAnchor.Add(time.Second); !at.After(j.UpdatedAt); at = at.Add(time.Second) {
+		want = append(want, at)
+	}
+	if len(want) < 3 {
+		t.Fatalf("job %s: paused %v after its anchor: too short to prove anything", jobID, j.UpdatedAt.Sub(j.ScheduleAnchor))
+	}
+	got := map[int64]int{}
+	for _, r := range runs {
+		got[r.ScheduledFor.UnixMicro()]++
 		if r.State != vibejobs.RunSucceeded {
 			t.Errorf("job %s run %s: %s %s", jobID, r.ID, r.State, r.FailureReason)
 		}
-		if i > 0 {
-			if gap := r.ScheduledFor.Sub(runs[i-1].ScheduledFor); gap != time.Second {
-				t.Errorf("job %s: %v between occurrences %v and %v (lost or doubled)", jobID, gap, runs[i-1].ScheduledFor, r.ScheduledFor)
-			}
+	}
+	lost := 0
+	for _, at := range want {
+		switch n := got[at.UnixMicro()]; {
+		case n == 0:
+			lost++
+			t.Errorf("job %s: occurrence %v lost", jobID, at)
+		case n > 1:
+			t.Errorf("job %s: occurrence %v has %d runs", jobID, at, n)
 		}
+		delete(got, at.UnixMicro())
+	}
+	for at, n := range got {
+		t.Errorf("job %s: %d runs for %v, not an occurrence before the pause", jobID, n, time.UnixMicro(at).UTC())
+	}
+	if lost > 0 {
+		t.Logf("job %s: %d of %d occurrences lost (anchor %v, paused %v)", jobID, lost, len(want), j.ScheduleAnchor, j.UpdatedAt)
 	}
 }
 
@@ -271,35 +305,63 @@ func TestReplicasSurviveSIGKILL(t *testing.T) {
 	if err := r2.cmd.Process.Signal(syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
+	killedAt := time.Now()
 	time.Sleep(4 * time.Second)
 	pauseAll(t, r3.api, ids)
 	all := waitAllFinished(t, st, project, ids, 60*time.Second)
 
+	rc.mu.Lock()
+	defer rc.mu.Unlock()
 	interrupted := 0
 	for _, id := range ids {
-		checkEverySecond(t, id, all[id])
+		checkEverySecond(t, st, project, id, all[id])
 		for _, r := range all[id] {
 			full, err := st.GetRun(context.Background(), project, r.ID)
 			if err != nil {
 				t.Fatal(err)
 			}
+			answered, cut := 0, 0
 			for _, a := range full.Attempts {
-				if a.ErrorCode == vibejobs.ErrorCodeInterrupted {
-					interrupted++
-					rc.mu.Lock()
-					n := rc.byRun[r.ID]
-					rc.mu.Unlock()
-					if n < 2 {
-						t.Errorf("run %s interrupted but received %d times", r.ID, n)
+				switch {
+				case a.ErrorCode == vibejobs.ErrorCodeInterrupted:
+					cut++
+					// Only the killed replica's attempts are interrupted:
+					// the survivors' leases are never taken from them.
+					if a.StartedAt.After(killedAt) {
+						t.Errorf("run %s: attempt %d started %v after the kill and was interrupted", r.ID, a.Number, a.StartedAt.Sub(killedAt))
 					}
+				case a.StatusCode != 0:
+					answered++
 				}
+			}
+			interrupted += cut
+			// Counted at the receiver, not from the store: each answered
+			// attempt was received once, an interrupted one at most once;
+			// a run with no interrupted attempt was never received twice.
+			if n := rc.byRun[r.ID]; n < answered || n > answered+cut {
+				t.Errorf("run %s received %d times for %d answered and %d interrupted attempts", r.ID, n, answered, cut)
+			}
+			if cut > 0 && rc.byRun[r.ID] < 2 {
+				t.Errorf("run %s interrupted but received %d times", r.ID, rc.byRun[r.ID])
 			}
 		}
 	}
 	if interrupted == 0 {
 		t.Fatal("the killed replica had no attempt in flight: the test proved nothing")
 	}
-	t.Logf("%d interrupted attempts redelivered", interrupted)
+	// The deliveries the kill cut off at the receiver were made again (by
+	// the survivors: the killed replica is gone) and answered.
+	cutOff := 0
+	for id, n := range rc.aborted {
+		cutOff += n
+		if rc.byRun[id] <= n {
+			t.Errorf("run %s: %d deliveries cut off by the kill, none made again (%d in all)", id, n, rc.byRun[id])
+		}
+	}
+	if cutOff == 0 {
+		t.Fatal("no delivery was cut off at the receiver by the kill: the test proved nothing")
+	}
+	t.Logf("%d interrupted attempts, %d deliveries cut off by the kill, all redelivered", interrupted, cutOff)
 }
 
 func (sr *slowReceiver) total() int {
@@ -496,7 +558,14 @@ func TestReplicasRideOutDatabaseOutage(t *testing.T) {
 	proxy.cut()
 	waitStatus(t, r1.api.base, 503, 15*time.Second)
 	waitStatus(t, r2.api.base, 503, 15*time.Second)
-	time.Sleep(3 * time.Second)
+	// Not ready for as long as the database is gone, not just once.
+	for until := time.Now().Add(3 * time.Second); time.Now().Before(until); time.Sleep(100 * time.Millisecond) {
+		for _, r := range []*replica{r1, r2} {
+			if code := readyStatus(r.api.base); code != 503 {
+				t.Fatalf("%s/readyz answered %d while the database is gone", r.api.base, code)
+			}
+		}
+	}
 	proxy.restore()
 	waitStatus(t, r1.api.base, 200, 30*time.Second)
 	waitStatus(t, r2.api.base, 200, 30*time.Second)
@@ -504,7 +573,7 @@ func TestReplicasRideOutDatabaseOutage(t *testing.T) {
 	pauseAll(t, r2.api, ids)
 	all := waitAllFinished(t, st, project, ids, 60*time.Second)
 	for _, id := range ids {
-		checkEverySecond(t, id, all[id])
+		checkEverySecond(t, st, project, id, all[id])
 	}
 }
 
