@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/vibejobs/vibejobs"
+	"github.com/vibejobs/vibejobs/internal/dispatcher"
 	"github.com/vibejobs/vibejobs/internal/postgres"
 )
 
@@ -326,8 +327,10 @@ func TestReplicasSurviveSIGKILL(t *testing.T) {
 				case a.ErrorCode == vibejobs.ErrorCodeInterrupted:
 					cut++
 					// Only the killed replica's attempts are interrupted:
-					// the survivors' leases are never taken from them.
-					if a.StartedAt.After(killedAt) {
+					// the survivors' leases are never taken from them. A
+					// run claimed ahead of its time (held, maybe never
+					// sent) starts at most ClaimAhead after its claim.
+					if a.StartedAt.After(killedAt.Add(dispatcher.DefaultClaimAhead)) {
 						t.Errorf("run %s: attempt %d started %v after the kill and was interrupted", r.ID, a.Number, a.StartedAt.Sub(killedAt))
 					}
 				case a.StatusCode != 0:
@@ -341,16 +344,15 @@ func TestReplicasSurviveSIGKILL(t *testing.T) {
 			if n := rc.byRun[r.ID]; n < answered || n > answered+cut {
 				t.Errorf("run %s received %d times for %d answered and %d interrupted attempts", r.ID, n, answered, cut)
 			}
-			if cut > 0 && rc.byRun[r.ID] < 2 {
-				t.Errorf("run %s interrupted but received %d times", r.ID, rc.byRun[r.ID])
-			}
 		}
 	}
 	if interrupted == 0 {
 		t.Fatal("the killed replica had no attempt in flight: the test proved nothing")
 	}
 	// The deliveries the kill cut off at the receiver were made again (by
-	// the survivors: the killed replica is gone) and answered.
+	// the survivors: the killed replica is gone) and answered. (An
+	// interrupted attempt need not have been sent: the kill may find a run
+	// held ahead of its time.)
 	cutOff := 0
 	for id, n := range rc.aborted {
 		cutOff += n
