@@ -244,7 +244,14 @@ func checkEverySecond(t *testing.T, st vibejobs.Store, projectID, jobID string, 
 		}
 		delete(got, at.UnixMicro())
 	}
+	// The pause's time is read when its request arrives, and a run held
+	// ahead of its time whose attempt started before the pause committed
+	// goes out and stays (only unsent runs are withdrawn): one occurrence
+	// within a second after the pause may have its run too.
 	for at, n := range got {
+		if after := time.UnixMicro(at).Sub(j.UpdatedAt); n == 1 && after > 0 && after < time.Second {
+			continue
+		}
 		t.Errorf("job %s: %d runs for %v, not an occurrence before the pause", jobID, n, time.UnixMicro(at).UTC())
 	}
 	if lost > 0 {
