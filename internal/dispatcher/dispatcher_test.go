@@ -157,6 +157,50 @@ func (e *env) run(t *testing.T, j *vibejobs.Job, id string, scheduledFor time.Ti
 	return r
 }
 
+// scheduledRun creates a job and plans its schedule-triggered run due in
+// in, as the scheduler would.
+func (e *env) scheduledRun(t *testing.T, in time.Duration) (*vibejobs.Job, *vibejobs.Run) {
+	t.Helper()
+	ctx := context.Background()
+	j := e.job(t, "job_a", "https://a.example/")
+	later := e.clock.Now().Add(time.Hour)
+	j.NextRunAt = &later
+	e.update(t, func(tx vibejobs.Tx) error { return tx.UpdateJob(ctx, j) })
+	r := vibejobs.NewRun("run_a", j, vibejobs.TriggerSchedule, e.clock.Now().Add(in), e.clock.Now())
+	if n, _, err := e.store.ApplyRunPlans(ctx, []vibejobs.RunPlan{{JobID: j.ID, From: *j.NextRunAt, Anchor: j.ScheduleAnchor,
+		Next: j.NextRunAt, Runs: []*vibejobs.Run{r}}}, e.clock.Now()); err != nil || n != 1 {
+		t.Fatalf("ApplyRunPlans = %d, %v", n, err)
+	}
+	return j, r
+}
+
+// pause pauses j as the API does: disabled, its future runs withdrawn.
+func (e *env) pause(j *vibejobs.Job) error {
+	ctx := context.Background()
+	j.Enabled, j.State, j.NextRunAt = false, vibejobs.JobPaused, nil
+	return e.store.Update(ctx, func(tx vibejobs.Tx) error {
+		if err := tx.UpdateJob(ctx, j); err != nil {
+			return err
+		}
+		_, err := tx.DeleteFutureRuns(ctx, j.ID, e.clock.Now())
+		return err
+	})
+}
+
+// waitGone waits until run id is deleted.
+func (e *env) waitGone(t *testing.T, id string) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) {
+		_, err := e.store.GetRun(context.Background(), e.project, id)
+		if vibejobs.ErrorKind(err) == vibejobs.ENOTFOUND {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("run %s is still there: %v", id, err)
+		}
+	}
+}
+
 func (e *env) start(t *testing.T, perHost int) (*dispatcher.Dispatcher, context.CancelFunc, chan struct{}) {
 	t.Helper()
 	d := dispatcher.New(dispatcher.Config{
@@ -664,39 +708,16 @@ func TestJobChangeWithdrawsHeldClaim(t *testing.T) {
 		// ahead and held too: given back unsent, the run is gone, and
 		// never sent.
 		e := newEnv(t)
-		ctx := context.Background()
-		j := e.job(t, "job_a", "https://a.example/")
-		later := e.clock.Now().Add(time.Hour)
-		j.NextRunAt = &later
-		e.update(t, func(tx vibejobs.Tx) error { return tx.UpdateJob(ctx, j) })
-		at := e.clock.Now().Add(time.Second)
-		r := vibejobs.NewRun("run_a", j, vibejobs.TriggerSchedule, at, e.clock.Now())
-		if n, _, err := e.store.ApplyRunPlans(ctx, []vibejobs.RunPlan{{JobID: j.ID, From: *j.NextRunAt, Anchor: j.ScheduleAnchor,
-			Next: j.NextRunAt, Runs: []*vibejobs.Run{r}}}, e.clock.Now()); err != nil || n != 1 {
-			t.Fatalf("ApplyRunPlans = %d, %v", n, err)
-		}
+		j, r := e.scheduledRun(t, time.Second)
 		d, rc, _, _ := e.startWith(t, 8, 2*time.Second)
 		e.waitRun(t, r.ID, func(r *vibejobs.Run) bool { return r.State == vibejobs.RunDelivering })
-		j.Enabled, j.State, j.NextRunAt = false, vibejobs.JobPaused, nil
-		e.update(t, func(tx vibejobs.Tx) error {
-			if err := tx.UpdateJob(ctx, j); err != nil {
-				return err
-			}
-			_, err := tx.DeleteFutureRuns(ctx, j.ID, e.clock.Now())
-			return err
-		})
+		if err := e.pause(j); err != nil {
+			t.Fatal(err)
+		}
 		d.JobChanged(j.ID)
 		e.clock.Add(time.Second)
 		rc.waitReleased(t, "the held claim of the paused job was not given back")
-		for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) {
-			_, err := e.store.GetRun(ctx, e.project, r.ID)
-			if vibejobs.ErrorKind(err) == vibejobs.ENOTFOUND {
-				break
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("the withdrawn run is still there: %v", err)
-			}
-		}
+		e.waitGone(t, r.ID)
 		e.wantNothingSent(t, "after the pause")
 	})
 }
@@ -1052,29 +1073,13 @@ func (h *claimHook) ClaimDueRuns(ctx context.Context, owner string, now time.Tim
 func TestJobChangedWhileClaiming(t *testing.T) {
 	e := newEnv(t)
 	ctx := context.Background()
-	j := e.job(t, "job_a", "https://a.example/")
-	later := e.clock.Now().Add(time.Hour)
-	j.NextRunAt = &later
-	e.update(t, func(tx vibejobs.Tx) error { return tx.UpdateJob(ctx, j) })
-	at := e.clock.Now().Add(time.Second)
-	r := vibejobs.NewRun("run_a", j, vibejobs.TriggerSchedule, at, e.clock.Now())
-	if n, _, err := e.store.ApplyRunPlans(ctx, []vibejobs.RunPlan{{JobID: j.ID, From: *j.NextRunAt, Anchor: j.ScheduleAnchor,
-		Next: j.NextRunAt, Runs: []*vibejobs.Run{r}}}, e.clock.Now()); err != nil || n != 1 {
-		t.Fatalf("ApplyRunPlans = %d, %v", n, err)
-	}
+	j, r := e.scheduledRun(t, time.Second)
 	var d *dispatcher.Dispatcher
 	ready := make(chan struct{})
 	rc := &releaseCounter{DispatchStore: e.store}
 	hook := &claimHook{releaseCounter: rc, after: func() {
 		<-ready
-		j.Enabled, j.State, j.NextRunAt = false, vibejobs.JobPaused, nil
-		if err := e.store.Update(ctx, func(tx vibejobs.Tx) error {
-			if err := tx.UpdateJob(ctx, j); err != nil {
-				return err
-			}
-			_, err := tx.DeleteFutureRuns(ctx, j.ID, e.clock.Now())
-			return err
-		}); err != nil {
+		if err := e.pause(j); err != nil {
 			t.Errorf("the pause: %v", err) // not Fatal: the claim loop's goroutine
 		}
 		d.JobChanged(j.ID)
@@ -1102,14 +1107,6 @@ func TestJobChangedWhileClaiming(t *testing.T) {
 			t.Fatal("the claim of the job paused while it was being claimed was not given back")
 		}
 	}
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) {
-		_, err := e.store.GetRun(ctx, e.project, r.ID)
-		if vibejobs.ErrorKind(err) == vibejobs.ENOTFOUND {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the withdrawn run is still there: %v", err)
-		}
-	}
+	e.waitGone(t, r.ID)
 	e.wantNothingSent(t, "after the pause")
 }
