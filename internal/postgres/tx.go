@@ -281,6 +281,13 @@ func (t *tx) dequeue(ctx context.Context, ids []string, dues []*time.Time) error
 	return mapError(err, "dequeueing runs")
 }
 
+// futureRunSQL matches, in a statement on runs, the schedule-triggered runs
+// of job $1 ($2 is vibejobs.TriggerSchedule) scheduled after $3 that wait in
+// scheduled, held or not (a leased run keeps the state, see migration
+// 00005), with no attempt recorded: DeleteFutureRuns's candidates.
+const futureRunSQL = `job_id = $1 AND trigger = $2 AND scheduled_for > $3 AND state = 'scheduled'
+	AND NOT EXISTS (SELECT 1 FROM attempts a WHERE a.run_id = runs.id)`
+
 // DeleteFutureRuns deletes the job's schedule-triggered runs in scheduled,
 // scheduled after after, that have no recorded attempt (never claimed, or
 // claimed and released without being sent). Those some process holds
@@ -294,26 +301,20 @@ func (t *tx) dequeue(ctx context.Context, ids []string, dues []*time.Time) error
 // and went out while its job was paused. Locked, a run is claimed before
 // the lock (and marked) or not at all (claims skip locked runs).
 func (t *tx) DeleteFutureRuns(ctx context.Context, jobID string, after time.Time) (int, error) {
-	if _, err := t.q.Exec(ctx, `SELECT 1 FROM runs
-		WHERE job_id = $1 AND trigger = $2 AND scheduled_for > $3 AND state = 'scheduled'
-			AND NOT EXISTS (SELECT 1 FROM attempts a WHERE a.run_id = runs.id)
-		FOR UPDATE`, jobID, vibejobs.TriggerSchedule, after); err != nil {
+	if _, err := t.q.Exec(ctx, `SELECT 1 FROM runs WHERE `+futureRunSQL+` FOR UPDATE`,
+		jobID, vibejobs.TriggerSchedule, after); err != nil {
 		return 0, mapError(err, "locking future runs")
 	}
 	if _, err := t.q.Exec(ctx, `WITH marked AS (
 			UPDATE runs SET withdrawn = true
-			WHERE job_id = $1 AND trigger = $2 AND scheduled_for > $3 AND state = 'scheduled'
-				AND lease_owner IS NOT NULL AND attempt <= 1 AND NOT withdrawn
-				AND NOT EXISTS (SELECT 1 FROM attempts a WHERE a.run_id = runs.id)
+			WHERE `+futureRunSQL+` AND lease_owner IS NOT NULL AND attempt <= 1 AND NOT withdrawn
 			RETURNING 1
 		)
 		SELECT CASE WHEN count(*) > 0 THEN pg_notify($4, $5) END FROM marked`,
 		jobID, vibejobs.TriggerSchedule, after, JobsChannel, t.s.jobPayload(jobID)); err != nil {
 		return 0, mapError(err, "withdrawing held future runs")
 	}
-	rows, err := t.q.Query(ctx, `DELETE FROM runs
-		WHERE job_id = $1 AND trigger = $2 AND scheduled_for > $3 AND state = 'scheduled' AND lease_owner IS NULL
-			AND NOT EXISTS (SELECT 1 FROM attempts a WHERE a.run_id = runs.id)
+	rows, err := t.q.Query(ctx, `DELETE FROM runs WHERE `+futureRunSQL+` AND lease_owner IS NULL
 		RETURNING id, next_attempt_at`,
 		jobID, vibejobs.TriggerSchedule, after)
 	if err != nil {

@@ -152,20 +152,23 @@ func (t *tx) DeleteJob(ctx context.Context, projectID, id string, at time.Time) 
 	return appendEvents(ctx, t.t, events)
 }
 
+// futureRunSQL matches, in a statement on runs, the schedule-triggered runs
+// of job ?1 (?3 is vibejobs.TriggerSchedule) scheduled after ?2 with no
+// attempt recorded: DeleteFutureRuns's candidates, held or not.
+const futureRunSQL = `job_id = ?1 AND scheduled_for > ?2 AND trigger = ?3
+	AND NOT EXISTS (SELECT 1 FROM attempts a WHERE a.run_seq = runs.seq)`
+
 // DeleteFutureRuns deletes the job's schedule-triggered runs in scheduled
 // after t that have no recorded attempt (never claimed, or claimed and
 // released without being sent). Those held (delivering, no attempt
 // recorded) are marked withdrawn instead, for ReleaseClaims to delete.
 func (t *tx) DeleteFutureRuns(ctx context.Context, jobID string, after time.Time) (int, error) {
 	if _, err := t.t.ExecContext(ctx, `UPDATE runs SET withdrawn = 1
-		WHERE job_id = ? AND scheduled_for > ? AND trigger = ? AND state = 'delivering' AND attempt <= 1
-		AND withdrawn = 0 AND NOT EXISTS (SELECT 1 FROM attempts a WHERE a.run_seq = runs.seq)`,
+		WHERE `+futureRunSQL+` AND state = 'delivering' AND attempt <= 1 AND withdrawn = 0`,
 		jobID, ms(after), vibejobs.TriggerSchedule); err != nil {
 		return 0, fmt.Errorf("withdrawing held future runs: %w", err)
 	}
-	n, err := changed(t.t.ExecContext(ctx, `DELETE FROM runs
-		WHERE job_id = ? AND scheduled_for > ? AND trigger = ? AND state = 'scheduled'
-		AND NOT EXISTS (SELECT 1 FROM attempts a WHERE a.run_seq = runs.seq)`,
+	n, err := changed(t.t.ExecContext(ctx, `DELETE FROM runs WHERE `+futureRunSQL+` AND state = 'scheduled'`,
 		jobID, ms(after), vibejobs.TriggerSchedule))
 	if err != nil {
 		return 0, fmt.Errorf("deleting future runs: %w", err)
