@@ -782,6 +782,7 @@ func TestWakeups(t *testing.T) {
 	wctx, cancel := context.WithCancel(ctx)
 	wake, _ := a.Notifications(wctx)
 	listener := waitListening(t, a, schema)
+	waitSignal(t, wake, "once listening")
 	nothingOn(t, wake, "idle")
 
 	if _, _, err := b.ApplyRunPlans(ctx, []vibejobs.RunPlan{planFor(j, t0)}, t0); err != nil {
@@ -862,8 +863,8 @@ func wantJobChange(t *testing.T, ch <-chan string, want, what string) {
 
 // TestJobChangeNotifications: a change to a job's delivery settings, or its
 // deletion, reaches every replica of the schema once committed, and nothing
-// else does; a lost listener connection reports that changes may have been
-// missed.
+// else does; the first session, and one replacing a lost connection,
+// report that changes may have been missed.
 func TestJobChangeNotifications(t *testing.T) {
 	ctx := context.Background()
 	schema := postgres.NewTestSchema(t)
@@ -876,6 +877,8 @@ func TestJobChangeNotifications(t *testing.T) {
 	wctx, cancel := context.WithCancel(ctx)
 	_, changes := a.Notifications(wctx)
 	listener := waitListening(t, a, schema)
+	// Changes committed before the listener listened went unheard.
+	wantJobChange(t, changes, "", "once listening")
 	update := func(s *postgres.Store, j *vibejobs.Job, edit func(*vibejobs.Job)) {
 		t.Helper()
 		edit(j)

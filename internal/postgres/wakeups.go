@@ -30,11 +30,13 @@ const (
 // delivery settings changed or that was deleted, by any replica, once
 // committed. The caller must keep reading it: the listener waits for it.
 //
-// A lost connection is re-established with backoff, and so is one whose
-// server takes no writes (see errListenReadOnly); once listening again,
-// wakeups signals and jobs receives "", since notifications sent meanwhile
-// are lost (the caller's polling is the fallback for runs). Both channels
-// are closed when ctx is done or the Store is closed.
+// Each time a session starts listening, wakeups signals and jobs receives
+// "": the notifications sent before it listened are lost (the caller's
+// polling is the fallback for runs), whether the caller acted before the
+// first session listened or while a lost one was replaced. A lost
+// connection is re-established with backoff, and so is one whose server
+// takes no writes (see errListenReadOnly). Both channels are closed when ctx
+// is done or the Store is closed.
 func (s *Store) Notifications(ctx context.Context) (wakeups <-chan struct{}, jobs <-chan string) {
 	out := make(chan struct{}, 1)
 	changes := make(chan string, 64)
@@ -62,22 +64,17 @@ func signal(out chan<- struct{}) {
 // listen runs listening sessions until ctx is done.
 func (s *Store) listen(ctx context.Context, out chan<- struct{}, jobs chan<- string) {
 	backoff := listenMinBackoff
-	// first says no session has ended yet. One that ended, listening or
-	// not (a refused connection, a server that takes no writes), leaves
-	// the notifications sent since unheard, while the reader's claims went
-	// on: the next session to listen says so.
-	first := true
 	for ctx.Err() == nil {
 		listening, err := s.listenOnce(ctx, out, jobs, func() {
-			if !first {
-				// Notifications may have been missed: wake the reader, and
-				// say that any job may have changed.
-				signal(out)
-				send(ctx, jobs, "")
-			}
+			// Notifications sent before this session listened went unheard,
+			// while the reader may have claimed: the dispatcher starts
+			// claiming as the first session connects, and a session that
+			// ended took with it what was sent until the next one listens.
+			// Wake the reader, and say that any job may have changed.
+			signal(out)
+			send(ctx, jobs, "")
 			backoff = listenMinBackoff
 		})
-		first = false
 		if ctx.Err() != nil {
 			return
 		}
