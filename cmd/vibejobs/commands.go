@@ -10,6 +10,7 @@ import (
 
 	"github.com/vibejobs/vibejobs"
 	"github.com/vibejobs/vibejobs/internal/api"
+	"github.com/vibejobs/vibejobs/internal/privatefile"
 	"github.com/vibejobs/vibejobs/internal/secretbox"
 )
 
@@ -82,7 +83,7 @@ func masterKey(ctx context.Context, args []string, getenv func(string) string, s
 	}
 	// On disk for good before any secret is sealed under the new key: a
 	// file lost to a crash after the re-sealing would lose every secret.
-	if err := writePrivateFile(path, content); err != nil {
+	if err := privatefile.Replace(path, content); err != nil {
 		return fmt.Errorf("replacing master key file: %w", err)
 	}
 	// Servers seal under the new key from their next seal on (they check

@@ -28,6 +28,7 @@ import (
 	"github.com/vibejobs/vibejobs/internal/maintenance"
 	"github.com/vibejobs/vibejobs/internal/metrics"
 	"github.com/vibejobs/vibejobs/internal/postgres"
+	"github.com/vibejobs/vibejobs/internal/privatefile"
 	"github.com/vibejobs/vibejobs/internal/scheduler"
 	"github.com/vibejobs/vibejobs/internal/secretbox"
 	"github.com/vibejobs/vibejobs/internal/sqlite"
@@ -501,49 +502,13 @@ func (m *Main) bootstrap(ctx context.Context, now func() time.Time) error {
 	// creates one again, so a start that failed to save it must not fail
 	// to show it.
 	fmt.Fprintf(m.Stdout, "Created project \"default\" and an admin API token (shown once):\n\n    %s\n\n", token)
-	if err := writePrivateFile(path, []byte(token+"\n")); err != nil {
+	if err := privatefile.Replace(path, []byte(token+"\n")); err != nil {
 		fmt.Fprintf(m.Stdout, "It could not be saved (%v): keep it from above.\n\n", err)
 		m.logger.Warn("admin_token.not_saved", "error", err.Error())
 		return nil
 	}
 	fmt.Fprintf(m.Stdout, "It is also saved to %s (mode 0600).\n\n", path)
 	return nil
-}
-
-// writePrivateFile replaces path with a file holding data, readable by its
-// owner only: written beside it under a fresh name, then renamed over it (a
-// file written in place keeps the mode it had), and synced with its
-// directory, so that after a crash path holds either the old content or
-// the new.
-func writePrivateFile(path string, data []byte) error {
-	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".*")
-	if err != nil {
-		return err
-	}
-	tmp := f.Name()
-	_, err = f.Write(data)
-	if err == nil {
-		err = f.Chmod(0o600)
-	}
-	if err == nil {
-		err = f.Sync()
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Rename(tmp, path)
-	}
-	if err != nil {
-		os.Remove(tmp)
-		return err
-	}
-	dir, err := os.Open(filepath.Dir(path))
-	if err != nil {
-		return err
-	}
-	defer dir.Close()
-	return dir.Sync()
 }
 
 // errForeignMasterKey is checkMasterKey's refusal of a key file that lacks

@@ -26,6 +26,7 @@ import (
 	"strings"
 
 	"github.com/vibejobs/vibejobs"
+	"github.com/vibejobs/vibejobs/internal/privatefile"
 )
 
 const keyPrefix = "vjmk_"
@@ -97,8 +98,9 @@ func Parse(data []byte) (*Keyring, error) {
 // 0600) when it does not exist. created reports whether it did. Processes
 // starting at once on one data directory (replicas) all end up with the key
 // of the one that created it: the file is written aside and linked into
-// place whole, so it is never seen empty or half written, and a process
-// that loses the race to create it reads the winner's.
+// place whole (see privatefile.Create), so it is never seen empty or half
+// written, and a process that loses the race to create it reads the
+// winner's.
 func LoadOrCreate(path string) (k *Keyring, created bool, err error) {
 	data, err := os.ReadFile(path)
 	if errors.Is(err, fs.ErrNotExist) {
@@ -106,7 +108,10 @@ func LoadOrCreate(path string) (k *Keyring, created bool, err error) {
 		if err != nil {
 			return nil, false, err
 		}
-		if err := createWhole(path, key+"\n"); errors.Is(err, fs.ErrExist) {
+		if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+			return nil, false, fmt.Errorf("secretbox: creating key file: %w", err)
+		}
+		if err := privatefile.Create(path, []byte(key+"\n")); errors.Is(err, fs.ErrExist) {
 			data, err = os.ReadFile(path) // another process created it first
 			if err != nil {
 				return nil, false, fmt.Errorf("secretbox: reading key file: %w", err)
@@ -124,38 +129,6 @@ func LoadOrCreate(path string) (k *Keyring, created bool, err error) {
 	}
 	k, err = Parse(data)
 	return k, false, err
-}
-
-// createWhole creates path holding content (mode 0600), or fails with an
-// error satisfying fs.ErrExist when path exists. content is written to a
-// file beside it first and hard-linked into place, so path appears complete.
-func createWhole(path, content string) error {
-	dir := filepath.Dir(path)
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return err
-	}
-	f, err := os.CreateTemp(dir, ".master.key.*")
-	if err != nil {
-		return err
-	}
-	tmp := f.Name()
-	defer os.Remove(tmp)
-	if err := f.Chmod(0o600); err != nil {
-		f.Close()
-		return err
-	}
-	if _, err := f.WriteString(content); err != nil {
-		f.Close()
-		return err
-	}
-	if err := f.Sync(); err != nil {
-		f.Close()
-		return err
-	}
-	if err := f.Close(); err != nil {
-		return err
-	}
-	return os.Link(tmp, path)
 }
 
 // CurrentID is the id of the key that seals.
