@@ -4,7 +4,12 @@
 // value is a bound parameter, and an acceptance answers only after COMMIT.
 //
 // Several processes may share one database: acceptance is serialized by the
-// run_id primary key and claims use FOR UPDATE SKIP LOCKED.
+// run_id primary key and claims use FOR UPDATE SKIP LOCKED. Every statement
+// that writes runs READ COMMITTED whatever the database's (or role's, or
+// pool's) default_transaction_isolation: under REPEATABLE READ or SERIALIZABLE
+// a statement that meets a row changed by a transaction committed since it
+// began fails with a serialization error (SQLSTATE 40001) where READ COMMITTED
+// re-reads the row, and the store's statements are written for the latter.
 package pgstore
 
 import (
@@ -16,6 +21,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/vibejobs/vibejobs/receiver"
@@ -35,7 +41,9 @@ var (
 	_ receiver.RetentionStore = (*Store)(nil)
 )
 
-// New returns a Store on pool. The caller keeps ownership of pool.
+// New returns a Store on pool. The caller keeps ownership of pool, which may
+// have any default isolation: the Store begins its own transactions at READ
+// COMMITTED and changes no session setting of pool's connections.
 func New(pool *pgxpool.Pool) *Store { return &Store{pool: pool} }
 
 // Open connects a pool to the PostgreSQL URL (or keyword/value DSN) and
@@ -137,39 +145,24 @@ const (
 	acceptSelectSQL = `SELECT response_status, response_body FROM accepted_runs WHERE run_id = $1`
 )
 
-// Accept implements receiver.Store. BEGIN, the insert, the select and COMMIT
-// go to one connection in one round trip (a pipeline); the response is
-// returned only once the server has confirmed the COMMIT. The transaction is
-// READ COMMITTED whatever the database's default_transaction_isolation: under
-// REPEATABLE READ or SERIALIZABLE a repeat that waited for a concurrent
-// winner's receipt would fail with a serialization error instead of reading
-// it, and the platform would get an error for a run already accepted. On any
-// error the transaction is rolled back (explicitly when the connection is
-// still usable; by the server when it is not) and no response is returned.
+// Accept implements receiver.Store. The insert and the select are one READ
+// COMMITTED transaction sent in one round trip (see readCommitted); the
+// response is returned only once the server has confirmed the COMMIT. READ
+// COMMITTED matters here beyond the package's rule: a repeat that waited for a
+// concurrent winner's receipt must read it, not fail, or the platform would
+// get an error for a run already accepted. On any error no response is
+// returned.
 func (s *Store) Accept(ctx context.Context, runID string, payload []byte) (status int, body []byte, err error) {
-	conn, err := s.pool.Acquire(ctx)
-	if err != nil {
-		return 0, nil, fmt.Errorf("pgstore: accepting run: %w", err)
-	}
-	// A connection released inside a transaction is destroyed by the pool.
-	defer conn.Release()
-
-	b := &pgx.Batch{}
-	b.BeginTx(pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
-	b.Queue(acceptInsertSQL, runID, payload)
-	b.Queue(acceptSelectSQL, runID)
-	b.Queue("COMMIT")
-	br := conn.SendBatch(ctx, b)
-	status, body, err = readAccept(br)
-	if cerr := br.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
-		if tx := br.Tx(); tx != nil {
-			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-			_ = tx.Rollback(rctx) // ErrTxClosed when the server already ended it
-			cancel()
+	err = s.readCommitted(ctx, func(b *pgx.Batch) {
+		b.Queue(acceptInsertSQL, runID, payload)
+		b.Queue(acceptSelectSQL, runID)
+	}, func(br pgx.BatchResults) error {
+		if _, err := br.Exec(); err != nil {
+			return err
 		}
+		return br.QueryRow().Scan(&status, &body)
+	})
+	if err != nil {
 		return 0, nil, fmt.Errorf("pgstore: accepting run: %w", err)
 	}
 	var compact bytes.Buffer
@@ -180,30 +173,79 @@ func (s *Store) Accept(ctx context.Context, runID string, payload []byte) (statu
 	return status, compact.Bytes(), nil
 }
 
-func readAccept(br pgx.BatchResults) (status int, body []byte, err error) {
+// readCommitted runs the statements that queue adds to a batch as one READ
+// COMMITTED transaction on one connection, and reads their results with read.
+// BEGIN, the statements and COMMIT go to the server in one round trip (a
+// pipeline), so the explicit isolation costs no round trip over a bare
+// statement. It returns nil only once the server has confirmed the COMMIT. On
+// any error the transaction is rolled back (explicitly when the connection is
+// still usable; by the server when it is not).
+func (s *Store) readCommitted(ctx context.Context, queue func(*pgx.Batch), read func(pgx.BatchResults) error) error {
+	conn, err := s.pool.Acquire(ctx)
+	if err != nil {
+		return err
+	}
+	// A connection released inside a transaction is destroyed by the pool.
+	defer conn.Release()
+
+	b := &pgx.Batch{}
+	b.BeginTx(pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
+	queue(b)
+	b.Queue("COMMIT")
+	br := conn.SendBatch(ctx, b)
+	err = readTx(br, read)
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		if tx := br.Tx(); tx != nil {
+			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+			_ = tx.Rollback(rctx) // ErrTxClosed when the server already ended it
+			cancel()
+		}
+		return err
+	}
+	return nil
+}
+
+// readTx reads the results of a batch queued by readCommitted: BEGIN, the
+// statements' (with read), then COMMIT's.
+func readTx(br pgx.BatchResults, read func(pgx.BatchResults) error) error {
 	if _, err := br.Exec(); err != nil { // BEGIN
-		return 0, nil, err
+		return err
 	}
-	if _, err := br.Exec(); err != nil {
-		return 0, nil, err
-	}
-	if err := br.QueryRow().Scan(&status, &body); err != nil {
-		return 0, nil, err
+	if err := read(br); err != nil {
+		return err
 	}
 	tag, err := br.Exec()
 	if err != nil {
-		return 0, nil, err
+		return err
 	}
 	if tag.String() != "COMMIT" {
-		return 0, nil, errors.New("transaction did not commit")
+		return errors.New("transaction did not commit")
 	}
-	return status, body, nil
+	return nil
+}
+
+// execReadCommitted executes one statement as a READ COMMITTED transaction
+// (see readCommitted) and returns its command tag.
+func (s *Store) execReadCommitted(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
+	var tag pgconn.CommandTag
+	err := s.readCommitted(ctx, func(b *pgx.Batch) { b.Queue(sql, args...) }, func(br pgx.BatchResults) error {
+		var err error
+		tag, err = br.Exec()
+		return err
+	})
+	return tag, err
 }
 
 // ClaimOutbox implements receiver.Outbox. Rows locked by a concurrent claim are
-// skipped, so workers never wait for each other.
+// skipped, so workers never wait for each other; rows a concurrent claim took
+// after this one began are re-read and skipped, never an error.
 func (s *Store) ClaimOutbox(ctx context.Context, worker string, now, leaseUntil time.Time, limit int) ([]receiver.OutboxItem, error) {
-	rows, err := s.pool.Query(ctx, `UPDATE job_outbox AS o
+	var items []receiver.OutboxItem
+	err := s.readCommitted(ctx, func(b *pgx.Batch) {
+		b.Queue(`UPDATE job_outbox AS o
 		SET locked_by = $1, locked_until = $3, attempts = o.attempts + 1
 		FROM (
 			SELECT run_id FROM job_outbox
@@ -216,13 +258,17 @@ func (s *Store) ClaimOutbox(ctx context.Context, worker string, now, leaseUntil 
 		) AS due
 		WHERE o.run_id = due.run_id
 		RETURNING o.run_id, o.payload, o.attempts`, worker, now, lease.Until(leaseUntil, time.Microsecond), limit)
-	if err != nil {
-		return nil, fmt.Errorf("pgstore: claiming outbox items: %w", err)
-	}
-	items, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (receiver.OutboxItem, error) {
-		var it receiver.OutboxItem
-		err := row.Scan(&it.RunID, &it.Payload, &it.Attempt)
-		return it, err
+	}, func(br pgx.BatchResults) error {
+		rows, err := br.Query()
+		if err != nil {
+			return err
+		}
+		items, err = pgx.CollectRows(rows, func(row pgx.CollectableRow) (receiver.OutboxItem, error) {
+			var it receiver.OutboxItem
+			err := row.Scan(&it.RunID, &it.Payload, &it.Attempt)
+			return it, err
+		})
+		return err
 	})
 	if err != nil {
 		return nil, fmt.Errorf("pgstore: claiming outbox items: %w", err)
@@ -232,7 +278,7 @@ func (s *Store) ClaimOutbox(ctx context.Context, worker string, now, leaseUntil 
 
 // CompleteOutbox implements receiver.Outbox; one statement updates both tables.
 func (s *Store) CompleteOutbox(ctx context.Context, runID string, at time.Time) error {
-	_, err := s.pool.Exec(ctx, `WITH done AS (
+	_, err := s.execReadCommitted(ctx, `WITH done AS (
 			UPDATE job_outbox
 			SET processed_at = $2, locked_by = NULL, locked_until = NULL, last_error = NULL
 			WHERE run_id = $1 AND processed_at IS NULL
@@ -248,7 +294,7 @@ func (s *Store) CompleteOutbox(ctx context.Context, runID string, at time.Time) 
 
 // FailOutbox implements receiver.Outbox.
 func (s *Store) FailOutbox(ctx context.Context, runID, worker string, retryAt time.Time, reason string) error {
-	_, err := s.pool.Exec(ctx, `UPDATE job_outbox
+	_, err := s.execReadCommitted(ctx, `UPDATE job_outbox
 		SET locked_by = NULL, locked_until = NULL, next_attempt_at = $3, last_error = $4
 		WHERE run_id = $1 AND locked_by = $2 AND processed_at IS NULL`, runID, worker, retryAt, reason)
 	if err != nil {
@@ -259,7 +305,7 @@ func (s *Store) FailOutbox(ctx context.Context, runID, worker string, retryAt ti
 
 // DeleteProcessedOutbox implements receiver.RetentionStore.
 func (s *Store) DeleteProcessedOutbox(ctx context.Context, before time.Time, limit int) (int, error) {
-	tag, err := s.pool.Exec(ctx, `DELETE FROM job_outbox WHERE run_id IN (
+	tag, err := s.execReadCommitted(ctx, `DELETE FROM job_outbox WHERE run_id IN (
 		SELECT run_id FROM job_outbox
 		WHERE processed_at < $1
 		ORDER BY processed_at
@@ -273,7 +319,7 @@ func (s *Store) DeleteProcessedOutbox(ctx context.Context, before time.Time, lim
 
 // DeleteProcessedRuns implements receiver.RetentionStore.
 func (s *Store) DeleteProcessedRuns(ctx context.Context, before time.Time, limit int) (int, error) {
-	tag, err := s.pool.Exec(ctx, `DELETE FROM accepted_runs WHERE run_id IN (
+	tag, err := s.execReadCommitted(ctx, `DELETE FROM accepted_runs WHERE run_id IN (
 		SELECT a.run_id FROM accepted_runs AS a
 		WHERE a.processed_at < $1
 			AND NOT EXISTS (SELECT 1 FROM job_outbox AS o WHERE o.run_id = a.run_id)

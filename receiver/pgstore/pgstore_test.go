@@ -287,3 +287,225 @@ func TestAcceptConcurrentUnderRepeatableReadDefault(t *testing.T) {
 		t.Fatalf("%d outbox items, want 1", n)
 	}
 }
+
+// serializableStore returns a store on the migrated-or-not schema at dsn
+// whose pool opens at most maxConns connections, each defaulting to
+// SERIALIZABLE as a database or role configured so would.
+func serializableStore(t *testing.T, dsn string, maxConns int32) (*pgstore.Store, *pgxpool.Pool) {
+	t.Helper()
+	cfg, err := pgxpool.ParseConfig(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.MaxConns = maxConns
+	cfg.ConnConfig.RuntimeParams["default_transaction_isolation"] = "serializable"
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	return pgstore.New(pool), pool
+}
+
+// connectPID opens a session of the test's own on dsn and returns its pid.
+func connectPID(t *testing.T, dsn string) (*pgx.Conn, int) {
+	t.Helper()
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close(context.Background()) })
+	return conn, backendPID(t, conn)
+}
+
+func backendPID(t *testing.T, q interface {
+	QueryRow(context.Context, string, ...any) pgx.Row
+}) int {
+	t.Helper()
+	var pid int
+	if err := q.QueryRow(context.Background(), `SELECT pg_backend_pid()`).Scan(&pid); err != nil {
+		t.Fatal(err)
+	}
+	return pid
+}
+
+// waitBlocked waits until the session pid waits for a lock.
+func waitBlocked(t *testing.T, conn *pgx.Conn, pid int, what string) {
+	t.Helper()
+	storetest.Eventually(t, 30*time.Second, what, func() bool {
+		var blocked bool
+		if err := conn.QueryRow(context.Background(), `SELECT cardinality(pg_blocking_pids($1)) > 0`, pid).Scan(&blocked); err != nil {
+			t.Fatal(err)
+		}
+		return blocked
+	})
+}
+
+type claimResult struct {
+	items []receiver.OutboxItem
+	err   error
+}
+
+// TestConcurrentClaimsUnderSerializableDefault: two claimers sharing a
+// database whose default isolation is SERIALIZABLE. Claimer b takes its
+// snapshot while claimer a's claim of the first item is uncommitted, and
+// reaches that item once a has committed. b must skip it and claim the next,
+// not fail with a serialization error (SQLSTATE 40001), which delays the
+// outbox and surfaces as an error in every worker's log.
+//
+// The interleaving is forced, not hoped for: a trigger holds a's claim on an
+// advisory lock of the test after a has locked its item, and a LOCK TABLE
+// queued behind a holds b between its snapshot (taken when its statement is
+// bound) and its scan, until a has committed.
+func TestConcurrentClaimsUnderSerializableDefault(t *testing.T) {
+	dsn := pgtest.TestSchema(t)
+	ctx := context.Background()
+	a, poolA := serializableStore(t, dsn, 1)
+	b, poolB := serializableStore(t, dsn, 1)
+	if err := a.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	ctl, _ := connectPID(t, dsn)
+	if _, err := ctl.Exec(ctx, `CREATE FUNCTION hold_claim() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN
+			PERFORM pg_advisory_xact_lock_shared(hashtext(current_schema()));
+			RETURN NEW;
+		END $$;
+		CREATE TRIGGER hold_claim BEFORE UPDATE ON job_outbox
+			FOR EACH ROW WHEN (NEW.locked_by = 'a') EXECUTE FUNCTION hold_claim()`); err != nil {
+		t.Fatal(err)
+	}
+	now := time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
+	// Each pool's one connection prepares the claim now, so that b is held
+	// below in the execution of its claim, not in its preparation.
+	for _, s := range []*pgstore.Store{a, b} {
+		if items, err := s.ClaimOutbox(ctx, "warm-up", now, now.Add(time.Minute), 2); err != nil || len(items) != 0 {
+			t.Fatalf("warm-up claim = %+v, %v", items, err)
+		}
+	}
+	pidA, pidB := backendPID(t, poolA), backendPID(t, poolB)
+	for _, id := range []string{"run_1", "run_2"} {
+		if _, _, err := a.Accept(ctx, id, storetest.Body(id)); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	if _, err := ctl.Exec(ctx, `SELECT pg_advisory_lock(hashtext(current_schema()))`); err != nil {
+		t.Fatal(err)
+	}
+	claimedA := make(chan claimResult, 1)
+	go func() {
+		items, err := a.ClaimOutbox(ctx, "a", now, now.Add(time.Minute), 1)
+		claimedA <- claimResult{items, err}
+	}()
+	waitBlocked(t, ctl, pidA, "claimer a to hold run_1")
+
+	locker, pidLocker := connectPID(t, dsn)
+	lockTx, err := locker.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	locked := make(chan error, 1)
+	go func() {
+		_, err := lockTx.Exec(ctx, `LOCK TABLE job_outbox IN SHARE MODE`)
+		locked <- err
+	}()
+	waitBlocked(t, ctl, pidLocker, "the table lock to queue behind claimer a")
+
+	claimedB := make(chan claimResult, 1)
+	go func() {
+		items, err := b.ClaimOutbox(ctx, "b", now, now.Add(time.Minute), 2)
+		claimedB <- claimResult{items, err}
+	}()
+	waitBlocked(t, ctl, pidB, "claimer b to queue behind the table lock")
+
+	if _, err := ctl.Exec(ctx, `SELECT pg_advisory_unlock(hashtext(current_schema()))`); err != nil {
+		t.Fatal(err)
+	}
+	ra := <-claimedA
+	if err := <-locked; err != nil {
+		t.Fatal(err)
+	}
+	if err := lockTx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	rb := <-claimedB
+
+	if ra.err != nil || len(ra.items) != 1 || ra.items[0].RunID != "run_1" {
+		t.Fatalf("claimer a = %+v, %v; want run_1", ra.items, ra.err)
+	}
+	if rb.err != nil {
+		t.Fatalf("claimer b after a's concurrent claim: %v", rb.err)
+	}
+	if len(rb.items) != 1 || rb.items[0].RunID != "run_2" {
+		t.Fatalf("claimer b = %+v; want run_2 only (run_1 is a's)", rb.items)
+	}
+}
+
+// TestWritesReadCommittedUnderSerializableDefault: every statement with which
+// the store writes runs READ COMMITTED whatever the pool's default isolation,
+// so that a row changed by a transaction that committed after the statement
+// began is re-read (and skipped or updated) instead of failing the statement
+// with a serialization error. A trigger records each write's isolation.
+func TestWritesReadCommittedUnderSerializableDefault(t *testing.T) {
+	dsn := pgtest.TestSchema(t)
+	ctx := context.Background()
+	s, pool := serializableStore(t, dsn, 4)
+	if err := s.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, `CREATE TABLE isolation_seen (write text, isolation text);
+		CREATE FUNCTION record_isolation() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN
+			INSERT INTO isolation_seen VALUES (TG_OP || ' ' || TG_TABLE_NAME, current_setting('transaction_isolation'));
+			RETURN NULL;
+		END $$;
+		CREATE TRIGGER record_isolation AFTER INSERT OR UPDATE OR DELETE ON accepted_runs
+			FOR EACH STATEMENT EXECUTE FUNCTION record_isolation();
+		CREATE TRIGGER record_isolation AFTER INSERT OR UPDATE OR DELETE ON job_outbox
+			FOR EACH STATEMENT EXECUTE FUNCTION record_isolation()`); err != nil {
+		t.Fatal(err)
+	}
+
+	now := time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
+	if _, _, err := s.Accept(ctx, "run_1", storetest.Body("run_1")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.ClaimOutbox(ctx, "w", now, now.Add(time.Minute), 1); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.FailOutbox(ctx, "run_1", "w", now, "down"); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.CompleteOutbox(ctx, "run_1", now); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.DeleteProcessedOutbox(ctx, now.Add(time.Hour), 10); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.DeleteProcessedRuns(ctx, now.Add(time.Hour), 10); err != nil {
+		t.Fatal(err)
+	}
+
+	rows, err := pool.Query(ctx, `SELECT write, isolation FROM isolation_seen`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	writes, err := pgx.CollectRows(rows, pgx.RowToStructByPos[struct{ Write, Isolation string }])
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen := map[string]bool{}
+	for _, w := range writes {
+		seen[w.Write] = true
+		if w.Isolation != "read committed" {
+			t.Errorf("%s ran %s, want read committed", w.Write, w.Isolation)
+		}
+	}
+	for _, w := range []string{"INSERT accepted_runs", "INSERT job_outbox", "UPDATE job_outbox", "UPDATE accepted_runs", "DELETE job_outbox", "DELETE accepted_runs"} {
+		if !seen[w] {
+			t.Errorf("no %s recorded", w)
+		}
+	}
+}
