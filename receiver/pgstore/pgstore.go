@@ -98,9 +98,11 @@ var migrations = []string{
 
 // Migrate creates or upgrades the store's tables in the current schema. It is
 // safe to call from several processes at once: a transaction-scoped advisory
-// lock per schema serializes them.
+// lock per schema serializes them. The transaction is READ COMMITTED so that
+// the one that waited for the lock reads the versions the other recorded; a
+// REPEATABLE READ or SERIALIZABLE snapshot, taken before the wait, would not.
 func (s *Store) Migrate(ctx context.Context) error {
-	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+	err := pgx.BeginTxFunc(ctx, s.pool, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtext('vibejobs.receiver.migrate.' || current_schema()))`); err != nil {
 			return err
 		}

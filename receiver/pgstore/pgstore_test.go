@@ -509,3 +509,39 @@ func TestWritesReadCommittedUnderSerializableDefault(t *testing.T) {
 		}
 	}
 }
+
+// TestConcurrentMigrateUnderSerializableDefault: a Migrate that waited for a
+// concurrent one must see the versions that one recorded, whatever the pool's
+// default isolation. Under REPEATABLE READ or SERIALIZABLE its snapshot, taken
+// before it waited, would show none, and it would apply the migrations again
+// and fail on recording them.
+func TestConcurrentMigrateUnderSerializableDefault(t *testing.T) {
+	dsn := pgtest.TestSchema(t)
+	ctx := context.Background()
+	s, _ := serializableStore(t, dsn, 2)
+	ctl, pidCtl := connectPID(t, dsn)
+	// Holding Migrate's lock queues both migrations behind the test.
+	const migrateLock = `hashtext('vibejobs.receiver.migrate.' || current_schema())`
+	if _, err := ctl.Exec(ctx, `SELECT pg_advisory_lock(`+migrateLock+`)`); err != nil {
+		t.Fatal(err)
+	}
+	errs := make(chan error, 2)
+	for queued := 1; queued <= 2; queued++ {
+		go func() { errs <- s.Migrate(ctx) }()
+		storetest.Eventually(t, 30*time.Second, "Migrate to wait for its lock", func() bool {
+			var n int
+			if err := ctl.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE $1 = ANY (pg_blocking_pids(pid))`, pidCtl).Scan(&n); err != nil {
+				t.Fatal(err)
+			}
+			return n == queued
+		})
+	}
+	if _, err := ctl.Exec(ctx, `SELECT pg_advisory_unlock(`+migrateLock+`)`); err != nil {
+		t.Fatal(err)
+	}
+	for range 2 {
+		if err := <-errs; err != nil {
+			t.Errorf("concurrent Migrate: %v", err)
+		}
+	}
+}
