@@ -154,8 +154,9 @@ type Subscription struct {
 	// Cursor is the sequence of the last event handled.
 	Cursor int64
 	// ErrorCode is the error of the latest attempt while the subscription
-	// is failing ("" when it is not); Attempts counts the failed attempts
-	// at the event after Cursor, and NextAttemptAt is when it is tried again.
+	// is failing ("" when it is not); Attempts counts the receiver's failed
+	// attempts at the event after Cursor (a failure of ours that left the
+	// event unsent is not one), and NextAttemptAt is when it is tried again.
 	ErrorCode     string
 	Attempts      int
 	NextAttemptAt *time.Time
@@ -213,6 +214,12 @@ type SubscriptionStep struct {
 	// subscription waits until NextAttemptAt.
 	ErrorCode     string
 	NextAttemptAt time.Time
+	// Unsent, with ErrorCode, says the event could not be sent, for a
+	// reason of ours that does not pass by itself (a secret that does not
+	// open): the subscription is failing with ErrorCode until NextAttemptAt
+	// like after a refusal, but Attempts, the receiver's failures that set
+	// its backoff, does not grow (is zero, when Cursor moved forward).
+	Unsent bool
 	// LeaseUntil extends the lease; zero releases it.
 	LeaseUntil time.Time
 	// Seen is the subscription's UpdatedAt as the session last read it

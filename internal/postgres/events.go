@@ -469,7 +469,7 @@ func (s *Store) RecordSubscriptionStep(ctx context.Context, owner string, st vib
 			error_code = CASE WHEN $4 <> '' AND ($9::timestamptz IS NULL OR updated_at = $9) THEN $4
 				WHEN $5 OR $3 > cursor_seq THEN '' ELSE error_code END,
 			attempts = CASE WHEN $4 <> '' AND ($9::timestamptz IS NULL OR updated_at = $9) THEN
-					CASE WHEN $3 > cursor_seq THEN 1 ELSE attempts + 1 END
+					CASE WHEN $3 > cursor_seq THEN 0 ELSE attempts END + CASE WHEN $10 THEN 0 ELSE 1 END
 				WHEN $5 OR $3 > cursor_seq THEN 0 ELSE attempts END,
 			next_attempt_at = CASE WHEN $4 <> '' AND ($9::timestamptz IS NULL OR updated_at = $9) THEN $6::timestamptz
 				WHEN $5 OR $3 > cursor_seq THEN NULL ELSE next_attempt_at END,
@@ -477,7 +477,7 @@ func (s *Store) RecordSubscriptionStep(ctx context.Context, owner string, st vib
 			lease_owner = CASE WHEN $8::timestamptz IS NULL THEN NULL ELSE lease_owner END,
 			lease_expires_at = $8::timestamptz
 		WHERE id = $1 AND lease_owner = $2
-		RETURNING `+subscriptionColumns, st.ID, owner, st.Cursor, st.ErrorCode, st.Delivered, next, st.At, lease, seen))
+		RETURNING `+subscriptionColumns, st.ID, owner, st.Cursor, st.ErrorCode, st.Delivered, next, st.At, lease, seen, st.Unsent))
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, nil
 	}

@@ -401,7 +401,7 @@ const recordStepSQL = `UPDATE subscriptions SET
 		error_code = CASE WHEN ?4 <> '' AND (?9 IS NULL OR updated_at = ?9) THEN ?4
 			WHEN ?5 OR ?3 > cursor_seq THEN '' ELSE error_code END,
 		attempts = CASE WHEN ?4 <> '' AND (?9 IS NULL OR updated_at = ?9) THEN
-				CASE WHEN ?3 > cursor_seq THEN 1 ELSE attempts + 1 END
+				CASE WHEN ?3 > cursor_seq THEN 0 ELSE attempts END + CASE WHEN ?10 THEN 0 ELSE 1 END
 			WHEN ?5 OR ?3 > cursor_seq THEN 0 ELSE attempts END,
 		next_attempt_at = CASE WHEN ?4 <> '' AND (?9 IS NULL OR updated_at = ?9) THEN ?6
 			WHEN ?5 OR ?3 > cursor_seq THEN NULL ELSE next_attempt_at END,
@@ -426,7 +426,7 @@ func (s *Store) RecordSubscriptionStep(ctx context.Context, owner string, st vib
 	err := s.write(ctx, func(t wtx) error {
 		var err error
 		sub, err = scanSubscription(t.QueryRowContext(ctx, recordStepSQL, st.ID, owner, st.Cursor, st.ErrorCode,
-			st.Delivered, next, ms(st.At), lease, seen))
+			st.Delivered, next, ms(st.At), lease, seen, st.Unsent))
 		if errors.Is(err, sql.ErrNoRows) {
 			sub, err = nil, nil
 		}

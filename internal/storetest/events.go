@@ -550,6 +550,22 @@ func testSubscriptionDelivery(t *testing.T, f *fixture) {
 	if got.Cursor != 2 || got.ErrorCode != "timeout" || got.Attempts != 1 {
 		t.Fatalf("a failure after passing over an event: %+v", got)
 	}
+
+	// A failure of ours that left the event unsent shows, and waits, like
+	// the receiver's, without counting as one of the receiver's.
+	claim("w3", T0.Add(2*time.Hour), idle)
+	got = step("w3", vibejobs.SubscriptionStep{ID: idle.ID, At: T0.Add(2 * time.Hour), Cursor: 2,
+		ErrorCode: "secret_unavailable", Unsent: true, NextAttemptAt: T0.Add(3 * time.Hour)})
+	if got.Cursor != 2 || got.ErrorCode != "secret_unavailable" || got.Attempts != 1 || !got.NextAttemptAt.Equal(T0.Add(3*time.Hour)) {
+		t.Fatalf("an unsent event: %+v", got)
+	}
+	claim("w3", T0.Add(3*time.Hour-time.Millisecond)) // waiting for its retry
+	claim("w3", T0.Add(3*time.Hour), idle)
+	got = step("w3", vibejobs.SubscriptionStep{ID: idle.ID, At: T0.Add(3 * time.Hour), Cursor: 3,
+		ErrorCode: "secret_unavailable", Unsent: true, NextAttemptAt: T0.Add(4 * time.Hour)})
+	if got.Cursor != 3 || got.ErrorCode != "secret_unavailable" || got.Attempts != 0 {
+		t.Fatalf("an unsent event after moving on: %+v", got)
+	}
 }
 
 // appendJobEventsAt appends n job.updated events of j that occurred at "at".

@@ -12,7 +12,9 @@
 // A receiver that keeps refusing one event holds its subscription there,
 // retried after 12 s doubling up to 1 h (±20 %), while every other
 // subscription goes on: each is worked in its own goroutine, and a failing
-// one waits in the database, not in a worker.
+// one waits in the database, not in a worker. A failure of ours (the
+// database) is retried after ErrorPause; one that needs an operator (a
+// secret that does not open) is too, and marks the subscription failing.
 //
 // Replicas share the work through a lease on the subscription row: one
 // replica at a time works a subscription, and a lease left by a dead
@@ -52,11 +54,20 @@ const (
 	DefaultStoreTimeout = 10 * time.Second
 	// ErrorPause is how long a subscription waits after a failure on our
 	// side (the database, a secret that does not open): not the receiver's
-	// doing, so it is logged but not recorded as the subscription's failure.
+	// doing, so it does not count in the receiver's backoff. A database
+	// failure is logged but not recorded as the subscription's; a secret
+	// that does not open is (CodeSecretUnavailable), as it will not pass
+	// without an operator.
 	ErrorPause = 5 * time.Second
 	// pageSize is how many events a session reads at once.
 	pageSize = 100
 )
+
+// CodeSecretUnavailable is the ErrorCode of a subscription whose secret
+// (or, during a rotation's grace window, previous secret) does not open:
+// sealed under a master key the key file no longer holds, or corrupted. No
+// request can be signed until an operator restores the key.
+const CodeSecretUnavailable = "secret_unavailable"
 
 // Headers of a delivery besides Vibe-Signature.
 const (
@@ -334,7 +345,7 @@ func (ss *session) deliver(e *vibejobs.Event) bool {
 	body := feed.Body(e)
 	header, err := d.sign(ss.sub, e, body, d.cfg.Now())
 	if err != nil {
-		ss.ownFailure(err)
+		ss.secretUnavailable(e.Sequence, err)
 		return false
 	}
 	res := d.cfg.Sender.Post(ss.ctx, ss.sub.URL, header, body, d.cfg.Timeout)
@@ -414,6 +425,29 @@ func (ss *session) ownFailure(err error) {
 	_, _ = d.cfg.Store.RecordSubscriptionStep(ss.ctx, d.cfg.Owner, vibejobs.SubscriptionStep{
 		ID: ss.sub.ID, At: now, Cursor: ss.cursor, Delivered: ss.delivered, LeaseUntil: now.Add(ErrorPause),
 	})
+}
+
+// secretUnavailable ends a session whose secret does not open (sign's only
+// failure). It is ours, retried after ErrorPause and not counted in the
+// receiver's attempts, but it will not pass by itself: the subscription is
+// marked failing with CodeSecretUnavailable, where the API and the metrics
+// show it, and the log says so once, when the subscription starts failing
+// so, not at every retry.
+func (ss *session) secretUnavailable(seq int64, err error) {
+	d := ss.d
+	if ss.sub.ErrorCode != CodeSecretUnavailable {
+		// Secretbox errors name no secret and no key.
+		d.cfg.Logger.Error("subscription.secret_unavailable", "subscription", ss.sub.ID, "project", ss.sub.ProjectID,
+			"sequence", seq, "error", err.Error())
+	}
+	now := d.cfg.Now()
+	_, err = d.cfg.Store.RecordSubscriptionStep(ss.ctx, d.cfg.Owner, vibejobs.SubscriptionStep{
+		ID: ss.sub.ID, At: now, Cursor: ss.cursor, Delivered: ss.delivered,
+		ErrorCode: CodeSecretUnavailable, Unsent: true, NextAttemptAt: now.Add(ErrorPause), Seen: ss.sub.UpdatedAt,
+	})
+	if err != nil {
+		d.logStepFailed(ss.sub, seq, errorCodeOf(err), 0, ss.sub.Attempts, nil, err)
+	}
 }
 
 // errorCodeOf names a failure of ours in the log: unavailable (the

@@ -13,6 +13,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -240,11 +241,16 @@ func (e *env) updates(n int) []vibejobs.EventType {
 }
 
 func (e *env) deliverer(owner string, store subscriptions.Store) *subscriptions.Deliverer {
+	return e.delivererWith(owner, store, e.keys)
+}
+
+// delivererWith is deliverer opening the secrets with opener.
+func (e *env) delivererWith(owner string, store subscriptions.Store, opener subscriptions.SecretOpener) *subscriptions.Deliverer {
 	if store == nil {
 		store = e.store
 	}
 	return subscriptions.New(subscriptions.Config{
-		Store: store, Sender: e.client, Opener: e.keys, Owner: owner, UserAgent: "vibejobs/test",
+		Store: store, Sender: e.client, Opener: opener, Owner: owner, UserAgent: "vibejobs/test",
 		Logger: slog.New(slog.NewJSONHandler(e.logs, nil)), Now: e.clock.Now,
 		Rand:         func() float64 { return 0.5 }, // jitter at the middle: the plain backoff
 		PollInterval: 10 * time.Millisecond,
@@ -805,5 +811,81 @@ func TestFilteredOutFailedEventRestartsBackoff(t *testing.T) {
 	if s.Attempts != 1 || !s.NextAttemptAt.Equal(e.clock.Now().Add(12*time.Second)) {
 		t.Fatalf("first failure at event 3: attempts %d, next attempt in %v, want 1 and 12s",
 			s.Attempts, s.NextAttemptAt.Sub(e.clock.Now()))
+	}
+}
+
+// lostKey opens no secret while lost is set, as a keyring that no longer
+// holds the master key the secrets were sealed under.
+type lostKey struct {
+	keys *secretbox.Keyring
+	lost atomic.Bool
+}
+
+func (k *lostKey) Open(s vibejobs.SealedSecret, id string) (string, error) {
+	if k.lost.Load() {
+		return "", secretbox.ErrUnknownKey
+	}
+	return k.keys.Open(s, id)
+}
+
+// TestSecretThatDoesNotOpenMarksFailing: a subscription whose secret does
+// not open can send nothing until an operator acts, so it is marked failing
+// with its own code, logged once (no secret), and tried again after
+// ErrorPause. It is not the receiver's failure: it does not count in the
+// attempts that set the receiver's backoff.
+func TestSecretThatDoesNotOpenMarksFailing(t *testing.T) {
+	e := newEnv(t)
+	r := newRecv(t)
+	sub, secret := e.subscribe(r.srv.URL + "/hook")
+	keys := &lostKey{keys: e.keys}
+	keys.lost.Store(true)
+	d := e.delivererWith("w1", nil, keys)
+	e.emit(e.job, e.updates(2)...)
+
+	runOnce(t, d)
+	if got := r.drain(); len(got) != 0 {
+		t.Fatalf("sent without a secret: %v", seqs(got))
+	}
+	s := e.get(sub.ID)
+	if !s.Failing() || s.ErrorCode != subscriptions.CodeSecretUnavailable || s.Cursor != 0 || s.Attempts != 0 ||
+		s.NextAttemptAt == nil || !s.NextAttemptAt.Equal(e.clock.Now().Add(subscriptions.ErrorPause)) {
+		t.Fatalf("secret does not open: %+v", s)
+	}
+
+	// Still failing at the next try, and logged no more.
+	e.clock.Add(subscriptions.ErrorPause)
+	runOnce(t, d)
+	if s := e.get(sub.ID); s.ErrorCode != subscriptions.CodeSecretUnavailable || s.Attempts != 0 ||
+		!s.NextAttemptAt.Equal(e.clock.Now().Add(subscriptions.ErrorPause)) {
+		t.Fatalf("second try: %+v", s)
+	}
+	logs := e.logs.String()
+	if n := strings.Count(logs, `"msg":"subscription.secret_unavailable"`); n != 1 {
+		t.Errorf("%d secret_unavailable lines, want 1:\n%s", n, logs)
+	}
+	for _, bad := range []string{"127.0.0.1", "/hook", "vjs_", secret} {
+		if strings.Contains(logs, bad) {
+			t.Errorf("the log holds %q:\n%s", bad, logs)
+		}
+	}
+
+	// The key is back; the receiver refuses: the first of its failures.
+	keys.lost.Store(false)
+	e.clock.Add(subscriptions.ErrorPause)
+	r.answer(500)
+	runOnce(t, d)
+	if got := seqs(r.drain()); len(got) != 1 || got[0] != 1 {
+		t.Fatalf("after the key came back received %v, want 1", got)
+	}
+	if s := e.get(sub.ID); s.ErrorCode != "http_5xx" || s.Attempts != 1 || !s.NextAttemptAt.Equal(e.clock.Now().Add(vibejobs.SubscriptionMinBackoff)) {
+		t.Fatalf("a refusal after the key came back: %+v", s)
+	}
+	e.clock.Add(vibejobs.SubscriptionMinBackoff)
+	runOnce(t, d)
+	if got := seqs(r.drain()); len(got) != 2 || got[0] != 1 || got[1] != 2 {
+		t.Fatalf("recovery received %v, want 1 2", got)
+	}
+	if s := e.get(sub.ID); s.Failing() || s.Cursor != 2 {
+		t.Fatalf("recovered: %+v", s)
 	}
 }
