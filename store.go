@@ -240,10 +240,21 @@ type RunPlan struct {
 	Complete bool
 }
 
+// DuePosition is a job's place in the order of DueJobs: by NextRunAt, then
+// by ID. The zero DuePosition comes before every job.
+type DuePosition struct {
+	NextRunAt time.Time
+	JobID     string
+}
+
 // SchedulerStore turns due occurrences into runs.
 type SchedulerStore interface {
-	// DueJobs returns active, enabled jobs whose NextRunAt ≤ before, earliest first.
-	DueJobs(ctx context.Context, before time.Time, limit int) ([]*Job, error)
+	// DueJobs returns up to limit active, enabled jobs whose NextRunAt ≤
+	// before and whose position comes after after, earliest first (by
+	// NextRunAt, then ID). Continuing from the last job returned passes
+	// jobs that stay due: a job whose schedule the caller cannot plan keeps
+	// its NextRunAt, and would otherwise head every list.
+	DueJobs(ctx context.Context, before time.Time, after DuePosition, limit int) ([]*Job, error)
 	// ApplyRunPlans applies each plan atomically (runs inserted, job advanced),
 	// skipping a plan whose job moved on (NextRunAt ≠ From), whose schedule
 	// changed (ScheduleAnchor ≠ Anchor), or that was paused or deleted.

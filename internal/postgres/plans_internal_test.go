@@ -263,3 +263,34 @@ func TestEventsReadStopsAtItsWindow(t *testing.T) {
 		t.Errorf("the feed's read does not bound its index scan by its window:\n%s", p)
 	}
 }
+
+// TestDueJobsStartsAtItsPosition: a scheduler passes the due jobs it cannot
+// plan by listing after the last one, and those jobs stay due, on every
+// scan. The position must start the index scan, not filter it: a list after
+// thousands of due jobs reads a page's worth of rows, not all of them.
+func TestDueJobsStartsAtItsPosition(t *testing.T) {
+	ctx := context.Background()
+	s, job, id := queueTestJob(t)
+	const n = 3000
+	jobs := make([]*vibejobs.Job, n)
+	err := s.Update(ctx, func(tx vibejobs.Tx) error {
+		for i := range jobs {
+			j := *job
+			j.ID = id("job_")
+			next := t0.Add(time.Duration(i-n) * time.Second)
+			j.NextRunAt = &next
+			jobs[i] = &j
+			if err := tx.CreateJob(ctx, &j); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	last := jobs[n-6]
+	if hits := sharedHits(t, s.pool, dueJobsSQL, t0, *last.NextRunAt, last.ID, 5); hits > 10 {
+		t.Errorf("listing 5 due jobs after %d others read %d buffers; want 10 at most", n-5, hits)
+	}
+}

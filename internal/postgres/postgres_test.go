@@ -655,7 +655,7 @@ func TestApplyRunPlansConcurrent(t *testing.T) {
 		s := stores[w%2]
 		wg.Go(func() {
 			for range rounds * 3 {
-				due, err := s.DueJobs(ctx, t0.Add(rounds*time.Second), 100)
+				due, err := s.DueJobs(ctx, t0.Add(rounds*time.Second), vibejobs.DuePosition{}, 100)
 				if err != nil {
 					t.Error(err)
 					return

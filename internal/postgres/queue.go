@@ -13,13 +13,20 @@ import (
 	"github.com/vibejobs/vibejobs"
 )
 
+// dueJobsSQL lists due jobs after a position. Both bounds are on
+// jobs_due_idx (next_run_at, id): the list is one range of that index,
+// however many due jobs come before the position.
+const dueJobsSQL = `SELECT ` + jobColumns + ` FROM jobs j` + noLastRun + `
+	WHERE j.state = 'active' AND j.enabled AND j.deleted_at IS NULL
+		AND j.next_run_at IS NOT NULL AND j.next_run_at <= $1
+		AND (j.next_run_at, j.id) > ($2, $3)
+	ORDER BY j.next_run_at, j.id LIMIT $4`
+
 // DueJobs returns up to limit active, enabled, live jobs whose NextRunAt ≤
-// before, earliest first (without LastRun).
-func (s *Store) DueJobs(ctx context.Context, before time.Time, limit int) ([]*vibejobs.Job, error) {
-	rows, err := s.pool.Query(ctx, `SELECT `+jobColumns+` FROM jobs j`+noLastRun+`
-		WHERE j.state = 'active' AND j.enabled AND j.deleted_at IS NULL
-			AND j.next_run_at IS NOT NULL AND j.next_run_at <= $1
-		ORDER BY j.next_run_at, j.id LIMIT $2`, before, limit)
+// before and whose position comes after after, earliest first (without
+// LastRun).
+func (s *Store) DueJobs(ctx context.Context, before time.Time, after vibejobs.DuePosition, limit int) ([]*vibejobs.Job, error) {
+	rows, err := s.pool.Query(ctx, dueJobsSQL, before, after.NextRunAt, after.JobID, limit)
 	if err != nil {
 		return nil, mapError(err, "listing due jobs")
 	}

@@ -135,7 +135,7 @@ func (s *Scheduler) RunOnce(ctx context.Context) (int, error) {
 func (s *Scheduler) runOnce(ctx context.Context) (created int, full bool, err error) {
 	now := s.cfg.Now()
 	sctx, cancel := context.WithTimeout(ctx, s.cfg.StoreTimeout)
-	jobs, err := s.cfg.Store.DueJobs(sctx, now.Add(s.cfg.Lookahead), s.cfg.BatchSize)
+	jobs, err := s.cfg.Store.DueJobs(sctx, now.Add(s.cfg.Lookahead), vibejobs.DuePosition{}, s.cfg.BatchSize)
 	cancel()
 	if err != nil {
 		return 0, false, fmt.Errorf("listing due jobs: %w", err)

@@ -19,8 +19,8 @@ type racingStore struct {
 	other func()
 }
 
-func (s *racingStore) DueJobs(ctx context.Context, before time.Time, limit int) ([]*vibejobs.Job, error) {
-	jobs, err := s.SchedulerStore.DueJobs(ctx, before, limit)
+func (s *racingStore) DueJobs(ctx context.Context, before time.Time, after vibejobs.DuePosition, limit int) ([]*vibejobs.Job, error) {
+	jobs, err := s.SchedulerStore.DueJobs(ctx, before, after, limit)
 	if s.other != nil {
 		s.other()
 		s.other = nil

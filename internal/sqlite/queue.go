@@ -14,12 +14,19 @@ import (
 	"github.com/vibejobs/vibejobs"
 )
 
-// DueJobs returns active, enabled, undeleted jobs whose NextRunAt ≤ before,
-// earliest first (ties by id). LastRun is not filled.
-func (s *Store) DueJobs(ctx context.Context, before time.Time, limit int) ([]*vibejobs.Job, error) {
-	rows, err := s.q.QueryContext(ctx, `SELECT `+jobColumns+` FROM jobs j
-		WHERE j.enabled = 1 AND j.state = 'active' AND j.deleted_at IS NULL AND j.next_run_at <= ?
-		ORDER BY j.next_run_at, j.id LIMIT ?`, ms(before), limit)
+// dueJobsSQL lists due jobs after a position. Both bounds are on jobs_due
+// (next_run_at, id): the list is one range of that index, however many due
+// jobs come before the position.
+const dueJobsSQL = `SELECT ` + jobColumns + ` FROM jobs j
+	WHERE j.enabled = 1 AND j.state = 'active' AND j.deleted_at IS NULL AND j.next_run_at <= ?
+		AND (j.next_run_at, j.id) > (?, ?)
+	ORDER BY j.next_run_at, j.id LIMIT ?`
+
+// DueJobs returns active, enabled, undeleted jobs whose NextRunAt ≤ before
+// and whose position comes after after, earliest first (ties by id).
+// LastRun is not filled.
+func (s *Store) DueJobs(ctx context.Context, before time.Time, after vibejobs.DuePosition, limit int) ([]*vibejobs.Job, error) {
+	rows, err := s.q.QueryContext(ctx, dueJobsSQL, ms(before), ms(after.NextRunAt), after.JobID, limit)
 	if err != nil {
 		return nil, fmt.Errorf("listing due jobs: %w", err)
 	}

@@ -326,7 +326,7 @@ func testDeleteJob(t *testing.T, f *fixture) {
 	if n, err := f.s.CountJobs(f.ctx, projectA); err != nil || n != 1 {
 		t.Errorf("CountJobs after delete = %d, %v; want 1", n, err)
 	}
-	due, err := f.s.DueJobs(f.ctx, T0, 10)
+	due, err := f.s.DueJobs(f.ctx, T0, vibejobs.DuePosition{}, 10)
 	if err != nil || !slices.Equal(jobIDs(due), []string{keep.ID}) {
 		t.Errorf("DueJobs after delete: %v, %v; want only %s", jobIDs(due), err, keep.ID)
 	}

@@ -170,7 +170,7 @@ func testDueJobs(t *testing.T, f *fixture) {
 	deleted := f.job(projectA, at(-time.Hour))
 	f.update(func(tx vibejobs.Tx) error { return tx.DeleteJob(f.ctx, projectA, deleted.ID, T0) })
 
-	jobs, err := f.s.DueJobs(f.ctx, T0, 10)
+	jobs, err := f.s.DueJobs(f.ctx, T0, vibejobs.DuePosition{}, 10)
 	if err != nil {
 		t.Fatalf("DueJobs: %v", err)
 	}
@@ -178,13 +178,78 @@ func testDueJobs(t *testing.T, f *fixture) {
 		t.Fatalf("DueJobs = %v, want %v (earliest first)", got, want)
 	}
 	wantEqual(t, "DueJobs job", jobs[0], due1)
-	jobs, err = f.s.DueJobs(f.ctx, T0, 2)
+	jobs, err = f.s.DueJobs(f.ctx, T0, vibejobs.DuePosition{}, 2)
 	if err != nil || !slices.Equal(jobIDs(jobs), jobIDs([]*vibejobs.Job{due1, due2})) {
 		t.Fatalf("DueJobs with limit 2 = %v, %v", jobIDs(jobs), err)
 	}
-	jobs, err = f.s.DueJobs(f.ctx, T0.Add(-3*time.Minute), 10)
+	jobs, err = f.s.DueJobs(f.ctx, T0.Add(-3*time.Minute), vibejobs.DuePosition{}, 10)
 	if err != nil || len(jobs) != 0 {
 		t.Fatalf("DueJobs before any is due = %v, %v", jobIDs(jobs), err)
+	}
+}
+
+// testDueJobsAfter: a list continues after any position in (NextRunAt, ID)
+// order, whether or not a job holds it, so a scheduler can pass the due
+// jobs it cannot plan (they stay due) and reach the ones behind them.
+func testDueJobsAfter(t *testing.T, f *fixture) {
+	f.projects()
+	at := func(d time.Duration) func(*vibejobs.Job) {
+		return func(j *vibejobs.Job) { j.NextRunAt = ptr(T0.Add(d)) }
+	}
+	// Three jobs due at one instant (ids in creation order), then two more.
+	tie1 := f.job(projectA, at(-2*time.Minute))
+	tie2 := f.job(projectB, at(-2*time.Minute))
+	tie3 := f.job(projectA, at(-2*time.Minute))
+	mid := f.job(projectA, at(-time.Minute))
+	last := f.job(projectB, at(0))
+	f.job(projectA, at(time.Millisecond))                                                     // not due
+	f.job(projectA, at(-time.Minute), func(j *vibejobs.Job) { j.State = vibejobs.JobPaused }) // not active
+	all := []*vibejobs.Job{tie1, tie2, tie3, mid, last}
+	pos := func(j *vibejobs.Job) vibejobs.DuePosition {
+		return vibejobs.DuePosition{NextRunAt: *j.NextRunAt, JobID: j.ID}
+	}
+
+	cases := []struct {
+		name  string
+		after vibejobs.DuePosition
+		limit int
+		want  []*vibejobs.Job
+	}{
+		{"the zero position", vibejobs.DuePosition{}, 10, all},
+		{"the first of a tie", pos(tie1), 10, all[1:]},
+		{"the last of a tie", pos(tie3), 10, all[3:]},
+		{"the last of a tie, limited", pos(tie2), 2, []*vibejobs.Job{tie3, mid}},
+		{"an instant with no id", vibejobs.DuePosition{NextRunAt: T0.Add(-time.Minute)}, 10, all[3:]},
+		{"between two jobs", vibejobs.DuePosition{NextRunAt: T0.Add(-90 * time.Second), JobID: tie1.ID}, 10, all[3:]},
+		{"the last due job", pos(last), 10, nil},
+	}
+	for _, c := range cases {
+		jobs, err := f.s.DueJobs(f.ctx, T0, c.after, c.limit)
+		if err != nil {
+			t.Fatalf("DueJobs after %s: %v", c.name, err)
+		}
+		if got, want := jobIDs(jobs), jobIDs(c.want); !slices.Equal(got, want) {
+			t.Errorf("DueJobs after %s = %v, want %v", c.name, got, want)
+		}
+	}
+
+	// Continuing from the last job of each page lists every due job once,
+	// jobs left due (not advanced) included.
+	var walked []*vibejobs.Job
+	after := vibejobs.DuePosition{}
+	for range len(all) + 1 {
+		page, err := f.s.DueJobs(f.ctx, T0, after, 2)
+		if err != nil {
+			t.Fatalf("DueJobs: %v", err)
+		}
+		if len(page) == 0 {
+			break
+		}
+		walked = append(walked, page...)
+		after = pos(page[len(page)-1])
+	}
+	if got, want := jobIDs(walked), jobIDs(all); !slices.Equal(got, want) {
+		t.Fatalf("DueJobs walked in pages of 2 = %v, want %v", got, want)
 	}
 }
 
@@ -310,7 +375,7 @@ func testApplyRunPlansCompletesOneOff(t *testing.T, f *fixture) {
 	if got.State != vibejobs.JobCompleted || got.NextRunAt != nil {
 		t.Fatalf("one-off job after its plan: state %s next %v; want completed, nil", got.State, got.NextRunAt)
 	}
-	if jobs, err := f.s.DueJobs(f.ctx, T0.Add(time.Hour), 10); err != nil || len(jobs) != 0 {
+	if jobs, err := f.s.DueJobs(f.ctx, T0.Add(time.Hour), vibejobs.DuePosition{}, 10); err != nil || len(jobs) != 0 {
 		t.Fatalf("DueJobs after completion: %v, %v", jobIDs(jobs), err)
 	}
 	f.apply(0, vibejobs.RunPlan{JobID: o.ID, Anchor: o.ScheduleAnchor, From: T0, Runs: []*vibejobs.Run{f.schedRun(o, T0)}, Complete: true})

@@ -59,6 +59,7 @@ func Run(t *testing.T, open func(t *testing.T) vibejobs.Store) {
 		{"ListRunsPaginationWhileChanging", testListRunsPaginationWhileChanging},
 
 		{"DueJobs", testDueJobs},
+		{"DueJobsAfter", testDueJobsAfter},
 		{"ApplyRunPlans", testApplyRunPlans},
 		{"ApplyRunPlansSkipped", testApplyRunPlansSkipped},
 		{"ApplyRunPlansCompletesOneOff", testApplyRunPlansCompletesOneOff},
