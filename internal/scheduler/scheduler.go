@@ -101,21 +101,11 @@ func (s *Scheduler) Run(ctx context.Context) {
 	t := time.NewTicker(s.cfg.Interval)
 	defer t.Stop()
 	for {
-		for {
-			n, full, err := s.runOnce(ctx)
-			if err != nil {
-				if ctx.Err() != nil {
-					return
-				}
-				s.cfg.Logger.Error("scheduler.scan_failed", "error", err)
-				break
+		if _, err := s.scan(ctx); err != nil {
+			if ctx.Err() != nil {
+				return
 			}
-			if n > 0 && s.cfg.OnRunsCreated != nil {
-				s.cfg.OnRunsCreated(n)
-			}
-			if !full {
-				break
-			}
+			s.cfg.Logger.Error("scheduler.scan_failed", "error", err)
 		}
 		select {
 		case <-ctx.Done():
@@ -126,16 +116,41 @@ func (s *Scheduler) Run(ctx context.Context) {
 	}
 }
 
-// RunOnce plans and applies one batch of due jobs and returns the runs created.
+// RunOnce plans and applies every due job, BatchSize at a time, as one scan
+// of Run does, and returns the runs created.
 func (s *Scheduler) RunOnce(ctx context.Context) (int, error) {
-	n, _, err := s.runOnce(ctx)
-	return n, err
+	return s.scan(ctx)
 }
 
-func (s *Scheduler) runOnce(ctx context.Context) (created int, full bool, err error) {
+// scan plans and applies the due jobs a batch at a time, in due order, each
+// batch continuing after the last job of the one before. A job whose
+// schedule does not parse here keeps its NextRunAt (another replica may
+// plan it), so it stays first in due order: restarting each batch from the
+// first due job, a batch's worth of them would hide every other job from
+// this replica for good.
+func (s *Scheduler) scan(ctx context.Context) (created int, err error) {
+	var after vibejobs.DuePosition
+	for {
+		n, full, err := s.runOnce(ctx, &after)
+		created += n
+		if err != nil {
+			return created, err
+		}
+		if n > 0 && s.cfg.OnRunsCreated != nil {
+			s.cfg.OnRunsCreated(n)
+		}
+		if !full {
+			return created, nil
+		}
+	}
+}
+
+// runOnce plans and applies the batch of due jobs after *after, moves *after
+// to the batch's last job and reports whether the batch was full.
+func (s *Scheduler) runOnce(ctx context.Context, after *vibejobs.DuePosition) (created int, full bool, err error) {
 	now := s.cfg.Now()
 	sctx, cancel := context.WithTimeout(ctx, s.cfg.StoreTimeout)
-	jobs, err := s.cfg.Store.DueJobs(sctx, now.Add(s.cfg.Lookahead), vibejobs.DuePosition{}, s.cfg.BatchSize)
+	jobs, err := s.cfg.Store.DueJobs(sctx, now.Add(s.cfg.Lookahead), *after, s.cfg.BatchSize)
 	cancel()
 	if err != nil {
 		return 0, false, fmt.Errorf("listing due jobs: %w", err)
@@ -143,6 +158,8 @@ func (s *Scheduler) runOnce(ctx context.Context) (created int, full bool, err er
 	if len(jobs) == 0 {
 		return 0, false, nil
 	}
+	last := jobs[len(jobs)-1]
+	*after = vibejobs.DuePosition{NextRunAt: *last.NextRunAt, JobID: last.ID}
 	plans := make([]vibejobs.RunPlan, 0, len(jobs))
 	for _, j := range jobs {
 		sch, err := JobSchedule(j)

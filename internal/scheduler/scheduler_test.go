@@ -2,6 +2,7 @@ package scheduler_test
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"path/filepath"
 	"testing"
@@ -28,31 +29,50 @@ func (s *racingStore) DueJobs(ctx context.Context, before time.Time, after vibej
 	return jobs, err
 }
 
-// TestSkippedCountedOnceAcrossReplicas: two replicas plan the same missed
-// occurrences; one applies its plan, the other's is stale. The skipped
-// occurrences are counted once, on the job and in the metric.
-func TestSkippedCountedOnceAcrossReplicas(t *testing.T) {
+// openStore opens a SQLite store in a temporary directory holding project
+// prj_x and jobs, created as they are (a schedule no replica could plan
+// included: the store does not parse schedules).
+func openStore(t *testing.T, jobs ...*vibejobs.Job) *sqlite.Store {
+	t.Helper()
 	ctx := context.Background()
 	st, err := sqlite.Open(ctx, filepath.Join(t.TempDir(), "db"), sqlite.Options{Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer st.Close()
-	now := time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
-	next := now.Add(-10 * time.Minute) // down for ten minutes
-	j := &vibejobs.Job{ID: "job_x", ProjectID: "prj_x", Name: "x", Schedule: "* * * * *", Timezone: "UTC",
-		URL: "https://example.com/", Enabled: true, State: vibejobs.JobActive, Retry: vibejobs.DefaultRetryPolicy(),
-		Timeout: 10 * time.Second, CatchUp: vibejobs.CatchUpNone, ScheduleAnchor: now.Add(-time.Hour), NextRunAt: &next,
-		Secret: vibejobs.SealedSecret{KeyID: "k", Ciphertext: []byte{1}}, CreatedAt: now.Add(-time.Hour), UpdatedAt: now.Add(-time.Hour)}
+	t.Cleanup(func() { st.Close() })
 	err = st.Update(ctx, func(tx vibejobs.Tx) error {
-		if err := tx.CreateProject(ctx, &vibejobs.Project{ID: "prj_x", Name: "x", CreatedAt: now.Add(-time.Hour)}); err != nil {
+		if err := tx.CreateProject(ctx, &vibejobs.Project{ID: "prj_x", Name: "x", CreatedAt: t0.Add(-time.Hour)}); err != nil {
 			return err
 		}
-		return tx.CreateJob(ctx, j)
+		for _, j := range jobs {
+			if err := tx.CreateJob(ctx, j); err != nil {
+				return err
+			}
+		}
+		return nil
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
+	return st
+}
+
+// storedJob returns an every-minute job of prj_x in UTC, due at next, with
+// everything a store needs set.
+func storedJob(id string, catchUp vibejobs.CatchUp, next time.Time) *vibejobs.Job {
+	return &vibejobs.Job{ID: id, ProjectID: "prj_x", Name: "x", Schedule: "* * * * *", Timezone: "UTC",
+		URL: "https://example.com/", Enabled: true, State: vibejobs.JobActive, Retry: vibejobs.DefaultRetryPolicy(),
+		Timeout: 10 * time.Second, CatchUp: catchUp, ScheduleAnchor: t0.Add(-time.Hour), NextRunAt: &next,
+		Secret: vibejobs.SealedSecret{KeyID: "k", Ciphertext: []byte{1}}, CreatedAt: t0.Add(-time.Hour), UpdatedAt: t0.Add(-time.Hour)}
+}
+
+// TestSkippedCountedOnceAcrossReplicas: two replicas plan the same missed
+// occurrences; one applies its plan, the other's is stale. The skipped
+// occurrences are counted once, on the job and in the metric.
+func TestSkippedCountedOnceAcrossReplicas(t *testing.T) {
+	ctx := context.Background()
+	now := t0
+	st := openStore(t, storedJob("job_x", vibejobs.CatchUpNone, now.Add(-10*time.Minute))) // down for ten minutes
 	var metric int64
 	config := func(s vibejobs.SchedulerStore) scheduler.Config {
 		return scheduler.Config{Store: s, Now: func() time.Time { return now }, OnSkipped: func(n int64) { metric += n }}
@@ -72,5 +92,60 @@ func TestSkippedCountedOnceAcrossReplicas(t *testing.T) {
 	}
 	if got.SkippedRuns != 10 || metric != 10 {
 		t.Fatalf("skipped occurrences: %d on the job, %d in the metric; want 10 and 10", got.SkippedRuns, metric)
+	}
+}
+
+// boundedStore fails DueJobs after max calls: a scan that lists the same
+// batch again and again never ends.
+type boundedStore struct {
+	vibejobs.SchedulerStore
+	calls, max int
+}
+
+func (s *boundedStore) DueJobs(ctx context.Context, before time.Time, after vibejobs.DuePosition, limit int) ([]*vibejobs.Job, error) {
+	if s.calls++; s.calls > s.max {
+		return nil, fmt.Errorf("DueJobs called %d times in one scan", s.calls)
+	}
+	return s.SchedulerStore.DueJobs(ctx, before, after, limit)
+}
+
+// TestUnplannableJobsDoNotHideOthers: jobs whose time zone this replica
+// does not know keep their NextRunAt, for a replica that knows it, and so
+// stay first in due order. More of them than a batch holds must not keep
+// the scheduler from a job due behind them.
+func TestUnplannableJobsDoNotHideOthers(t *testing.T) {
+	ctx := context.Background()
+	now := t0
+	var jobs []*vibejobs.Job
+	for i := range 4 {
+		j := storedJob(fmt.Sprintf("job_unknown_zone_%d", i), vibejobs.CatchUpAll, now.Add(-time.Hour))
+		j.Timezone = "Nowhere/Atlantis"
+		jobs = append(jobs, j)
+	}
+	jobs = append(jobs, storedJob("job_ok", vibejobs.CatchUpAll, now))
+	st := openStore(t, jobs...)
+	sched := scheduler.New(scheduler.Config{Store: &boundedStore{SchedulerStore: st, max: 10}, Now: func() time.Time { return now },
+		BatchSize: 3, Logger: slog.New(slog.DiscardHandler)})
+	for range 2 {
+		if n, err := sched.RunOnce(ctx); err != nil {
+			t.Fatalf("RunOnce = %d, %v", n, err)
+		}
+	}
+
+	runs, _, err := st.ListRuns(ctx, "prj_x", vibejobs.RunFilter{}, vibejobs.Page{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(runs) != 1 || runs[0].JobID != "job_ok" || !runs[0].ScheduledFor.Equal(now) {
+		t.Fatalf("runs %+v; want job_ok's at %v alone", runs, now)
+	}
+	for _, want := range jobs[:4] {
+		got, err := st.GetJob(ctx, "prj_x", want.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got.NextRunAt == nil || !got.NextRunAt.Equal(*want.NextRunAt) || got.SkippedRuns != 0 || got.State != vibejobs.JobActive {
+			t.Errorf("job %s with an unknown zone: next %v, skipped %d, %s; want it untouched", got.ID, got.NextRunAt, got.SkippedRuns, got.State)
+		}
 	}
 }
