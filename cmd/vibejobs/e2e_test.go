@@ -467,7 +467,7 @@ func TestMetricsExposed(t *testing.T) {
 		"vibejobs_first_attempt_lateness_seconds_count 1",
 		"vibejobs_runs_due", "vibejobs_oldest_due_run_age_seconds", "vibejobs_leases_recovered_total",
 		`vibejobs_runs_created_total{trigger="manual"} 1`,
-		"vibejobs_skipped_occurrences_total", "go_goroutines", "process_resident_memory_bytes",
+		"vibejobs_skipped_occurrences_total", "vibejobs_unplannable_jobs 0", "go_goroutines", "process_resident_memory_bytes",
 	} {
 		if !strings.Contains(text, want) {
 			t.Errorf("/metrics lacks %q", want)

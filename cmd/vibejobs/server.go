@@ -380,6 +380,7 @@ func (m *Main) Run(ctx context.Context) error {
 		Store: store, Logger: m.logger, Now: now,
 		OnRunsCreated: func(n int) { met.RunsCreated(n); disp.Wake() },
 		OnSkipped:     met.Skipped,
+		OnUnplannable: met.Unplannable,
 		StoreTimeout:  cfg.StoreTimeout,
 	})
 	maint := maintenance.New(maintenance.Config{

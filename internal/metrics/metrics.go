@@ -27,6 +27,7 @@ type Metrics struct {
 	queue        *queueCollector
 	leases       prometheus.Counter
 	skipped      prometheus.Counter
+	unplannable  prometheus.Gauge
 }
 
 // New registers every collector, with the Go and process collectors, on a
@@ -54,9 +55,11 @@ func New() *Metrics {
 			Name: "vibejobs_leases_recovered_total", Help: "Runs whose lease expired, their attempt recorded as interrupted: made claimable again, or ended when past their deadline or their job was deleted."}),
 		skipped: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "vibejobs_skipped_occurrences_total", Help: "Occurrences skipped by catch-up rules, or already past the delivery lifetime when the scheduler reached them."}),
+		unplannable: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "vibejobs_unplannable_jobs", Help: "Due jobs whose schedule this process could not plan at its last scan (a time zone missing from its tzdata), left due for another replica."}),
 	}
 	m.reg.MustRegister(m.runsCreated, m.runsFinished, m.attempts, m.duration, m.lateness,
-		m.queue, m.leases, m.skipped,
+		m.queue, m.leases, m.skipped, m.unplannable,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
@@ -81,6 +84,9 @@ func (m *Metrics) ManualRunCreated() {
 
 // Skipped counts occurrences skipped by catch-up.
 func (m *Metrics) Skipped(n int64) { m.skipped.Add(float64(n)) }
+
+// Unplannable sets the number of due jobs the scheduler could not plan.
+func (m *Metrics) Unplannable(n int) { m.unplannable.Set(float64(n)) }
 
 // AttemptFinished records one attempt, by the outcome the dispatcher
 // decided. Whether the run ended is the store's to say (RunsEnded): an

@@ -15,6 +15,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"sync"
 	"time"
 
 	"github.com/vibejobs/vibejobs"
@@ -39,6 +40,10 @@ const (
 	// downtime (a minutely one would need 3.8 years). Counting them would
 	// cost a plan seconds of CPU per month of downtime.
 	maxSteps = 2_000_000
+	// unplannableLogEvery: a job whose schedule does not parse here stays
+	// due, and every scan meets it again; each is logged once per this
+	// period (OnUnplannable counts them on every scan).
+	unplannableLogEvery = 10 * time.Minute
 )
 
 // Config of a Scheduler.
@@ -60,6 +65,11 @@ type Config struct {
 	OnRunsCreated func(n int)
 	// OnSkipped is called with the number of occurrences skipped by catch-up.
 	OnSkipped func(n int64)
+	// OnUnplannable is called after each scan that lists every due job, with
+	// the number of them whose schedule does not parse here (a time zone
+	// missing from this replica's tzdata): they are left due, for a replica
+	// that can plan them.
+	OnUnplannable func(n int)
 	// StoreTimeout bounds each store call: a connection gone silent
 	// without a reset would otherwise hang the scans until TCP gives up.
 	StoreTimeout time.Duration
@@ -69,6 +79,11 @@ type Config struct {
 type Scheduler struct {
 	cfg  Config
 	wake chan struct{}
+
+	mu sync.Mutex
+	// loggedUnplannable holds when each job found unplannable was last
+	// logged, for at most unplannableLogEvery.
+	loggedUnplannable map[string]time.Time
 }
 
 // New returns a Scheduler with the defaults filled in.
@@ -85,7 +100,7 @@ func New(cfg Config) *Scheduler {
 	cfg.BatchSize = cmp.Or(cfg.BatchSize, DefaultBatchSize)
 	cfg.CatchUpGrace = cmp.Or(cfg.CatchUpGrace, DefaultCatchUpGrace)
 	cfg.StoreTimeout = cmp.Or(cfg.StoreTimeout, DefaultStoreTimeout)
-	return &Scheduler{cfg: cfg, wake: make(chan struct{}, 1)}
+	return &Scheduler{cfg: cfg, wake: make(chan struct{}, 1), loggedUnplannable: make(map[string]time.Time)}
 }
 
 // Wake asks for a scan now (after a job was created or changed).
@@ -129,9 +144,9 @@ func (s *Scheduler) RunOnce(ctx context.Context) (int, error) {
 // first due job, a batch's worth of them would hide every other job from
 // this replica for good.
 func (s *Scheduler) scan(ctx context.Context) (created int, err error) {
-	var after vibejobs.DuePosition
+	var c scanCursor
 	for {
-		n, full, err := s.runOnce(ctx, &after)
+		n, full, err := s.runOnce(ctx, &c)
 		created += n
 		if err != nil {
 			return created, err
@@ -140,17 +155,29 @@ func (s *Scheduler) scan(ctx context.Context) (created int, err error) {
 			s.cfg.OnRunsCreated(n)
 		}
 		if !full {
-			return created, nil
+			break
 		}
 	}
+	if s.cfg.OnUnplannable != nil {
+		s.cfg.OnUnplannable(c.unplannable)
+	}
+	s.forgetLoggedUnplannable(s.cfg.Now())
+	return created, nil
 }
 
-// runOnce plans and applies the batch of due jobs after *after, moves *after
-// to the batch's last job and reports whether the batch was full.
-func (s *Scheduler) runOnce(ctx context.Context, after *vibejobs.DuePosition) (created int, full bool, err error) {
+// scanCursor is how far a scan went: the position its next batch starts
+// after, and the due jobs it could not plan so far.
+type scanCursor struct {
+	after       vibejobs.DuePosition
+	unplannable int
+}
+
+// runOnce plans and applies the batch of due jobs after c.after, moves
+// c.after to the batch's last job and reports whether the batch was full.
+func (s *Scheduler) runOnce(ctx context.Context, c *scanCursor) (created int, full bool, err error) {
 	now := s.cfg.Now()
 	sctx, cancel := context.WithTimeout(ctx, s.cfg.StoreTimeout)
-	jobs, err := s.cfg.Store.DueJobs(sctx, now.Add(s.cfg.Lookahead), *after, s.cfg.BatchSize)
+	jobs, err := s.cfg.Store.DueJobs(sctx, now.Add(s.cfg.Lookahead), c.after, s.cfg.BatchSize)
 	cancel()
 	if err != nil {
 		return 0, false, fmt.Errorf("listing due jobs: %w", err)
@@ -159,14 +186,18 @@ func (s *Scheduler) runOnce(ctx context.Context, after *vibejobs.DuePosition) (c
 		return 0, false, nil
 	}
 	last := jobs[len(jobs)-1]
-	*after = vibejobs.DuePosition{NextRunAt: *last.NextRunAt, JobID: last.ID}
+	c.after = vibejobs.DuePosition{NextRunAt: *last.NextRunAt, JobID: last.ID}
 	plans := make([]vibejobs.RunPlan, 0, len(jobs))
 	for _, j := range jobs {
 		sch, err := JobSchedule(j)
 		if err != nil {
 			// A stored schedule was validated when it was set; one that no
-			// longer parses (a time zone gone from tzdata) stops here, loudly.
-			s.cfg.Logger.Error("scheduler.bad_schedule", "job_id", j.ID, "error", err)
+			// longer parses (a time zone gone from tzdata) stops here, loudly,
+			// but not on every scan: the job stays due.
+			c.unplannable++
+			if s.logUnplannable(j.ID, now) {
+				s.cfg.Logger.Error("scheduler.bad_schedule", "job_id", j.ID, "error", err)
+			}
 			continue
 		}
 		p := Plan(j, sch, now, s.cfg.Lookahead, s.cfg.CatchUpGrace, func(at time.Time) string {
@@ -192,6 +223,32 @@ func (s *Scheduler) runOnce(ctx context.Context, after *vibejobs.DuePosition) (c
 		s.cfg.OnSkipped(skipped)
 	}
 	return created, len(jobs) == s.cfg.BatchSize, nil
+}
+
+// logUnplannable reports whether to log that job id was found unplannable
+// at now: yes when it was not logged in the last unplannableLogEvery.
+func (s *Scheduler) logUnplannable(id string, now time.Time) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if at, ok := s.loggedUnplannable[id]; ok && now.Sub(at) < unplannableLogEvery {
+		return false
+	}
+	s.loggedUnplannable[id] = now
+	return true
+}
+
+// forgetLoggedUnplannable forgets the jobs logged unplannableLogEvery or
+// longer before now, which would be logged again anyway: what is kept is
+// bounded by the jobs found unplannable in that period, not by every job
+// that ever was.
+func (s *Scheduler) forgetLoggedUnplannable(now time.Time) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for id, at := range s.loggedUnplannable {
+		if now.Sub(at) >= unplannableLogEvery {
+			delete(s.loggedUnplannable, id)
+		}
+	}
 }
 
 // JobSchedule returns the schedule of j: its one-off instant or its parsed

@@ -1,10 +1,12 @@
 package scheduler_test
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"log/slog"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -95,6 +97,16 @@ func TestSkippedCountedOnceAcrossReplicas(t *testing.T) {
 	}
 }
 
+// unknownZoneJobs returns n jobs due at next in a time zone no tzdata has.
+func unknownZoneJobs(n int, next time.Time) []*vibejobs.Job {
+	jobs := make([]*vibejobs.Job, n)
+	for i := range jobs {
+		jobs[i] = storedJob(fmt.Sprintf("job_unknown_zone_%d", i), vibejobs.CatchUpAll, next)
+		jobs[i].Timezone = "Nowhere/Atlantis"
+	}
+	return jobs
+}
+
 // boundedStore fails DueJobs after max calls: a scan that lists the same
 // batch again and again never ends.
 type boundedStore struct {
@@ -116,13 +128,7 @@ func (s *boundedStore) DueJobs(ctx context.Context, before time.Time, after vibe
 func TestUnplannableJobsDoNotHideOthers(t *testing.T) {
 	ctx := context.Background()
 	now := t0
-	var jobs []*vibejobs.Job
-	for i := range 4 {
-		j := storedJob(fmt.Sprintf("job_unknown_zone_%d", i), vibejobs.CatchUpAll, now.Add(-time.Hour))
-		j.Timezone = "Nowhere/Atlantis"
-		jobs = append(jobs, j)
-	}
-	jobs = append(jobs, storedJob("job_ok", vibejobs.CatchUpAll, now))
+	jobs := append(unknownZoneJobs(4, now.Add(-time.Hour)), storedJob("job_ok", vibejobs.CatchUpAll, now))
 	st := openStore(t, jobs...)
 	sched := scheduler.New(scheduler.Config{Store: &boundedStore{SchedulerStore: st, max: 10}, Now: func() time.Time { return now },
 		BatchSize: 3, Logger: slog.New(slog.DiscardHandler)})
@@ -148,4 +154,34 @@ func TestUnplannableJobsDoNotHideOthers(t *testing.T) {
 			t.Errorf("job %s with an unknown zone: next %v, skipped %d, %s; want it untouched", got.ID, got.NextRunAt, got.SkippedRuns, got.State)
 		}
 	}
+}
+
+// TestUnplannableJobsLoggedOnceInAWhile: every scan meets the jobs it cannot
+// plan again. Each scan counts them (a gauge); each job is logged when
+// first met and then once per ten minutes, not on every scan.
+func TestUnplannableJobsLoggedOnceInAWhile(t *testing.T) {
+	ctx := context.Background()
+	now := t0
+	st := openStore(t, unknownZoneJobs(4, now.Add(-time.Hour))...)
+	var logs bytes.Buffer
+	gauge := -1
+	sched := scheduler.New(scheduler.Config{Store: st, Now: func() time.Time { return now }, BatchSize: 3,
+		Logger: slog.New(slog.NewTextHandler(&logs, nil)), OnUnplannable: func(n int) { gauge = n }})
+	scan := func(wantLogged int) {
+		t.Helper()
+		gauge = -1
+		if _, err := sched.RunOnce(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if got := strings.Count(logs.String(), "scheduler.bad_schedule"); got != wantLogged || gauge != 4 {
+			t.Fatalf("at %v: %d unplannable jobs logged in all, %d counted by the scan; want %d and 4", now, got, gauge, wantLogged)
+		}
+	}
+	scan(4)
+	now = now.Add(time.Minute)
+	scan(4)
+	now = now.Add(9*time.Minute - time.Millisecond)
+	scan(4)
+	now = now.Add(time.Millisecond)
+	scan(8)
 }
