@@ -298,16 +298,27 @@ func writable(c *pgx.Conn) bool {
 	return pc.ParameterStatus("default_transaction_read_only") != "on" && pc.ParameterStatus("in_hot_standby") != "on"
 }
 
-// Ping checks that the database answers and takes writes: a server that
-// is read-only (a standby reached during a failover) refuses every change
-// as unavailable, so it is not ready either.
+// Ping checks that the database answers and takes writes, on each pool: a
+// server that is read-only (a standby reached during a failover) refuses
+// every change as unavailable, so it is not ready either; and the queue
+// pool makes the claims and records the outcomes, so when it gets no
+// working connection nothing is delivered, whatever the main pool says.
 func (s *Store) Ping(ctx context.Context) error {
+	if err := pingPool(ctx, s.pool, "ping"); err != nil {
+		return err
+	}
+	return pingPool(ctx, s.queue, "ping of the queue pool")
+}
+
+// pingPool runs one statement on a connection of pool, a round trip, and
+// refuses a session that takes no writes.
+func pingPool(ctx context.Context, pool *pgxpool.Pool, doing string) error {
 	var readOnly string
-	if err := s.pool.QueryRow(ctx, `SELECT current_setting('transaction_read_only')`).Scan(&readOnly); err != nil {
-		return mapError(err, "ping")
+	if err := pool.QueryRow(ctx, `SELECT current_setting('transaction_read_only')`).Scan(&readOnly); err != nil {
+		return mapError(err, doing)
 	}
 	if readOnly == "on" {
-		return fmt.Errorf("%w: ping: the server is read-only", errUnavailable())
+		return fmt.Errorf("%w: %s: the server is read-only", errUnavailable(), doing)
 	}
 	return nil
 }

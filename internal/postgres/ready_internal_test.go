@@ -46,6 +46,59 @@ func TestPingRefusesAReadOnlyServer(t *testing.T) {
 	}
 }
 
+// TestPingAsksTheQueuePool: the queue pool makes every claim and records
+// every outcome, so a replica whose queue pool gets no working connection
+// delivers nothing: Ping must fail then, although the main pool answers.
+// Here its sessions reach a server that takes no writes (a failover's old
+// primary), or it can give out no connection at all (closed).
+func TestPingAsksTheQueuePool(t *testing.T) {
+	s := MustOpenTest(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for _, tc := range []struct {
+		name string
+		pool func(cfg *pgxpool.Config) *pgxpool.Pool
+		kind string // "" for any error
+	}{
+		{"read-only sessions", func(cfg *pgxpool.Config) *pgxpool.Pool {
+			cfg.ConnConfig.RuntimeParams["default_transaction_read_only"] = "on"
+			p, err := pgxpool.NewWithConfig(ctx, cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return p
+		}, vibejobs.EUNAVAILABLE},
+		{"no connection", func(cfg *pgxpool.Config) *pgxpool.Pool {
+			p, err := pgxpool.NewWithConfig(ctx, cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			p.Close()
+			return p
+		}, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			broken := tc.pool(s.queue.Config())
+			queue := s.queue
+			s.queue = broken
+			defer func() { s.queue = queue; broken.Close() }()
+			if err := s.pool.Ping(ctx); err != nil {
+				t.Fatalf("the main pool: %v", err)
+			}
+			err := s.Ping(ctx)
+			if err == nil {
+				t.Fatal("Ping with a broken queue pool: nil, want an error")
+			}
+			if tc.kind != "" && vibejobs.ErrorKind(err) != tc.kind {
+				t.Errorf("Ping with a broken queue pool: %v, want %s", err, tc.kind)
+			}
+		})
+	}
+	if err := s.Ping(ctx); err != nil {
+		t.Fatalf("Ping with the queue pool back: %v", err)
+	}
+}
+
 // TestReadOnlySessionsAreNotKept: a pooled connection whose server turned
 // read-only (the old primary, fenced in a failover) is closed when given
 // back, on both pools, so the next use dials again, to the new primary,
