@@ -38,7 +38,9 @@ type Store interface {
 	SubscriptionStore
 	SessionStore
 
-	// Ping checks that the database answers (readiness).
+	// Ping checks that the database answers reads and takes writes, on
+	// every connection pool the Store works with (readiness). It is asked
+	// every few seconds: it must stay cheap.
 	Ping(ctx context.Context) error
 	Close() error
 }

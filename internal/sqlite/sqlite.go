@@ -56,8 +56,12 @@ type Store struct {
 	prepared map[string]*sql.Stmt
 	// onEnded is told of the runs each transaction ended (OnRunsEnded).
 	onEnded atomic.Pointer[func(vibejobs.RunsEnded)]
-	logger  *slog.Logger
-	now     func() time.Time
+	// committed is when a write last committed, by now, in Unix ns: 0
+	// before the first and after a write the database could not take
+	// (see noteWrite). Ping trusts a recent one instead of writing.
+	committed atomic.Int64
+	logger    *slog.Logger
+	now       func() time.Time
 	// checkpoints copies the WAL into the database in the background, so no
 	// commit pays for a checkpoint (see checkpointLoop).
 	ckpt     *sql.DB
@@ -216,7 +220,22 @@ func (s *Store) Migrate(ctx context.Context) error {
 	return nil
 }
 
-// Ping checks that both pools answer.
+// writeProbeAfter is how long Ping trusts the last commit before it
+// writes to check that the database still takes writes.
+const writeProbeAfter = 10 * time.Second
+
+// probeSQL is Ping's write: one small row.
+const probeSQL = `INSERT INTO write_probe (singleton, probed_at) VALUES (1, ?)
+	ON CONFLICT (singleton) DO UPDATE SET probed_at = excluded.probed_at`
+
+// Ping checks that the database answers reads and takes writes: a file
+// that became read-only, a full disk or an I/O error fail every change
+// while reads go on. A write committed within writeProbeAfter (by the
+// Store's clock), with no write after it that the database could not
+// take, proves the second: a busy server's probes neither write nor wait
+// for the one write connection. Otherwise (the server is idle, or its
+// writes fail) Ping commits a one-row write itself, waiting for the write
+// connection as long as ctx allows.
 func (s *Store) Ping(ctx context.Context) error {
 	if err := s.r.PingContext(ctx); err != nil {
 		return fmt.Errorf("sqlite: ping: %w", err)
@@ -224,6 +243,16 @@ func (s *Store) Ping(ctx context.Context) error {
 	var one int
 	if err := s.r.QueryRowContext(ctx, "SELECT 1").Scan(&one); err != nil {
 		return fmt.Errorf("sqlite: ping: %w", err)
+	}
+	if last := s.committed.Load(); last != 0 && s.now().Sub(time.Unix(0, last)) < writeProbeAfter {
+		return nil
+	}
+	err := s.write(ctx, func(t wtx) error {
+		_, err := t.ExecContext(ctx, probeSQL, ms(s.now()))
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("sqlite: ping: writing: %w", err)
 	}
 	return nil
 }
@@ -268,7 +297,8 @@ func (s *Store) Update(ctx context.Context, fn func(tx vibejobs.Tx) error) error
 // write runs fn in one IMMEDIATE transaction on the write connection. A
 // database that cannot take the write for now is EUNAVAILABLE (see
 // unavailable).
-func (s *Store) write(ctx context.Context, fn func(wtx) error) error {
+func (s *Store) write(ctx context.Context, fn func(wtx) error) (err error) {
+	defer func() { s.noteWrite(err) }()
 	t, err := s.w.BeginTx(ctx, nil)
 	if err != nil {
 		return unavailable(fmt.Errorf("sqlite: beginning transaction: %w", err))
@@ -285,6 +315,19 @@ func (s *Store) write(ctx context.Context, fn func(wtx) error) error {
 		(*f)(ended)
 	}
 	return nil
+}
+
+// noteWrite keeps, for Ping, what the outcome of a write says: a commit,
+// that the database takes writes; an error of cannotWrite, that it does not
+// for now. Other errors (the write's own fault, a cancelled context) say
+// neither.
+func (s *Store) noteWrite(err error) {
+	switch {
+	case err == nil:
+		s.committed.Store(s.now().UnixNano())
+	case cannotWrite(err):
+		s.committed.Store(0)
+	}
 }
 
 // OnRunsEnded implements vibejobs.RunsEndedNotifier.
@@ -384,17 +427,26 @@ type querier interface {
 // have its run, which the app may have accepted, sent again once its lease
 // ended.
 func unavailable(err error) error {
+	if !cannotWrite(err) {
+		return err
+	}
+	return fmt.Errorf("%w: %w", vibejobs.Errorf(vibejobs.EUNAVAILABLE, "database_unavailable",
+		"database unavailable"), err)
+}
+
+// cannotWrite reports whether err says that the database cannot take
+// writes for now (see unavailable).
+func cannotWrite(err error) bool {
 	var e *sqlite.Error
 	if !errors.As(err, &e) {
-		return err
+		return false
 	}
 	switch e.Code() & 0xff {
 	case sqlite3.SQLITE_BUSY, sqlite3.SQLITE_FULL, sqlite3.SQLITE_IOERR, sqlite3.SQLITE_READONLY,
 		sqlite3.SQLITE_CANTOPEN:
-		return fmt.Errorf("%w: %w", vibejobs.Errorf(vibejobs.EUNAVAILABLE, "database_unavailable",
-			"database unavailable"), err)
+		return true
 	}
-	return err
+	return false
 }
 
 func isBusy(err error) bool {
