@@ -393,6 +393,7 @@ func (m *Main) Run(ctx context.Context) error {
 		Wake:              func() { sched.Wake(); disp.Wake(); subs.Wake() },
 		JobChanged:        disp.JobChanged,
 		RunCreated:        met.ManualRunCreated,
+		Ready:             func(context.Context) error { return loopsMoving(now(), sched, disp) },
 		Metrics:           met.Handler(),
 		Extra:             web.New(web.Config{Store: store, Now: now, Logger: m.logger}),
 		MaxJobsPerProject: cfg.MaxJobsPerProject,
@@ -558,6 +559,28 @@ func newOwnerID() string {
 	var b [6]byte
 	_, _ = rand.Read(b[:])
 	return fmt.Sprintf("%s-%d-%s", cmp.Or(host, "host"), os.Getpid(), hex.EncodeToString(b[:]))
+}
+
+// loopStallLimit is how long the scheduler or the dispatcher may fail every
+// pass against the database before the server says it is not ready: long
+// enough for a pass or two ending at the default StoreTimeout.
+const loopStallLimit = 30 * time.Second
+
+// loopsMoving fails, for /readyz, when the scheduler or the dispatcher has
+// failed every pass against the database for longer than loopStallLimit at
+// now: the database may still answer Ping (a statement of theirs that
+// keeps timing out, a full disk that refuses new rows), but no run is
+// created or delivered. Loops with nothing to do are moving.
+func loopsMoving(now time.Time, sched *scheduler.Scheduler, disp *dispatcher.Dispatcher) error {
+	for _, l := range []struct {
+		name  string
+		since time.Time
+	}{{"scheduler", sched.FailingSince()}, {"dispatcher", disp.FailingSince()}} {
+		if !l.since.IsZero() && now.Sub(l.since) > loopStallLimit {
+			return fmt.Errorf("the %s has failed every pass against the database since %s", l.name, l.since.UTC().Format(time.RFC3339))
+		}
+	}
+	return nil
 }
 
 // wakeAfterRecord wakes the subscription deliverer after outcomes were

@@ -22,6 +22,7 @@ import (
 	"github.com/vibejobs/vibejobs"
 	"github.com/vibejobs/vibejobs/contract"
 	"github.com/vibejobs/vibejobs/internal/egress"
+	"github.com/vibejobs/vibejobs/internal/health"
 )
 
 // Defaults of Config.
@@ -140,6 +141,12 @@ type Dispatcher struct {
 	// retryWait is the pause before the record loop's retry number
 	// attempt+1.
 	retryWait func(attempt int) time.Duration
+
+	// claimFailing and recordFailing are the failing streaks of the claim
+	// loop's passes and of the record loop's writes (see FailingSince),
+	// apart: claims that succeed do not vouch for outcomes that cannot be
+	// written.
+	claimFailing, recordFailing health.Streak
 }
 
 // New returns a Dispatcher with the defaults filled in.
@@ -180,6 +187,20 @@ func (d *Dispatcher) storeCtx(ctx context.Context) (context.Context, context.Can
 	return context.WithTimeout(ctx, d.cfg.StoreTimeout)
 }
 
+// FailingSince returns when the dispatcher began to fail against the
+// store: since then every pass of its claim loop failed, or every write of
+// the outcomes it holds (the earlier, when both). It is zero while the
+// last pass and the last write succeeded (a pass that found nothing due
+// included), or before the first; a record loop that gave up a batch
+// refused for good is not failing either.
+func (d *Dispatcher) FailingSince() time.Time {
+	c, r := d.claimFailing.Since(), d.recordFailing.Since()
+	if c.IsZero() || (!r.IsZero() && r.Before(c)) {
+		return r
+	}
+	return c
+}
+
 // Wake asks the dispatcher to look for due runs now.
 func (d *Dispatcher) Wake() {
 	select {
@@ -215,7 +236,10 @@ func (d *Dispatcher) Run(ctx context.Context) {
 		wait, err := d.dispatchOnce(ctx)
 		if err != nil && ctx.Err() == nil {
 			d.cfg.Logger.Error("dispatcher.claim_failed", "error", err)
+			d.claimFailing.Fail(d.cfg.Now())
 			wait = d.cfg.PollInterval
+		} else if err == nil {
+			d.claimFailing.Clear()
 		}
 		if ctx.Err() != nil {
 			return
@@ -726,9 +750,11 @@ func (d *Dispatcher) recordLoop() {
 			err := d.cfg.Store.RecordOutcomes(ctx, d.cfg.Owner, batch)
 			cancel()
 			if err == nil {
+				d.recordFailing.Clear()
 				break
 			}
 			d.cfg.Logger.Error("dispatcher.record_failed", "error", err, "outcomes", len(batch))
+			d.recordFailing.Fail(d.cfg.Now())
 			outage := vibejobs.ErrorKind(err) == vibejobs.EUNAVAILABLE || errors.Is(err, context.DeadlineExceeded)
 			stopping := false
 			select {
@@ -739,6 +765,7 @@ func (d *Dispatcher) recordLoop() {
 			if !outage || stopping {
 				if left--; left < 0 {
 					d.cfg.Logger.Error("dispatcher.outcomes_dropped", "outcomes", len(batch))
+					d.recordFailing.Clear() // nothing left to fail: idle until the next outcome
 					break
 				}
 			}

@@ -1110,3 +1110,101 @@ func TestJobChangedWhileClaiming(t *testing.T) {
 	e.waitGone(t, r.ID)
 	e.wantNothingSent(t, "after the pause")
 }
+
+// failingStore fails NextDueAt and RecordOutcomes as a database that is
+// down does while their flags are set, and counts their calls.
+type failingStore struct {
+	vibejobs.DispatchStore
+	failPolls, failRecords atomic.Bool
+	polls, records         atomic.Int64
+}
+
+func (f *failingStore) NextDueAt(ctx context.Context) (time.Time, bool, error) {
+	defer f.polls.Add(1)
+	if f.failPolls.Load() {
+		return time.Time{}, false, vibejobs.Errorf(vibejobs.EUNAVAILABLE, "database_unavailable", "database unavailable")
+	}
+	return f.DispatchStore.NextDueAt(ctx)
+}
+
+func (f *failingStore) RecordOutcomes(ctx context.Context, owner string, outcomes []vibejobs.Outcome) error {
+	defer f.records.Add(1)
+	if f.failRecords.Load() {
+		return vibejobs.Errorf(vibejobs.EUNAVAILABLE, "database_unavailable", "database unavailable")
+	}
+	return f.DispatchStore.RecordOutcomes(ctx, owner, outcomes)
+}
+
+// waitCalls waits until calls grew by n: the loop making them has dealt
+// with the outcome of all but the last.
+func waitCalls(t *testing.T, calls *atomic.Int64, n int64, what string) {
+	t.Helper()
+	want := calls.Load() + n
+	for deadline := time.Now().Add(10 * time.Second); calls.Load() < want; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: %d calls, want %d", what, calls.Load(), want)
+		}
+	}
+}
+
+// TestFailingSince: the dispatcher tells, for readiness, since when its
+// claim loop has failed every pass against the store, or its record loop
+// every write, from the first failure of the streak until a pass or a
+// write succeeds. An idle dispatcher (nothing due) is not failing, and
+// claims that succeed do not hide outcomes that cannot be written.
+func TestFailingSince(t *testing.T) {
+	e := newEnv(t)
+	f := &failingStore{DispatchStore: e.store}
+	d := dispatcher.New(dispatcher.Config{
+		Store: f, Sender: e.sender, Opener: plainOpener{}, Owner: "test-owner",
+		Now: e.clock.Now, Rand: func() float64 { return 0.5 }, Concurrency: 8,
+		PollInterval: time.Millisecond,
+	})
+	dispatcher.SetRetryWait(d, func(int) time.Duration { return time.Millisecond })
+	want := func(since time.Time, what string) {
+		t.Helper()
+		if got := d.FailingSince(); !got.Equal(since) {
+			t.Fatalf("%s: FailingSince = %v, want %v", what, got, since)
+		}
+	}
+	// wantCleared waits for the loops to note a success they made after
+	// the store's last call.
+	wantCleared := func(what string) {
+		t.Helper()
+		for deadline := time.Now().Add(10 * time.Second); !d.FailingSince().IsZero(); time.Sleep(time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: FailingSince = %v, want zero", what, d.FailingSince())
+			}
+		}
+	}
+	want(time.Time{}, "before the first pass")
+	f.failPolls.Store(true)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { d.Run(ctx); close(done) }()
+	t.Cleanup(func() { cancel(); <-done })
+
+	waitCalls(t, &f.polls, 2, "failing claim loop")
+	first := e.clock.Now()
+	want(first, "after failed passes")
+	e.clock.Add(time.Minute)
+	waitCalls(t, &f.polls, 2, "failing claim loop")
+	want(first, "after more failed passes")
+	f.failPolls.Store(false)
+	wantCleared("after a pass that found nothing due")
+
+	f.failRecords.Store(true)
+	j := e.job(t, "job_a", "https://a.example/")
+	r := e.run(t, j, "run_a", e.clock.Now())
+	d.Wake()
+	e.sender.next(t)
+	waitCalls(t, &f.records, 2, "failing record loop")
+	first = e.clock.Now()
+	e.clock.Add(time.Minute)
+	waitCalls(t, &f.records, 2, "failing record loop")
+	waitCalls(t, &f.polls, 2, "claim loop while outcomes fail")
+	want(first, "after failed writes of an outcome, and passes of the claim loop")
+	f.failRecords.Store(false)
+	e.waitRun(t, r.ID, func(r *vibejobs.Run) bool { return r.State == vibejobs.RunSucceeded })
+	wantCleared("once the outcome was written")
+}

@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/vibejobs/vibejobs"
+	"github.com/vibejobs/vibejobs/internal/health"
 	"github.com/vibejobs/vibejobs/internal/schedule"
 )
 
@@ -77,8 +78,9 @@ type Config struct {
 
 // Scheduler materialises runs. Run loops; RunOnce does one pass.
 type Scheduler struct {
-	cfg  Config
-	wake chan struct{}
+	cfg     Config
+	wake    chan struct{}
+	failing health.Streak // of passes (see FailingSince)
 
 	mu sync.Mutex
 	// loggedUnplannable holds when each job found unplannable was last
@@ -137,6 +139,12 @@ func (s *Scheduler) RunOnce(ctx context.Context) (int, error) {
 	return s.scan(ctx)
 }
 
+// FailingSince returns when the scheduler's passes began to fail: each
+// pass since then failed against the store. It is zero while the last pass
+// succeeded (one that found nothing due included), or before the first; a
+// pass cut short by the end of its context (a shutdown) counts as neither.
+func (s *Scheduler) FailingSince() time.Time { return s.failing.Since() }
+
 // scan plans and applies the due jobs a batch at a time, in due order, each
 // batch continuing after the last job of the one before. A job whose
 // schedule does not parse here keeps its NextRunAt (another replica may
@@ -175,6 +183,14 @@ type scanCursor struct {
 // runOnce plans and applies the batch of due jobs after c.after, moves
 // c.after to the batch's last job and reports whether the batch was full.
 func (s *Scheduler) runOnce(ctx context.Context, c *scanCursor) (created int, full bool, err error) {
+	defer func() {
+		switch {
+		case err == nil:
+			s.failing.Clear()
+		case ctx.Err() == nil:
+			s.failing.Fail(s.cfg.Now())
+		}
+	}()
 	now := s.cfg.Now()
 	sctx, cancel := context.WithTimeout(ctx, s.cfg.StoreTimeout)
 	jobs, err := s.cfg.Store.DueJobs(sctx, now.Add(s.cfg.Lookahead), c.after, s.cfg.BatchSize)

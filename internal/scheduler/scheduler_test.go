@@ -185,3 +185,63 @@ func TestUnplannableJobsLoggedOnceInAWhile(t *testing.T) {
 	now = now.Add(time.Millisecond)
 	scan(8)
 }
+
+// failingStore fails DueJobs, as a database that refuses the scheduler's
+// statements does, while fail is set.
+type failingStore struct {
+	vibejobs.SchedulerStore
+	fail bool
+}
+
+func (s *failingStore) DueJobs(ctx context.Context, before time.Time, after vibejobs.DuePosition, limit int) ([]*vibejobs.Job, error) {
+	if s.fail {
+		return nil, vibejobs.Errorf(vibejobs.EUNAVAILABLE, "database_unavailable", "database unavailable")
+	}
+	return s.SchedulerStore.DueJobs(ctx, before, after, limit)
+}
+
+// TestFailingSince: the scheduler tells, for readiness, since when every
+// pass has failed against the store: from the first failure of the
+// current streak, until a pass succeeds. A pass that finds nothing due
+// succeeds (an idle scheduler is not stalled), and one cut short by a
+// shutdown counts as neither.
+func TestFailingSince(t *testing.T) {
+	ctx := context.Background()
+	st, err := sqlite.Open(ctx, filepath.Join(t.TempDir(), "db"), sqlite.Options{Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	now := time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
+	fs := &failingStore{SchedulerStore: st}
+	s := scheduler.New(scheduler.Config{Store: fs, Logger: slog.New(slog.DiscardHandler), Now: func() time.Time { return now }})
+	want := func(since time.Time, what string) {
+		t.Helper()
+		if got := s.FailingSince(); !got.Equal(since) {
+			t.Fatalf("%s: FailingSince = %v, want %v", what, got, since)
+		}
+	}
+	want(time.Time{}, "before the first pass")
+	fs.fail = true
+	if _, err := s.RunOnce(ctx); err == nil {
+		t.Fatal("a pass against the failing store: no error")
+	}
+	first := now
+	want(first, "after a failed pass")
+	now = now.Add(time.Minute)
+	if _, err := s.RunOnce(ctx); err == nil {
+		t.Fatal("a pass against the failing store: no error")
+	}
+	want(first, "after a second failed pass")
+	fs.fail = false
+	if _, err := s.RunOnce(ctx); err != nil {
+		t.Fatal(err)
+	}
+	want(time.Time{}, "after a pass that found nothing due")
+	cancelled, cancel := context.WithCancel(ctx)
+	cancel()
+	if _, err := s.RunOnce(cancelled); err == nil {
+		t.Fatal("a pass with its context ended: no error")
+	}
+	want(time.Time{}, "after a pass cut short by its context")
+}
