@@ -1,6 +1,7 @@
 package api
 
 import (
+	"bytes"
 	"encoding/json"
 	"net/http"
 	"strconv"
@@ -25,8 +26,38 @@ func jsonResponse(status int, v any) *response {
 		// types; a failure is a programming error.
 		panic("api: encoding response: " + err.Error())
 	}
-	b = append(b, '\n')
+	b = append(escapeControls(b), '\n')
 	return &response{status: status, header: map[string]string{"Content-Type": "application/json"}, body: b}
+}
+
+// escapeControls rewrites the controls encoding/json leaves raw, DEL and
+// the C1 controls (U+0080–U+009F), as \u escapes: the same JSON value, but
+// one a terminal shows as text. Answers carry a receiver's bytes (response
+// snippets), read with curl or the CLI's --json, and terminals such as VTE,
+// screen and mosh take a UTF-8 U+009B as CSI and U+009D as OSC, as they
+// take ESC [ and ESC ] (which encoding/json escapes, with the other C0
+// controls). b must be valid UTF-8, as json.Marshal's output is: a 0xC2 byte
+// is then always the first of U+0080–U+00BF.
+func escapeControls(b []byte) []byte {
+	if bytes.IndexByte(b, 0xc2) < 0 && bytes.IndexByte(b, 0x7f) < 0 {
+		return b
+	}
+	const hex = "0123456789abcdef"
+	out := make([]byte, 0, len(b)+16)
+	for i := 0; i < len(b); i++ {
+		c := b[i]
+		switch {
+		case c == 0x7f:
+		case c == 0xc2 && i+1 < len(b) && b[i+1] >= 0x80 && b[i+1] <= 0x9f:
+			i++
+			c = b[i]
+		default:
+			out = append(out, c)
+			continue
+		}
+		out = append(out, '\\', 'u', '0', '0', hex[c>>4], hex[c&15])
+	}
+	return out
 }
 
 func emptyResponse(status int) *response { return &response{status: status} }
