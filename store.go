@@ -115,7 +115,8 @@ type Tx interface {
 	// loses the mark. On PostgreSQL the commit tells every replica to give
 	// back its held runs of the job.
 	DeleteFutureRuns(ctx context.Context, jobID string, after time.Time) (int, error)
-	// CreateRun inserts a manual run. A run due after its deadline is
+	// CreateRun inserts a manual run. Its job must be a live job of the
+	// run's project (ENOTFOUND otherwise). A run due after its deadline is
 	// refused (EINVALID, see Run.CheckDue).
 	CreateRun(ctx context.Context, r *Run) error
 

@@ -194,19 +194,31 @@ func insertRunArgs(r *vibejobs.Run) []any {
 		late, string(r.State), r.Attempt, msPtr(r.NextAttemptAt), r.FailureReason, ms(r.CreatedAt), msPtr(r.FinishedAt)}
 }
 
-// CreateRun inserts r. A manual run is never merged; a schedule-triggered one
-// that exists for its (job, scheduledFor) gives ECONFLICT. Late is decided by
-// the first claim unless r already has an attempt.
+// CreateRun inserts r for its live job: ENOTFOUND when the job is deleted
+// or of another project than r's (the foreign key checks the job's id
+// only, and a run of one project naming another's job would show that job
+// to the run's project). A manual run is never merged; a
+// schedule-triggered one that exists for its (job, scheduledFor) gives
+// ECONFLICT. Late is decided by the first claim unless r already has an
+// attempt.
 func (t *tx) CreateRun(ctx context.Context, r *vibejobs.Run) error {
 	if err := r.CheckDue(); err != nil {
 		return err
 	}
-	_, err := t.t.ExecContext(ctx, insertRunSQL, insertRunArgs(r)...)
+	// The single writer keeps the job as read here until the insert.
+	var live int
+	err := t.t.QueryRowContext(ctx, `SELECT count(*) FROM jobs WHERE id = ? AND project_id = ? AND deleted_at IS NULL`,
+		r.JobID, r.ProjectID).Scan(&live)
+	if err != nil {
+		return fmt.Errorf("creating run: %w", err)
+	}
+	if live == 0 {
+		return vibejobs.ErrNotFound("job")
+	}
+	_, err = t.t.ExecContext(ctx, insertRunSQL, insertRunArgs(r)...)
 	switch {
 	case isUniqueViolation(err):
 		return vibejobs.Errorf(vibejobs.ECONFLICT, "run_exists", "a run with this id or occurrence exists")
-	case isForeignKeyViolation(err):
-		return vibejobs.ErrNotFound("job")
 	case err != nil:
 		return fmt.Errorf("creating run: %w", err)
 	}

@@ -258,6 +258,15 @@ func testProjectIsolation(t *testing.T, f *fixture) {
 
 	_, err = f.s.GetRun(f.ctx, projectB, r.ID)
 	wantNotFound(t, "GetRun of another project's run", err, "run")
+	// A run of project B for project A's job: B would read A's job id and
+	// its runs' place in A's history.
+	stray := f.newRun(j, T0)
+	stray.ProjectID = projectB
+	err = f.s.Update(f.ctx, func(tx vibejobs.Tx) error { return tx.CreateRun(f.ctx, stray) })
+	wantNotFound(t, "CreateRun in project B for project A's job", err, "job")
+	if runs, _, err := f.s.ListRuns(f.ctx, projectB, vibejobs.RunFilter{}, vibejobs.Page{}); err != nil || len(runs) != 0 {
+		t.Errorf("ListRuns of project B after CreateRun for A's job: %d runs, %v; want none", len(runs), err)
+	}
 	if jobs, _, err := f.s.ListJobs(f.ctx, projectB, vibejobs.Page{}); err != nil || len(jobs) != 0 {
 		t.Errorf("ListJobs of project B: %d jobs, %v; want none", len(jobs), err)
 	}
@@ -334,6 +343,9 @@ func testDeleteJob(t *testing.T, f *fixture) {
 	wantNotFound(t, "DeleteJob of a deleted job", err, "job")
 	err = f.s.Update(f.ctx, func(tx vibejobs.Tx) error { return tx.UpdateJob(f.ctx, j) })
 	wantNotFound(t, "UpdateJob of a deleted job", err, "job")
+	late := f.newRun(j, T0.Add(time.Hour))
+	err = f.s.Update(f.ctx, func(tx vibejobs.Tx) error { return tx.CreateRun(f.ctx, late) })
+	wantNotFound(t, "CreateRun of a deleted job", err, "job")
 
 	// Runs stay visible; waiting ones are cancelled.
 	for _, r := range []*vibejobs.Run{waiting, retry} {
