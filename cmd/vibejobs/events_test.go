@@ -177,10 +177,15 @@ func TestSubscriptionEndToEnd(t *testing.T) {
 	if got["cursor"] != 4.0 || got["failing"] != false || got["lastSuccessAt"] == nil {
 		t.Fatalf("subscription %v", got)
 	}
-	metrics := get(t, "http://"+m.Addr()+"/metrics")
+	// The per-project series go to the installation token only.
+	metrics := get(t, "http://"+m.Addr()+"/metrics", api.token)
 	if !strings.Contains(metrics, `vibejobs_subscription_failing{project=`) ||
 		!strings.Contains(metrics, `vibejobs_subscription_last_success_timestamp_seconds{project=`) {
 		t.Errorf("subscription metrics missing")
+	}
+	if metrics := get(t, "http://"+m.Addr()+"/metrics", ""); !strings.Contains(metrics, "vibejobs_runs_due") ||
+		strings.Contains(metrics, "vibejobs_subscription_") {
+		t.Errorf("the metrics without a token: %s", metrics)
 	}
 }
 
@@ -194,9 +199,17 @@ func answering(t *testing.T, status int) *httptest.Server {
 	return srv
 }
 
-func get(t *testing.T, url string) string {
+// get reads url, with token as the bearer when it is not "".
+func get(t *testing.T, url, token string) string {
 	t.Helper()
-	resp, err := http.Get(url)
+	req, err := http.NewRequest("GET", url, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		t.Fatal(err)
 	}

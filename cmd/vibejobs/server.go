@@ -390,15 +390,16 @@ func (m *Main) Run(ctx context.Context) error {
 	})
 	apiSrv := api.New(api.Config{
 		Store: store, Sealer: sealer, URLs: policy, Now: now, Logger: m.logger,
-		Wake:              func() { sched.Wake(); disp.Wake(); subs.Wake() },
-		JobChanged:        disp.JobChanged,
-		RunCreated:        met.ManualRunCreated,
-		Ready:             func(context.Context) error { return loopsMoving(now(), sched, disp) },
-		Metrics:           met.Handler(),
-		Extra:             web.New(web.Config{Store: store, Now: now, Logger: m.logger}),
-		MaxJobsPerProject: cfg.MaxJobsPerProject,
-		RateLimit:         api.RateLimit{PerSecond: float64(cmp.Or(cfg.RateLimit, api.DefaultRatePerSecond)), Burst: 2 * cmp.Or(cfg.RateLimit, api.DefaultRatePerSecond)},
-		RotationGrace:     cfg.RotationGrace,
+		Wake:                func() { sched.Wake(); disp.Wake(); subs.Wake() },
+		JobChanged:          disp.JobChanged,
+		RunCreated:          met.ManualRunCreated,
+		Ready:               func(context.Context) error { return loopsMoving(now(), sched, disp) },
+		Metrics:             met.Handler(),
+		InstallationMetrics: met.InstallationHandler(),
+		Extra:               web.New(web.Config{Store: store, Now: now, Logger: m.logger}),
+		MaxJobsPerProject:   cfg.MaxJobsPerProject,
+		RateLimit:           api.RateLimit{PerSecond: float64(cmp.Or(cfg.RateLimit, api.DefaultRatePerSecond)), Burst: 2 * cmp.Or(cfg.RateLimit, api.DefaultRatePerSecond)},
+		RotationGrace:       cfg.RotationGrace,
 	})
 
 	m.srv = &http.Server{

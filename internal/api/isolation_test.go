@@ -3,10 +3,12 @@ package api_test
 import (
 	"bytes"
 	"context"
+	"net/http"
 	"strings"
 	"testing"
 
 	"github.com/vibejobs/vibejobs"
+	"github.com/vibejobs/vibejobs/internal/api"
 )
 
 // TestIsolation: with another project's tokens, every route and verb on
@@ -219,5 +221,33 @@ func TestProjectLocation(t *testing.T) {
 	}
 	if got := e.do("GET", "/v1/projects/prj_missing", e.admin, nil); got.status != 404 {
 		t.Errorf("GET of a missing project: %s, want 404", got)
+	}
+}
+
+// TestMetricsNameProjectsToTheInstallationOnly: /metrics answers everyone
+// with the series that name no project; the per-project ones go to the
+// installation administrator's token alone, so a tenant that can reach
+// the server learns nothing of the others. A token that is not valid is
+// refused, as anywhere.
+func TestMetricsNameProjectsToTheInstallationOnly(t *testing.T) {
+	e := newEnv(t, func(c *api.Config) {
+		c.Metrics = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.Write([]byte("for all")) })
+		c.InstallationMetrics = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.Write([]byte("per project")) })
+	})
+	projectAdmin := e.must(201, "POST", "/v1/projects/"+e.project+"/tokens", e.admin, map[string]any{"name": "d", "role": "admin"})["token"].(string)
+	for _, c := range []struct {
+		who, token string
+		status     int
+		body       string
+	}{
+		{"no token", "", 200, "for all"},
+		{"the installation token", e.admin, 200, "per project"},
+		{"a project admin's token", projectAdmin, 200, "for all"},
+		{"a token that is not valid", "vjt_" + strings.Repeat("x", 43), 401, ""},
+	} {
+		res := e.do("GET", "/metrics", c.token, nil)
+		if res.status != c.status || (c.body != "" && string(res.body) != c.body) {
+			t.Errorf("%s: %s", c.who, res)
+		}
 	}
 }

@@ -79,8 +79,12 @@ type Config struct {
 	RunCreated func()
 	// Ready is checked by /readyz besides Store.Ping.
 	Ready func(ctx context.Context) error
-	// Metrics, when set, is served at GET /metrics without a token.
-	Metrics http.Handler
+	// Metrics, when set, is served at GET /metrics without a token: it must
+	// name no project. InstallationMetrics, when set, is served there
+	// instead to a request with the installation administrator's token (a
+	// token that is not valid is refused; a project's token gets Metrics).
+	Metrics             http.Handler
+	InstallationMetrics http.Handler
 	// Extra, when set, answers every path outside the API (a dashboard).
 	Extra http.Handler
 	// MaxJobsPerProject bounds a project's jobs (0: DefaultMaxJobsPerProject);
@@ -107,9 +111,11 @@ type Server struct {
 	runCreated func()
 	ready      func(ctx context.Context) error
 	metrics    http.Handler
-	extra      http.Handler
-	maxJobs    int
-	maxBody    int64
+	// installationMetrics: see Config.InstallationMetrics.
+	installationMetrics http.Handler
+	extra               http.Handler
+	maxJobs             int
+	maxBody             int64
 	// rotationGrace: see Config.RotationGrace.
 	rotationGrace time.Duration
 	limiter       *limiter
@@ -127,21 +133,22 @@ func New(cfg Config) *Server {
 		panic("api: Config.Store and Config.Sealer are required")
 	}
 	s := &Server{
-		store:      cfg.Store,
-		sealer:     cfg.Sealer,
-		urls:       cfg.URLs,
-		now:        cfg.Now,
-		rand:       &lockedReader{r: cmp.Or[io.Reader](cfg.Rand, cryptoRand)},
-		log:        cmp.Or(cfg.Logger, slog.Default()),
-		wake:       cfg.Wake,
-		changed:    cfg.JobChanged,
-		runCreated: cfg.RunCreated,
-		ready:      cfg.Ready,
-		metrics:    cfg.Metrics,
-		extra:      cfg.Extra,
-		maxJobs:    cmp.Or(cfg.MaxJobsPerProject, DefaultMaxJobsPerProject),
-		maxBody:    cmp.Or(cfg.MaxBodyBytes, DefaultMaxBodyBytes),
-		openapi:    openapiDocument,
+		store:               cfg.Store,
+		sealer:              cfg.Sealer,
+		urls:                cfg.URLs,
+		now:                 cfg.Now,
+		rand:                &lockedReader{r: cmp.Or[io.Reader](cfg.Rand, cryptoRand)},
+		log:                 cmp.Or(cfg.Logger, slog.Default()),
+		wake:                cfg.Wake,
+		changed:             cfg.JobChanged,
+		runCreated:          cfg.RunCreated,
+		ready:               cfg.Ready,
+		metrics:             cfg.Metrics,
+		installationMetrics: cfg.InstallationMetrics,
+		extra:               cfg.Extra,
+		maxJobs:             cmp.Or(cfg.MaxJobsPerProject, DefaultMaxJobsPerProject),
+		maxBody:             cmp.Or(cfg.MaxBodyBytes, DefaultMaxBodyBytes),
+		openapi:             openapiDocument,
 
 		rotationGrace: cmp.Or(cfg.RotationGrace, vibejobs.DefaultRotationGrace),
 	}
@@ -192,6 +199,9 @@ type route struct {
 	serve        func(ctx context.Context, c *call) (*response, error)
 	effect       func(ctx context.Context, c *call, tx vibejobs.Tx) (*response, error)
 	raw          http.Handler // served as is (metrics)
+	// rawInstallation is served instead of raw to the installation
+	// administrator's token.
+	rawInstallation http.Handler
 }
 
 func (s *Server) routeTable() []route {
@@ -232,7 +242,8 @@ func (s *Server) routeTable() []route {
 		{method: "DELETE", path: "/v1/tokens/{id}", access: accessAdmin, serve: s.revokeToken},
 	}
 	if s.metrics != nil {
-		rs = append(rs, route{method: "GET", path: "/metrics", access: accessPublic, raw: s.metrics})
+		rs = append(rs, route{method: "GET", path: "/metrics", access: accessPublic, raw: s.metrics,
+			rawInstallation: s.installationMetrics})
 	}
 	return rs
 }
@@ -353,11 +364,31 @@ func (s *Server) routeHandler(rt route) http.Handler {
 		}
 		info.route = rt.method + " " + rt.path
 		if rt.raw != nil {
-			rt.raw.ServeHTTP(w, r)
+			s.serveRaw(w, r, rt, info)
 			return
 		}
 		s.serveRoute(r, rt, info).write(w)
 	})
+}
+
+// serveRaw serves a route's raw handler, or its rawInstallation to a
+// request with the installation administrator's token. A request with a
+// token that is not valid is refused, as on every route.
+func (s *Server) serveRaw(w http.ResponseWriter, r *http.Request, rt route, info *logInfo) {
+	h := rt.raw
+	if rt.rawInstallation != nil && len(r.Header.Values("Authorization")) > 0 {
+		tok, err := s.authenticate(r.Context(), r)
+		if err != nil {
+			c := &call{r: r, now: s.now().UTC(), info: info}
+			s.fail(c, err).with("WWW-Authenticate", `Bearer realm="vibejobs"`).write(w)
+			return
+		}
+		info.project, info.tokenID = tok.ProjectID, tok.ID
+		if authorize(tok, accessInstallation) == nil {
+			h = rt.rawInstallation
+		}
+	}
+	h.ServeHTTP(w, r)
 }
 
 // checkText refuses a request whose path id or query holds text no stored

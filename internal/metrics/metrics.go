@@ -1,5 +1,9 @@
 // Package metrics holds the platform's Prometheus collectors. Labels carry
-// states, reasons and error codes only: never a URL, secret or body.
+// states, reasons and error codes only: never a URL, secret or body. The
+// series that name a project or a subscription are kept apart, for the
+// installation administrator alone (InstallationHandler): anyone who can
+// reach /metrics may read Handler's, and a tenant must not learn of the
+// others.
 package metrics
 
 import (
@@ -18,7 +22,9 @@ import (
 // Metrics implements the observers of the scheduler, dispatcher and
 // maintenance packages. The zero value is not usable; call New.
 type Metrics struct {
-	reg          *prometheus.Registry
+	reg *prometheus.Registry
+	// perProject holds the series labelled with project ids.
+	perProject   *prometheus.Registry
 	runsCreated  *prometheus.CounterVec
 	runsFinished *prometheus.CounterVec
 	attempts     *prometheus.CounterVec
@@ -34,7 +40,8 @@ type Metrics struct {
 // fresh registry.
 func New() *Metrics {
 	m := &Metrics{
-		reg: prometheus.NewRegistry(),
+		reg:        prometheus.NewRegistry(),
+		perProject: prometheus.NewRegistry(),
 		runsCreated: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "vibejobs_runs_created_total", Help: "Runs created, by trigger: schedule (occurrences) or manual."},
 			[]string{"trigger"}),
@@ -64,12 +71,16 @@ func New() *Metrics {
 	return m
 }
 
-// Registry returns the registry, for other packages to add collectors.
-func (m *Metrics) Registry() *prometheus.Registry { return m.reg }
-
-// Handler serves the metrics in the Prometheus text format.
+// Handler serves, in the Prometheus text format, the metrics that name no
+// project.
 func (m *Metrics) Handler() http.Handler {
 	return promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{})
+}
+
+// InstallationHandler serves Handler's metrics and the per-project series
+// (WatchSubscriptions'), for the installation administrator.
+func (m *Metrics) InstallationHandler() http.Handler {
+	return promhttp.HandlerFor(prometheus.Gatherers{m.reg, m.perProject}, promhttp.HandlerOpts{})
 }
 
 // RunsCreated counts runs created by the scheduler.
@@ -202,7 +213,8 @@ func (c subscriptionCollector) Collect(ch chan<- prometheus.Metric) {
 
 // WatchSubscriptions registers vibejobs_subscription_failing and
 // vibejobs_subscription_last_success_timestamp_seconds (labels subscription,
-// project), read with list at every scrape.
+// project), read with list at every scrape: per-project series, served by
+// InstallationHandler only.
 func (m *Metrics) WatchSubscriptions(list func(ctx context.Context) ([]*vibejobs.Subscription, error)) {
-	m.reg.MustRegister(subscriptionCollector{list: list})
+	m.perProject.MustRegister(subscriptionCollector{list: list})
 }

@@ -13,10 +13,11 @@ import (
 	"github.com/vibejobs/vibejobs/internal/metrics"
 )
 
+// scrape reads the metrics the installation administrator gets.
 func scrape(t *testing.T, m *metrics.Metrics) string {
 	t.Helper()
 	rec := httptest.NewRecorder()
-	m.Handler().ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
+	m.InstallationHandler().ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
 	b, _ := io.ReadAll(rec.Body)
 	return string(b)
 }
@@ -48,10 +49,17 @@ func TestSubscriptionMetrics(t *testing.T) {
 	if out := scrape(t, m); strings.Contains(out, "sub_b") {
 		t.Errorf("deleted subscription still reported")
 	}
-	// The store down: the scrape still serves every other metric.
-	listErr = errors.New("database down")
+	// Anyone else who can reach /metrics learns of no project.
 	rec := httptest.NewRecorder()
 	m.Handler().ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
+	if out := rec.Body.String(); rec.Code != 200 || !strings.Contains(out, "vibejobs_runs_due") ||
+		strings.Contains(out, "prj_") || strings.Contains(out, "sub_") {
+		t.Errorf("the metrics for all: %d\n%s", rec.Code, out)
+	}
+	// The store down: the scrape still serves every other metric.
+	listErr = errors.New("database down")
+	rec = httptest.NewRecorder()
+	m.InstallationHandler().ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
 	if rec.Code != 200 || !strings.Contains(rec.Body.String(), "vibejobs_runs_due") || strings.Contains(rec.Body.String(), "sub_a") {
 		t.Errorf("scrape with the store down: %d\n%s", rec.Code, rec.Body)
 	}
