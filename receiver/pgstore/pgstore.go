@@ -43,7 +43,8 @@ var (
 
 // New returns a Store on pool. The caller keeps ownership of pool, which may
 // have any default isolation: the Store begins its own transactions at READ
-// COMMITTED and changes no session setting of pool's connections.
+// COMMITTED and changes no session setting of pool's connections. The pool
+// may use any pgx query exec mode, including "exec" and "simple_protocol".
 func New(pool *pgxpool.Pool) *Store { return &Store{pool: pool} }
 
 // Open connects a pool to the PostgreSQL URL (or keyword/value DSN) and
@@ -156,7 +157,12 @@ const (
 // returned.
 func (s *Store) Accept(ctx context.Context, runID string, payload []byte) (status int, body []byte, err error) {
 	err = s.readCommitted(ctx, func(b *pgx.Batch) {
-		b.Queue(acceptInsertSQL, runID, payload)
+		// A string, not the []byte: without a described statement (the
+		// "exec" and "simple_protocol" modes a pooler may require) pgx
+		// encodes an argument by its Go type alone, and a []byte goes out
+		// in bytea's hex form (\x7b22…), which is not JSON: every delivery
+		// would be answered 503. A string is the JSON text in every mode.
+		b.Queue(acceptInsertSQL, runID, string(payload))
 		b.Queue(acceptSelectSQL, runID)
 	}, func(br pgx.BatchResults) error {
 		if _, err := br.Exec(); err != nil {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"net/url"
 	"os"
 	"runtime"
 	"strconv"
@@ -45,7 +46,38 @@ func openStore(ctx context.Context, dsn string) (storetest.Store, func(), error)
 // newStore returns a migrated store in a schema of its own.
 func newStore(t *testing.T) (storetest.Store, string) {
 	t.Helper()
-	dsn := pgtest.TestSchema(t)
+	return newStoreAt(t, pgtest.TestSchema(t))
+}
+
+// TestConformanceQueryExecModes runs the suite on pools whose statements the
+// server does not describe first: "exec" and "simple_protocol", the modes
+// that PgBouncer in transaction pooling and similar proxies require. pgx then
+// encodes each argument by its Go type alone, so an argument whose Go type
+// does not fit its column (a []byte, sent as bytea, for jsonb) fails every
+// call in these modes while passing in pgx's default one.
+func TestConformanceQueryExecModes(t *testing.T) {
+	for _, mode := range []string{"exec", "simple_protocol"} {
+		t.Run(mode, func(t *testing.T) {
+			h := harness
+			h.New = func(t *testing.T) (storetest.Store, string) {
+				t.Helper()
+				u, err := url.Parse(pgtest.TestSchema(t))
+				if err != nil {
+					t.Fatal(err)
+				}
+				q := u.Query()
+				q.Set("default_query_exec_mode", mode)
+				u.RawQuery = q.Encode()
+				return newStoreAt(t, u.String())
+			}
+			storetest.Run(t, h)
+		})
+	}
+}
+
+// newStoreAt returns a migrated store on the database at dsn.
+func newStoreAt(t *testing.T, dsn string) (storetest.Store, string) {
+	t.Helper()
 	ctx := context.Background()
 	cfg, err := pgxpool.ParseConfig(dsn)
 	if err != nil {
