@@ -70,7 +70,8 @@ func newHandler(cfg Config) (*Handler, error) {
 // durably through store. For each POST it, in this order:
 //
 //  1. reads the raw body through the 64 KiB bound before any parsing: 413 beyond
-//     it (at once when Content-Length announces more);
+//     it (at once when Content-Length announces more), closing an HTTP/1.x
+//     connection rather than reading the rest;
 //  2. requires exactly one physical X-Vibe-Caller-Kind line with the value
 //     "schedule" and exactly one physical Vibe-Signature line, and verifies the
 //     signature: 401 otherwise;
@@ -134,6 +135,14 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	switch {
 	case err == nil:
 	case errors.Is(err, errBodyTooLarge):
+		if r.ProtoMajor == 1 {
+			// Without it net/http reads and discards up to 256 KiB of the
+			// unread body before answering on a connection it keeps, so an
+			// announced oversized body would not be answered at once.
+			// http.MaxBytesReader does the same when it trips. (On HTTP/2
+			// this header would shut down every stream of the connection.)
+			w.Header().Set("Connection", "close")
+		}
 		h.reject(w, r, http.StatusRequestEntityTooLarge, "body_too_large", "", nil)
 		return
 	default:

@@ -11,6 +11,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"net/http/httptrace"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -320,6 +321,84 @@ func TestHandlerBodyBound(t *testing.T) {
 	}
 	if n := store.calls.Load(); n != 2 {
 		t.Fatalf("store called %d times, want 2", n)
+	}
+}
+
+// TestHandlerAnnouncedOversizeAnsweredAtOnce: a Content-Length beyond the
+// bound is answered 413 before a byte of the body is sent, and the
+// connection is closed. net/http reads and discards an unread body of up to
+// 256 KiB before it writes an answer on a connection it keeps: without the
+// close, a client announcing 64 KiB + 1 would have to send the whole body,
+// and one that waits for the answer first (or stalls) would get nothing. The
+// test's client sends only the headers; the connection's deadline is a guard
+// against a hang, not a timing assertion.
+func TestHandlerAnnouncedOversizeAnsweredAtOnce(t *testing.T) {
+	store := &memStore{}
+	ts := startServer(t, newTestHandler(t, store, nil), nil)
+	for _, announced := range []int{contract.MaxBodyBytes + 1, 200 << 10, 10 << 20} {
+		t.Run(fmt.Sprint(announced), func(t *testing.T) {
+			conn, err := net.Dial("tcp", ts.addr())
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer conn.Close()
+			conn.SetDeadline(time.Now().Add(10 * time.Second))
+			fmt.Fprintf(conn, "POST / HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n%s\r\n\r\n",
+				announced, strings.Join(signedLines(vectorBody), "\r\n"))
+			resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+			if err != nil {
+				t.Fatalf("no answer before the body was sent: %v", err)
+			}
+			if b := readBody(t, resp); resp.StatusCode != http.StatusRequestEntityTooLarge || b != `{"error":"body_too_large"}` {
+				t.Fatalf("answered %d %s, want 413", resp.StatusCode, b)
+			}
+			if !resp.Close {
+				t.Fatal("the connection stays open with the announced body unread")
+			}
+		})
+	}
+	if n := store.calls.Load(); n != 0 {
+		t.Fatalf("store called %d times", n)
+	}
+}
+
+// TestHandlerOversizeOverHTTP2KeepsTheConnection: on HTTP/2 a 413 ends only
+// its stream; the other deliveries multiplexed on the connection go on (a
+// Connection: close there would make net/http send GOAWAY).
+func TestHandlerOversizeOverHTTP2KeepsTheConnection(t *testing.T) {
+	ts := httptest.NewUnstartedServer(newTestHandler(t, &memStore{}, nil))
+	ts.EnableHTTP2 = true
+	ts.StartTLS()
+	t.Cleanup(ts.Close)
+	var conns atomic.Int32
+	send := func(body []byte) int {
+		t.Helper()
+		trace := &httptrace.ClientTrace{GotConn: func(ci httptrace.GotConnInfo) {
+			if !ci.Reused {
+				conns.Add(1)
+			}
+		}}
+		req, _ := http.NewRequestWithContext(httptrace.WithClientTrace(context.Background(), trace), http.MethodPost, ts.URL, bytes.NewReader(body))
+		req.Header.Set(contract.HeaderCallerKind, contract.CallerKindSchedule)
+		req.Header.Set(contract.HeaderSignature, contract.Sign(vectorSecret, vectorT, body))
+		resp, err := ts.Client().Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		readBody(t, resp)
+		if resp.ProtoMajor != 2 {
+			t.Fatalf("served over HTTP/%d", resp.ProtoMajor)
+		}
+		return resp.StatusCode
+	}
+	if code := send(paddedBody(contract.MaxBodyBytes + 1)); code != http.StatusRequestEntityTooLarge {
+		t.Fatalf("oversized body: %d", code)
+	}
+	if code := send([]byte(vectorBody)); code != http.StatusAccepted {
+		t.Fatalf("delivery after the 413: %d", code)
+	}
+	if n := conns.Load(); n != 1 {
+		t.Fatalf("%d connections, want the first one kept", n)
 	}
 }
 
