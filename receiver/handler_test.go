@@ -203,6 +203,73 @@ func TestHandlerDuplicateHeaderLines(t *testing.T) {
 	}
 }
 
+// TestHandlerIgnoresTrailers: only header lines count. A chunked request's
+// trailer is not a header line (Node's rawHeaders leaves trailers out too):
+// a signature sent there does not authenticate the request, and one there
+// next to the real header does not make it a second line.
+func TestHandlerIgnoresTrailers(t *testing.T) {
+	ts := startServer(t, newTestHandler(t, &memStore{}, nil), nil)
+	sig := "Vibe-Signature: " + vectorHeader
+	cases := []struct {
+		name             string
+		header, trailers []string
+		want             int
+	}{
+		{"signature only in the trailer", []string{"X-Vibe-Caller-Kind: schedule", "Trailer: Vibe-Signature"}, []string{sig}, 401},
+		{"caller only in the trailer", []string{sig, "Trailer: X-Vibe-Caller-Kind"}, []string{"X-Vibe-Caller-Kind: schedule"}, 401},
+		{"signature in the header and the trailer", []string{"X-Vibe-Caller-Kind: schedule", sig, "Trailer: Vibe-Signature"}, []string{sig}, 202},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			conn, err := net.Dial("tcp", ts.addr())
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer conn.Close()
+			conn.SetDeadline(time.Now().Add(10 * time.Second))
+			fmt.Fprintf(conn, "POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n%s\r\n\r\n%x\r\n%s\r\n0\r\n%s\r\n\r\n",
+				strings.Join(c.header, "\r\n"), len(vectorBody), vectorBody, strings.Join(c.trailers, "\r\n"))
+			resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if b := readBody(t, resp); resp.StatusCode != c.want {
+				t.Fatalf("answered %d %s, want %d", resp.StatusCode, b, c.want)
+			}
+		})
+	}
+}
+
+// TestHandlerHTTP2HeaderFields: over HTTP/2 a repeated field is a second
+// line too.
+func TestHandlerHTTP2HeaderFields(t *testing.T) {
+	ts := httptest.NewUnstartedServer(newTestHandler(t, &memStore{}, nil))
+	ts.EnableHTTP2 = true
+	ts.StartTLS()
+	t.Cleanup(ts.Close)
+	for _, c := range []struct {
+		name   string
+		caller []string
+		sig    []string
+		want   int
+	}{
+		{"single fields", []string{"schedule"}, []string{vectorHeader}, 202},
+		{"signature twice", []string{"schedule"}, []string{vectorHeader, vectorHeader}, 401},
+		{"caller twice", []string{"schedule", "schedule"}, []string{vectorHeader}, 401},
+	} {
+		req, _ := http.NewRequest(http.MethodPost, ts.URL, strings.NewReader(vectorBody))
+		req.Header[contract.HeaderCallerKind] = c.caller
+		req.Header[contract.HeaderSignature] = c.sig
+		resp, err := ts.Client().Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if b := readBody(t, resp); resp.ProtoMajor != 2 || resp.StatusCode != c.want {
+			t.Errorf("%s: HTTP/%d %d %s, want HTTP/2 %d", c.name, resp.ProtoMajor, resp.StatusCode, b, c.want)
+		}
+	}
+}
+
 func TestHandlerStatusCodes(t *testing.T) {
 	post := func(body string) *http.Request {
 		req, _ := http.NewRequest(http.MethodPost, "/", strings.NewReader(body))

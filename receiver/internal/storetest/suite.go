@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/vibejobs/vibejobs/contract"
 	"github.com/vibejobs/vibejobs/receiver"
 )
 
@@ -28,8 +29,10 @@ func Run(t *testing.T, h Harness) {
 	t.Run("AcceptRollsBackOnError", func(t *testing.T) { testAcceptRollsBack(t, h) })
 	t.Run("AcceptCancelled", func(t *testing.T) { testAcceptCancelled(t, h) })
 	t.Run("ConcurrentDeliveries", func(t *testing.T) { testConcurrentDeliveries(t, h) })
+	t.Run("RedeliveryAfterProcessing", func(t *testing.T) { testRedeliveryAfterProcessing(t, h) })
 	t.Run("ClaimLeaseCompleteFail", func(t *testing.T) { testClaimLease(t, h) })
 	t.Run("LeaseEndsNoEarlier", func(t *testing.T) { testLeaseEndsNoEarlier(t, h) })
+	t.Run("LateCompletionStands", func(t *testing.T) { testLateCompletionStands(t, h) })
 	t.Run("WorkerRetriesWithBackoff", func(t *testing.T) { testWorkerRetries(t, h) })
 	t.Run("ConcurrentWorkers", func(t *testing.T) { testConcurrentWorkers(t, h) })
 	t.Run("Retention", func(t *testing.T) { testRetention(t, h) })
@@ -127,6 +130,67 @@ func testConcurrentDeliveries(t *testing.T, h Harness) {
 	}
 }
 
+// Later attempts of a run (new body, new signature) reach the app after it
+// accepted the run and again after the outbox processed it: each gets the
+// stored answer and enqueues nothing, so the work runs once, on the payload
+// first accepted. The receipt, not the outbox item, is what dedupes.
+func testRedeliveryAfterProcessing(t *testing.T, h Harness) {
+	s, _ := h.New(t)
+	v, err := receiver.NewVerifier(receiver.Secrets{Current: Secret}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	handler, err := receiver.NewHandler(receiver.Config{Verifier: v, Logger: discardLogger()}, s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(handler)
+	defer srv.Close()
+	body := func(attempt int) []byte {
+		return contract.Body(contract.Payload{JobID: "job_digest", RunID: "run_again",
+			ScheduledFor: time.Date(2026, 10, 9, 9, 0, 0, 0, time.UTC), Attempt: attempt, Late: true, Trigger: contract.TriggerSchedule})
+	}
+	deliver := func(attempt int) {
+		t.Helper()
+		resp, err := srv.Client().Do(NewRequest(t, srv.URL, Secret, body(attempt), time.Now()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := readAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != receiver.AcceptedStatus || got != receiver.AcceptedBody {
+			t.Fatalf("attempt %d answered %d %s", attempt, resp.StatusCode, got)
+		}
+	}
+	var runs [][]byte
+	w, err := receiver.NewWorker(receiver.WorkerConfig{
+		Outbox: s,
+		Logger: discardLogger(),
+		Process: func(_ context.Context, _ string, p []byte) error {
+			runs = append(runs, p)
+			return nil
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	deliver(1)
+	deliver(2) // accepted, not yet processed
+	if n, err := w.ProcessBatch(context.Background()); n != 1 || err != nil {
+		t.Fatalf("ProcessBatch = %d, %v", n, err)
+	}
+	deliver(3) // after processing
+	if n, err := w.ProcessBatch(context.Background()); n != 0 || err != nil {
+		t.Fatalf("ProcessBatch after the redelivery = %d, %v; want nothing to do", n, err)
+	}
+	if st := h.Inspect(t, s, "run_again"); st.Items != 1 || !st.Processed || !st.RunProcessed || st.Attempts != 1 {
+		t.Fatalf("after three deliveries: %+v", st)
+	}
+	if len(runs) != 1 || string(runs[0]) != string(body(1)) {
+		t.Fatalf("the app ran %d times, first on %s; want once, on attempt 1's body", len(runs), runs)
+	}
+}
+
 func testClaimLease(t *testing.T, h Harness) {
 	s, _ := h.New(t)
 	ctx := context.Background()
@@ -217,6 +281,35 @@ func testLeaseEndsNoEarlier(t *testing.T, h Harness) {
 	}
 	if got, err := s.ClaimOutbox(ctx, "b", t0.Add(time.Minute+time.Millisecond), t0.Add(2*time.Minute), 1); err != nil || len(got) != 1 {
 		t.Fatalf("claim after the lease ended: %d items, %v", len(got), err)
+	}
+}
+
+// testLateCompletionStands: a worker whose lease ran out while the app
+// still ran the item finishes after another worker took the item over. The
+// work was done: its completion stands, and the taker's failure afterwards
+// neither re-queues the item nor clears its processed mark.
+func testLateCompletionStands(t *testing.T, h Harness) {
+	s, _ := h.New(t)
+	ctx := context.Background()
+	mustAccept(t, s, "run_slow")
+	t0 := time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
+	if got, err := s.ClaimOutbox(ctx, "a", t0, t0.Add(time.Minute), 1); err != nil || len(got) != 1 {
+		t.Fatalf("a's claim: %v, %v", got, err)
+	}
+	if got, err := s.ClaimOutbox(ctx, "b", t0.Add(2*time.Minute), t0.Add(3*time.Minute), 1); err != nil || len(got) != 1 || got[0].Attempt != 2 {
+		t.Fatalf("b's claim after a's lease ended: %v, %v", got, err)
+	}
+	if err := s.CompleteOutbox(ctx, "run_slow", t0.Add(150*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.FailOutbox(ctx, "run_slow", "b", t0.Add(160*time.Second), "b failed"); err != nil {
+		t.Fatal(err)
+	}
+	if st := h.Inspect(t, s, "run_slow"); !st.Processed || !st.RunProcessed || st.LastError != "" {
+		t.Fatalf("after a's late completion and b's failure: %+v", st)
+	}
+	if got, err := s.ClaimOutbox(ctx, "c", t0.Add(time.Hour), t0.Add(61*time.Minute), 10); err != nil || len(got) != 0 {
+		t.Fatalf("a processed item was claimed again: %v, %v", got, err)
 	}
 }
 
