@@ -71,7 +71,9 @@ type WorkerConfig struct {
 	Backoff func(attempt int) time.Duration
 	// Now is the clock for leases and retries. Default time.Now.
 	Now func() time.Time
-	// Logger gets one line per item outcome, with the run id only.
+	// Logger gets one line per item outcome: the run id and attempt, never
+	// the payload, and for a failure the error the ProcessFunc returned (or
+	// its panic's value), which is the app's to keep free of secrets.
 	Logger *slog.Logger
 }
 
