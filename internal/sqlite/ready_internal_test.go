@@ -142,3 +142,25 @@ func TestPingTrustsARecentCommit(t *testing.T) {
 		t.Fatalf("probed at %v, want %v: the last commit is %v old", got, want, writeProbeAfter)
 	}
 }
+
+// TestPingAfterTheClockWentBack: a commit is remembered by the wall clock,
+// which may be set back (an NTP step, a restored VM) after it. Seen from
+// the new time the commit lies ahead; it was not made within
+// writeProbeAfter before now, so it proves nothing: Ping must write to find
+// out, not trust it until the clock has caught up with it.
+func TestPingAfterTheClockWentBack(t *testing.T) {
+	ctx := context.Background()
+	s, c := openClocked(t)
+	if err := createProject(s, "prj_a", c.Now()); err != nil {
+		t.Fatal(err)
+	}
+	refuseWrites(t, s, true) // no write of the Store's fails: it is idle
+	c.Add(-time.Hour)
+	if err := s.Ping(ctx); err == nil {
+		t.Fatal("Ping on a database that takes no writes, its last commit an hour ahead of the clock: nil, want an error")
+	}
+	refuseWrites(t, s, false)
+	if err := s.Ping(ctx); err != nil {
+		t.Fatalf("Ping once writes work again: %v", err)
+	}
+}

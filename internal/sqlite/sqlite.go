@@ -230,9 +230,9 @@ const probeSQL = `INSERT INTO write_probe (singleton, probed_at) VALUES (1, ?)
 
 // Ping checks that the database answers reads and takes writes: a file
 // that became read-only, a full disk or an I/O error fail every change
-// while reads go on. A write committed within writeProbeAfter (by the
-// Store's clock), with no write after it that the database could not
-// take, proves the second: a busy server's probes neither write nor wait
+// while reads go on. A write committed within writeProbeAfter before now
+// (by the Store's clock), with no write after it that the database could
+// not take, proves the second: a busy server's probes neither write nor wait
 // for the one write connection. Otherwise (the server is idle, or its
 // writes fail) Ping commits a one-row write itself, waiting for the write
 // connection as long as ctx allows.
@@ -244,8 +244,12 @@ func (s *Store) Ping(ctx context.Context) error {
 	if err := s.r.QueryRowContext(ctx, "SELECT 1").Scan(&one); err != nil {
 		return fmt.Errorf("sqlite: ping: %w", err)
 	}
-	if last := s.committed.Load(); last != 0 && s.now().Sub(time.Unix(0, last)) < writeProbeAfter {
-		return nil
+	if last := s.committed.Load(); last != 0 {
+		// A commit ahead of now (the wall clock was set back since) was
+		// not made within writeProbeAfter: it vouches for nothing.
+		if age := s.now().Sub(time.Unix(0, last)); age >= 0 && age < writeProbeAfter {
+			return nil
+		}
 	}
 	err := s.write(ctx, func(t wtx) error {
 		_, err := t.ExecContext(ctx, probeSQL, ms(s.now()))
