@@ -185,9 +185,12 @@ func (s *Store) Accept(ctx context.Context, runID string, payload []byte) (statu
 // COMMITTED transaction on one connection, and reads their results with read.
 // BEGIN, the statements and COMMIT go to the server in one round trip (a
 // pipeline), so the explicit isolation costs no round trip over a bare
-// statement. It returns nil only once the server has confirmed the COMMIT. On
-// any error the transaction is rolled back (explicitly when the connection is
-// still usable; by the server when it is not).
+// statement. It returns nil only once the server has confirmed the COMMIT. A
+// statement the server refuses rolls the transaction back (explicitly when
+// the connection is still usable; by the server when it is not). Another
+// error may come after the transaction committed: read's own (a result that
+// does not scan), since the COMMIT went with the statements, or a connection
+// lost before the COMMIT's answer came back.
 func (s *Store) readCommitted(ctx context.Context, queue func(*pgx.Batch), read func(pgx.BatchResults) error) error {
 	conn, err := s.pool.Acquire(ctx)
 	if err != nil {
