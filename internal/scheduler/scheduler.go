@@ -139,8 +139,9 @@ func (s *Scheduler) RunOnce(ctx context.Context) (int, error) {
 	return s.scan(ctx)
 }
 
-// FailingSince returns when the scheduler's passes began to fail: each
-// pass since then failed against the store. It is zero while the last pass
+// FailingSince returns when the scheduler's passes (scans of every due
+// job, as RunOnce's) began to fail: each pass since then failed against the
+// store, at one batch or another. It is zero while the last pass
 // succeeded (one that found nothing due included), or before the first; a
 // pass cut short by the end of its context (a shutdown) counts as neither.
 func (s *Scheduler) FailingSince() time.Time { return s.failing.Since() }
@@ -151,7 +152,19 @@ func (s *Scheduler) FailingSince() time.Time { return s.failing.Since() }
 // plan it), so it stays first in due order: restarting each batch from the
 // first due job, a batch's worth of them would hide every other job from
 // this replica for good.
+//
+// A scan is the pass FailingSince counts: one that failed at any batch
+// failed, so a batch that succeeds before a failing one (jobs that stay
+// due head every scan) does not end the streak.
 func (s *Scheduler) scan(ctx context.Context) (created int, err error) {
+	defer func() {
+		switch {
+		case err == nil:
+			s.failing.Clear()
+		case ctx.Err() == nil:
+			s.failing.Fail(s.cfg.Now())
+		}
+	}()
 	var c scanCursor
 	for {
 		n, full, err := s.runOnce(ctx, &c)
@@ -183,14 +196,6 @@ type scanCursor struct {
 // runOnce plans and applies the batch of due jobs after c.after, moves
 // c.after to the batch's last job and reports whether the batch was full.
 func (s *Scheduler) runOnce(ctx context.Context, c *scanCursor) (created int, full bool, err error) {
-	defer func() {
-		switch {
-		case err == nil:
-			s.failing.Clear()
-		case ctx.Err() == nil:
-			s.failing.Fail(s.cfg.Now())
-		}
-	}()
 	now := s.cfg.Now()
 	sctx, cancel := context.WithTimeout(ctx, s.cfg.StoreTimeout)
 	jobs, err := s.cfg.Store.DueJobs(sctx, now.Add(s.cfg.Lookahead), c.after, s.cfg.BatchSize)

@@ -245,3 +245,36 @@ func TestFailingSince(t *testing.T) {
 	}
 	want(time.Time{}, "after a pass cut short by its context")
 }
+
+// refusingStore refuses every plan it is asked to apply, as a database
+// that takes the scheduler's reads but not its writes does; a batch with
+// nothing to apply succeeds.
+type refusingStore struct{ vibejobs.SchedulerStore }
+
+func (s refusingStore) ApplyRunPlans(ctx context.Context, plans []vibejobs.RunPlan, now time.Time) (int, int64, error) {
+	if len(plans) > 0 {
+		return 0, 0, vibejobs.Errorf(vibejobs.EUNAVAILABLE, "database_unavailable", "database unavailable")
+	}
+	return s.SchedulerStore.ApplyRunPlans(ctx, plans, now)
+}
+
+// TestFailingSinceCountsScans: a pass is a scan. One whose first batch
+// succeeds and whose later one fails has failed, and does not end the
+// streak: here a batch of jobs this replica cannot plan (nothing to apply)
+// heads every scan, and the batch behind it fails every time. The streak
+// began at the first scan, however many batches succeeded since.
+func TestFailingSinceCountsScans(t *testing.T) {
+	now := t0
+	st := openStore(t, append(unknownZoneJobs(3, now.Add(-time.Hour)), storedJob("job_ok", vibejobs.CatchUpAll, now))...)
+	s := scheduler.New(scheduler.Config{Store: refusingStore{st}, Now: func() time.Time { return now }, BatchSize: 3,
+		Logger: slog.New(slog.DiscardHandler)})
+	for range 2 {
+		if _, err := s.RunOnce(context.Background()); err == nil {
+			t.Fatal("a scan whose second batch the store refuses: no error")
+		}
+		if got := s.FailingSince(); !got.Equal(t0) {
+			t.Fatalf("after failed scans until %v: FailingSince = %v, want the first failure %v", now, got, t0)
+		}
+		now = now.Add(time.Minute)
+	}
+}
