@@ -1075,7 +1075,7 @@ func TestJobChangedWhileClaiming(t *testing.T) {
 	ctx := context.Background()
 	j, r := e.scheduledRun(t, time.Second)
 	var d *dispatcher.Dispatcher
-	ready := make(chan struct{})
+	ready, paused := make(chan struct{}), make(chan struct{})
 	rc := &releaseCounter{DispatchStore: e.store}
 	hook := &claimHook{releaseCounter: rc, after: func() {
 		<-ready
@@ -1083,6 +1083,7 @@ func TestJobChangedWhileClaiming(t *testing.T) {
 			t.Errorf("the pause: %v", err) // not Fatal: the claim loop's goroutine
 		}
 		d.JobChanged(j.ID)
+		close(paused)
 	}}
 	d = dispatcher.New(dispatcher.Config{
 		Store: hook, Sender: e.sender, Opener: plainOpener{}, Owner: "test-owner",
@@ -1095,7 +1096,13 @@ func TestJobChangedWhileClaiming(t *testing.T) {
 	defer func() { cancel(); <-done }()
 	close(ready)
 
-	e.waitRun(t, r.ID, func(r *vibejobs.Run) bool { return r.State == vibejobs.RunDelivering })
+	// The run's time comes only once the pause, made while it was still
+	// ahead, is done: the claim shows in the store before the hook pauses.
+	select {
+	case <-paused:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the claim never came back from the store")
+	}
 	e.clock.Add(time.Second)
 	for deadline := time.Now().Add(10 * time.Second); rc.released.Load() == 0; time.Sleep(time.Millisecond) {
 		select {
