@@ -234,12 +234,10 @@ func (d *Dispatcher) Run(ctx context.Context) {
 	defer timer.Stop()
 	for {
 		wait, err := d.dispatchOnce(ctx)
+		d.claimFailing.Pass(d.cfg.Now(), err, ctx.Err())
 		if err != nil && ctx.Err() == nil {
 			d.cfg.Logger.Error("dispatcher.claim_failed", "error", err)
-			d.claimFailing.Fail(d.cfg.Now())
 			wait = d.cfg.PollInterval
-		} else if err == nil {
-			d.claimFailing.Clear()
 		}
 		if ctx.Err() != nil {
 			return

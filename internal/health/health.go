@@ -30,6 +30,19 @@ func (s *Streak) Clear() {
 	}
 }
 
+// Pass records the outcome of a pass made at now: err nil ends the streak
+// (Clear), an error begins it or goes on with it (Fail), except when ctxErr,
+// the error of the pass's context, says the pass was cut short by its end
+// (a shutdown): that one counts as neither.
+func (s *Streak) Pass(now time.Time, err, ctxErr error) {
+	switch {
+	case err == nil:
+		s.Clear()
+	case ctxErr == nil:
+		s.Fail(now)
+	}
+}
+
 // Since returns when the current streak began, at its first failed pass;
 // zero when there is none.
 func (s *Streak) Since() time.Time {

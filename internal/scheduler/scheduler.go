@@ -157,14 +157,7 @@ func (s *Scheduler) FailingSince() time.Time { return s.failing.Since() }
 // failed, so a batch that succeeds before a failing one (jobs that stay
 // due head every scan) does not end the streak.
 func (s *Scheduler) scan(ctx context.Context) (created int, err error) {
-	defer func() {
-		switch {
-		case err == nil:
-			s.failing.Clear()
-		case ctx.Err() == nil:
-			s.failing.Fail(s.cfg.Now())
-		}
-	}()
+	defer func() { s.failing.Pass(s.cfg.Now(), err, ctx.Err()) }()
 	var c scanCursor
 	for {
 		n, full, err := s.runOnce(ctx, &c)
