@@ -207,11 +207,7 @@ func (s *failingStore) DueJobs(ctx context.Context, before time.Time, after vibe
 // shutdown counts as neither.
 func TestFailingSince(t *testing.T) {
 	ctx := context.Background()
-	st, err := sqlite.Open(ctx, filepath.Join(t.TempDir(), "db"), sqlite.Options{Logger: slog.New(slog.DiscardHandler)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.Close()
+	st := openStore(t)
 	now := time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
 	fs := &failingStore{SchedulerStore: st}
 	s := scheduler.New(scheduler.Config{Store: fs, Logger: slog.New(slog.DiscardHandler), Now: func() time.Time { return now }})
