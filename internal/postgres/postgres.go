@@ -290,7 +290,7 @@ func (s *Store) Pool() *pgxpool.Pool { return s.pool }
 // read-only (PostgreSQL 14 and later report both settings to the client as
 // they change). In a failover the old primary is fenced or turned standby
 // while the address leads to the new one; a connection kept to the old one
-// would fail every write (an outage, see connectionLost) until its lifetime
+// would fail every write (an outage, see unavailableState) until its lifetime
 // ran out, an hour by default, so it is closed and the next use dials
 // again.
 func writable(c *pgx.Conn) bool {
@@ -411,7 +411,7 @@ func mapError(err error, doing string) error {
 		switch {
 		case retryable(err):
 			return fmt.Errorf("postgres: %s: %w", doing, err) // Update retries on it; keep the code visible
-		case connectionLost(pgErr):
+		case unavailableState(pgErr):
 			return fmt.Errorf("%w: %s: %w", errUnavailable(), doing, err)
 		case pgErr.Code == characterNotInRepertoire || pgErr.Code == untranslatableCharacter:
 			// Text PostgreSQL cannot hold (a NUL byte, invalid UTF-8) is the
@@ -446,14 +446,18 @@ const (
 // foreignKeyViolation is the SQLSTATE of an insert naming a missing parent.
 const foreignKeyViolation = "23503"
 
-// connectionLost reports server errors that mean the session is gone or
-// cannot start: connection exceptions (class 08), an administrator or crash
-// shutdown, a server starting or shutting down, too many connections.
-func connectionLost(e *pgconn.PgError) bool {
+// unavailableState reports server errors that mean the database cannot do
+// the work for now, whatever the statement: the session is gone or cannot
+// start (connection exceptions, class 08; an administrator or crash
+// shutdown; a server starting or shutting down), or the server lacks the
+// resources (class 53: disk, memory, connections), or it cancelled the
+// statement at its statement_timeout (57014; a cancel this process asked
+// for comes back as its context's error).
+func unavailableState(e *pgconn.PgError) bool {
 	switch {
-	case strings.HasPrefix(e.Code, "08"):
+	case strings.HasPrefix(e.Code, "08"), strings.HasPrefix(e.Code, "53"):
 		return true
-	case e.Code == "57P01", e.Code == "57P02", e.Code == "57P03", e.Code == "53300":
+	case e.Code == "57P01", e.Code == "57P02", e.Code == "57P03", e.Code == "57014":
 		return true
 	case e.Code == "25006":
 		// read_only_sql_transaction: the server is a standby now (a
