@@ -171,6 +171,7 @@ func TestVacuumQueueClearsTheClaimIndex(t *testing.T) {
 	// entries dead; what a second read still walks, only a vacuum removes.
 	sharedHits(t, s.queue, nextDueSQL, t0)
 	before := sharedHits(t, s.queue, nextDueSQL, t0)
+	waitVacuumHorizon(t, s)
 	if err := s.VacuumQueue(ctx); err != nil {
 		t.Fatalf("VacuumQueue: %v", err)
 	}
@@ -180,6 +181,49 @@ func TestVacuumQueueClearsTheClaimIndex(t *testing.T) {
 	}
 	if at, ok, err := s.NextDueAt(ctx); err != nil || !ok || !at.Equal(next) {
 		t.Errorf("NextDueAt after the vacuum = %v, %v, %v; want %v", at, ok, err, next)
+	}
+}
+
+// waitVacuumHorizon waits until no session of the database but the caller's
+// holds a snapshot or a transaction id from before the writes committed so
+// far. Until then VACUUM keeps the rows they deleted, which such a session
+// may still see: CI runs the test binaries of several packages at once
+// against one database, and a transaction another test holds open, even
+// in another schema, made TestVacuumQueueClearsTheClaimIndex find its
+// vacuum had removed nothing.
+func waitVacuumHorizon(t *testing.T, s *Store) {
+	t.Helper()
+	ctx := context.Background()
+	// Every transaction id below this one has ended: the deletions among them.
+	var written string
+	if err := s.pool.QueryRow(ctx, `SELECT pg_snapshot_xmax(pg_current_snapshot())::text`).Scan(&written); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		var older []string
+		rows, err := s.pool.Query(ctx, `SELECT format('pid %s (%s, %s since %s)', pid, backend_type, state, xact_start)
+			FROM pg_stat_activity
+			WHERE datname = current_database() AND pid <> pg_backend_pid()
+			  AND greatest(age(backend_xmin), age(backend_xid)) > age(xid($1::text::xid8))`, written)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for rows.Next() {
+			var session string
+			if err := rows.Scan(&session); err != nil {
+				t.Fatal(err)
+			}
+			older = append(older, session)
+		}
+		if err := rows.Err(); err != nil {
+			t.Fatal(err)
+		}
+		if len(older) == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("sessions older than the deletions keep them from the vacuum: %s", strings.Join(older, "; "))
+		}
 	}
 }
 
