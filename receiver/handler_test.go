@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/vibejobs/vibejobs/contract"
+	"github.com/vibejobs/vibejobs/internal/syncbuf"
 	"github.com/vibejobs/vibejobs/receiver"
 )
 
@@ -586,7 +587,7 @@ func TestHandlerClientDisconnects(t *testing.T) {
 // Whatever happens, the logs hold neither the secret, nor the signature, nor
 // the body.
 func TestHandlerNeverLogsSecretSignatureOrBody(t *testing.T) {
-	var logs syncBuffer
+	var logs syncbuf.Buffer
 	logger := slog.New(slog.NewJSONHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	for _, store := range []*memStore{{}, {err: errors.New("db down")}} {
 		h := newTestHandler(t, store, func(c *receiver.Config) { c.Logger = logger; c.JobIDs = []string{"job_other"} })
@@ -616,23 +617,6 @@ func TestHandlerNeverLogsSecretSignatureOrBody(t *testing.T) {
 			t.Fatalf("logs contain %q:\n%s", secret, out)
 		}
 	}
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 func TestMiddlewarePassesTheVerifiedRequest(t *testing.T) {

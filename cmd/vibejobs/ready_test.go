@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"io"
 	"net/http"
@@ -12,6 +11,7 @@ import (
 	"time"
 
 	"github.com/vibejobs/vibejobs"
+	"github.com/vibejobs/vibejobs/internal/syncbuf"
 )
 
 // pollFailer fails the dispatcher's NextDueAt, as a database that refuses
@@ -31,24 +31,6 @@ func (p *pollFailer) NextDueAt(ctx context.Context) (time.Time, bool, error) {
 	return p.DispatchStore.NextDueAt(ctx)
 }
 
-// lockedBuffer is a bytes.Buffer for concurrent writers.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
 // TestReadyzWhileALoopFails: a dispatcher whose every pass fails against
 // the database delivers nothing, although the database answers Ping:
 // /readyz says not ready once that has lasted loopStallLimit (by the
@@ -60,7 +42,7 @@ func TestReadyzWhileALoopFails(t *testing.T) {
 	now := func() time.Time { mu.Lock(); defer mu.Unlock(); return clock }
 	advance := func(d time.Duration) { mu.Lock(); clock = clock.Add(d); mu.Unlock() }
 	pf := &pollFailer{}
-	logs := &lockedBuffer{}
+	logs := &syncbuf.Buffer{}
 	m := NewMain(io.Discard, logs)
 	m.Now = now
 	m.WrapDispatchStore = func(s vibejobs.DispatchStore) vibejobs.DispatchStore { pf.DispatchStore = s; return pf }

@@ -21,6 +21,7 @@ import (
 	"github.com/vibejobs/vibejobs/internal/egress"
 	"github.com/vibejobs/vibejobs/internal/secretbox"
 	"github.com/vibejobs/vibejobs/internal/sqlite"
+	"github.com/vibejobs/vibejobs/internal/syncbuf"
 )
 
 // t0 is the fake clock's start: a Friday morning in 2026.
@@ -44,24 +45,6 @@ func (c *clock) Advance(d time.Duration) {
 	c.mu.Unlock()
 }
 
-// syncBuffer is a bytes.Buffer safe for concurrent writes (the log).
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // env is one API on a real SQLite store, with its bootstrap token.
 type env struct {
 	t       testing.TB
@@ -74,7 +57,7 @@ type env struct {
 	http    *httptest.Server
 	admin   string // installation administrator token of project "default"
 	project string // id of project "default"
-	logs    *syncBuffer
+	logs    *syncbuf.Buffer
 	wakes   int
 	mu      sync.Mutex
 	bodies  []string // every response body seen, for the secret scans
@@ -109,7 +92,7 @@ func mustKeyring(t testing.TB) *secretbox.Keyring {
 func newEnv(t testing.TB, edit ...func(*api.Config)) *env {
 	t.Helper()
 	st, path := mustOpenStore(t)
-	e := &env{t: t, dbPath: path, store: st, keys: mustKeyring(t), clock: &clock{t: t0}, logs: &syncBuffer{}}
+	e := &env{t: t, dbPath: path, store: st, keys: mustKeyring(t), clock: &clock{t: t0}, logs: &syncbuf.Buffer{}}
 	tok, created, err := api.Bootstrap(context.Background(), st, e.clock.Now(), nil)
 	if err != nil || !created {
 		t.Fatalf("Bootstrap: %v, created %v", err, created)

@@ -7,22 +7,11 @@ import (
 	"io"
 	"net/http"
 	"strings"
-	"sync"
 	"testing"
 	"time"
+
+	"github.com/vibejobs/vibejobs/internal/syncbuf"
 )
-
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-func (l *lockedBuffer) String() string { l.mu.Lock(); defer l.mu.Unlock(); return l.b.String() }
 
 func TestEventsTail(t *testing.T) {
 	a := startAPI(t, nil)
@@ -57,7 +46,7 @@ func TestEventsTail(t *testing.T) {
 
 	// Following: new events appear, then an interrupt ends the tail cleanly.
 	ctx, cancel := context.WithCancel(context.Background())
-	var buf lockedBuffer
+	var buf syncbuf.Buffer
 	done := make(chan error, 1)
 	go func() {
 		getenv := func(k string) string {

@@ -24,6 +24,7 @@ import (
 	"github.com/vibejobs/vibejobs/internal/secretbox"
 	"github.com/vibejobs/vibejobs/internal/sqlite"
 	"github.com/vibejobs/vibejobs/internal/subscriptions"
+	"github.com/vibejobs/vibejobs/internal/syncbuf"
 	"github.com/vibejobs/vibejobs/receiver"
 )
 
@@ -37,19 +38,6 @@ type clock struct {
 
 func (c *clock) Now() time.Time      { c.mu.Lock(); defer c.mu.Unlock(); return c.t }
 func (c *clock) Add(d time.Duration) { c.mu.Lock(); c.t = c.t.Add(d); c.mu.Unlock() }
-
-// syncBuffer is a log sink safe for concurrent writes.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-func (s *syncBuffer) String() string { s.mu.Lock(); defer s.mu.Unlock(); return s.b.String() }
 
 // request is one request a receiver got.
 type request struct {
@@ -141,7 +129,7 @@ type env struct {
 	keys    *secretbox.Keyring
 	client  *egress.Client
 	clock   *clock
-	logs    *syncBuffer
+	logs    *syncbuf.Buffer
 	project string
 	job     *vibejobs.Job
 }
@@ -168,7 +156,7 @@ func newEnv(t *testing.T) *env {
 		t.Fatal(err)
 	}
 	t.Cleanup(client.CloseIdleConnections)
-	e := &env{t: t, store: st, keys: keys, client: client, clock: c, logs: &syncBuffer{}, project: "prj_test"}
+	e := &env{t: t, store: st, keys: keys, client: client, clock: c, logs: &syncbuf.Buffer{}, project: "prj_test"}
 	e.update(func(tx vibejobs.Tx) error {
 		return tx.CreateProject(context.Background(), &vibejobs.Project{ID: e.project, Name: "test", CreatedAt: t0})
 	})

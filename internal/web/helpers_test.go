@@ -1,7 +1,6 @@
 package web_test
 
 import (
-	"bytes"
 	"context"
 	"crypto/sha256"
 	"io"
@@ -19,6 +18,7 @@ import (
 
 	"github.com/vibejobs/vibejobs"
 	"github.com/vibejobs/vibejobs/internal/sqlite"
+	"github.com/vibejobs/vibejobs/internal/syncbuf"
 	"github.com/vibejobs/vibejobs/internal/web"
 )
 
@@ -48,24 +48,6 @@ func (c *clock) Advance(d time.Duration) {
 	c.mu.Unlock()
 }
 
-// syncBuffer is a bytes.Buffer safe for concurrent writes (the log).
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // env is a dashboard on a real store (SQLite unless newEnvOn is given
 // another) with two projects, A and B, each with a read token.
 type env struct {
@@ -73,7 +55,7 @@ type env struct {
 	ctx      context.Context
 	store    vibejobs.Store
 	clock    *clock
-	logs     *syncBuffer
+	logs     *syncbuf.Buffer
 	handler  http.Handler
 	srv      *httptest.Server
 	projectA string
@@ -104,7 +86,7 @@ func newEnv(t *testing.T, edit ...func(*web.Config)) *env {
 // newEnvOn is newEnv on store, which must be empty.
 func newEnvOn(t *testing.T, store vibejobs.Store, edit ...func(*web.Config)) *env {
 	t.Helper()
-	e := &env{t: t, ctx: context.Background(), store: store, clock: &clock{t: t0}, logs: &syncBuffer{},
+	e := &env{t: t, ctx: context.Background(), store: store, clock: &clock{t: t0}, logs: &syncbuf.Buffer{},
 		projectA: "prj_a", projectB: "prj_b"}
 	e.update(func(tx vibejobs.Tx) error {
 		for _, p := range []*vibejobs.Project{

@@ -19,6 +19,7 @@ import (
 	"github.com/vibejobs/vibejobs"
 	"github.com/vibejobs/vibejobs/internal/api"
 	"github.com/vibejobs/vibejobs/internal/secretbox"
+	"github.com/vibejobs/vibejobs/internal/syncbuf"
 	"github.com/vibejobs/vibejobs/internal/web"
 )
 
@@ -709,7 +710,7 @@ func TestMountedUnderAPI(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	logs := &syncBuffer{}
+	logs := &syncbuf.Buffer{}
 	logger := slog.New(slog.NewJSONHandler(logs, nil))
 	srv := httptest.NewServer(api.New(api.Config{
 		Store: st, Sealer: keys, Now: now, Logger: logger,

@@ -11,36 +11,19 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/vibejobs/vibejobs/contract"
 	"github.com/vibejobs/vibejobs/examples/digest/digestapp"
+	"github.com/vibejobs/vibejobs/internal/syncbuf"
 )
 
 const (
 	secret   = "vjs_AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8"
 	previous = "vjs_ICEiIyQlJicoKSorLC0uLzAxMjM0NTY3ODk6Ozw9Pj8"
 )
-
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
 
 func writeFile(t *testing.T, name, content string) string {
 	t.Helper()
@@ -76,7 +59,7 @@ func TestDigestApp(t *testing.T) {
 		{"postgres", postgresSchema},
 	} {
 		t.Run(db.name, func(t *testing.T) {
-			var logs lockedBuffer
+			var logs syncbuf.Buffer
 			processed := make(chan string, 10)
 			m := &digestapp.Main{Stdout: &logs, OnProcessed: func(runID string) { processed <- runID }}
 			if err := m.ParseFlags([]string{
@@ -169,7 +152,7 @@ func TestRunRejectsBadConfiguration(t *testing.T) {
 func TestRunStopsWhenContextEnds(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	var out lockedBuffer
+	var out syncbuf.Buffer
 	done := make(chan error, 1)
 	go func() {
 		done <- digestapp.Run(ctx, []string{
