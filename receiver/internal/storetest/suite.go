@@ -23,6 +23,23 @@ func killSelf() { syscall.Kill(os.Getpid(), syscall.SIGKILL) }
 
 func discardLogger() *slog.Logger { return slog.New(slog.DiscardHandler) }
 
+// serveHandler serves the SDK's handler on s, verifying with Secret, on a
+// loopback server closed when t ends.
+func serveHandler(t *testing.T, s receiver.Store) *httptest.Server {
+	t.Helper()
+	v, err := receiver.NewVerifier(receiver.Secrets{Current: Secret}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	handler, err := receiver.NewHandler(receiver.Config{Verifier: v, Logger: discardLogger()}, s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(handler)
+	t.Cleanup(srv.Close)
+	return srv
+}
+
 // Run runs the conformance suite against the store of h.
 func Run(t *testing.T, h Harness) {
 	t.Run("AcceptNewThenRepeat", func(t *testing.T) { testAcceptNewThenRepeat(t, h) })
@@ -87,16 +104,7 @@ func testAcceptCancelled(t *testing.T, h Harness) {
 // item and 100 identical answers.
 func testConcurrentDeliveries(t *testing.T, h Harness) {
 	s, _ := h.New(t)
-	v, err := receiver.NewVerifier(receiver.Secrets{Current: Secret}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	handler, err := receiver.NewHandler(receiver.Config{Verifier: v, Logger: discardLogger()}, s)
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := httptest.NewServer(handler)
-	defer srv.Close()
+	srv := serveHandler(t, s)
 	client := srv.Client()
 	client.Transport.(*http.Transport).MaxIdleConnsPerHost = 100
 
@@ -136,16 +144,7 @@ func testConcurrentDeliveries(t *testing.T, h Harness) {
 // first accepted. The receipt, not the outbox item, is what dedupes.
 func testRedeliveryAfterProcessing(t *testing.T, h Harness) {
 	s, _ := h.New(t)
-	v, err := receiver.NewVerifier(receiver.Secrets{Current: Secret}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	handler, err := receiver.NewHandler(receiver.Config{Verifier: v, Logger: discardLogger()}, s)
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := httptest.NewServer(handler)
-	defer srv.Close()
+	srv := serveHandler(t, s)
 	body := func(attempt int) []byte {
 		return contract.Body(contract.Payload{JobID: "job_digest", RunID: "run_again",
 			ScheduledFor: time.Date(2026, 10, 9, 9, 0, 0, 0, time.UTC), Attempt: attempt, Late: true, Trigger: contract.TriggerSchedule})
@@ -506,10 +505,7 @@ func testCrashAfterCommit(t *testing.T, h Harness) {
 		t.Fatalf("after the crash: %+v", st)
 	}
 
-	v, _ := receiver.NewVerifier(receiver.Secrets{Current: Secret}, nil)
-	handler, _ := receiver.NewHandler(receiver.Config{Verifier: v, Logger: discardLogger()}, s)
-	srv := httptest.NewServer(handler)
-	defer srv.Close()
+	srv := serveHandler(t, s)
 	resp, err = srv.Client().Do(NewRequest(t, srv.URL, Secret, body, time.Now()))
 	if err != nil {
 		t.Fatal(err)
