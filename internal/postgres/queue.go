@@ -646,11 +646,22 @@ func (s *Store) RecoverExpiredLeases(ctx context.Context, now time.Time, limit i
 		value []byte
 	)
 	err := s.pool.QueryRow(ctx, `WITH expired AS (
-		SELECT l.tid, l.attempt_started_at, l.job_deleted, q.due_at AS old_due FROM run_queue q CROSS JOIN LATERAL (
-			SELECT r.ctid AS tid, r.attempt_started_at, j.deleted_at IS NOT NULL AS job_deleted
-			FROM runs r JOIN jobs j ON j.id = r.job_id
-			WHERE `+queuedRunSQL+` AND r.lease_owner IS NOT NULL AND r.lease_expires_at < $1
-			FOR UPDATE OF r SKIP LOCKED FOR SHARE OF j) l
+		-- The job is locked before its run, as an API change locks them
+		-- (tx.UpdateJob, then tx.DeleteFutureRuns locking the job's
+		-- runs): locked after it, recovery holding the run waited for the
+		-- job that a pause held while the pause waited for the run, a
+		-- deadlock. The run's lateral subquery names the job's, so it is
+		-- evaluated after it.
+		SELECT l.id, l.attempt_started_at, j.deleted_at IS NOT NULL AS job_deleted, q.due_at AS old_due
+		FROM run_queue q
+		CROSS JOIN LATERAL (
+			SELECT j.id, j.deleted_at FROM jobs j
+			WHERE j.id = (SELECT job_id FROM runs WHERE id = q.run_id)
+			FOR SHARE) j
+		CROSS JOIN LATERAL (
+			SELECT r.id, r.attempt_started_at FROM runs r
+			WHERE `+queuedRunSQL+` AND r.job_id = j.id AND r.lease_owner IS NOT NULL AND r.lease_expires_at < $1
+			FOR UPDATE SKIP LOCKED) l
 		WHERE q.leased = true AND q.due_at < $1
 		ORDER BY q.due_at, q.run_id
 		LIMIT $2
@@ -668,7 +679,14 @@ func (s *Store) RecoverExpiredLeases(ctx context.Context, now time.Time, limit i
 			lease_owner = NULL,
 			lease_expires_at = NULL
 		FROM expired
-		WHERE r.ctid = expired.tid AND r.ctid = ANY(ARRAY(SELECT tid FROM expired))
+		-- By id, not by the locked ctid: a pause that marked the run
+		-- withdrawn (see tx.DeleteFutureRuns) and committed after this
+		-- statement's snapshot, while the statement waited for the job,
+		-- made the locked version one the snapshot cannot see; the ctid
+		-- found no row, and the lease waited for the next pass. By id, the
+		-- row visible to the snapshot leads to its latest version, which
+		-- the lock above holds.
+		WHERE r.id = expired.id AND r.id = ANY(ARRAY(SELECT id FROM expired))
 		RETURNING r.id, r.attempt, COALESCE(expired.attempt_started_at, $1) AS started_at, r.redeliver AS claimable,
 			r.project_id, r.job_id, r.state, r.failure_reason, r.next_attempt_at, expired.old_due
 	)`+requeueSQL("recovered", "id", "next_attempt_at", true)+`, interrupted AS (

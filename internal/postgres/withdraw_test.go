@@ -211,3 +211,129 @@ func TestPauseRacesAClaim(t *testing.T) {
 		t.Errorf("a run of the paused job was claimed again: %d claims, %v", len(again), err)
 	}
 }
+
+// TestPauseRacesARetryingOutcome: a job is paused while the first attempt
+// of its run, claimed ahead of its time, fails and is recorded as a retry.
+// Recording a retry reads the job under a share lock (is it deleted?),
+// which waits for the pause's update of the job. Had the outcome locked the
+// run first, the pause, marking its held runs next, would wait for the
+// outcome in turn: a deadlock, which PostgreSQL broke after a second by
+// aborting the outcome. The outcome takes the job first, as the API does.
+func TestPauseRacesARetryingOutcome(t *testing.T) {
+	ctx := context.Background()
+	due := t0.Add(time.Second)
+	s, prj, j, c := heldRuns(t, due)
+
+	// The pause updates its job, and stops before withdrawing its runs.
+	updated, resume := make(chan struct{}, 1), make(chan struct{})
+	paused := make(chan error, 1)
+	go func() {
+		paused <- s.Update(ctx, func(tx vibejobs.Tx) error {
+			if err := pause(ctx, tx, j); err != nil {
+				return err
+			}
+			select {
+			case updated <- struct{}{}:
+			default:
+			}
+			<-resume
+			_, err := tx.DeleteFutureRuns(ctx, j.ID, t0)
+			return err
+		})
+	}()
+	defer func() {
+		select {
+		case <-resume:
+		default:
+			close(resume)
+		}
+	}()
+	waitSignal(t, updated, "the pause never updated its job")
+	next := due.Add(time.Minute)
+	recorded := make(chan error, 1)
+	go func() {
+		recorded <- s.RecordOutcomes(ctx, "a", []vibejobs.Outcome{{RunID: c.Run.ID, ClaimedAt: c.ClaimedAt,
+			Attempt: vibejobs.Attempt{Number: 1, StartedAt: due, FinishedAt: due.Add(time.Millisecond),
+				StatusCode: 503, ErrorCode: "http_5xx"},
+			Step: vibejobs.Step{State: vibejobs.RunRetrying, NextAttemptAt: &next}}})
+	}()
+	waitForLockWait(t, s, "WITH o AS", "the outcome never waited for the job being paused")
+	close(resume)
+	if err := <-paused; err != nil {
+		t.Fatalf("the pause: %v", err)
+	}
+	if err := <-recorded; err != nil {
+		t.Fatalf("RecordOutcomes: %v", err)
+	}
+	// The attempt went out: the run is the app's, and retries.
+	r, err := s.GetRun(ctx, prj, c.Run.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.State != vibejobs.RunRetrying || r.Attempt != 1 {
+		t.Errorf("the run whose first attempt failed while its job was paused: %s after attempt %d, want retrying after 1", r.State, r.Attempt)
+	}
+}
+
+// TestPauseRacesLeaseRecovery: a job is paused while a replica recovers the
+// expired lease of its run, claimed ahead of its time by a process that
+// died. Recovery reads the job under a share lock (is it deleted?), which
+// waits for the pause's update of the job. Had recovery locked the run
+// first, the pause, marking its held runs next, would wait for recovery in
+// turn: a deadlock, which PostgreSQL broke after a second by aborting one of
+// them. Recovery takes the job first, as the API does.
+func TestPauseRacesLeaseRecovery(t *testing.T) {
+	ctx := context.Background()
+	due := t0.Add(time.Second)
+	s, prj, j, c := heldRuns(t, due)
+	expired := due.Add(c.Timeout + 2*time.Second)
+
+	updated, resume := make(chan struct{}, 1), make(chan struct{})
+	paused := make(chan error, 1)
+	go func() {
+		paused <- s.Update(ctx, func(tx vibejobs.Tx) error {
+			if err := pause(ctx, tx, j); err != nil {
+				return err
+			}
+			select {
+			case updated <- struct{}{}:
+			default:
+			}
+			<-resume
+			_, err := tx.DeleteFutureRuns(ctx, j.ID, t0)
+			return err
+		})
+	}()
+	defer func() {
+		select {
+		case <-resume:
+		default:
+			close(resume)
+		}
+	}()
+	waitSignal(t, updated, "the pause never updated its job")
+	type result struct {
+		n   int
+		err error
+	}
+	recovered := make(chan result, 1)
+	go func() {
+		n, err := s.RecoverExpiredLeases(ctx, expired, 10)
+		recovered <- result{n, err}
+	}()
+	waitForLockWait(t, s, "WITH expired AS", "recovery never waited for the job being paused")
+	close(resume)
+	if err := <-paused; err != nil {
+		t.Fatalf("the pause: %v", err)
+	}
+	if res := <-recovered; res.err != nil || res.n != 1 {
+		t.Fatalf("RecoverExpiredLeases = %d, %v; want the one lease", res.n, res.err)
+	}
+	r, err := s.GetRun(ctx, prj, c.Run.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(r.Attempts) != 1 || r.Attempts[0].ErrorCode != vibejobs.ErrorCodeInterrupted {
+		t.Errorf("the recovered run's attempts: %+v, want one interrupted", r.Attempts)
+	}
+}
