@@ -182,6 +182,8 @@ func (s *sendLateness) AttemptFinished(_ string, _ vibejobs.Step, late time.Dura
 	}
 }
 
+func (s *sendLateness) SecretUnavailable() {}
+
 func startBenchMain(ctx context.Context, database string, conc int, opts ...func(*Main)) (*Main, *recordCounter, *sendLateness, func(), error) {
 	dir, err := os.MkdirTemp("", "vibejobs-bench-")
 	if err != nil {

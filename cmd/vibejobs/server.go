@@ -608,3 +608,9 @@ func (o observers) AttemptFinished(code string, step vibejobs.Step, late time.Du
 		x.AttemptFinished(code, step, late, first, d)
 	}
 }
+
+func (o observers) SecretUnavailable() {
+	for _, x := range o {
+		x.SecretUnavailable()
+	}
+}

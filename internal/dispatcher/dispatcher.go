@@ -38,7 +38,15 @@ const (
 	// silent without a reset (a dropped route, a failover) would otherwise
 	// hang the loop until TCP gives up, a quarter of an hour or more.
 	DefaultStoreTimeout = 10 * time.Second
+	// SecretUnavailablePause is how long a claim whose job secret this
+	// process cannot open waits, given back unsent, before it is due again
+	// (see Observer.SecretUnavailable).
+	SecretUnavailablePause = 30 * time.Second
 )
+
+// secretLogEvery is how often, at most, a job whose secret cannot be
+// opened is logged: every claim of its runs meets it again.
+const secretLogEvery = 10 * time.Minute
 
 // Sender sends one attempt; *egress.Client is the production one.
 type Sender interface {
@@ -53,6 +61,13 @@ type SecretOpener interface {
 // Observer receives delivery events for metrics; every method must be cheap.
 type Observer interface {
 	AttemptFinished(errorCode string, step vibejobs.Step, firstAttemptLateness time.Duration, first bool, d time.Duration)
+	// SecretUnavailable is called for each claim given back unsent
+	// because its job's secret could not be opened: sealed under a master
+	// key this process's key file lacks, or corrupt. No attempt was sent
+	// or recorded; the run is due again SecretUnavailablePause later,
+	// under the same attempt number, for any replica, until its delivery
+	// lifetime ends (deadline_exceeded).
+	SecretUnavailable()
 }
 
 // Config of a Dispatcher.
@@ -142,6 +157,10 @@ type Dispatcher struct {
 	// attempt+1.
 	retryWait func(attempt int) time.Duration
 
+	// secretLogged holds when each job whose secret could not be opened
+	// was last logged (see secretLogEvery); guarded by mu.
+	secretLogged map[string]time.Time
+
 	// claimFailing and recordFailing are the failing streaks of the claim
 	// loop's passes and of the record loop's writes (see FailingSince),
 	// apart: claims that succeed do not vouch for outcomes that cannot be
@@ -169,13 +188,15 @@ func New(cfg Config) *Dispatcher {
 	// waiter): the hold must leave the attempt room within the lease.
 	cfg.ClaimAhead = min(max(cmp.Or(cfg.ClaimAhead, DefaultClaimAhead), 0), cfg.LeaseMargin/4)
 	return &Dispatcher{
-		cfg:      cfg,
-		wake:     make(chan struct{}, 1),
-		perHost:  map[string]int{},
-		waiting:  map[string][]waiter{},
-		held:     map[*vibejobs.Claim]*heldClaim{},
-		outcomes: make(chan vibejobs.Outcome, cfg.Concurrency),
-		stopping: make(chan struct{}),
+		cfg:     cfg,
+		wake:    make(chan struct{}, 1),
+		perHost: map[string]int{},
+		waiting: map[string][]waiter{},
+		held:    map[*vibejobs.Claim]*heldClaim{},
+
+		secretLogged: map[string]time.Time{},
+		outcomes:     make(chan vibejobs.Outcome, cfg.Concurrency),
+		stopping:     make(chan struct{}),
 		retryWait: func(attempt int) time.Duration {
 			return min(time.Duration(attempt+1)*100*time.Millisecond, 2*time.Second)
 		},
@@ -673,30 +694,25 @@ func (d *Dispatcher) deliver(c *vibejobs.Claim, host string, h *heldClaim) {
 		}
 	}
 	r := c.Run
-	start := d.cfg.Now()
-	var res egress.Result
-	var ts int64
 	secret, err := d.cfg.Opener.Open(c.Secret, r.JobID)
 	if err != nil {
-		// Sending with a wrong key would only produce bad signatures; the
-		// attempt fails on our side and is retried like a network error.
-		d.cfg.Logger.Error("dispatcher.secret_unavailable", "run_id", r.ID, "job_id", r.JobID, "error", err)
-		res = egress.Result{ErrorCode: egress.CodeNetwork, Err: err}
-	} else {
-		body := contract.Body(contract.Payload{
-			JobID: r.JobID, RunID: r.ID, ScheduledFor: r.ScheduledFor,
-			Attempt: r.Attempt, Late: r.Late, Trigger: r.Trigger,
-		})
-		ts = d.cfg.Now().Unix()
-		h := http.Header{
-			"Content-Type":       {contract.ContentType},
-			"X-Vibe-Caller-Kind": {contract.CallerKindSchedule},
-			"Vibe-Signature":     {contract.Sign(secret, ts, body)},
-			"User-Agent":         {d.cfg.UserAgent},
-			"Idempotency-Key":    {r.ID},
-		}
-		res = d.cfg.Sender.Post(context.Background(), c.URL, h, body, c.Timeout)
+		d.secretUnavailable(c, err)
+		return
 	}
+	start := d.cfg.Now()
+	body := contract.Body(contract.Payload{
+		JobID: r.JobID, RunID: r.ID, ScheduledFor: r.ScheduledFor,
+		Attempt: r.Attempt, Late: r.Late, Trigger: r.Trigger,
+	})
+	ts := d.cfg.Now().Unix()
+	header := http.Header{
+		"Content-Type":       {contract.ContentType},
+		"X-Vibe-Caller-Kind": {contract.CallerKindSchedule},
+		"Vibe-Signature":     {contract.Sign(secret, ts, body)},
+		"User-Agent":         {d.cfg.UserAgent},
+		"Idempotency-Key":    {r.ID},
+	}
+	res := d.cfg.Sender.Post(context.Background(), c.URL, header, body, c.Timeout)
 	end := d.cfg.Now()
 	step := vibejobs.NextStep(c.Retry, r.Attempt, vibejobs.AttemptResult{
 		StatusCode: res.StatusCode, ErrorCode: res.ErrorCode, RetryAfter: res.RetryAfter,
@@ -726,6 +742,46 @@ func (d *Dispatcher) deliver(c *vibejobs.Claim, host string, h *heldClaim) {
 		},
 		Step: step,
 	}
+}
+
+// secretUnavailable gives back unsent the claim c, whose job's secret
+// could not be opened (err): a fault of this process's key file, or of the
+// stored ciphertext, not of the app, so it is no attempt. No error code
+// of the spec fits, and an attempt recorded as network (as it was) told
+// the owner their app failed and spent the run's attempts while the
+// operator's fix, the key put back in the file, was still to come. The run
+// keeps its attempt number and waits SecretUnavailablePause (capped at its
+// deadline, after which FailExpiredRuns fails it deadline_exceeded), so
+// that a replica that holds the key, or this one once its file is mended,
+// sends it, and a run whose secret stays unreadable does not spin. Each
+// such claim is counted (Observer.SecretUnavailable); each job is logged
+// once per secretLogEvery, with ids and the key id, never the ciphertext.
+func (d *Dispatcher) secretUnavailable(c *vibejobs.Claim, err error) {
+	now := d.cfg.Now()
+	d.mu.Lock()
+	last, logged := d.secretLogged[c.Run.JobID]
+	log := !logged || now.Sub(last) >= secretLogEvery
+	if log {
+		for id, at := range d.secretLogged {
+			if now.Sub(at) >= secretLogEvery {
+				delete(d.secretLogged, id)
+			}
+		}
+		d.secretLogged[c.Run.JobID] = now
+	}
+	d.mu.Unlock()
+	if log {
+		d.cfg.Logger.Error("dispatcher.secret_unavailable", "job_id", c.Run.JobID, "run_id", c.Run.ID,
+			"key_id", c.Secret.KeyID, "error", err)
+	}
+	if d.cfg.Observer != nil {
+		d.cfg.Observer.SecretUnavailable()
+	}
+	at := now.Add(SecretUnavailablePause)
+	if c.Run.DeadlineAt.Before(at) {
+		at = latest(now, c.Run.DeadlineAt)
+	}
+	d.release(context.Background(), []*vibejobs.Claim{c}, at)
 }
 
 // recordLoop writes outcomes in batches until the channel closes. A batch

@@ -4,9 +4,11 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"log/slog"
 	"net/http"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -17,6 +19,7 @@ import (
 	"github.com/vibejobs/vibejobs/internal/dispatcher"
 	"github.com/vibejobs/vibejobs/internal/egress"
 	"github.com/vibejobs/vibejobs/internal/sqlite"
+	"github.com/vibejobs/vibejobs/internal/syncbuf"
 )
 
 // clock is a fake clock the test moves by hand.
@@ -754,6 +757,8 @@ func (o *firstObserver) AttemptFinished(_ string, _ vibejobs.Step, _ time.Durati
 	o.mu.Unlock()
 }
 
+func (o *firstObserver) SecretUnavailable() {}
+
 // TestResentFirstAttemptIsNotAFirstAttempt: the first-attempt lateness is
 // measured once per run, when the first attempt first goes out. A first
 // attempt sent again after its claim's lease was recovered (its late flag
@@ -1214,4 +1219,99 @@ func TestFailingSince(t *testing.T) {
 	f.failRecords.Store(false)
 	e.waitRun(t, r.ID, func(r *vibejobs.Run) bool { return r.State == vibejobs.RunSucceeded })
 	wantCleared("once the outcome was written")
+}
+
+// keyringOpener opens secrets in the clear, like plainOpener, except
+// those sealed under a key id it lacks while missing is set: a key file
+// without the job's master key.
+type keyringOpener struct {
+	missing atomic.Bool
+}
+
+func (k *keyringOpener) Open(s vibejobs.SealedSecret, _ string) (string, error) {
+	if s.KeyID == "old" && k.missing.Load() {
+		return "", errors.New("secretbox: sealed under a master key this keyring does not hold")
+	}
+	return string(s.Ciphertext), nil
+}
+
+// secretObserver counts the claims given back for a secret it could not open.
+type secretObserver struct {
+	firstObserver
+	unavailable atomic.Int64
+}
+
+func (o *secretObserver) SecretUnavailable() { o.unavailable.Add(1) }
+
+// TestUnopenableSecretIsNeitherSentNorAnAttempt: a job whose secret this
+// process cannot open (its master key missing from the key file, as on a
+// replica started with an old file) is a problem of ours, not the app's.
+// Its claim goes back unsent, with no attempt recorded and its attempt
+// number kept, to wait SecretUnavailablePause (for this replica or one
+// holding the key), logged once per job with ids and key id only, and
+// counted. It was recorded as an attempt failed with error code network:
+// the owner saw their app fail, and the run spent its attempts, failing
+// attempts_exhausted within the hour, while restoring the key would have
+// delivered it.
+func TestUnopenableSecretIsNeitherSentNorAnAttempt(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	j := e.job(t, "job_a", "https://a.example/")
+	j.Secret.KeyID = "old"
+	e.update(t, func(tx vibejobs.Tx) error { return tx.UpdateJob(ctx, j) })
+	r := e.run(t, j, "run_a", e.clock.Now())
+
+	opener := &keyringOpener{}
+	opener.missing.Store(true)
+	obs := &secretObserver{}
+	var logs syncbuf.Buffer
+	d := dispatcher.New(dispatcher.Config{
+		Store: e.store, Sender: e.sender, Opener: opener, Owner: "test-owner",
+		Logger: slog.New(slog.NewTextHandler(&logs, nil)), Observer: obs,
+		Now: e.clock.Now, Rand: func() float64 { return 0.5 }, Concurrency: 8,
+		PollInterval: 20 * time.Millisecond,
+	})
+	runCtx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() { d.Run(runCtx); close(done) }()
+	defer func() { cancel(); <-done }()
+
+	// Given back twice, a pause apart, the key still missing.
+	for i := 1; i <= 2; i++ {
+		due := e.clock.Now().Add(dispatcher.SecretUnavailablePause)
+		got := e.waitRun(t, r.ID, func(r *vibejobs.Run) bool {
+			return r.State != vibejobs.RunDelivering && r.NextAttemptAt != nil && !r.NextAttemptAt.Before(due)
+		})
+		if got.State != vibejobs.RunScheduled || !got.NextAttemptAt.Equal(due) || len(got.Attempts) != 0 {
+			t.Fatalf("given back %d: %s, next attempt %v (want %v), attempts %+v", i, got.State, got.NextAttemptAt, due, got.Attempts)
+		}
+		e.wantNothingSent(t, "without the secret")
+		if n := obs.unavailable.Load(); n != int64(i) {
+			t.Fatalf("SecretUnavailable observed %d times, want %d", n, i)
+		}
+		if i == 1 {
+			e.clock.Add(dispatcher.SecretUnavailablePause)
+			d.Wake()
+		}
+	}
+	out := logs.String()
+	if n := strings.Count(out, "dispatcher.secret_unavailable"); n != 1 ||
+		!strings.Contains(out, "job_id=job_a") || !strings.Contains(out, "key_id=old") {
+		t.Errorf("want one secret_unavailable line for the job (once per job per period), got:\n%s", out)
+	}
+	if strings.Contains(out, string(j.Secret.Ciphertext)) || strings.Contains(out, "a.example") {
+		t.Errorf("the log shows the secret or the URL:\n%s", out)
+	}
+
+	// The key back in the file: the run goes out as its first attempt.
+	opener.missing.Store(false)
+	e.clock.Add(dispatcher.SecretUnavailablePause)
+	d.Wake()
+	if x := e.sender.next(t); x.payload["attempt"] != 1.0 {
+		t.Fatalf("sent as attempt %v", x.payload["attempt"])
+	}
+	got := e.waitRun(t, r.ID, func(r *vibejobs.Run) bool { return r.State.Finished() })
+	if got.State != vibejobs.RunSucceeded || len(got.Attempts) != 1 || got.Attempts[0].ErrorCode != "" {
+		t.Fatalf("run %s, attempts %+v", got.State, got.Attempts)
+	}
 }

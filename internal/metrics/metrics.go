@@ -33,6 +33,7 @@ type Metrics struct {
 	queue        *queueCollector
 	leases       prometheus.Counter
 	skipped      prometheus.Counter
+	secrets      prometheus.Counter
 	unplannable  prometheus.Gauge
 }
 
@@ -62,11 +63,13 @@ func New() *Metrics {
 			Name: "vibejobs_leases_recovered_total", Help: "Runs whose lease expired, their attempt recorded as interrupted: made claimable again, or ended when past their deadline or their job was deleted."}),
 		skipped: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "vibejobs_skipped_occurrences_total", Help: "Occurrences skipped by catch-up rules, or already past the delivery lifetime when the scheduler reached them."}),
+		secrets: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "vibejobs_secret_unavailable_total", Help: "Claims this process gave back unsent because it could not open their job's secret (sealed under a master key its key file lacks, or corrupt): no attempt is sent or recorded; the run waits 30 s and is claimed again, by any replica, until its delivery lifetime ends."}),
 		unplannable: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "vibejobs_unplannable_jobs", Help: "Due jobs whose schedule this process could not plan at its last scan (a time zone missing from its tzdata), left due for another replica."}),
 	}
 	m.reg.MustRegister(m.runsCreated, m.runsFinished, m.attempts, m.duration, m.lateness,
-		m.queue, m.leases, m.skipped, m.unplannable,
+		m.queue, m.leases, m.skipped, m.secrets, m.unplannable,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
@@ -109,6 +112,10 @@ func (m *Metrics) AttemptFinished(errorCode string, step vibejobs.Step, lateness
 		m.lateness.Observe(max(lateness, 0).Seconds())
 	}
 }
+
+// SecretUnavailable counts a claim given back because its job's secret
+// could not be opened (see dispatcher.Observer).
+func (m *Metrics) SecretUnavailable() { m.secrets.Inc() }
 
 // RunsEnded counts runs that reached a final state, as the store committed
 // them (see vibejobs.RunsEndedNotifier).
