@@ -222,6 +222,34 @@ type RunsEndedNotifier interface {
 	OnRunsEnded(f func(RunsEnded))
 }
 
+// AttemptOutcome is how a recorded attempt left its run: the state the
+// run moved to and the attempt's error code ("" for a 2xx).
+type AttemptOutcome struct {
+	State     RunState
+	ErrorCode string
+}
+
+// AttemptsRecorded counts the attempts RecordOutcomes recorded, by outcome.
+type AttemptsRecorded map[AttemptOutcome]int
+
+// AttemptsRecordedNotifier is a Store that tells of the attempts whose
+// outcome it recorded: after every transaction of RecordOutcomes that
+// recorded attempts commits, it calls f with them, each by the state its
+// run moved to (succeeded, failed, retrying; cancelled for a retrying step
+// of a deleted job's run, failed for one whose next attempt falls after the
+// deadline) and its error code. An outcome dropped for a lost lease is not
+// told of (the process that recovered the run records the attempt as
+// interrupted and sends it again); one committed whose RecordOutcomes
+// failed after the commit is told of once. The attempts RecoverExpiredLeases
+// records as interrupted are not told of. Counted from what committed, as
+// RunsEndedNotifier's, the attempts of a run sum to one per attempt
+// recorded, over every replica.
+type AttemptsRecordedNotifier interface {
+	// OnAttemptsRecorded sets f, for the transactions that commit from
+	// then on. f must be cheap and safe for concurrent use.
+	OnAttemptsRecorded(f func(AttemptsRecorded))
+}
+
 // RunPlan is what the scheduler decided for one due job: the runs to create
 // and where its schedule continues.
 type RunPlan struct {

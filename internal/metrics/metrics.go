@@ -50,7 +50,7 @@ func New() *Metrics {
 			Name: "vibejobs_runs_finished_total", Help: "Runs that reached a final state, by state and reason."},
 			[]string{"state", "reason"}),
 		attempts: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "vibejobs_attempts_total", Help: "Delivery attempts by outcome (succeeded, retrying, failed) and error code."},
+			Name: "vibejobs_attempts_total", Help: "Delivery attempts this process sent whose outcome the database recorded, counted at the commit, by the state the run moved to (succeeded, retrying, failed, or cancelled when its job was deleted meanwhile) and error code. An outcome dropped because the run's lease was lost (another process recovered the run, records the attempt as interrupted and sends it again) is not counted; vibejobs_delivery_duration_seconds counts every attempt sent."},
 			[]string{"outcome", "error_code"}),
 		duration: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name: "vibejobs_delivery_duration_seconds", Help: "Duration of delivery attempts.",
@@ -102,11 +102,11 @@ func (m *Metrics) Skipped(n int64) { m.skipped.Add(float64(n)) }
 // Unplannable sets the number of due jobs the scheduler could not plan.
 func (m *Metrics) Unplannable(n int) { m.unplannable.Set(float64(n)) }
 
-// AttemptFinished records one attempt, by the outcome the dispatcher
-// decided. Whether the run ended is the store's to say (RunsEnded): an
-// outcome may be dropped, or end the run otherwise.
+// AttemptFinished measures one attempt sent: its duration, and the
+// lateness of a first attempt. Its outcome is counted once the store has
+// recorded it (AttemptsRecorded): the outcome decided may be dropped, or
+// recorded otherwise.
 func (m *Metrics) AttemptFinished(errorCode string, step vibejobs.Step, lateness time.Duration, first bool, d time.Duration) {
-	m.attempts.WithLabelValues(string(step.State), errorCode).Inc()
 	m.duration.Observe(d.Seconds())
 	if first {
 		m.lateness.Observe(max(lateness, 0).Seconds())
@@ -116,6 +116,14 @@ func (m *Metrics) AttemptFinished(errorCode string, step vibejobs.Step, lateness
 // SecretUnavailable counts a claim given back because its job's secret
 // could not be opened (see dispatcher.Observer).
 func (m *Metrics) SecretUnavailable() { m.secrets.Inc() }
+
+// AttemptsRecorded counts attempts whose outcome the store committed (see
+// vibejobs.AttemptsRecordedNotifier).
+func (m *Metrics) AttemptsRecorded(a vibejobs.AttemptsRecorded) {
+	for o, n := range a {
+		m.attempts.WithLabelValues(string(o.State), o.ErrorCode).Add(float64(n))
+	}
+}
 
 // RunsEnded counts runs that reached a final state, as the store committed
 // them (see vibejobs.RunsEndedNotifier).

@@ -64,3 +64,43 @@ func TestSubscriptionMetrics(t *testing.T) {
 		t.Errorf("scrape with the store down: %d\n%s", rec.Code, rec.Body)
 	}
 }
+
+// TestAttemptsCountWhatTheStoreRecorded: vibejobs_attempts_total counts
+// the attempts whose outcome the database committed, by the state the run
+// moved to, as the store tells it (vibejobs.AttemptsRecordedNotifier), not
+// the outcome the dispatcher decided when the attempt ended: an outcome
+// whose lease was lost meanwhile is dropped (another replica recovered the
+// run, recorded the attempt as interrupted and sent it again, and counts
+// its own), and a retrying step of a deleted job's run cancels it. Counted
+// as decided, a run sent once more after a lease recovery counted two
+// successes across replicas.
+func TestAttemptsCountWhatTheStoreRecorded(t *testing.T) {
+	m := metrics.New()
+	next := time.Date(2026, 11, 30, 12, 0, 30, 0, time.UTC)
+	// Sent, but not (yet) recorded: measured, not counted.
+	m.AttemptFinished("", vibejobs.Step{State: vibejobs.RunSucceeded}, time.Second, true, 10*time.Millisecond)
+	m.AttemptFinished("http_5xx", vibejobs.Step{State: vibejobs.RunRetrying, NextAttemptAt: &next}, 0, false, 10*time.Millisecond)
+	out := scrape(t, m)
+	if strings.Contains(out, "vibejobs_attempts_total{") {
+		t.Errorf("attempts counted before the store recorded them:\n%s", out)
+	}
+	if !strings.Contains(out, "vibejobs_delivery_duration_seconds_count 2") {
+		t.Errorf("every attempt sent is measured:\n%s", out)
+	}
+	m.AttemptsRecorded(vibejobs.AttemptsRecorded{
+		{State: vibejobs.RunSucceeded}:                        2,
+		{State: vibejobs.RunCancelled, ErrorCode: "http_5xx"}: 1,
+	})
+	out = scrape(t, m)
+	for _, want := range []string{
+		`vibejobs_attempts_total{error_code="",outcome="succeeded"} 2`,
+		`vibejobs_attempts_total{error_code="http_5xx",outcome="cancelled"} 1`,
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("no %s in\n%s", want, out)
+		}
+	}
+	if strings.Contains(out, `outcome="retrying"`) {
+		t.Errorf("the outcome decided is counted:\n%s", out)
+	}
+}
