@@ -44,7 +44,7 @@ func New() *Metrics {
 		reg:        prometheus.NewRegistry(),
 		perProject: prometheus.NewRegistry(),
 		runsCreated: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "vibejobs_runs_created_total", Help: "Runs created, by trigger: schedule (occurrences) or manual."},
+			Name: "vibejobs_runs_created_total", Help: "Runs this process created, counted when the database committed them, by trigger: schedule (occurrences, created up to 2 s ahead of their time) or manual. A schedule run withdrawn before its time by a pause or a schedule change is deleted unsent and never reaches vibejobs_runs_finished_total, and its occurrence counts again if a resume creates it again."},
 			[]string{"trigger"}),
 		runsFinished: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "vibejobs_runs_finished_total", Help: "Runs that reached a final state, by state and reason."},
@@ -86,7 +86,8 @@ func (m *Metrics) InstallationHandler() http.Handler {
 	return promhttp.HandlerFor(prometheus.Gatherers{m.reg, m.perProject}, promhttp.HandlerOpts{})
 }
 
-// RunsCreated counts runs created by the scheduler.
+// RunsCreated counts runs the scheduler created (committed): withdrawn
+// ones deleted later by a pause or a schedule change included.
 func (m *Metrics) RunsCreated(n int) {
 	m.runsCreated.WithLabelValues(string(vibejobs.TriggerSchedule)).Add(float64(n))
 }
