@@ -347,14 +347,10 @@ func (m *Main) Run(ctx context.Context) error {
 	if m.WrapDispatchStore != nil {
 		dispStore = m.WrapDispatchStore(store)
 	}
-	obs := observers{met}
 	if n, ok := store.(vibejobs.AttemptsRecordedNotifier); ok {
 		n.OnAttemptsRecorded(met.AttemptsRecorded)
-	} else {
-		// A store that cannot tell what it recorded: count each attempt
-		// by the outcome decided, dropped or not (see decidedAttempts).
-		obs = append(obs, decidedAttempts{met})
 	}
+	obs := observers{met}
 	if m.Observer != nil {
 		obs = append(obs, m.Observer)
 	}
@@ -606,18 +602,6 @@ func (w wakeAfterRecord) RecordOutcomes(ctx context.Context, owner string, outco
 	}
 	return err
 }
-
-// decidedAttempts counts, for a store that is no
-// vibejobs.AttemptsRecordedNotifier, each attempt by the outcome the
-// dispatcher decided, as the store's report would if it recorded every
-// outcome as decided: it also counts outcomes the store dropped.
-type decidedAttempts struct{ m *metrics.Metrics }
-
-func (o decidedAttempts) AttemptFinished(code string, step vibejobs.Step, _ time.Duration, _ bool, _ time.Duration) {
-	o.m.AttemptsRecorded(vibejobs.AttemptsRecorded{{State: step.State, ErrorCode: code}: 1})
-}
-
-func (decidedAttempts) SecretUnavailable() {}
 
 // observers fans dispatcher events out to several observers.
 type observers []dispatcher.Observer

@@ -101,9 +101,12 @@ type Store struct {
 	queue *pgxpool.Pool
 	// onEnded is told of the runs each transaction ended (OnRunsEnded).
 	onEnded atomic.Pointer[func(vibejobs.RunsEnded)]
-	logger  *slog.Logger
-	now     func() time.Time
-	schema  string
+	// onAttempts is told of the attempts each RecordOutcomes statement
+	// recorded (OnAttemptsRecorded).
+	onAttempts atomic.Pointer[func(vibejobs.AttemptsRecorded)]
+	logger     *slog.Logger
+	now        func() time.Time
+	schema     string
 	// connConfig makes the dedicated connections of Notifications.
 	connConfig *pgx.ConnConfig
 
@@ -369,6 +372,9 @@ func (s *Store) update(ctx context.Context, fn func(tx vibejobs.Tx) error) error
 
 // OnRunsEnded implements vibejobs.RunsEndedNotifier.
 func (s *Store) OnRunsEnded(f func(vibejobs.RunsEnded)) { s.onEnded.Store(&f) }
+
+// OnAttemptsRecorded implements vibejobs.AttemptsRecordedNotifier.
+func (s *Store) OnAttemptsRecorded(f func(vibejobs.AttemptsRecorded)) { s.onAttempts.Store(&f) }
 
 // ended tells the OnRunsEnded function of e, runs a committed transaction
 // ended.

@@ -2,6 +2,7 @@ package postgres
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"slices"
 	"strconv"
@@ -438,7 +439,8 @@ var recordSQL = `WITH o AS (
 		failure_reason AS reason, number AS attempt, error_code, status_code, next_attempt_at AS next_at
 	FROM moved
 )` + appendEventsTail + `
-SELECT ` + endedSQL
+SELECT ` + endedSQL + `, (SELECT json_agg(json_build_object('s', a.state, 'e', a.error_code, 'n', a.n)) FROM (
+	SELECT state, error_code, count(*) AS n FROM moved GROUP BY state, error_code) a)`
 
 // RecordOutcomes records each outcome's attempt and moves its run to the
 // outcome's step, in one statement, for the runs still delivering under
@@ -486,11 +488,38 @@ func (s *Store) recordOutcomes(ctx context.Context, q querier, owner string, out
 	if err != nil {
 		return err
 	}
-	var value []byte
-	if err := q.QueryRow(ctx, recordSQL, args...).Scan(&value); err != nil {
+	var value, attempts []byte
+	if err := q.QueryRow(ctx, recordSQL, args...).Scan(&value, &attempts); err != nil {
 		return mapError(err, "recording outcomes")
 	}
+	if err := s.attemptsRecorded(attempts); err != nil {
+		return err
+	}
 	return addEnded(ended, value)
+}
+
+// attemptsRecorded tells the OnAttemptsRecorded function of the attempts
+// a committed recordSQL statement recorded, from its second value: a
+// JSON array of {s: the state the run moved to, e: error code, n: count}.
+func (s *Store) attemptsRecorded(value []byte) error {
+	f := s.onAttempts.Load()
+	if f == nil || value == nil {
+		return nil
+	}
+	var counts []struct {
+		S string `json:"s"`
+		E string `json:"e"`
+		N int    `json:"n"`
+	}
+	if err := json.Unmarshal(value, &counts); err != nil {
+		return fmt.Errorf("postgres: decoding the attempts a statement recorded: %w", err)
+	}
+	a := make(vibejobs.AttemptsRecorded, len(counts))
+	for _, c := range counts {
+		a[vibejobs.AttemptOutcome{State: vibejobs.RunState(c.S), ErrorCode: c.E}] += c.N
+	}
+	(*f)(a)
+	return nil
 }
 
 // recordArgs are the arguments of recordSQL for owner's outcomes.

@@ -415,11 +415,12 @@ func recordRound(ctx context.Context, t wtx, owner string, outcomes []*vibejobs.
 	}
 	defer ends.Close()
 	for ends.Next() {
-		var state, reason string
-		if err := ends.Scan(&state, &reason); err != nil {
+		var state, reason, code string
+		if err := ends.Scan(&state, &reason, &code); err != nil {
 			return fmt.Errorf("appending run events: %w", err)
 		}
 		t.ended.Add(vibejobs.RunState(state), reason, 1)
+		t.attempts[vibejobs.AttemptOutcome{State: vibejobs.RunState(state), ErrorCode: code}]++
 	}
 	if err := ends.Err(); err != nil {
 		return fmt.Errorf("appending run events: %w", err)
@@ -461,7 +462,7 @@ const recordEventsSQL = `INSERT INTO events (project_id, sequence, type, occurre
 		FROM attempts a CROSS JOIN runs r ON r.seq = a.run_seq
 		WHERE a.id > ?1
 		ORDER BY a.id
-		RETURNING state, reason`
+		RETURNING state, reason, error_code`
 
 // applyAdvanceSQL advances the jobs of a round of plans that are still at
 // their From and Anchor.

@@ -56,6 +56,9 @@ type Store struct {
 	prepared map[string]*sql.Stmt
 	// onEnded is told of the runs each transaction ended (OnRunsEnded).
 	onEnded atomic.Pointer[func(vibejobs.RunsEnded)]
+	// onAttempts is told of the attempts each transaction recorded from
+	// outcomes (OnAttemptsRecorded).
+	onAttempts atomic.Pointer[func(vibejobs.AttemptsRecorded)]
 	// committed is when a write last committed, by now, in Unix ns: 0
 	// before the first and after a write the database could not take
 	// (see noteWrite). Ping trusts a recent one instead of writing.
@@ -307,8 +310,8 @@ func (s *Store) write(ctx context.Context, fn func(wtx) error) (err error) {
 	if err != nil {
 		return unavailable(fmt.Errorf("sqlite: beginning transaction: %w", err))
 	}
-	ended := vibejobs.RunsEnded{}
-	if err := fn(wtx{Tx: t, prepared: s.prepared, ended: ended}); err != nil {
+	ended, attempts := vibejobs.RunsEnded{}, vibejobs.AttemptsRecorded{}
+	if err := fn(wtx{Tx: t, prepared: s.prepared, ended: ended, attempts: attempts}); err != nil {
 		_ = t.Rollback()
 		return unavailable(err)
 	}
@@ -317,6 +320,9 @@ func (s *Store) write(ctx context.Context, fn func(wtx) error) (err error) {
 	}
 	if f := s.onEnded.Load(); f != nil && len(ended) > 0 {
 		(*f)(ended)
+	}
+	if f := s.onAttempts.Load(); f != nil && len(attempts) > 0 {
+		(*f)(attempts)
 	}
 	return nil
 }
@@ -337,6 +343,9 @@ func (s *Store) noteWrite(err error) {
 // OnRunsEnded implements vibejobs.RunsEndedNotifier.
 func (s *Store) OnRunsEnded(f func(vibejobs.RunsEnded)) { s.onEnded.Store(&f) }
 
+// OnAttemptsRecorded implements vibejobs.AttemptsRecordedNotifier.
+func (s *Store) OnAttemptsRecorded(f func(vibejobs.AttemptsRecorded)) { s.onAttempts.Store(&f) }
+
 // wtx is a write transaction that runs the statements prepared at Open
 // without parsing them again.
 type wtx struct {
@@ -345,6 +354,9 @@ type wtx struct {
 	// ended counts the runs the transaction ended: every statement that
 	// ends runs appends their events, and counts them as it does.
 	ended vibejobs.RunsEnded
+	// attempts counts the attempts the transaction recorded from outcomes,
+	// by the state their run moved to (recordRound).
+	attempts vibejobs.AttemptsRecorded
 }
 
 func (t wtx) ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error) {

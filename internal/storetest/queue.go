@@ -1108,3 +1108,64 @@ func testRunsEnded(t *testing.T, f *fixture) {
 	}
 	want("expired runs failed", vibejobs.RunsEnded{expired: 2})
 }
+
+// testAttemptsRecorded: the store tells, after each commit, of exactly the
+// attempts it recorded from outcomes, by the state their run moved to and
+// their error code: not an outcome dropped for a lost lease, a retrying
+// step of a deleted job's run as cancelled, one past the run's deadline as
+// failed, and not the interrupted attempts of recovered leases.
+func testAttemptsRecorded(t *testing.T, f *fixture) {
+	notifier, ok := f.s.(vibejobs.AttemptsRecordedNotifier)
+	if !ok {
+		t.Fatal("the store does not implement vibejobs.AttemptsRecordedNotifier")
+	}
+	var mu sync.Mutex
+	got := vibejobs.AttemptsRecorded{}
+	notifier.OnAttemptsRecorded(func(a vibejobs.AttemptsRecorded) {
+		mu.Lock()
+		defer mu.Unlock()
+		for k, v := range a {
+			got[k] += v
+		}
+	})
+	want := func(what string, w vibejobs.AttemptsRecorded) {
+		t.Helper()
+		mu.Lock()
+		g := got
+		got = vibejobs.AttemptsRecorded{}
+		mu.Unlock()
+		wantEqual(t, what, g, w)
+	}
+	ok200 := vibejobs.AttemptOutcome{State: vibejobs.RunSucceeded}
+	retried := vibejobs.AttemptOutcome{State: vibejobs.RunRetrying, ErrorCode: "http_5xx"}
+
+	f.projects()
+	j := f.job(projectA)
+	c1, c2, c3, c4 := f.claimOne(j, "w"), f.claimOne(j, "w"), f.claimOne(j, "w"), f.claimOne(j, "w")
+	c5, c6 := f.claimOne(j, "w"), f.claimOne(j, "w")
+	at := c1.Run.ScheduledFor
+	f.record("w", succeeded(c1, at, at), failed(c2, at, at, 401, vibejobs.ReasonAppRejected),
+		retrying(c3, at, at, at.Add(20*time.Hour)), retrying(c5, at, at, at.Add(20*time.Hour)))
+	want("recorded outcomes", vibejobs.AttemptsRecorded{ok200: 1, retried: 2,
+		{State: vibejobs.RunFailed, ErrorCode: "http_4xx"}: 1})
+	f.record("intruder", succeeded(c4, at, at))
+	want("an outcome that lost its lease", vibejobs.AttemptsRecorded{})
+	f.record("w", succeeded(c4, at, at))
+	want("the outcome of the lease", vibejobs.AttemptsRecorded{ok200: 1})
+	// A retry due after the run's deadline ends the run instead.
+	f.record("w", retrying(c6, at, at, c6.Run.DeadlineAt.Add(time.Second)))
+	want("a retry past the deadline", vibejobs.AttemptsRecorded{{State: vibejobs.RunFailed, ErrorCode: "http_5xx"}: 1})
+
+	gone := f.job(projectA)
+	inFlight := f.claimOne(gone, "w")
+	f.update(func(tx vibejobs.Tx) error { return tx.DeleteJob(f.ctx, projectA, gone.ID, T0) })
+	at = inFlight.Run.ScheduledFor
+	f.record("w", retrying(inFlight, at, at, at.Add(time.Minute)))
+	want("a retrying outcome of a deleted job's run", vibejobs.AttemptsRecorded{{State: vibejobs.RunCancelled, ErrorCode: "http_5xx"}: 1})
+
+	f.claimOne(j, "w") // never recorded: its lease expires
+	if n, err := f.s.RecoverExpiredLeases(f.ctx, T0.Add(time.Hour), 10); err != nil || n != 1 {
+		t.Fatalf("RecoverExpiredLeases = %d, %v", n, err)
+	}
+	want("a recovered lease", vibejobs.AttemptsRecorded{})
+}

@@ -85,6 +85,7 @@ func Run(t *testing.T, open func(t *testing.T) vibejobs.Store) {
 		{"NextDueAt", testNextDueAt},
 		{"QueueStats", testQueueStats},
 		{"RunsEnded", testRunsEnded},
+		{"AttemptsRecorded", testAttemptsRecorded},
 
 		{"FailExpiredRuns", testFailExpiredRuns},
 		{"PruneRuns", testPruneRuns},
