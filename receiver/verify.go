@@ -152,18 +152,61 @@ func (v *Verifier) Verify(signature string, body []byte) error {
 	return contract.VerifyAny(keys[:], signature, body, now.Unix())
 }
 
-// VerifyHeaders checks the headers of a delivery as received by a net/http
-// server, whose Header map holds one entry per physical header line: exactly
-// one X-Vibe-Caller-Kind line with the value "schedule" and exactly one
-// Vibe-Signature line, which must verify against body.
+// VerifyHeaders checks the headers of a delivery: exactly one
+// X-Vibe-Caller-Kind value, equal to "schedule", and exactly one
+// Vibe-Signature value, which must verify against body.
+//
+// Header names are case-insensitive on the wire, so h may spell them in any
+// ASCII case: a map built by hand or converted from another framework
+// ("vibe-signature", "VIBE-SIGNATURE") is read like the canonical one net/http
+// builds. Each value in h counts as one physical header line, under whatever
+// spellings of the name it is filed: two values in total are a repeated
+// header and are rejected. Values are compared exactly; a value that a proxy
+// or framework joined from several lines ("a, b") does not verify.
 func (v *Verifier) VerifyHeaders(h http.Header, body []byte) error {
-	caller := h[contract.HeaderCallerKind]
-	if len(caller) != 1 || caller[0] != contract.CallerKindSchedule {
+	caller, n := headerLines(h, contract.HeaderCallerKind)
+	if n != 1 || caller != contract.CallerKindSchedule {
 		return ErrCallerKind
 	}
-	sig := h[contract.HeaderSignature]
-	if len(sig) != 1 {
+	sig, n := headerLines(h, contract.HeaderSignature)
+	if n != 1 {
 		return ErrSignatureHeader
 	}
-	return v.Verify(sig[0], body)
+	return v.Verify(sig, body)
+}
+
+// headerLines returns how many values h holds for name, under any ASCII case
+// of it, and the first of them. It does not fold non-ASCII letters: a header
+// name is an ASCII token, and Unicode folding would let "\u212a" (the Kelvin
+// sign) stand for "k".
+func headerLines(h http.Header, name string) (first string, n int) {
+	for k, vs := range h {
+		if len(vs) == 0 || !asciiEqualFold(k, name) {
+			continue
+		}
+		if n == 0 {
+			first = vs[0]
+		}
+		n += len(vs)
+	}
+	return first, n
+}
+
+func asciiEqualFold(a, b string) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := 0; i < len(a); i++ {
+		if lowerASCII(a[i]) != lowerASCII(b[i]) {
+			return false
+		}
+	}
+	return true
+}
+
+func lowerASCII(c byte) byte {
+	if 'A' <= c && c <= 'Z' {
+		return c + ('a' - 'A')
+	}
+	return c
 }

@@ -263,6 +263,17 @@ func TestVerifyHeaders(t *testing.T) {
 		{"no signature", http.Header{"X-Vibe-Caller-Kind": {"schedule"}}, receiver.ErrSignatureHeader},
 		{"signature twice", http.Header{"X-Vibe-Caller-Kind": {"schedule"}, "Vibe-Signature": {vectorHeader, vectorHeader}}, receiver.ErrSignatureHeader},
 		{"signature joined", http.Header{"X-Vibe-Caller-Kind": {"schedule"}, "Vibe-Signature": {vectorHeader + ", " + vectorHeader}}, contract.ErrMalformedSignature},
+		// Header names are case-insensitive on the wire; a map built by hand
+		// or converted from another framework need not hold canonical keys.
+		{"lowercase names", http.Header{"x-vibe-caller-kind": {"schedule"}, "vibe-signature": {vectorHeader}}, nil},
+		{"uppercase names", http.Header{"X-VIBE-CALLER-KIND": {"schedule"}, "VIBE-SIGNATURE": {vectorHeader}}, nil},
+		// One line under each spelling is still two lines.
+		{"signature under two spellings", http.Header{"X-Vibe-Caller-Kind": {"schedule"}, "Vibe-Signature": {vectorHeader}, "vibe-signature": {vectorHeader}}, receiver.ErrSignatureHeader},
+		{"caller under two spellings", http.Header{"X-Vibe-Caller-Kind": {"schedule"}, "x-vibe-caller-kind": {"schedule"}, "Vibe-Signature": {vectorHeader}}, receiver.ErrCallerKind},
+		// Only ASCII letters fold: U+212A (the Kelvin sign) folds to "k" in
+		// Unicode but is not a header name character.
+		{"caller name with a Kelvin sign", http.Header{"X-Vibe-Caller-\u212aind": {"schedule"}, "Vibe-Signature": {vectorHeader}}, receiver.ErrCallerKind},
+		{"empty value list", http.Header{"X-Vibe-Caller-Kind": {"schedule"}, "Vibe-Signature": {}, "vibe-signature": {vectorHeader}}, nil},
 	}
 	for _, c := range cases {
 		if err := v.VerifyHeaders(c.h, body); !errors.Is(err, c.want) || (c.want == nil) != (err == nil) {
