@@ -29,30 +29,46 @@ type Config struct {
 	// for as long as the connection stays open: set ReadHeaderTimeout and
 	// ReadTimeout on the http.Server in any case.
 	BodyReadTimeout time.Duration
+	// AcceptTimeout (NewHandler only) bounds the store's acceptance of one
+	// verified delivery: waiting for a connection, the transaction and its
+	// commit. Zero means DefaultAcceptTimeout. The acceptance runs under a
+	// context detached from the request's cancellation, so this is its only
+	// deadline.
+	AcceptTimeout time.Duration
 	// Logger receives one line per answered delivery, with the run id once the
 	// body is verified and valid, never the secret, the signature or the body.
 	// Nil means slog.Default().
 	Logger *slog.Logger
 }
 
+// DefaultAcceptTimeout is the default Config.AcceptTimeout: the longest
+// attempt timeout the platform allows. A store slower than that is treated as
+// unavailable (503), and the platform retries.
+const DefaultAcceptTimeout = 30 * time.Second
+
 // Handler answers deliveries. See [NewHandler] and [NewMiddleware].
 type Handler struct {
-	verifier    *Verifier
-	jobIDs      map[string]struct{}
-	bodyTimeout time.Duration
-	log         *slog.Logger
-	store       Store        // set by NewHandler
-	next        http.Handler // set by NewMiddleware
+	verifier      *Verifier
+	jobIDs        map[string]struct{}
+	bodyTimeout   time.Duration
+	acceptTimeout time.Duration
+	log           *slog.Logger
+	store         Store        // set by NewHandler
+	next          http.Handler // set by NewMiddleware
 }
 
 func newHandler(cfg Config) (*Handler, error) {
 	if cfg.Verifier == nil {
 		return nil, errors.New("receiver: Config.Verifier is required")
 	}
+	if cfg.AcceptTimeout < 0 {
+		return nil, errors.New("receiver: Config.AcceptTimeout is negative")
+	}
 	h := &Handler{
-		verifier:    cfg.Verifier,
-		bodyTimeout: cfg.BodyReadTimeout,
-		log:         cmp.Or(cfg.Logger, slog.Default()),
+		verifier:      cfg.Verifier,
+		bodyTimeout:   cfg.BodyReadTimeout,
+		acceptTimeout: cmp.Or(cfg.AcceptTimeout, DefaultAcceptTimeout),
+		log:           cmp.Or(cfg.Logger, slog.Default()),
 	}
 	if len(cfg.JobIDs) > 0 {
 		h.jobIDs = make(map[string]struct{}, len(cfg.JobIDs))
@@ -82,9 +98,15 @@ func newHandler(cfg Config) (*Handler, error) {
 //     repeated delivery of a run. A store error is answered 503, a stored
 //     response that is not 2xx 500: never 2xx without a commit.
 //
-// Other methods get 405. The request's context is passed to the store, so a
-// client that disconnects cancels an acceptance that has not committed yet (the
-// platform retries, and the retry finds the receipt if the commit happened).
+// Other methods get 405.
+//
+// Once a delivery is verified and valid, its acceptance does not depend on the
+// request's context: the store gets a context that keeps the request's values
+// but not its cancellation, bounded by Config.AcceptTimeout. A client that
+// disconnects, an HTTP/2 stream reset or a deadline set by middleware such as
+// http.TimeoutHandler therefore neither rolls back nor cuts short a commit
+// that the app has started; when the answer cannot reach the platform, its
+// retry finds the receipt and gets the stored 2xx.
 func NewHandler(cfg Config, store Store) (*Handler, error) {
 	if store == nil {
 		return nil, errors.New("receiver: a Store is required")
@@ -100,7 +122,10 @@ func NewHandler(cfg Config, store Store) (*Handler, error) {
 // NewMiddleware returns a handler that does steps 1–3 of [NewHandler] and then
 // calls next with the verified request: its Body rereads the exact raw bytes
 // and [PayloadFromContext] returns the parsed payload. next is responsible for
-// durable deduplication on the run id.
+// durable deduplication on the run id, and should commit it under a context
+// detached from the request's cancellation (context.WithoutCancel with its own
+// timeout), as NewHandler does, so that a client leaving mid-commit does not
+// cut short work the app has started.
 func NewMiddleware(cfg Config, next http.Handler) (*Handler, error) {
 	if next == nil {
 		return nil, errors.New("receiver: a next handler is required")
@@ -185,7 +210,8 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 }
 
 func (h *Handler) accept(w http.ResponseWriter, r *http.Request, p contract.Payload, body []byte) {
-	ctx := r.Context()
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), h.acceptTimeout)
+	defer cancel()
 	status, resp, err := h.store.Accept(ctx, p.RunID, body)
 	if err != nil {
 		h.log.LogAttrs(ctx, slog.LevelError, "delivery not accepted: store failed",

@@ -25,20 +25,27 @@ import (
 
 // memStore is an in-memory receiver.Store for handler tests.
 type memStore struct {
-	mu      sync.Mutex
-	runs    map[string][]byte
-	calls   atomic.Int32
-	err     error
-	status  int
-	entered chan struct{} // when set, Accept announces itself and waits for ctx
+	mu     sync.Mutex
+	runs   map[string][]byte
+	calls  atomic.Int32
+	err    error
+	status int
+	// before, when set, runs as Accept is entered, with Accept's context.
+	before func(ctx context.Context)
+	ctxErr error // ctx.Err() seen after before
 }
 
+// Accept commits nothing under a done context, as a database driver would.
 func (m *memStore) Accept(ctx context.Context, runID string, payload []byte) (int, []byte, error) {
 	m.calls.Add(1)
-	if m.entered != nil {
-		m.entered <- struct{}{}
-		<-ctx.Done()
-		return 0, nil, ctx.Err()
+	if m.before != nil {
+		m.before(ctx)
+	}
+	m.mu.Lock()
+	m.ctxErr = ctx.Err()
+	m.mu.Unlock()
+	if err := ctx.Err(); err != nil {
+		return 0, nil, err
 	}
 	if m.err != nil {
 		return 0, nil, m.err
@@ -565,9 +572,18 @@ func TestHandlerClientDisconnects(t *testing.T) {
 			t.Fatal("a partial body reached the store")
 		}
 	})
+	// A delivery that was verified and handed to the store is committed even
+	// though the client leaves (and net/http cancels the request's context)
+	// while the store works: the platform's retry then finds the receipt.
 	t.Run("during acceptance", func(t *testing.T) {
-		store := &memStore{entered: make(chan struct{}, 1)}
-		ts := startServer(t, newTestHandler(t, store, nil), nil)
+		entered, release := make(chan struct{}, 1), make(chan struct{})
+		store := &memStore{before: func(context.Context) { entered <- struct{}{}; <-release }}
+		reqCtx := make(chan context.Context, 1)
+		h := newTestHandler(t, store, nil)
+		ts := startServer(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			reqCtx <- r.Context()
+			h.ServeHTTP(w, r)
+		}), nil)
 		conn, err := net.Dial("tcp", ts.addr())
 		if err != nil {
 			t.Fatal(err)
@@ -575,13 +591,104 @@ func TestHandlerClientDisconnects(t *testing.T) {
 		fmt.Fprintf(conn, "POST / HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n%s\r\n\r\n%s",
 			len(vectorBody), strings.Join(signedLines(vectorBody), "\r\n"), vectorBody)
 		select {
-		case <-store.entered:
+		case <-entered:
 		case <-time.After(5 * time.Second):
 			t.Fatal("the store was not reached")
 		}
-		conn.Close() // the store only returns once the request's context ends
+		conn.Close()
+		select {
+		case <-(<-reqCtx).Done():
+		case <-time.After(5 * time.Second):
+			t.Fatal("the server did not cancel the request's context after the client left")
+		}
+		close(release)
 		ts.waitReturn(t, 5*time.Second)
+		assertCommitted(t, store, "run_vector")
 	})
+}
+
+func assertCommitted(t *testing.T, store *memStore, runID string) {
+	t.Helper()
+	store.mu.Lock()
+	defer store.mu.Unlock()
+	if store.ctxErr != nil {
+		t.Fatalf("the store's context was done: %v", store.ctxErr)
+	}
+	if _, ok := store.runs[runID]; !ok {
+		t.Fatal("the verified delivery was not committed")
+	}
+}
+
+// An app that wraps the handler in http.TimeoutHandler (or any middleware
+// with a deadline) cancels the request's context when the deadline passes. A
+// delivery already handed to the store must still commit: the platform's
+// retry of the timed-out attempt then finds the receipt instead of new work
+// that was rolled back.
+func TestHandlerAcceptOutlivesTimeoutHandler(t *testing.T) {
+	reqCtx := make(chan context.Context, 1)
+	store := &memStore{before: func(context.Context) { <-(<-reqCtx).Done() }}
+	h := newTestHandler(t, store, nil)
+	returned := make(chan struct{})
+	th := http.TimeoutHandler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		defer close(returned)
+		reqCtx <- r.Context()
+		h.ServeHTTP(w, r)
+	}), time.Millisecond, "timeout")
+	req := httptest.NewRequest(http.MethodPost, "/", strings.NewReader(vectorBody))
+	req.Header.Set(contract.HeaderCallerKind, contract.CallerKindSchedule)
+	req.Header.Set(contract.HeaderSignature, vectorHeader)
+	th.ServeHTTP(httptest.NewRecorder(), req)
+	<-returned
+	assertCommitted(t, store, "run_vector")
+}
+
+// The store's context is detached from the request's cancellation but keeps
+// its values and is bounded by Config.AcceptTimeout.
+func TestHandlerAcceptContext(t *testing.T) {
+	type key struct{}
+	for _, c := range []struct {
+		name    string
+		timeout time.Duration
+		want    time.Duration
+	}{
+		{"default", 0, receiver.DefaultAcceptTimeout},
+		{"configured", time.Hour, time.Hour},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			ctx, cancel := context.WithCancel(context.WithValue(context.Background(), key{}, "trace"))
+			defer cancel()
+			var deadline time.Time
+			var hasDeadline bool
+			var value any
+			// cancel as the store is entered: the client left, or a server or
+			// handler timeout fired, after the delivery was verified.
+			store := &memStore{before: func(ctx context.Context) {
+				cancel()
+				deadline, hasDeadline = ctx.Deadline()
+				value = ctx.Value(key{})
+			}}
+			h := newTestHandler(t, store, func(cfg *receiver.Config) { cfg.AcceptTimeout = c.timeout })
+			req, _ := http.NewRequestWithContext(ctx, http.MethodPost, "/", strings.NewReader(vectorBody))
+			req.Header.Set(contract.HeaderCallerKind, contract.CallerKindSchedule)
+			req.Header.Set(contract.HeaderSignature, vectorHeader)
+			start := time.Now()
+			rec := httptest.NewRecorder()
+			h.ServeHTTP(rec, req)
+			if rec.Code != http.StatusAccepted {
+				t.Fatalf("got %d %s, want 202", rec.Code, rec.Body)
+			}
+			assertCommitted(t, store, "run_vector")
+			if !hasDeadline || deadline.Before(start.Add(c.want)) || deadline.After(time.Now().Add(c.want)) {
+				t.Fatalf("store's deadline %v (set: %v), want %v after the call", deadline, hasDeadline, c.want)
+			}
+			if value != "trace" {
+				t.Fatalf("store's context lost the request's values: %v", value)
+			}
+		})
+	}
+	if _, err := receiver.NewHandler(receiver.Config{Verifier: mustVerifier(t, receiver.Secrets{Current: vectorSecret}, nil), AcceptTimeout: -1}, &memStore{}); err == nil {
+		t.Fatal("NewHandler accepted a negative AcceptTimeout")
+	}
 }
 
 // Whatever happens, the logs hold neither the secret, nor the signature, nor

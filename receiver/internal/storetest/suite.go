@@ -45,6 +45,7 @@ func Run(t *testing.T, h Harness) {
 	t.Run("AcceptNewThenRepeat", func(t *testing.T) { testAcceptNewThenRepeat(t, h) })
 	t.Run("AcceptRollsBackOnError", func(t *testing.T) { testAcceptRollsBack(t, h) })
 	t.Run("AcceptCancelled", func(t *testing.T) { testAcceptCancelled(t, h) })
+	t.Run("HandlerCommitsAfterRequestCancelled", func(t *testing.T) { testHandlerCommitsAfterRequestCancelled(t, h) })
 	t.Run("ConcurrentDeliveries", func(t *testing.T) { testConcurrentDeliveries(t, h) })
 	t.Run("RedeliveryAfterProcessing", func(t *testing.T) { testRedeliveryAfterProcessing(t, h) })
 	t.Run("ClaimLeaseCompleteFail", func(t *testing.T) { testClaimLease(t, h) })
@@ -98,6 +99,44 @@ func testAcceptCancelled(t *testing.T, h Harness) {
 		t.Fatalf("Accept(cancelled) = %d %v, want an error", status, err)
 	}
 	mustAccept(t, s, "run_c")
+}
+
+// cancelOnAccept cancels the request's context as the handler hands a
+// verified delivery to the store, then accepts through the real store.
+type cancelOnAccept struct {
+	Store
+	cancel context.CancelFunc
+}
+
+func (c cancelOnAccept) Accept(ctx context.Context, runID string, payload []byte) (int, []byte, error) {
+	c.cancel()
+	return c.Store.Accept(ctx, runID, payload)
+}
+
+// The request's context ends (the client left, a timeout middleware fired)
+// just as the handler starts the acceptance: the store, which honours its
+// context (AcceptCancelled), must still commit the receipt and the item, and
+// the handler answer 202.
+func testHandlerCommitsAfterRequestCancelled(t *testing.T, h Harness) {
+	s, _ := h.New(t)
+	v, err := receiver.NewVerifier(receiver.Secrets{Current: Secret}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	handler, err := receiver.NewHandler(receiver.Config{Verifier: v, Logger: discardLogger()}, cancelOnAccept{s, cancel})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := httptest.NewRecorder()
+	handler.ServeHTTP(rec, NewRequest(t, "/", Secret, Body("run_cancel"), time.Now()).WithContext(ctx))
+	if rec.Code != receiver.AcceptedStatus || rec.Body.String() != receiver.AcceptedBody {
+		t.Fatalf("got %d %s, want %d %s", rec.Code, rec.Body, receiver.AcceptedStatus, receiver.AcceptedBody)
+	}
+	if st := h.Inspect(t, s, "run_cancel"); !st.Accepted || st.Items != 1 {
+		t.Fatalf("after the answer: %+v", st)
+	}
 }
 
 // 100 concurrent deliveries of one run through the real handler: one outbox
