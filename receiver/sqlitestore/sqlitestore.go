@@ -13,6 +13,7 @@ package sqlitestore
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"net/url"
 	"time"
@@ -30,7 +31,8 @@ const BusyTimeout = 10 * time.Second
 
 // Store implements receiver.Store, receiver.Outbox and receiver.RetentionStore.
 type Store struct {
-	db *sql.DB
+	db    *sql.DB // the store's own single connection
+	appDB *sql.DB // returned by DB, never used by the store
 }
 
 var (
@@ -48,7 +50,8 @@ func Open(ctx context.Context, path string) (*Store, error) {
 	q.Add("_pragma", "journal_mode(WAL)")
 	q.Add("_pragma", "synchronous(FULL)")
 	q.Add("_pragma", "foreign_keys(1)")
-	db, err := sql.Open("sqlite", "file:"+path+"?"+q.Encode())
+	dsn := "file:" + path + "?" + q.Encode()
+	db, err := sql.Open("sqlite", dsn)
 	if err != nil {
 		return nil, fmt.Errorf("sqlitestore: opening: %w", err)
 	}
@@ -56,19 +59,38 @@ func Open(ctx context.Context, path string) (*Store, error) {
 	// connection lets this process queue its transactions in Go instead of in
 	// SQLite's sleeping busy handler. Other processes wait in the busy handler.
 	db.SetMaxOpenConns(1)
-	s := &Store{db: db}
-	if err := s.Migrate(ctx); err != nil {
+	// The app gets its own pool: sharing the store's only connection would let
+	// an app transaction or unclosed rows stall (or, if the app waits for the
+	// store meanwhile, deadlock) every acceptance and claim, and let the app's
+	// session state (a PRAGMA, a stray BEGIN) reach the store's writes.
+	appDB, err := sql.Open("sqlite", dsn)
+	if err != nil {
 		db.Close()
+		return nil, fmt.Errorf("sqlitestore: opening: %w", err)
+	}
+	s := &Store{db: db, appDB: appDB}
+	if err := s.Migrate(ctx); err != nil {
+		s.Close()
 		return nil, err
 	}
 	return s, nil
 }
 
-// DB returns the underlying database, for the app's own queries.
-func (s *Store) DB() *sql.DB { return s.db }
+// DB returns a handle on the store's database file for the app's own tables
+// and queries. It is a pool of its own: the store writes on a separate
+// connection, so the app's transactions, open rows and session settings
+// (PRAGMAs) neither hold nor change it. Its connections are set up like the
+// store's (WAL, busy timeout BusyTimeout, foreign keys, full synchronous
+// commits), and every transaction that is not ReadOnly begins IMMEDIATE:
+// it holds the database's single write lock until it ends, and a store write
+// (an acceptance, a claim) waits for it at most BusyTimeout and then fails,
+// which the handler answers 503 and the platform retries. Keep write
+// transactions short, read in ReadOnly transactions or outside one, and never
+// wait for the store inside a write transaction. Close closes it.
+func (s *Store) DB() *sql.DB { return s.appDB }
 
-// Close closes the database.
-func (s *Store) Close() error { return s.db.Close() }
+// Close closes the store's connection and the pool returned by DB.
+func (s *Store) Close() error { return errors.Join(s.db.Close(), s.appDB.Close()) }
 
 // now is SQLite's current time in the store's layout.
 const nowSQL = `(strftime('%Y-%m-%dT%H:%M:%fZ', 'now'))`

@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/vibejobs/vibejobs/receiver/internal/storetest"
 	"github.com/vibejobs/vibejobs/receiver/sqlitestore"
@@ -103,6 +104,7 @@ func dbPath(t *testing.T, db *sql.DB) string {
 // Writers start with BEGIN IMMEDIATE: a transaction holds the write lock from
 // its BEGIN, so another process's writer waits (or, with no busy timeout,
 // fails at once) instead of both reading first and one failing on upgrade.
+// DB's pool is opened with the store's own DSN, so its transactions show it.
 func TestTransactionsBeginImmediate(t *testing.T) {
 	s, path := newStore(t)
 	tx, err := s.(*sqlitestore.Store).DB().BeginTx(context.Background(), nil)
@@ -121,5 +123,60 @@ func TestTransactionsBeginImmediate(t *testing.T) {
 	tx.Rollback()
 	if _, err := other.Exec(`BEGIN IMMEDIATE; ROLLBACK`); err != nil {
 		t.Fatalf("after the store's transaction ended: %v", err)
+	}
+}
+
+// The app's queries on DB() must not hold up the store: an app that keeps a
+// read transaction (or unclosed rows) open on DB() while a delivery arrives,
+// or waits inside one for the store, would otherwise stall every acceptance
+// and claim of this process, or deadlock. In WAL mode a reader does not block
+// the writer, so the store's write goes ahead.
+func TestAppReadDoesNotHoldUpTheStore(t *testing.T) {
+	st, _ := newStore(t)
+	s := st.(*sqlitestore.Store)
+	ctx := context.Background()
+	tx, err := s.DB().BeginTx(ctx, &sql.TxOptions{ReadOnly: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback()
+	var n int
+	if err := tx.QueryRowContext(ctx, `SELECT count(*) FROM accepted_runs`).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	// The deadline only turns a hang into a failure; it is never reached
+	// when the store has its own connection.
+	actx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if _, _, err := s.Accept(actx, "run_during_app_read", storetest.Body("run_during_app_read")); err != nil {
+		t.Fatalf("Accept while the app holds a read transaction on DB(): %v", err)
+	}
+	// The app's snapshot predates the commit; a fresh read sees it.
+	if err := tx.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	if got := inspect(t, s, "run_during_app_read"); !got.Accepted || got.Items != 1 {
+		t.Fatalf("after the accept: %+v", got)
+	}
+}
+
+// Session state the app sets on DB() (a PRAGMA, an open BEGIN) must not leak
+// into the store's writes.
+func TestAppSessionStateDoesNotReachTheStore(t *testing.T) {
+	st, _ := newStore(t)
+	s := st.(*sqlitestore.Store)
+	ctx := context.Background()
+	conn, err := s.DB().Conn(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	// An app guarding a reporting path against writes.
+	if _, err := conn.ExecContext(ctx, `PRAGMA query_only = ON`); err != nil {
+		t.Fatal(err)
+	}
+	conn.Close() // back to the app's pool, still query_only
+	if _, _, err := s.Accept(ctx, "run_after_app_pragma", storetest.Body("run_after_app_pragma")); err != nil {
+		t.Fatalf("Accept after the app set a PRAGMA on DB(): %v", err)
 	}
 }
