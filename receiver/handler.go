@@ -20,7 +20,20 @@ type Config struct {
 	// Verifier checks signatures. Required.
 	Verifier *Verifier
 	// JobIDs, when not empty, is the set of job ids the app expects; a verified
-	// body naming another job is answered 400.
+	// body naming another job is answered 400 {"error":"unexpected_job"},
+	// before anything is stored.
+	//
+	// 400 is deliberate. The platform retries every answer but 2xx, 401 and
+	// 403 while attempts and the run's lifetime remain, and fails the run for
+	// good on 401 or 403; the contract keeps 401 for a bad signature or
+	// caller and answers an invalid payload, which includes a job id the app
+	// does not expect, with 400. A validly signed delivery for an unexpected
+	// job means this list and the job secret disagree, which is a
+	// configuration fault an operator can fix before the next attempt; the
+	// owner sees the answer's body in the attempt history. To refuse a job
+	// for good, delete it on the platform (which cancels its pending runs),
+	// or leave JobIDs empty and answer 403 from a handler behind
+	// [NewMiddleware].
 	JobIDs []string
 	// BodyReadTimeout, when positive, bounds reading the body of one request by
 	// setting the connection's read deadline (through http.ResponseController)
