@@ -90,6 +90,11 @@ type Schedule interface {
 	// Next returns the first fire time strictly after t, or the zero time if none
 	// remains. Implementations are safe for concurrent use.
 	Next(t time.Time) time.Time
+	// Count returns the number of fire times in (after, until], the fire
+	// times Next would walk through from after, in a few steps per day of
+	// the interval at most, not one per fire time (a per-second schedule
+	// fires 2.6 million times a month).
+	Count(after, until time.Time) int64
 }
 
 // Error is a bad-input error: Code is a snake_case code (one of the Code
@@ -335,6 +340,14 @@ func (a At) Next(t time.Time) time.Time {
 	return time.Time{}
 }
 
+// Count implements Schedule: 1 if the instant of a is in (after, until].
+func (a At) Count(after, until time.Time) int64 {
+	if at := time.Time(a); at.After(after) && !at.After(until) {
+		return 1
+	}
+	return 0
+}
+
 // NextN returns up to n fire times of s strictly after t, in increasing order;
 // fewer when the schedule runs out. It returns nil for n ≤ 0. The result has
 // length at most n, so callers bound n.
@@ -379,6 +392,28 @@ func (s *everySchedule) Next(t time.Time) time.Time {
 	// below MinEvery.
 	_, rem := bits.Div64(hi, lo, uint64(s.every))
 	return t.Add(s.every - time.Duration(rem)).In(s.loc)
+}
+
+// Count implements Schedule: the fire times in (after, until] are the first
+// one after after and those a whole number of periods later.
+func (s *everySchedule) Count(after, until time.Time) int64 {
+	first := s.Next(after)
+	if first.After(until) {
+		return 0
+	}
+	// until − first can exceed time.Duration's range: divide in 128 bits,
+	// as Next does.
+	sec := until.Unix() - first.Unix()
+	nsec := int64(until.Nanosecond()) - int64(first.Nanosecond())
+	if nsec < 0 {
+		sec--
+		nsec += 1e9
+	}
+	hi, lo := bits.Mul64(uint64(sec), 1e9)
+	lo, carry := bits.Add64(lo, uint64(nsec), 0)
+	hi += carry
+	q, _ := bits.Div64(hi, lo, uint64(s.every))
+	return int64(q) + 1
 }
 
 // cronSchedule is a parsed cron expression evaluated on the wall clock of loc.
@@ -438,6 +473,81 @@ func (s *cronSchedule) Next(t time.Time) time.Time {
 			c = civilOf(c.seconds() + 1)
 		}
 	}
+}
+
+// Count implements Schedule. It walks the fire times with Next, and counts
+// a plain day (see plainDay) without walking it: if it matches, it fires
+// once at each matching hour, minute and second.
+func (s *cronSchedule) Count(after, until time.Time) int64 {
+	var n int64
+	t := after
+	perDay := int64(bits.OnesCount64(s.hour) * bits.OnesCount64(s.minute) * bits.OnesCount64(s.second))
+	// day counts civil days on, so the loop moves on whatever instant
+	// time.Date picks for a midnight that does not exist or exists twice.
+	y, m, d := t.In(s.loc).Date()
+	day := time.Date(y, m, d, 0, 0, 0, 0, time.UTC)
+	for {
+		day = day.AddDate(0, 0, 1)
+		midnight := time.Date(day.Year(), day.Month(), day.Day(), 0, 0, 0, 0, s.loc)
+		for {
+			next := s.Next(t)
+			if next.IsZero() || next.After(until) {
+				return n
+			}
+			if !next.Before(midnight) {
+				break
+			}
+			n++
+			t = next
+		}
+		// No fire time in (t, midnight): jump over the plain days from it.
+		for midnight.After(t) {
+			end, ok := s.plainDay(midnight)
+			if !ok || end.After(until) {
+				break
+			}
+			if s.month&(1<<int(day.Month())) != 0 && s.nextDay(day.Year(), int(day.Month()), day.Day()) == day.Day() {
+				n += perDay
+			}
+			t = end.Add(-time.Nanosecond)
+			day = day.AddDate(0, 0, 1)
+			midnight = end
+		}
+	}
+}
+
+// plainDay reports whether the civil day starting at start, a midnight of
+// s.loc, lies in one period of its zone's offset, from that midnight to the
+// next one (end), with no civil time of the day firing at an instant
+// outside [start, end) (the first pass of a repeated hour before it) and
+// none of another day firing inside (a skipped hour's end at start). Its
+// fire times are then its matching civil times, each at one instant.
+func (s *cronSchedule) plainDay(start time.Time) (end time.Time, ok bool) {
+	start = start.In(s.loc)
+	if start.Hour() != 0 || start.Minute() != 0 || start.Second() != 0 || start.Nanosecond() != 0 {
+		return time.Time{}, false // no midnight that day: it falls in a gap
+	}
+	if s.loc == time.UTC {
+		return start.Add(24 * time.Hour), true
+	}
+	y, m, d := start.Date()
+	_, off := start.Zone()
+	end = time.Date(y, m, d+1, 0, 0, 0, 0, s.loc)
+	zs, ze := start.ZoneBounds()
+	if _, endOff := end.Zone(); endOff != off || end.Sub(start) != 24*time.Hour || !ze.IsZero() && ze.Before(end) {
+		return time.Time{}, false
+	}
+	if !zs.IsZero() {
+		if !zs.Before(start) {
+			return time.Time{}, false // a gap may end at start
+		}
+		// Across a fall-back at zs, the wall clock up to zs+prev was
+		// lived through first before zs.
+		if _, prev := zs.Add(-1).Zone(); prev > off && zs.Unix()+int64(prev) > start.Unix()+int64(off) {
+			return time.Time{}, false
+		}
+	}
+	return end, true
 }
 
 // resolve maps civil time c to the instant it fires at: its first occurrence, or,
