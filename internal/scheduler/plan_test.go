@@ -130,3 +130,35 @@ func TestPlanCatchUpCapAndLifetime(t *testing.T) {
 		t.Fatalf("one-off: %+v", p)
 	}
 }
+
+// TestPlanCountsEverySkippedOccurrenceOfLongDowntime: every skipped
+// occurrence is counted on the job, however long the platform was down. A
+// plan used to walk 2 million occurrences at most and jump to the 96 h
+// lifetime without counting the rest: a per-second schedule down for more
+// than 27 days (23 days of occurrences, then the 96 h) lost some.
+func TestPlanCountsEverySkippedOccurrenceOfLongDowntime(t *testing.T) {
+	const lookahead, grace = 2 * time.Second, 5 * time.Second
+	for _, spec := range []string{"* * * * * *", "@every 1s", "*/2 * * * * *"} {
+		for _, down := range []time.Duration{20 * 24 * time.Hour, 25 * 24 * time.Hour, 40 * 24 * time.Hour, 60 * 24 * time.Hour} {
+			now := t0
+			from := now.Add(-down)
+			j := &vibejobs.Job{ID: "job_x", ProjectID: "prj_x", Schedule: spec, Timezone: "UTC", CatchUp: vibejobs.CatchUpNone,
+				NextRunAt: &from, ScheduleAnchor: from.Add(-time.Second), Enabled: true, State: vibejobs.JobActive}
+			if spec == "@every 1s" {
+				j.Timezone = "Europe/Paris" // ignored: absolute time, across the change of October 25
+			}
+			p := scheduler.Plan(j, mustSchedule(t, j), now, lookahead, grace, ids())
+			period := time.Second
+			if spec == "*/2 * * * * *" {
+				period = 2 * time.Second
+			}
+			// Occurrences from, from+period, …, now+lookahead: those from
+			// now−grace on run, every one before is skipped.
+			total := int64((down+lookahead)/period) + 1
+			runs := int64((grace+lookahead)/period) + 1
+			if int64(len(p.Runs)) != runs || p.Skipped != total-runs {
+				t.Errorf("%s down for %v: %d runs, %d skipped; want %d and %d", spec, down, len(p.Runs), p.Skipped, runs, total-runs)
+			}
+		}
+	}
+}

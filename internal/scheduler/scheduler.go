@@ -35,12 +35,6 @@ const (
 	// when that is more than StoreTimeout: generous, a run takes some tens
 	// of microseconds.
 	applyTimePerRun = 200 * time.Microsecond
-	// maxSteps bounds the occurrences one plan walks through; beyond it the
-	// schedule is fast-forwarded and the uncounted remainder is not added to
-	// SkippedRuns: for a per-second schedule, after about 23 days of
-	// downtime (a minutely one would need 3.8 years). Counting them would
-	// cost a plan seconds of CPU per month of downtime.
-	maxSteps = 2_000_000
 	// unplannableLogEvery: a job whose schedule does not parse here stays
 	// due, and every scan meets it again; each is logged once per this
 	// period (OnUnplannable counts them on every scan).
@@ -293,21 +287,22 @@ func Plan(j *vibejobs.Job, sch schedule.Schedule, now time.Time, lookahead, grac
 	var missed ring
 	var upcoming []time.Time
 	t := p.From
-	steps := 0
+	if t.Before(expiredBefore) {
+		// Occurrences past the lifetime are counted, not walked: a
+		// per-second schedule down for a month has 2.6 million of them.
+		// The walk below goes through 96 h of occurrences at most.
+		last := expiredBefore.Add(-time.Nanosecond)
+		p.Skipped += 1 + sch.Count(t, last)
+		t = sch.Next(last)
+	}
 	for !t.IsZero() && !t.After(horizon) {
 		switch {
-		case t.Before(expiredBefore):
-			p.Skipped++
 		case t.Before(missedBefore):
 			if missed.push(t) {
 				p.Skipped++ // pushed out of the newest 100
 			}
 		default:
 			upcoming = append(upcoming, t)
-		}
-		if steps++; steps >= maxSteps && t.Before(expiredBefore) {
-			t = sch.Next(expiredBefore)
-			continue
 		}
 		t = sch.Next(t)
 	}
