@@ -35,10 +35,14 @@ const (
 	// when that is more than StoreTimeout: generous, a run takes some tens
 	// of microseconds.
 	applyTimePerRun = 200 * time.Microsecond
-	// unplannableLogEvery: a job whose schedule does not parse here stays
-	// due, and every scan meets it again; each is logged once per this
-	// period (OnUnplannable counts them on every scan).
-	unplannableLogEvery = 10 * time.Minute
+	// unplannableRetryEvery: a job whose schedule does not parse here stays
+	// due, and every scan meets it again; each is remembered, parsed again
+	// and logged once per this period, or as soon as its schedule, time
+	// zone or anchor changes (OnUnplannable counts them on every scan).
+	unplannableRetryEvery = 10 * time.Minute
+	// maxRememberedUnplannable bounds the jobs remembered as unplannable;
+	// those beyond it are parsed on every scan, and not logged.
+	maxRememberedUnplannable = 100_000
 )
 
 // Config of a Scheduler.
@@ -62,8 +66,9 @@ type Config struct {
 	OnSkipped func(n int64)
 	// OnUnplannable is called after each scan that lists every due job, with
 	// the number of them whose schedule does not parse here (a time zone
-	// missing from this replica's tzdata): they are left due, for a replica
-	// that can plan them.
+	// missing from this replica's tzdata), parsed by this scan or remembered
+	// from an earlier one: they are left due, for a replica that can plan
+	// them.
 	OnUnplannable func(n int)
 	// StoreTimeout bounds each store call: a connection gone silent
 	// without a reset would otherwise hang the scans until TCP gives up.
@@ -75,11 +80,31 @@ type Scheduler struct {
 	cfg     Config
 	wake    chan struct{}
 	failing health.Streak // of passes (see FailingSince)
+	// jobSchedule is JobSchedule; tests observe it.
+	jobSchedule func(*vibejobs.Job) (schedule.Schedule, error)
 
 	mu sync.Mutex
-	// loggedUnplannable holds when each job found unplannable was last
-	// logged, for at most unplannableLogEvery.
-	loggedUnplannable map[string]time.Time
+	// unplannable holds, by job id, the jobs whose schedule did not parse
+	// here, for at most unplannableRetryEvery after they were parsed (and
+	// logged).
+	unplannable map[string]unplannableJob
+}
+
+// unplannableJob is a job whose schedule did not parse: what it was
+// parsed from, and when.
+type unplannableJob struct {
+	schedule, timezone string
+	anchor, at         time.Time
+	parsedAt           time.Time
+}
+
+// parsedFrom reports whether u failed with j's schedule as it is now.
+func (u unplannableJob) parsedFrom(j *vibejobs.Job) bool {
+	var at time.Time
+	if j.At != nil {
+		at = *j.At
+	}
+	return u.schedule == j.Schedule && u.timezone == j.Timezone && u.anchor.Equal(j.ScheduleAnchor) && u.at.Equal(at)
 }
 
 // New returns a Scheduler with the defaults filled in.
@@ -96,7 +121,8 @@ func New(cfg Config) *Scheduler {
 	cfg.BatchSize = cmp.Or(cfg.BatchSize, DefaultBatchSize)
 	cfg.CatchUpGrace = cmp.Or(cfg.CatchUpGrace, DefaultCatchUpGrace)
 	cfg.StoreTimeout = cmp.Or(cfg.StoreTimeout, DefaultStoreTimeout)
-	return &Scheduler{cfg: cfg, wake: make(chan struct{}, 1), loggedUnplannable: make(map[string]time.Time)}
+	return &Scheduler{cfg: cfg, wake: make(chan struct{}, 1), jobSchedule: JobSchedule,
+		unplannable: make(map[string]unplannableJob)}
 }
 
 // Wake asks for a scan now (after a job was created or changed).
@@ -169,7 +195,7 @@ func (s *Scheduler) scan(ctx context.Context) (created int, err error) {
 	if s.cfg.OnUnplannable != nil {
 		s.cfg.OnUnplannable(c.unplannable)
 	}
-	s.forgetLoggedUnplannable(s.cfg.Now())
+	s.forgetUnplannable(s.cfg.Now())
 	return created, nil
 }
 
@@ -197,17 +223,22 @@ func (s *Scheduler) runOnce(ctx context.Context, c *scanCursor) (created int, fu
 	c.after = vibejobs.DuePosition{NextRunAt: *last.NextRunAt, JobID: last.ID}
 	plans := make([]vibejobs.RunPlan, 0, len(jobs))
 	for _, j := range jobs {
-		sch, err := JobSchedule(j)
-		if err != nil {
-			// A stored schedule was validated when it was set; one that no
-			// longer parses (a time zone gone from tzdata) stops here, loudly,
-			// but not on every scan: the job stays due.
+		// A stored schedule was validated when it was set; one that no
+		// longer parses (a time zone gone from tzdata) stops here, loudly,
+		// but not on every scan: the job stays due.
+		if s.knownUnplannable(j, now) {
 			c.unplannable++
-			if s.logUnplannable(j.ID, now) {
+			continue
+		}
+		sch, err := s.jobSchedule(j)
+		if err != nil {
+			c.unplannable++
+			if s.rememberUnplannable(j, now) {
 				s.cfg.Logger.Error("scheduler.bad_schedule", "job_id", j.ID, "error", err)
 			}
 			continue
 		}
+		s.forgetPlannable(j.ID)
 		p := Plan(j, sch, now, s.cfg.Lookahead, s.cfg.CatchUpGrace, func(at time.Time) string {
 			return vibejobs.NewID("run_", now, s.cfg.Rand)
 		})
@@ -233,28 +264,50 @@ func (s *Scheduler) runOnce(ctx context.Context, c *scanCursor) (created int, fu
 	return created, len(jobs) == s.cfg.BatchSize, nil
 }
 
-// logUnplannable reports whether to log that job id was found unplannable
-// at now: yes when it was not logged in the last unplannableLogEvery.
-func (s *Scheduler) logUnplannable(id string, now time.Time) bool {
+// knownUnplannable reports whether j, with its schedule as it is now,
+// was found unplannable less than unplannableRetryEvery before now.
+func (s *Scheduler) knownUnplannable(j *vibejobs.Job, now time.Time) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if at, ok := s.loggedUnplannable[id]; ok && now.Sub(at) < unplannableLogEvery {
+	u, ok := s.unplannable[j.ID]
+	return ok && u.parsedFrom(j) && now.Sub(u.parsedAt) < unplannableRetryEvery
+}
+
+// rememberUnplannable remembers that j did not parse at now, and reports
+// whether it did: false once maxRememberedUnplannable other jobs are.
+func (s *Scheduler) rememberUnplannable(j *vibejobs.Job, now time.Time) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if _, ok := s.unplannable[j.ID]; !ok && len(s.unplannable) >= maxRememberedUnplannable {
 		return false
 	}
-	s.loggedUnplannable[id] = now
+	u := unplannableJob{schedule: j.Schedule, timezone: j.Timezone, anchor: j.ScheduleAnchor, parsedAt: now}
+	if j.At != nil {
+		u.at = *j.At
+	}
+	s.unplannable[j.ID] = u
 	return true
 }
 
-// forgetLoggedUnplannable forgets the jobs logged unplannableLogEvery or
-// longer before now, which would be logged again anyway: what is kept is
-// bounded by the jobs found unplannable in that period, not by every job
-// that ever was.
-func (s *Scheduler) forgetLoggedUnplannable(now time.Time) {
+// forgetPlannable forgets job id, whose schedule parsed.
+func (s *Scheduler) forgetPlannable(id string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	for id, at := range s.loggedUnplannable {
-		if now.Sub(at) >= unplannableLogEvery {
-			delete(s.loggedUnplannable, id)
+	if len(s.unplannable) > 0 {
+		delete(s.unplannable, id)
+	}
+}
+
+// forgetUnplannable forgets the jobs parsed unplannableRetryEvery or
+// longer before now, which would be parsed again anyway: what is kept is
+// bounded by the jobs found unplannable in that period (and by
+// maxRememberedUnplannable), not by every job that ever was.
+func (s *Scheduler) forgetUnplannable(now time.Time) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for id, u := range s.unplannable {
+		if now.Sub(u.parsedAt) >= unplannableRetryEvery {
+			delete(s.unplannable, id)
 		}
 	}
 }

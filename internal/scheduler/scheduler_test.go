@@ -274,3 +274,71 @@ func TestFailingSinceCountsScans(t *testing.T) {
 		now = now.Add(time.Minute)
 	}
 }
+
+// TestUnplannableJobsNotParsedOnEveryScan: a job whose schedule this
+// replica cannot plan is remembered, not parsed again on every scan (a
+// zone gone from tzdata costs a search of the zone files each time); it
+// is tried again once its schedule or time zone changes, and once per ten
+// minutes besides (the host's tzdata may be updated under the process).
+func TestUnplannableJobsNotParsedOnEveryScan(t *testing.T) {
+	ctx := context.Background()
+	now := t0
+	jobs := unknownZoneJobs(4, now.Add(-time.Hour))
+	st := openStore(t, jobs...)
+	gauge := -1
+	sched := scheduler.New(scheduler.Config{Store: st, Now: func() time.Time { return now }, BatchSize: 3,
+		Logger: slog.New(slog.DiscardHandler), OnUnplannable: func(n int) { gauge = n }})
+	parsed := make(map[string]int)
+	scheduler.ObserveJobSchedule(sched, func(j *vibejobs.Job) { parsed[j.ID]++ })
+	scan := func(wantGauge int, want ...int) {
+		t.Helper()
+		gauge = -1
+		if _, err := sched.RunOnce(ctx); err != nil {
+			t.Fatal(err)
+		}
+		for i, j := range jobs {
+			if parsed[j.ID] != want[i] {
+				t.Errorf("at %v: %s parsed %d times in all, want %d", now, j.ID, parsed[j.ID], want[i])
+			}
+		}
+		if gauge != wantGauge {
+			t.Errorf("at %v: %d unplannable jobs counted by the scan, want %d", now, gauge, wantGauge)
+		}
+	}
+	scan(4, 1, 1, 1, 1)
+	for range 3 {
+		now = now.Add(time.Minute)
+		scan(4, 1, 1, 1, 1)
+	}
+
+	// Job 0 moves to another zone this replica does not know, job 1 to one
+	// it knows: each is parsed again, and job 1 is planned.
+	edit := func(id, tz string) {
+		t.Helper()
+		err := st.Update(ctx, func(tx vibejobs.Tx) error {
+			j, err := tx.GetJob(ctx, "prj_x", id)
+			if err != nil {
+				return err
+			}
+			j.Timezone, j.UpdatedAt = tz, now
+			return tx.UpdateJob(ctx, j)
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	edit(jobs[0].ID, "Nowhere/Lemuria")
+	edit(jobs[1].ID, "UTC")
+	now = now.Add(time.Minute)
+	scan(3, 2, 2, 1, 1)
+	if got, err := st.GetJob(ctx, "prj_x", jobs[1].ID); err != nil || got.NextRunAt == nil || !got.NextRunAt.After(now) {
+		t.Fatalf("job moved to UTC: %+v, %v; want it planned", got, err)
+	}
+	now = now.Add(time.Minute) // job 1, plannable, is parsed at each of its occurrences
+	scan(3, 2, 3, 1, 1)
+
+	// Ten minutes after they were parsed, jobs 2 and 3 are tried again;
+	// job 0, parsed again at 12:04, is not yet.
+	now = t0.Add(10 * time.Minute)
+	scan(3, 2, 4, 2, 2)
+}

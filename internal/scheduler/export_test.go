@@ -1,0 +1,15 @@
+package scheduler
+
+import (
+	"github.com/vibejobs/vibejobs"
+	"github.com/vibejobs/vibejobs/internal/schedule"
+)
+
+// ObserveJobSchedule makes s call seen with each job whose schedule it
+// parses, before parsing it.
+func ObserveJobSchedule(s *Scheduler, seen func(*vibejobs.Job)) {
+	s.jobSchedule = func(j *vibejobs.Job) (schedule.Schedule, error) {
+		seen(j)
+		return JobSchedule(j)
+	}
+}
