@@ -384,7 +384,10 @@ func (m *Main) Run(ctx context.Context) error {
 		OnRunsCreated: func(n int) { met.RunsCreated(n); disp.Wake() },
 		OnSkipped:     met.Skipped,
 		OnUnplannable: met.Unplannable,
-		StoreTimeout:  cfg.StoreTimeout,
+		// While scans fail, the count is unknown: absent, like the
+		// queue gauges, not the last scan's figure.
+		OnUnplannableUnknown: met.UnplannableUnknown,
+		StoreTimeout:         cfg.StoreTimeout,
 	})
 	maint := maintenance.New(maintenance.Config{
 		Store: store, Logger: m.logger, Now: now, RetentionDays: cfg.RetentionDays,

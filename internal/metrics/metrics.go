@@ -34,7 +34,7 @@ type Metrics struct {
 	leases       prometheus.Counter
 	skipped      prometheus.Counter
 	secrets      prometheus.Counter
-	unplannable  prometheus.Gauge
+	unplannable  *unplannableCollector
 }
 
 // New registers every collector, with the Go and process collectors, on a
@@ -65,8 +65,7 @@ func New() *Metrics {
 			Name: "vibejobs_skipped_occurrences_total", Help: "Occurrences skipped by catch-up rules, or already past the delivery lifetime when the scheduler reached them."}),
 		secrets: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "vibejobs_secret_unavailable_total", Help: "Claims this process gave back unsent because it could not open their job's secret (sealed under a master key its key file lacks, or corrupt): no attempt is sent or recorded; the run waits 30 s and is claimed again, by any replica, until its delivery lifetime ends."}),
-		unplannable: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "vibejobs_unplannable_jobs", Help: "Due jobs whose schedule this process could not plan at its last scan (a time zone missing from its tzdata), left due for another replica."}),
+		unplannable: &unplannableCollector{known: true},
 	}
 	m.reg.MustRegister(m.runsCreated, m.runsFinished, m.attempts, m.duration, m.lateness,
 		m.queue, m.leases, m.skipped, m.secrets, m.unplannable,
@@ -100,8 +99,22 @@ func (m *Metrics) ManualRunCreated() {
 // Skipped counts occurrences skipped by catch-up.
 func (m *Metrics) Skipped(n int64) { m.skipped.Add(float64(n)) }
 
-// Unplannable sets the number of due jobs the scheduler could not plan.
-func (m *Metrics) Unplannable(n int) { m.unplannable.Set(float64(n)) }
+// Unplannable sets the number of due jobs the scheduler could not plan at
+// a scan that succeeded.
+func (m *Metrics) Unplannable(n int) {
+	m.unplannable.mu.Lock()
+	m.unplannable.n, m.unplannable.known = n, true
+	m.unplannable.mu.Unlock()
+}
+
+// UnplannableUnknown says a scan failed (the database does not answer):
+// vibejobs_unplannable_jobs is absent until the next Unplannable, rather
+// than frozen at the last count while due jobs go unlisted.
+func (m *Metrics) UnplannableUnknown() {
+	m.unplannable.mu.Lock()
+	m.unplannable.known = false
+	m.unplannable.mu.Unlock()
+}
 
 // AttemptFinished measures one attempt sent: its duration, and the
 // lateness of a first attempt. Its outcome is counted once the store has
@@ -158,6 +171,27 @@ var (
 	oldestDueDesc = prometheus.NewDesc("vibejobs_oldest_due_run_age_seconds",
 		"Age of the oldest due, unclaimed run.", nil, nil)
 )
+
+var unplannableDesc = prometheus.NewDesc("vibejobs_unplannable_jobs",
+	"Due jobs whose schedule this process could not plan at its last scan (a time zone missing from its tzdata), left due for another replica; absent while its scans fail.", nil, nil)
+
+// unplannableCollector reports the count of the last scan, while known.
+type unplannableCollector struct {
+	mu    sync.Mutex
+	n     int
+	known bool
+}
+
+func (c *unplannableCollector) Describe(ch chan<- *prometheus.Desc) { ch <- unplannableDesc }
+
+func (c *unplannableCollector) Collect(ch chan<- prometheus.Metric) {
+	c.mu.Lock()
+	n, known := c.n, c.known
+	c.mu.Unlock()
+	if known {
+		ch <- prometheus.MustNewConstMetric(unplannableDesc, prometheus.GaugeValue, float64(n))
+	}
+}
 
 // queueCollector reports the queue figures last read, while known.
 type queueCollector struct {

@@ -104,3 +104,24 @@ func TestAttemptsCountWhatTheStoreRecorded(t *testing.T) {
 		t.Errorf("the outcome decided is counted:\n%s", out)
 	}
 }
+
+// TestUnplannableUnknown: vibejobs_unplannable_jobs is absent while the
+// scheduler's scans fail, not the count of the last one that succeeded.
+func TestUnplannableUnknown(t *testing.T) {
+	m := metrics.New()
+	if out := scrape(t, m); !strings.Contains(out, "\nvibejobs_unplannable_jobs 0\n") {
+		t.Fatalf("before the first scan: no vibejobs_unplannable_jobs 0 in\n%s", out)
+	}
+	m.Unplannable(3)
+	if out := scrape(t, m); !strings.Contains(out, "\nvibejobs_unplannable_jobs 3\n") {
+		t.Fatalf("after a scan: no vibejobs_unplannable_jobs 3 in\n%s", out)
+	}
+	m.UnplannableUnknown()
+	if out := scrape(t, m); strings.Contains(out, "vibejobs_unplannable_jobs") || !strings.Contains(out, "vibejobs_runs_due") {
+		t.Fatalf("after a failed scan: want vibejobs_unplannable_jobs absent, the rest present, in\n%s", out)
+	}
+	m.Unplannable(1)
+	if out := scrape(t, m); !strings.Contains(out, "\nvibejobs_unplannable_jobs 1\n") {
+		t.Fatalf("after a scan that succeeded again: no vibejobs_unplannable_jobs 1 in\n%s", out)
+	}
+}

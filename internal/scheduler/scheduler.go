@@ -70,6 +70,12 @@ type Config struct {
 	// from an earlier one: they are left due, for a replica that can plan
 	// them.
 	OnUnplannable func(n int)
+	// OnUnplannableUnknown is called after each scan that failed (not one
+	// cut short by the end of its context): the due jobs it did not list
+	// may hold unplannable ones, so the count of the last scan that
+	// succeeded no longer holds. OnUnplannable follows the next scan that
+	// succeeds.
+	OnUnplannableUnknown func()
 	// StoreTimeout bounds each store call: a connection gone silent
 	// without a reset would otherwise hang the scans until TCP gives up.
 	StoreTimeout time.Duration
@@ -177,7 +183,12 @@ func (s *Scheduler) FailingSince() time.Time { return s.failing.Since() }
 // failed, so a batch that succeeds before a failing one (jobs that stay
 // due head every scan) does not end the streak.
 func (s *Scheduler) scan(ctx context.Context) (created int, err error) {
-	defer func() { s.failing.Pass(s.cfg.Now(), err, ctx.Err()) }()
+	defer func() {
+		s.failing.Pass(s.cfg.Now(), err, ctx.Err())
+		if err != nil && ctx.Err() == nil && s.cfg.OnUnplannableUnknown != nil {
+			s.cfg.OnUnplannableUnknown()
+		}
+	}()
 	var c scanCursor
 	for {
 		n, full, err := s.runOnce(ctx, &c)

@@ -342,3 +342,37 @@ func TestUnplannableJobsNotParsedOnEveryScan(t *testing.T) {
 	now = t0.Add(10 * time.Minute)
 	scan(3, 2, 4, 2, 2)
 }
+
+// TestUnplannableUnknownWhileScansFail: while scans fail against the store,
+// the number of unplannable jobs is unknown (the jobs not listed may be
+// unplannable, or fixed), and the scheduler says so after each failed
+// scan rather than leave the count of the last good one standing; the
+// next scan that succeeds counts again. A scan cut short by a shutdown
+// says neither.
+func TestUnplannableUnknownWhileScansFail(t *testing.T) {
+	ctx := context.Background()
+	now := t0
+	fs := &failingStore{SchedulerStore: openStore(t, unknownZoneJobs(2, now.Add(-time.Hour))...)}
+	var reports []string
+	s := scheduler.New(scheduler.Config{Store: fs, Now: func() time.Time { return now }, Logger: slog.New(slog.DiscardHandler),
+		OnUnplannable:        func(n int) { reports = append(reports, fmt.Sprint(n)) },
+		OnUnplannableUnknown: func() { reports = append(reports, "unknown") }})
+	scan := func(ctx context.Context, fail bool) {
+		t.Helper()
+		fs.fail = fail
+		if _, err := s.RunOnce(ctx); (err != nil) != (fail || ctx.Err() != nil) {
+			t.Fatalf("RunOnce with the store failing %v: %v", fail, err)
+		}
+		now = now.Add(time.Second)
+	}
+	scan(ctx, false)
+	scan(ctx, true)
+	scan(ctx, true)
+	scan(ctx, false)
+	cancelled, cancel := context.WithCancel(ctx)
+	cancel()
+	scan(cancelled, false)
+	if got, want := strings.Join(reports, " "), "2 unknown unknown 2"; got != want {
+		t.Fatalf("reports after each scan: %q, want %q", got, want)
+	}
+}
