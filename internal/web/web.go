@@ -26,6 +26,7 @@ import (
 	"net/http"
 	"net/url"
 	"runtime/debug"
+	"strconv"
 	"strings"
 	"time"
 
@@ -67,6 +68,8 @@ type Config struct {
 	// SessionLifetime is how long a login lasts, however active
 	// (0: DefaultSessionLifetime).
 	SessionLifetime time.Duration
+	// LoginLimit bounds failed logins per client address.
+	LoginLimit LoginLimit
 }
 
 //go:embed templates/*.html
@@ -88,6 +91,7 @@ type dashboard struct {
 	now      func() time.Time
 	log      *slog.Logger
 	sessions *sessions
+	logins   *loginLimiter // nil when the limit is off
 	pages    map[string]*template.Template
 	mux      *http.ServeMux
 }
@@ -104,7 +108,8 @@ func New(cfg Config) http.Handler {
 		log:   cmp.Or(cfg.Logger, slog.Default()),
 		sessions: &sessions{store: cfg.Store, max: cmp.Or(max(cfg.MaxSessions, 0), DefaultMaxSessions),
 			lifetime: cmp.Or(max(cfg.SessionLifetime, 0), DefaultSessionLifetime)},
-		pages: parsePages(),
+		logins: newLoginLimiter(cfg.LoginLimit),
+		pages:  parsePages(),
 	}
 	if d.now == nil {
 		d.now = time.Now
@@ -361,7 +366,8 @@ func (d *dashboard) renderLogin(w http.ResponseWriter, r *http.Request, status i
 }
 
 // login checks a token and starts a session for it. Every refusal of the
-// token itself reads the same, so the page tells nothing about tokens.
+// token itself reads the same, so the page tells nothing about tokens, and
+// a client past its LoginLimit is answered 429 before its token is looked at.
 func (d *dashboard) login(w http.ResponseWriter, r *http.Request) {
 	r.Body = http.MaxBytesReader(w, r.Body, maxFormBytes)
 	if err := r.ParseForm(); err != nil {
@@ -382,6 +388,16 @@ func (d *dashboard) login(w http.ResponseWriter, r *http.Request) {
 			Error: "This form expired or came from another site. Please try again."})
 		return
 	}
+	// Counted before the token is looked at: a client past its limit learns
+	// nothing of any token, not even a right one.
+	client, now := clientOf(r), d.now()
+	if wait, ok := d.logins.take(client, now); !ok {
+		d.log.Info("web.login_refused", "reason", "rate_limited")
+		w.Header().Set("Retry-After", strconv.Itoa(int(wait/time.Second)))
+		d.renderLogin(w, r, http.StatusTooManyRequests, loginData{CSRF: c.Value, Next: next,
+			Error: "Too many failed logins from your address. Try again in " + retryText(wait) + "."})
+		return
+	}
 	refuse := func(reason string) {
 		d.log.Info("web.login_refused", "reason", reason)
 		d.renderLogin(w, r, http.StatusUnauthorized, loginData{CSRF: c.Value, Next: next,
@@ -400,12 +416,14 @@ func (d *dashboard) login(w http.ResponseWriter, r *http.Request) {
 		refuse("unknown")
 		return
 	case err != nil:
+		d.logins.refund(client, now)
 		d.internalError(w, r, nil, fmt.Errorf("looking up a token: %w", err))
 		return
 	case tok.RevokedAt != nil:
 		refuse("revoked")
 		return
 	}
+	d.logins.refund(client, now)
 	// A new id at every login: an id planted before the login is worthless.
 	if old, err := r.Cookie(SessionCookie); err == nil {
 		if err := d.sessions.delete(r.Context(), old.Value); err != nil {
@@ -422,6 +440,14 @@ func (d *dashboard) login(w http.ResponseWriter, r *http.Request) {
 	clearCookie(w, r, LoginCookie, "/login")
 	d.log.Info("web.login", "token_id", tok.ID, "project", tok.ProjectID)
 	http.Redirect(w, r, cmp.Or(next, "/"), http.StatusSeeOther)
+}
+
+// retryText says how long d is, for a person.
+func retryText(d time.Duration) string {
+	if d < time.Minute {
+		return strconv.Itoa(int(d/time.Second)) + " s"
+	}
+	return strconv.Itoa(int((d+time.Minute-1)/time.Minute)) + " min"
 }
 
 // logout ends the session, when the form carries the session's secret.

@@ -1,0 +1,131 @@
+package web_test
+
+import (
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/vibejobs/vibejobs/internal/web"
+)
+
+// loginFrom sends the login form with token as a browser at addr (a
+// RemoteAddr) would: it fetches the form for its secret, then posts it.
+func (e *env) loginFrom(addr, token string) *httptest.ResponseRecorder {
+	e.t.Helper()
+	req := httptest.NewRequest("GET", "/login", nil)
+	req.RemoteAddr = addr
+	rec := httptest.NewRecorder()
+	e.handler.ServeHTTP(rec, req)
+	cookies := rec.Result().Cookies()
+	m := regexp.MustCompile(`name="csrf" value="([^"]+)"`).FindStringSubmatch(rec.Body.String())
+	if rec.Code != http.StatusOK || len(cookies) == 0 || m == nil {
+		e.t.Fatalf("GET /login from %s: %d, cookies %v", addr, rec.Code, cookies)
+	}
+	form := url.Values{"csrf": {m[1]}, "token": {token}}
+	req = httptest.NewRequest("POST", "/login", strings.NewReader(form.Encode()))
+	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	req.RemoteAddr = addr
+	for _, c := range cookies {
+		req.AddCookie(c)
+	}
+	rec = httptest.NewRecorder()
+	e.handler.ServeHTTP(rec, req)
+	return rec
+}
+
+const wrongToken = "vjt_CCCCCCCCCCCCCCCCCCCCCCCCCCCCCCCCCCCCCCCCCCC"
+
+// TestFailedLoginsLimited: an address that keeps sending wrong tokens is
+// soon answered 429 with Retry-After, without its tokens being checked (not
+// even a right one, which would make the limit an oracle); other addresses
+// log in as before; once Retry-After has passed the address may try again.
+func TestFailedLoginsLimited(t *testing.T) {
+	e := newEnv(t)
+	const attacker = "192.0.2.7:40000"
+	var limited *httptest.ResponseRecorder
+	for i := 0; i < 100 && limited == nil; i++ {
+		rec := e.loginFrom(attacker, wrongToken)
+		switch rec.Code {
+		case http.StatusUnauthorized:
+		case http.StatusTooManyRequests:
+			limited = rec
+		default:
+			t.Fatalf("failed login %d: %d", i, rec.Code)
+		}
+	}
+	if limited == nil {
+		t.Fatal("100 failed logins from one address, none refused with 429")
+	}
+	wait, err := strconv.Atoi(limited.Header().Get("Retry-After"))
+	if err != nil || wait < 1 {
+		t.Fatalf("429 with Retry-After %q, want whole seconds ≥ 1", limited.Header().Get("Retry-After"))
+	}
+	if body := limited.Body.String(); !strings.Contains(body, "Too many failed logins") || !strings.Contains(body, `name="token"`) {
+		t.Errorf("429 page does not explain and offer the form:\n%s", body)
+	}
+	// Another port of the same host is the same client.
+	if rec := e.loginFrom("192.0.2.7:40001", tokenA); rec.Code != http.StatusTooManyRequests {
+		t.Errorf("the right token from the limited address: %d, want 429", rec.Code)
+	}
+	if rec := e.loginFrom("198.51.100.3:5000", tokenA); rec.Code != http.StatusSeeOther {
+		t.Errorf("the right token from another address: %d, want 303", rec.Code)
+	}
+	if rec := e.loginFrom("198.51.100.4:5000", wrongToken); rec.Code != http.StatusUnauthorized {
+		t.Errorf("a wrong token from another address: %d, want 401", rec.Code)
+	}
+	e.clock.Advance(time.Duration(wait) * time.Second)
+	if rec := e.loginFrom(attacker, tokenA); rec.Code != http.StatusSeeOther {
+		t.Errorf("the right token after Retry-After: %d, want 303", rec.Code)
+	}
+	if !strings.Contains(e.logs.String(), `"reason":"rate_limited"`) {
+		t.Error("the limited login was not logged")
+	}
+	if strings.Contains(e.logs.String(), "192.0.2.7") {
+		t.Error("the log holds the client's address")
+	}
+}
+
+// TestFailedLoginsIPv6ByPrefix: the addresses of one IPv6 /64 are one
+// client, as a single host usually holds the whole prefix.
+func TestFailedLoginsIPv6ByPrefix(t *testing.T) {
+	e := newEnv(t, func(c *web.Config) { c.LoginLimit = web.LoginLimit{Failures: 2, Every: time.Minute} })
+	for i, addr := range []string{"[2001:db8:1:2::1]:1", "[2001:db8:1:2::2]:1"} {
+		if rec := e.loginFrom(addr, wrongToken); rec.Code != http.StatusUnauthorized {
+			t.Fatalf("failure %d: %d", i, rec.Code)
+		}
+	}
+	if rec := e.loginFrom("[2001:db8:1:2:ffff::3]:1", wrongToken); rec.Code != http.StatusTooManyRequests {
+		t.Errorf("third failure in the /64: %d, want 429", rec.Code)
+	}
+	if rec := e.loginFrom("[2001:db8:1:3::1]:1", tokenA); rec.Code != http.StatusSeeOther {
+		t.Errorf("another /64: %d, want 303", rec.Code)
+	}
+}
+
+// TestLoginLimitTracksBoundedClients: the limiter remembers at most
+// MaxClients addresses, forgetting the one that failed least recently, so
+// many addresses cannot grow its memory without bound.
+func TestLoginLimitTracksBoundedClients(t *testing.T) {
+	e := newEnv(t, func(c *web.Config) {
+		c.LoginLimit = web.LoginLimit{Failures: 1, Every: time.Hour, MaxClients: 2}
+	})
+	fail := func(addr string, want int) {
+		t.Helper()
+		if rec := e.loginFrom(addr, wrongToken); rec.Code != want {
+			t.Fatalf("wrong token from %s: %d, want %d", addr, rec.Code, want)
+		}
+		e.clock.Advance(time.Second)
+	}
+	fail("192.0.2.1:1", http.StatusUnauthorized)
+	fail("192.0.2.1:1", http.StatusTooManyRequests)
+	fail("192.0.2.2:1", http.StatusUnauthorized)
+	fail("192.0.2.1:1", http.StatusTooManyRequests) // still tracked: 2 of 2
+	fail("192.0.2.3:1", http.StatusUnauthorized)    // forgets .1, the least recent
+	fail("192.0.2.2:1", http.StatusTooManyRequests)
+	fail("192.0.2.1:1", http.StatusUnauthorized)
+}
