@@ -40,7 +40,12 @@ const (
 )
 
 // Cookies of the dashboard. SessionCookie holds the session id; LoginCookie
-// the double-submit secret of the login form (it is no credential).
+// the double-submit secret of the login form (it is no credential). Both are
+// HttpOnly and SameSite=Strict. Over HTTPS (see secureRequest) they are
+// Secure, have Path=/ and no Domain, and their names carry the __Host-
+// prefix, which makes the browser keep exactly that: no sibling host and no
+// attacker on plain HTTP can plant one (a session of their own, or a login
+// secret they know).
 const (
 	SessionCookie = "vj_session"
 	LoginCookie   = "vj_login"
@@ -150,6 +155,12 @@ func (d *dashboard) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	h.Set("Referrer-Policy", "no-referrer")
 	h.Set("Cross-Origin-Opener-Policy", "same-origin")
 	h.Set("Cache-Control", "no-store")
+	if secureRequest(r) {
+		// Browsers heed it only over HTTPS, so a forged X-Forwarded-Proto
+		// on plain HTTP sets nothing. Not includeSubDomains: other hosts
+		// of the domain are not ours to decide.
+		h.Set("Strict-Transport-Security", "max-age=31536000")
+	}
 	defer func() {
 		if p := recover(); p != nil {
 			if p == http.ErrAbortHandler {
@@ -212,7 +223,7 @@ var errNoSession = errors.New("no live session")
 // authenticate finds the request's session and checks its token again: a
 // token revoked (or gone) since the login ends the session at once.
 func (d *dashboard) authenticate(ctx context.Context, r *http.Request) (*viewer, error) {
-	c, err := r.Cookie(SessionCookie)
+	c, err := r.Cookie(cookieName(r, SessionCookie))
 	if err != nil {
 		return nil, errNoSession
 	}
@@ -254,7 +265,7 @@ func (d *dashboard) withSession(page func(w http.ResponseWriter, r *http.Request
 	return func(w http.ResponseWriter, r *http.Request) {
 		v, err := d.authenticate(r.Context(), r)
 		if errors.Is(err, errNoSession) {
-			if _, cerr := r.Cookie(SessionCookie); cerr == nil {
+			if _, cerr := r.Cookie(cookieName(r, SessionCookie)); cerr == nil {
 				clearCookie(w, r, SessionCookie, "/")
 			}
 			target := "/login"
@@ -295,18 +306,38 @@ func secureRequest(r *http.Request) bool {
 	return r.TLS != nil || strings.EqualFold(r.Header.Get("X-Forwarded-Proto"), "https")
 }
 
-func setCookie(w http.ResponseWriter, r *http.Request, name, value, path string, maxAge time.Duration) {
-	http.SetCookie(w, &http.Cookie{
-		Name: name, Value: value, Path: path, MaxAge: int(maxAge / time.Second),
-		HttpOnly: true, Secure: secureRequest(r), SameSite: http.SameSiteStrictMode,
-	})
+// hostPrefix marks a cookie the browser accepts only when it is Secure, has
+// Path=/ and no Domain.
+const hostPrefix = "__Host-"
+
+// cookieName is the name of the cookie base on r's scheme.
+func cookieName(r *http.Request, base string) string {
+	if secureRequest(r) {
+		return hostPrefix + base
+	}
+	return base
 }
 
-func clearCookie(w http.ResponseWriter, r *http.Request, name, path string) {
-	http.SetCookie(w, &http.Cookie{
-		Name: name, Value: "", Path: path, MaxAge: -1,
-		HttpOnly: true, Secure: secureRequest(r), SameSite: http.SameSiteStrictMode,
-	})
+// setCookie sets the cookie base for path (over HTTPS, for every path, as
+// the __Host- prefix asks); maxAge 0 makes it last the browser's session,
+// a negative maxAge clears it.
+func setCookie(w http.ResponseWriter, r *http.Request, base, value, path string, maxAge time.Duration) {
+	secure := secureRequest(r)
+	if secure {
+		path = "/"
+	}
+	c := &http.Cookie{
+		Name: cookieName(r, base), Value: value, Path: path, MaxAge: int(maxAge / time.Second),
+		HttpOnly: true, Secure: secure, SameSite: http.SameSiteStrictMode,
+	}
+	if maxAge < 0 {
+		c.Value, c.MaxAge = "", -1
+	}
+	http.SetCookie(w, c)
+}
+
+func clearCookie(w http.ResponseWriter, r *http.Request, base, path string) {
+	setCookie(w, r, base, "", path, -1)
 }
 
 // sameOrigin rejects a form posted from another site, as far as the browser
@@ -339,7 +370,7 @@ type loginData struct {
 // loginSecret returns the double-submit secret of the login form: the one
 // the browser holds if it is well formed, else a new one set in a cookie.
 func loginSecret(w http.ResponseWriter, r *http.Request) string {
-	if c, err := r.Cookie(LoginCookie); err == nil {
+	if c, err := r.Cookie(cookieName(r, LoginCookie)); err == nil {
 		if _, ok := keyOf(c.Value); ok {
 			return c.Value
 		}
@@ -378,7 +409,7 @@ func (d *dashboard) login(w http.ResponseWriter, r *http.Request) {
 	if !safeNext(next) {
 		next = ""
 	}
-	c, err := r.Cookie(LoginCookie)
+	c, err := r.Cookie(cookieName(r, LoginCookie))
 	if !sameOrigin(r) || err != nil || !equalSecret(r.PostForm.Get("csrf"), c.Value) {
 		d.log.Info("web.login_refused", "reason", "csrf")
 		// A fresh form: the secret may simply have expired.
@@ -425,7 +456,7 @@ func (d *dashboard) login(w http.ResponseWriter, r *http.Request) {
 	}
 	d.logins.refund(client, now)
 	// A new id at every login: an id planted before the login is worthless.
-	if old, err := r.Cookie(SessionCookie); err == nil {
+	if old, err := r.Cookie(cookieName(r, SessionCookie)); err == nil {
 		if err := d.sessions.delete(r.Context(), old.Value); err != nil {
 			d.internalError(w, r, nil, fmt.Errorf("ending the previous session: %w", err))
 			return
@@ -457,7 +488,7 @@ func (d *dashboard) logout(w http.ResponseWriter, r *http.Request) {
 		d.renderError(w, r, nil, http.StatusBadRequest, "Bad request", "The form could not be read.")
 		return
 	}
-	c, err := r.Cookie(SessionCookie)
+	c, err := r.Cookie(cookieName(r, SessionCookie))
 	if err != nil {
 		http.Redirect(w, r, "/login", http.StatusSeeOther)
 		return

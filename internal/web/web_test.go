@@ -55,53 +55,104 @@ func TestLoginShowsProjectJobs(t *testing.T) {
 	}
 }
 
+// TestSessionCookieAttributes: the cookies are HttpOnly and SameSite=Strict;
+// over HTTPS (TLS, or a proxy's X-Forwarded-Proto) they are Secure and carry
+// the __Host- prefix (so no sibling host or plain-HTTP attacker can plant
+// one), and every answer sends Strict-Transport-Security. Over plain HTTP
+// the dashboard works as before.
 func TestSessionCookieAttributes(t *testing.T) {
 	e := newEnv(t)
 	for _, tc := range []struct {
 		name   string
 		tls    bool
+		header string // X-Forwarded-Proto
 		secure bool
-	}{{"plain", false, false}, {"tls", true, true}} {
+	}{{"plain", false, "", false}, {"tls", true, "", true}, {"proxy", false, "https", true}, {"proxy http", false, "http", false}} {
 		t.Run(tc.name, func(t *testing.T) {
-			req := httptest.NewRequest("GET", "/login", nil)
-			if tc.tls {
-				req.TLS = &tls.ConnectionState{}
+			prefix := ""
+			if tc.secure {
+				prefix = "__Host-"
 			}
-			rec := httptest.NewRecorder()
-			e.handler.ServeHTTP(rec, req)
-			loginCookie := rec.Result().Cookies()[0]
+			var jar []*http.Cookie
+			send := func(method, path string, form url.Values) *httptest.ResponseRecorder {
+				t.Helper()
+				req := httptest.NewRequest(method, path, strings.NewReader(form.Encode()))
+				if form != nil {
+					req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+				}
+				if tc.tls {
+					req.TLS = &tls.ConnectionState{}
+				}
+				if tc.header != "" {
+					req.Header.Set("X-Forwarded-Proto", tc.header)
+				}
+				for _, c := range jar {
+					req.AddCookie(c)
+				}
+				rec := httptest.NewRecorder()
+				e.handler.ServeHTTP(rec, req)
+				hsts := rec.Header().Get("Strict-Transport-Security")
+				if tc.secure && !strings.HasPrefix(hsts, "max-age=") {
+					t.Errorf("%s %s: Strict-Transport-Security %q, want max-age", method, path, hsts)
+				}
+				if !tc.secure && hsts != "" {
+					t.Errorf("%s %s over plain HTTP: Strict-Transport-Security %q", method, path, hsts)
+				}
+				return rec
+			}
+			check := func(c *http.Cookie, name, path string) {
+				t.Helper()
+				if c.Name != prefix+name || !c.HttpOnly || c.SameSite != http.SameSiteStrictMode ||
+					c.Path != path || c.Domain != "" || c.Secure != tc.secure {
+					t.Errorf("cookie %+v: want %s%s, HttpOnly, SameSite=Strict, Path=%s, no Domain, Secure=%v",
+						c, prefix, name, path, tc.secure)
+				}
+			}
+			rec := send("GET", "/login", nil)
+			cookies := rec.Result().Cookies()
 			m := regexp.MustCompile(`name="csrf" value="([^"]+)"`).FindStringSubmatch(rec.Body.String())
-			if loginCookie.Name != web.LoginCookie || m == nil || m[1] != loginCookie.Value {
-				t.Fatalf("login form: cookie %v, field %v", loginCookie, m)
+			if len(cookies) != 1 || m == nil || m[1] != cookies[0].Value {
+				t.Fatalf("login form: cookies %v, field %v", cookies, m)
 			}
+			loginPath := "/login"
+			if tc.secure {
+				loginPath = "/" // __Host- asks for Path=/
+			}
+			check(cookies[0], web.LoginCookie, loginPath)
+			jar = cookies
 
-			form := url.Values{"csrf": {m[1]}, "token": {tokenA}}
-			req = httptest.NewRequest("POST", "/login", strings.NewReader(form.Encode()))
-			req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
-			req.AddCookie(loginCookie)
-			if tc.tls {
-				req.TLS = &tls.ConnectionState{}
-			}
-			rec = httptest.NewRecorder()
-			e.handler.ServeHTTP(rec, req)
+			rec = send("POST", "/login", url.Values{"csrf": {m[1]}, "token": {tokenA}})
 			if rec.Code != http.StatusSeeOther {
 				t.Fatalf("POST /login: %d", rec.Code)
 			}
 			var sess *http.Cookie
 			for _, c := range rec.Result().Cookies() {
-				if c.Name == web.SessionCookie {
+				if strings.HasSuffix(c.Name, web.SessionCookie) {
 					sess = c
 				}
 			}
 			if sess == nil {
 				t.Fatal("no session cookie")
 			}
-			if !sess.HttpOnly || sess.SameSite != http.SameSiteStrictMode || sess.Path != "/" || sess.Secure != tc.secure {
-				t.Errorf("session cookie %+v: want HttpOnly, SameSite=Strict, Path=/, Secure=%v", sess, tc.secure)
-			}
+			check(sess, web.SessionCookie, "/")
 			if len(sess.Value) != 43 || strings.Contains(sess.Value, tokenA) || strings.Contains(sess.Value, e.tokenAID) {
 				t.Errorf("session cookie value %q is not an opaque 32-byte id", sess.Value)
 			}
+			jar = []*http.Cookie{sess}
+			home := send("GET", "/", nil)
+			if home.Code != http.StatusOK {
+				t.Fatalf("GET / with the session cookie: %d", home.Code)
+			}
+			secret := regexp.MustCompile(`name="csrf" value="([^"]+)"`).FindStringSubmatch(home.Body.String())
+			rec = send("POST", "/logout", url.Values{"csrf": {secret[1]}})
+			if rec.Code != http.StatusSeeOther {
+				t.Fatalf("POST /logout: %d", rec.Code)
+			}
+			cleared := rec.Result().Cookies()
+			if len(cleared) != 1 || cleared[0].MaxAge >= 0 {
+				t.Fatalf("logout cookies %v, want the session cookie cleared", cleared)
+			}
+			check(cleared[0], web.SessionCookie, "/")
 		})
 	}
 }
