@@ -7,7 +7,6 @@ import (
 	"strings"
 	"sync"
 	"time"
-	"unicode/utf8"
 
 	"github.com/vibejobs/vibejobs"
 )
@@ -136,8 +135,8 @@ type jobRow struct {
 
 func jobRowOf(j *vibejobs.Job, now time.Time) jobRow {
 	row := jobRow{
-		ID: j.ID, Name: j.Name, Schedule: j.Schedule, OnceAt: whenPtr(j.At, now, j.Timezone),
-		Timezone: j.Timezone, State: string(j.State), NextRun: whenPtr(j.NextRunAt, now, j.Timezone),
+		ID: j.ID, Name: visible(j.Name), Schedule: visible(j.Schedule), OnceAt: whenPtr(j.At, now, j.Timezone),
+		Timezone: visible(j.Timezone), State: string(j.State), NextRun: whenPtr(j.NextRunAt, now, j.Timezone),
 		Skipped: j.SkippedRuns,
 	}
 	if j.At != nil {
@@ -300,7 +299,7 @@ func (d *dashboard) jobPage(w http.ResponseWriter, r *http.Request, v *viewer) {
 	}
 	data := jobData{
 		jobRow:      jobRowOf(j, v.now),
-		URL:         j.URL,
+		URL:         visible(j.URL),
 		Enabled:     j.Enabled,
 		MaxAttempts: j.Retry.MaxAttempts,
 		MinBackoff:  setting(j.Retry.MinBackoff),
@@ -325,7 +324,7 @@ func (d *dashboard) jobPage(w http.ResponseWriter, r *http.Request, v *viewer) {
 	if cursor != "" {
 		data.FirstPage = link(state, "")
 	}
-	d.render(w, r, http.StatusOK, "job", page{Title: j.Name, Viewer: viewerOf(v), Refresh: true, Body: data})
+	d.render(w, r, http.StatusOK, "job", page{Title: data.Name, Viewer: viewerOf(v), Refresh: true, Body: data})
 }
 
 type attemptRow struct {
@@ -363,7 +362,7 @@ func (d *dashboard) runPage(w http.ResponseWriter, r *http.Request, v *viewer) {
 	var tz, jobName string
 	switch j, err := d.store.GetJob(ctx, v.projectID(), run.JobID); {
 	case err == nil:
-		tz, jobName = j.Timezone, j.Name
+		tz, jobName = j.Timezone, visible(j.Name)
 	case vibejobs.ErrorKind(err) != vibejobs.ENOTFOUND: // a deleted job keeps its runs
 		d.internalError(w, r, v, err)
 		return
@@ -381,7 +380,7 @@ func (d *dashboard) runPage(w http.ResponseWriter, r *http.Request, v *viewer) {
 			Number: a.Number, Started: whenOf(a.StartedAt, v.now, tz), StatusCode: a.StatusCode,
 			ErrorCode: a.ErrorCode, SignatureTimestamp: a.SignatureTimestamp,
 			// Shown as text (html/template escapes it); never logged.
-			Snippet: strings.ToValidUTF8(a.ResponseSnippet, string(utf8.RuneError)),
+			Snippet: visible(a.ResponseSnippet),
 		}
 		if !a.FinishedAt.IsZero() {
 			row.Duration = elapsed(a.Duration())

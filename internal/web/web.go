@@ -538,7 +538,7 @@ func viewerOf(v *viewer) *viewerData {
 	if v == nil {
 		return nil
 	}
-	return &viewerData{Project: cmp.Or(v.project.Name, v.project.ID), TokenName: v.token.Name,
+	return &viewerData{Project: visible(cmp.Or(v.project.Name, v.project.ID)), TokenName: visible(v.token.Name),
 		Role: string(v.token.Role), CSRF: v.csrf}
 }
 
