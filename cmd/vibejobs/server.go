@@ -139,7 +139,7 @@ func (c *Config) flagSet(fs *flag.FlagSet, getenv func(string) string) {
 	intFlag(&c.PerHost, "per-host", "PER_HOST", dispatcher.DefaultPerHost, "attempts in flight per destination host at most (1–10000)")
 	intFlag(&c.RetentionDays, "retention-days", "RETENTION_DAYS", maintenance.DefaultRetentionDays, "history retention in days, 7 to 3650")
 	intFlag(&c.MaxJobsPerProject, "max-jobs-per-project", "MAX_JOBS_PER_PROJECT", 10000, "jobs per project at most")
-	intFlag(&c.RateLimit, "rate-limit", "RATE_LIMIT", api.DefaultRatePerSecond, "API requests per second per token (burst twice that; 1 to 1000000)")
+	intFlag(&c.RateLimit, "rate-limit", "RATE_LIMIT", api.DefaultRatePerSecond, "API requests per second per token, and dashboard pages apart (burst twice that; 1 to 1000000)")
 	// durationFlag declares a duration flag whose environment variable is
 	// read first; a value parse refuses is an error of the flag, or, from
 	// the environment, badDuration for validate to report.
@@ -394,6 +394,11 @@ func (m *Main) Run(ctx context.Context) error {
 		Observer: met, OnRecovered: func() { disp.Wake(); subs.Wake() },
 		StoreTimeout: cfg.StoreTimeout,
 	})
+	// The dashboard limits each token's pages as the API limits its
+	// requests, in a bucket of its own.
+	rate := cmp.Or(cfg.RateLimit, api.DefaultRatePerSecond)
+	dashboard := web.New(web.Config{Store: store, Now: now, Logger: m.logger,
+		PageLimit: web.PageLimit{PerSecond: float64(rate), Burst: 2 * rate}})
 	apiSrv := api.New(api.Config{
 		Store: store, Sealer: sealer, URLs: policy, Now: now, Logger: m.logger,
 		Wake:                func() { sched.Wake(); disp.Wake(); subs.Wake() },
@@ -402,9 +407,9 @@ func (m *Main) Run(ctx context.Context) error {
 		Ready:               func(context.Context) error { return loopsMoving(now(), sched, disp) },
 		Metrics:             met.Handler(),
 		InstallationMetrics: met.InstallationHandler(),
-		Extra:               web.New(web.Config{Store: store, Now: now, Logger: m.logger}),
+		Extra:               dashboard,
 		MaxJobsPerProject:   cfg.MaxJobsPerProject,
-		RateLimit:           api.RateLimit{PerSecond: float64(cmp.Or(cfg.RateLimit, api.DefaultRatePerSecond)), Burst: 2 * cmp.Or(cfg.RateLimit, api.DefaultRatePerSecond)},
+		RateLimit:           api.RateLimit{PerSecond: float64(rate), Burst: 2 * rate},
 		RotationGrace:       cfg.RotationGrace,
 	})
 

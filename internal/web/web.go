@@ -5,7 +5,9 @@
 // The dashboard keeps its sessions in the Store, so every replica knows
 // them, and never puts the token in a cookie: the browser holds a random
 // session id only. Every request checks the token again, so revoking it
-// ends its sessions at once. Pages carry no script, every response forbids
+// ends its sessions at once. Failed logins are limited per client address
+// (LoginLimit), and the pages of each token's sessions as its API requests
+// are (PageLimit). Pages carry no script, every response forbids
 // framing, sniffing and referrers, and nothing it logs holds a token, a
 // session id, a URL or a response snippet.
 package web
@@ -75,6 +77,8 @@ type Config struct {
 	SessionLifetime time.Duration
 	// LoginLimit bounds failed logins per client address.
 	LoginLimit LoginLimit
+	// PageLimit bounds the pages of each token's sessions.
+	PageLimit PageLimit
 }
 
 //go:embed templates/*.html
@@ -96,7 +100,8 @@ type dashboard struct {
 	now      func() time.Time
 	log      *slog.Logger
 	sessions *sessions
-	logins   *loginLimiter // nil when the limit is off
+	logins   *limiter // failed logins per client; nil when off
+	pageRate *limiter // pages per token; nil when off
 	pages    map[string]*template.Template
 	mux      *http.ServeMux
 }
@@ -113,8 +118,9 @@ func New(cfg Config) http.Handler {
 		log:   cmp.Or(cfg.Logger, slog.Default()),
 		sessions: &sessions{store: cfg.Store, max: cmp.Or(max(cfg.MaxSessions, 0), DefaultMaxSessions),
 			lifetime: cmp.Or(max(cfg.SessionLifetime, 0), DefaultSessionLifetime)},
-		logins: newLoginLimiter(cfg.LoginLimit),
-		pages:  parsePages(),
+		logins:   newLoginLimiter(cfg.LoginLimit),
+		pageRate: newPageLimiter(cfg.PageLimit),
+		pages:    parsePages(),
 	}
 	if d.now == nil {
 		d.now = time.Now
@@ -277,6 +283,12 @@ func (d *dashboard) withSession(page func(w http.ResponseWriter, r *http.Request
 		}
 		if err != nil {
 			d.internalError(w, r, nil, err)
+			return
+		}
+		if wait, ok := d.pageRate.take(v.token.ID, v.now); !ok {
+			w.Header().Set("Retry-After", strconv.Itoa(int(wait/time.Second)))
+			d.renderError(w, r, v, http.StatusTooManyRequests, "Too many requests",
+				"This token's sessions asked for pages faster than the dashboard allows. Try again in "+retryText(wait)+".")
 			return
 		}
 		page(w, r, v)
