@@ -16,15 +16,17 @@ import (
 // exactly as for an id that does not exist, and cursors minted in B show A's
 // things only; on both stores.
 func TestAnotherProjectOnEveryStore(t *testing.T) {
-	stores := map[string]func() *env{
-		"sqlite": func() *env { return newEnv(t) },
-		"postgres": func() *env {
+	// Each store opens on the subtest's t: MustOpenTestWith skips when no
+	// PostgreSQL is configured, and only the subtest may skip itself.
+	stores := map[string]func(t *testing.T) *env{
+		"sqlite": func(t *testing.T) *env { return newEnv(t) },
+		"postgres": func(t *testing.T) *env {
 			return newEnvOn(t, postgres.MustOpenTestWith(t, postgres.Options{Logger: slog.New(slog.DiscardHandler)}))
 		},
 	}
 	for name, open := range stores {
 		t.Run(name, func(t *testing.T) {
-			e := open()
+			e := open(t)
 			own := e.job(e.projectA)
 			ownRun := e.run(own, t0.Add(time.Minute))
 			other := e.job(e.projectB, named("beta job"), func(j *vibejobs.Job) { j.URL = "https://beta-target.example.com/hook" })
