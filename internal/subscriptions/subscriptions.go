@@ -461,7 +461,13 @@ func errorCodeOf(err error) string {
 
 // sign returns the headers of e's request, signed at now with the current
 // secret and, during a rotation's grace window, the previous one as a
-// second v1= value.
+// second v1= value. Its only error is a current secret that does not open.
+// A previous secret that does not open is left out: it is a courtesy to
+// receivers still switching, and the usual reason for it is the one a
+// rotation repairs (a secret sealed under a master key the key file lost),
+// so failing on it would hold a subscription the operator just revived
+// for the whole grace window. Secrets are re-sealed together, so a
+// previous secret fails alone only once its key is gone for good.
 func (d *Deliverer) sign(sub *vibejobs.Subscription, e *vibejobs.Event, body []byte, now time.Time) (http.Header, error) {
 	secret, err := d.cfg.Opener.Open(sub.Secret, sub.ID)
 	if err != nil {
@@ -470,11 +476,7 @@ func (d *Deliverer) sign(sub *vibejobs.Subscription, e *vibejobs.Event, body []b
 	ts := now.Unix()
 	sig := contract.AppendSignature(make([]byte, 0, 180), secret, ts, body)
 	if sub.PreviousSecret.KeyID != "" && sub.PreviousExpiresAt != nil && now.Before(*sub.PreviousExpiresAt) {
-		prev, err := d.cfg.Opener.Open(sub.PreviousSecret, sub.ID)
-		if err != nil {
-			return nil, err
-		}
-		if prev != secret {
+		if prev, err := d.cfg.Opener.Open(sub.PreviousSecret, sub.ID); err == nil && prev != secret {
 			other := contract.Sign(prev, ts, body)
 			sig = append(sig, other[strings.Index(other, ",v1="):]...)
 		}

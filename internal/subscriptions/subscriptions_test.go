@@ -19,6 +19,7 @@ import (
 
 	"github.com/vibejobs/vibejobs"
 	"github.com/vibejobs/vibejobs/contract"
+	"github.com/vibejobs/vibejobs/internal/api"
 	"github.com/vibejobs/vibejobs/internal/dispatcher"
 	"github.com/vibejobs/vibejobs/internal/egress"
 	"github.com/vibejobs/vibejobs/internal/secretbox"
@@ -134,7 +135,8 @@ type env struct {
 	job     *vibejobs.Job
 }
 
-func newEnv(t *testing.T) *env {
+// newEmptyEnv is an env on a store without a project.
+func newEmptyEnv(t *testing.T) *env {
 	t.Helper()
 	c := &clock{t: t0}
 	st, err := sqlite.Open(context.Background(), filepath.Join(t.TempDir(), "db"), sqlite.Options{Now: c.Now, Logger: slog.New(slog.DiscardHandler)})
@@ -156,7 +158,13 @@ func newEnv(t *testing.T) *env {
 		t.Fatal(err)
 	}
 	t.Cleanup(client.CloseIdleConnections)
-	e := &env{t: t, store: st, keys: keys, client: client, clock: c, logs: &syncbuf.Buffer{}, project: "prj_test"}
+	return &env{t: t, store: st, keys: keys, client: client, clock: c, logs: &syncbuf.Buffer{}}
+}
+
+func newEnv(t *testing.T) *env {
+	t.Helper()
+	e := newEmptyEnv(t)
+	e.project = "prj_test"
 	e.update(func(tx vibejobs.Tx) error {
 		return tx.CreateProject(context.Background(), &vibejobs.Project{ID: e.project, Name: "test", CreatedAt: t0})
 	})
@@ -876,4 +884,76 @@ func TestSecretThatDoesNotOpenMarksFailing(t *testing.T) {
 	if s := e.get(sub.ID); s.Failing() || s.Cursor != 2 {
 		t.Fatalf("recovered: %+v", s)
 	}
+}
+
+// TestRotationRevivesSubscriptionWhoseSecretIsLost: a subscription whose
+// secret was sealed under a master key the key file no longer holds is
+// failing (secret_unavailable) until an operator acts. Rotating its secret
+// through the API is that act: the new secret opens, and delivery resumes
+// at the next try (ErrorPause), signed with the new secret alone. The
+// replaced secret, which cannot be opened, must not hold the subscription
+// through the rotation's grace window (24 h).
+func TestRotationRevivesSubscriptionWhoseSecretIsLost(t *testing.T) {
+	e := newEmptyEnv(t)
+	r := newRecv(t)
+	token, _, err := api.Bootstrap(context.Background(), e.store, e.clock.Now(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.project = api.BootstrapProjectID
+	job := e.newJob("job_lost", "http://127.0.0.1:1/")
+	lostKeys := mustKeyring(t) // the key the old secret was sealed under: gone from the key file
+	sub, _ := e.subscribe(r.srv.URL, func(s *vibejobs.Subscription) {
+		old, _ := contract.NewSecret(nil)
+		s.Secret, _ = lostKeys.Seal(old, s.ID)
+	})
+	d := e.deliverer("w1", nil) // opens with e.keys only
+	e.emit(job, vibejobs.EventJobUpdated)
+	runOnce(t, d)
+	if got := r.drain(); len(got) != 0 {
+		t.Fatalf("sent without a secret: %v", seqs(got))
+	}
+	if s := e.get(sub.ID); s.ErrorCode != subscriptions.CodeSecretUnavailable {
+		t.Fatalf("before the rotation: %+v", s)
+	}
+
+	h := api.New(api.Config{Store: e.store, Sealer: e.keys, Now: e.clock.Now,
+		Logger: slog.New(slog.DiscardHandler), RateLimit: api.RateLimit{PerSecond: -1}}).Handler()
+	req := httptest.NewRequest("POST", "/v1/subscriptions/"+sub.ID+"/rotate-secret", nil)
+	req.Header.Set("Authorization", "Bearer "+token)
+	req.Header.Set("Idempotency-Key", "rotate-lost-secret")
+	w := httptest.NewRecorder()
+	h.ServeHTTP(w, req)
+	var rotated struct{ Secret string }
+	if err := json.Unmarshal(w.Body.Bytes(), &rotated); w.Code != http.StatusOK || err != nil || rotated.Secret == "" {
+		t.Fatalf("rotate-secret: %d", w.Code)
+	}
+
+	e.clock.Add(subscriptions.ErrorPause)
+	runOnce(t, d)
+	got := r.drain()
+	if len(got) != 1 || got[0].seq() != 1 {
+		s := e.get(sub.ID)
+		t.Fatalf("after the rotation received %v, want event 1; subscription error %q, next attempt %v",
+			seqs(got), s.ErrorCode, s.NextAttemptAt)
+	}
+	if err := receiver.VerifyEvent(got[0].header.Get("Vibe-Signature"), got[0].body, e.clock.Now(), rotated.Secret); err != nil {
+		t.Errorf("the new secret does not verify: %v", err)
+	}
+	if s := e.get(sub.ID); s.Failing() || s.Cursor != 1 {
+		t.Errorf("after the rotation: failing %v (%s), cursor %d, want caught up", s.Failing(), s.ErrorCode, s.Cursor)
+	}
+}
+
+func mustKeyring(t *testing.T) *secretbox.Keyring {
+	t.Helper()
+	key, err := secretbox.NewKey()
+	if err != nil {
+		t.Fatal(err)
+	}
+	k, err := secretbox.Parse([]byte(key))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return k
 }
