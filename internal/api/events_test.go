@@ -310,3 +310,39 @@ func TestSubscriptionSecretNotAtRest(t *testing.T) {
 		t.Error("the log holds a secret")
 	}
 }
+
+// TestRotatingAnUnopenableSubscriptionSecret: rotate-secret is how an
+// operator revives a subscription whose secret no longer opens (sealed
+// under a master key the key file lost). Such a secret cannot sign, so it is
+// not kept as the previous one: the answer shows no grace window, and the
+// row holds no secret that a later master key rotation could not re-seal.
+func TestRotatingAnUnopenableSubscriptionSecret(t *testing.T) {
+	e := newEnv(t)
+	subID := e.must(201, "POST", "/v1/subscriptions", e.admin, map[string]any{"url": "https://example.com/"})["id"].(string)
+	lost := mustKeyring(t)
+	old, _ := contract.NewSecret(nil)
+	sealed, err := lost.Seal(old, subID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := e.store.Update(context.Background(), func(tx vibejobs.Tx) error {
+		return tx.SetSubscriptionSecrets(context.Background(), subID, sealed, vibejobs.SealedSecret{})
+	}); err != nil {
+		t.Fatal(err)
+	}
+	rot := e.must(200, "POST", "/v1/subscriptions/"+subID+"/rotate-secret", e.admin, nil)
+	if rot["previousSecretExpiresAt"] != nil {
+		t.Errorf("rotating an unopenable secret: previousSecretExpiresAt %v, want null", rot["previousSecretExpiresAt"])
+	}
+	stored, err := e.store.GetSubscription(context.Background(), e.project, subID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if stored.PreviousSecret.KeyID != "" || stored.PreviousExpiresAt != nil {
+		t.Errorf("the unopenable secret was kept as the previous one (key %q, until %v)",
+			stored.PreviousSecret.KeyID, stored.PreviousExpiresAt)
+	}
+	if s, err := e.keys.Open(stored.Secret, subID); err != nil || s != rot["secret"] {
+		t.Errorf("the new secret does not open as answered: %v", err)
+	}
+}

@@ -272,7 +272,11 @@ func (s *Server) deleteSubscription(ctx context.Context, c *call) (*response, er
 // rotateSubscriptionSecret gives the subscription a new secret. Requests go
 // on being signed with the replaced one too, as a second v1= value, for the
 // rotation grace window, so a receiver can switch secrets without losing an
-// event; a secret replaced before that is dropped at once.
+// event; a secret replaced before that is dropped at once. So is a replaced
+// secret that does not open (sealed under a master key the key file lost:
+// the subscription is failing with secret_unavailable, and rotating is how
+// the operator revives it): it cannot sign, and kept it would only block a
+// later master key rotation, which re-seals every previous secret.
 func (s *Server) rotateSubscriptionSecret(ctx context.Context, c *call, tx vibejobs.Tx) (*response, error) {
 	if e := decodeEmpty(c.body); e != nil {
 		return nil, e
@@ -291,6 +295,9 @@ func (s *Server) rotateSubscriptionSecret(ctx context.Context, c *call, tx vibej
 	}
 	until := c.now.Add(s.rotationGrace)
 	sub.PreviousSecret, sub.PreviousExpiresAt = sub.Secret, &until
+	if _, err := s.sealer.Open(sub.Secret, sub.ID); err != nil {
+		sub.PreviousSecret, sub.PreviousExpiresAt = vibejobs.SealedSecret{}, nil
+	}
 	sub.Secret, sub.UpdatedAt = sealed, c.now
 	if err := tx.UpdateSubscription(ctx, sub); err != nil {
 		return nil, err
