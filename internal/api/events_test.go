@@ -346,3 +346,60 @@ func TestRotatingAnUnopenableSubscriptionSecret(t *testing.T) {
 		t.Errorf("the new secret does not open as answered: %v", err)
 	}
 }
+
+// TestSubscriptionJobIDsMustBeJobsOfTheProject: a filter naming no live job
+// of the project would silently send nothing, so it is refused (400
+// invalid_job_id, field jobIds): a malformed id, a deleted job's, and
+// another project's job, answered exactly as an id never given out, so that
+// a tenant learns nothing of another's ids. A repeated id is kept once, as
+// a repeated type is. A PATCH may send back the ids the subscription
+// already holds, though their jobs were deleted since (their last runs'
+// events may still come).
+func TestSubscriptionJobIDsMustBeJobsOfTheProject(t *testing.T) {
+	e := newEnv(t)
+	live := e.createJob(e.admin, nil)["id"].(string)
+	deleted := e.createJob(e.admin, nil)["id"].(string)
+	later := e.createJob(e.admin, nil)["id"].(string)
+	e.must(204, "DELETE", "/v1/jobs/"+deleted, e.admin, nil)
+	_, toks := e.newProject("other")
+	theirs := e.createJob(toks[vibejobs.RoleWrite], nil)["id"].(string)
+	const never = "job_01a0000000000000000000000000"
+
+	refusal := func(method, path string, body map[string]any, id string) string {
+		t.Helper()
+		res := e.do(method, path, e.admin, body)
+		if code, fld := res.errorCode(t); res.status != 400 || code != "invalid_job_id" || fld != "jobIds" {
+			t.Errorf("%s %s with jobIds %v: %s, want 400 invalid_job_id (jobIds)", method, path, body["jobIds"], res)
+		}
+		return strings.ReplaceAll(string(res.body), id, "<id>")
+	}
+	for _, path := range []string{"/v1/subscriptions", ""} {
+		method := "POST"
+		if path == "" {
+			method = "PATCH"
+			path = "/v1/subscriptions/" + e.must(201, "POST", "/v1/subscriptions", e.admin,
+				map[string]any{"url": "https://example.com/"})["id"].(string)
+		}
+		body := func(id string) map[string]any {
+			return map[string]any{"url": "https://example.com/", "jobIds": []string{live, id}}
+		}
+		refusal(method, path, body("job_bad!"), "job_bad!")
+		refusal(method, path, body(deleted), deleted)
+		if a, b := refusal(method, path, body(theirs), theirs), refusal(method, path, body(never), never); a != b {
+			t.Errorf("%s %s: another project's job answers %s, a job that never was %s", method, path, a, b)
+		}
+	}
+
+	sub := e.must(201, "POST", "/v1/subscriptions", e.admin,
+		map[string]any{"url": "https://example.com/", "jobIds": []string{live, later, live}})
+	if ids := sub["jobIds"].([]any); len(ids) != 2 || ids[0] != live || ids[1] != later {
+		t.Errorf("jobIds %v, want [%s %s]", ids, live, later)
+	}
+	e.must(204, "DELETE", "/v1/jobs/"+later, e.admin, nil)
+	patched := e.must(200, "PATCH", "/v1/subscriptions/"+sub["id"].(string), e.admin,
+		map[string]any{"types": []string{"run.failed"}, "jobIds": []string{live, later}})
+	if ids := patched["jobIds"].([]any); len(ids) != 2 {
+		t.Errorf("jobIds after a PATCH sending them back: %v", ids)
+	}
+	refusal("PATCH", "/v1/subscriptions/"+sub["id"].(string), map[string]any{"jobIds": []string{live, later, deleted}}, deleted)
+}

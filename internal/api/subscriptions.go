@@ -124,6 +124,27 @@ func parseSubscriptionInput(body []byte) (*subscriptionInput, *vibejobs.Error) {
 	return in, nil
 }
 
+// checkJobIDs refuses a jobIds filter naming a job that is not a live job
+// of the project: such a filter would send nothing, silently. Malformed,
+// deleted, never created and another project's ids all get the same answer
+// (400 invalid_job_id), so a tenant learns nothing of another's ids. Ids in
+// held (the subscription's filter before a PATCH) pass unchecked: a client
+// may send back the filter it read, though some of its jobs were deleted
+// since (their runs' last events may still come).
+func checkJobIDs(ctx context.Context, tx vibejobs.Reader, projectID string, ids, held []string) error {
+	for _, id := range ids {
+		if containsString(held, id) {
+			continue
+		}
+		if _, err := tx.GetJob(ctx, projectID, id); vibejobs.ErrorKind(err) == vibejobs.ENOTFOUND {
+			return invalid("invalid_job_id", "jobIds", "jobIds names "+id+", which is not a job of this project")
+		} else if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 func containsString(ss []string, s string) bool {
 	for _, x := range ss {
 		if x == s {
@@ -183,6 +204,9 @@ func (s *Server) createSubscription(ctx context.Context, c *call, tx vibejobs.Tx
 		sub.Types = *in.types
 	}
 	if in.jobIDs != nil {
+		if err := checkJobIDs(ctx, tx, c.projectID(), *in.jobIDs, nil); err != nil {
+			return nil, err
+		}
 		sub.JobIDs = *in.jobIDs
 	}
 	secret, err := contract.NewSecret(s.rand)
@@ -246,6 +270,9 @@ func (s *Server) patchSubscription(ctx context.Context, c *call) (*response, err
 			sub.Types = *in.types
 		}
 		if in.jobIDs != nil {
+			if err := checkJobIDs(ctx, tx, c.projectID(), *in.jobIDs, sub.JobIDs); err != nil {
+				return err
+			}
 			sub.JobIDs = *in.jobIDs
 		}
 		sub.UpdatedAt = c.now

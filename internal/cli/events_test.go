@@ -79,13 +79,16 @@ func TestSubscriptionCommands(t *testing.T) {
 			t.Errorf("create lacks %q:\n%s", want, out)
 		}
 	}
-	s := a.okJSON(t, "subscriptions", "create", "--url", "https://hooks.example.com/2", "--jobs", "job_a,job_b")
+	// A subscription's jobIds must name jobs of the project.
+	jobA := a.okJSON(t, "jobs", "create", "--name", "a", "--schedule", "@daily", "--url", "https://example.com/a")["id"].(string)
+	jobB := a.okJSON(t, "jobs", "create", "--name", "b", "--schedule", "@daily", "--url", "https://example.com/b")["id"].(string)
+	s := a.okJSON(t, "subscriptions", "create", "--url", "https://hooks.example.com/2", "--jobs", jobA+","+jobB)
 	id := s["id"].(string)
 	if sec, _ := s["secret"].(string); !strings.HasPrefix(sec, "vjs_") {
 		t.Errorf("create --json: %v", s)
 	}
 	out = a.ok(t, "subscriptions", "list")
-	for _, want := range []string{"ID", "URL", "TYPES", "CURSOR", "STATUS", id, "job_a,job_b"} {
+	for _, want := range []string{"ID", "URL", "TYPES", "CURSOR", "STATUS", id, jobA + "," + jobB} {
 		if !strings.Contains(out, want) {
 			t.Errorf("list lacks %q:\n%s", want, out)
 		}
@@ -106,13 +109,13 @@ func TestSubscriptionCommands(t *testing.T) {
 	if !strings.Contains(out, "secret: vjs_") || !strings.Contains(out, "old secret signs until") {
 		t.Errorf("rotate-secret:\n%s", out)
 	}
-	if r := a.okJSON(t, "subscriptions", "reset", id); r["cursor"] != 0.0 || r["failing"] != false {
+	if r := a.okJSON(t, "subscriptions", "reset", id); r["cursor"] != 2.0 || r["failing"] != false { // after the two jobs' job.created
 		t.Errorf("reset: %v", r)
 	}
 	// A reset past events names them, and how to read them.
 	a.okJSON(t, "jobs", "create", "--name", "after-reset", "--schedule", "@daily", "--url", "https://example.com/")
-	if out := a.ok(t, "subscriptions", "reset", id); !strings.Contains(out, "skipped events 1 to 1") ||
-		!strings.Contains(out, "events tail --after 0") {
+	if out := a.ok(t, "subscriptions", "reset", id); !strings.Contains(out, "skipped events 3 to 3") ||
+		!strings.Contains(out, "events tail --after 2") {
 		t.Errorf("reset past an event:\n%s", out)
 	}
 	if out := a.ok(t, "subscriptions", "delete", id); !strings.Contains(out, "deleted subscription "+id) {
