@@ -2,9 +2,12 @@ package api
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/base64"
 	"net/http"
 	"net/url"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/vibejobs/vibejobs"
@@ -234,11 +237,15 @@ func (s *Server) listJobs(ctx context.Context, c *call) (*response, error) {
 	if e != nil {
 		return nil, e
 	}
+	sc := listScope{kind: "jobs", projectID: c.projectID()}
+	if err := s.openCursor(ctx, &p, sc); err != nil {
+		return nil, err
+	}
 	jobs, next, err := s.store.ListJobs(ctx, c.projectID(), p)
 	if err != nil {
 		return nil, err
 	}
-	out := jobListJSON{Jobs: make([]jobJSON, 0, len(jobs)), NextCursor: cursorPtr(next)}
+	out := jobListJSON{Jobs: make([]jobJSON, 0, len(jobs)), NextCursor: boundCursor(next, sc)}
 	for _, j := range jobs {
 		out.Jobs = append(out.Jobs, jobView(j))
 	}
@@ -438,7 +445,8 @@ func (s *Server) nextFireTimes(ctx context.Context, c *call) (*response, error) 
 	return jsonResponse(http.StatusOK, out), nil
 }
 
-// pageOf reads limit and cursor; the store checks the cursor itself.
+// pageOf reads limit and cursor. The cursor is only checked for shape:
+// openCursor then checks that it continues the list asked for.
 func pageOf(q url.Values) (vibejobs.Page, *vibejobs.Error) {
 	var p vibejobs.Page
 	if v, ok := q["limit"]; ok {
@@ -450,16 +458,97 @@ func pageOf(q url.Values) (vibejobs.Page, *vibejobs.Error) {
 	}
 	if v, ok := q["cursor"]; ok {
 		if len(v) != 1 || v[0] == "" || len(v[0]) > 512 {
-			return p, invalid("invalid_cursor", "cursor", "cursor is not one this API returned")
+			return p, errInvalidCursor()
 		}
 		p.Cursor = v[0]
 	}
 	return p, nil
 }
 
-func cursorPtr(c string) *string {
-	if c == "" {
+func errInvalidCursor() *vibejobs.Error {
+	return invalid("invalid_cursor", "cursor",
+		"cursor is not one this list returned: a cursor continues only the list (project, filters) it came from")
+}
+
+// listScope is the list a cursor continues: its kind, its project and its
+// filters; not the page size, which may change from page to page.
+type listScope struct {
+	kind      string // "jobs" or "runs"
+	projectID string
+	jobID     string // runs: of this job only ("" for every job)
+	state     string // runs: in this state only ("" for every state)
+}
+
+// tag is the digest of sc that the cursors of its list carry. It needs no
+// key: it keeps a client from continuing one list with another's cursor by
+// mistake, and a made-up cursor can still read only the caller's own
+// project, which every store query is confined to.
+func (sc listScope) tag() string {
+	h := sha256.Sum256([]byte("vibejobs list cursor\x00" + sc.kind + "\x00" + sc.projectID + "\x00" +
+		sc.jobID + "\x00" + sc.state))
+	return base64.RawURLEncoding.EncodeToString(h[:9])
+}
+
+// boundCursor is the API's cursor for the store's next cursor of list sc
+// (nil when there is no next page): the store's position, a dot (which
+// store cursors, base64url, never hold) and sc's tag.
+func boundCursor(next string, sc listScope) *string {
+	if next == "" {
 		return nil
 	}
+	c := next + "." + sc.tag()
 	return &c
+}
+
+// openCursor checks that p's cursor continues list sc and replaces it with
+// the store's position; a cursor of another project's list, of another
+// kind of list or of other filters is refused (invalid_cursor) rather
+// than answered with a page that starts somewhere else.
+func (s *Server) openCursor(ctx context.Context, p *vibejobs.Page, sc listScope) error {
+	if p.Cursor == "" {
+		return nil
+	}
+	pos, tag, bound := strings.Cut(p.Cursor, ".")
+	if !bound {
+		return s.checkUnboundCursor(ctx, pos, sc)
+	}
+	if pos == "" || tag != sc.tag() {
+		return errInvalidCursor()
+	}
+	p.Cursor = pos
+	return nil
+}
+
+// checkUnboundCursor accepts a cursor minted before cursors carried their
+// list's tag (the store's bare position: the base64url of the last id
+// listed), so that a client paging across the upgrade is not cut off,
+// provided that position is a live job of the project for a jobs list, or
+// a run of the project (and of the filtered job) for a runs list. A state
+// filter cannot be checked, nor a job deleted since. It can go once no
+// such cursor can be in use.
+func (s *Server) checkUnboundCursor(ctx context.Context, c string, sc listScope) error {
+	b, err := base64.RawURLEncoding.Strict().DecodeString(c)
+	if err != nil {
+		return errInvalidCursor()
+	}
+	id := string(b)
+	switch sc.kind {
+	case "jobs":
+		if !contract.ValidID(id, "job_") {
+			return errInvalidCursor()
+		}
+		_, err = s.store.GetJob(ctx, sc.projectID, id)
+	default:
+		if !contract.ValidID(id, "run_") {
+			return errInvalidCursor()
+		}
+		var r *vibejobs.Run
+		if r, err = s.store.GetRun(ctx, sc.projectID, id); err == nil && sc.jobID != "" && r.JobID != sc.jobID {
+			return errInvalidCursor()
+		}
+	}
+	if vibejobs.ErrorKind(err) == vibejobs.ENOTFOUND {
+		return errInvalidCursor()
+	}
+	return err
 }

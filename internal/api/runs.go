@@ -163,11 +163,17 @@ func (s *Server) runList(ctx context.Context, c *call, jobID string) (*response,
 			return nil, err
 		}
 	}
+	// After the job's check: another project's job answers 404, whatever
+	// the cursor, as a job that does not exist.
+	sc := listScope{kind: "runs", projectID: c.projectID(), jobID: jobID, state: string(f.State)}
+	if err := s.openCursor(ctx, &p, sc); err != nil {
+		return nil, err
+	}
 	runs, next, err := s.store.ListRuns(ctx, c.projectID(), f, p)
 	if err != nil {
 		return nil, err
 	}
-	out := runListJSON{Runs: make([]runJSON, 0, len(runs)), NextCursor: cursorPtr(next)}
+	out := runListJSON{Runs: make([]runJSON, 0, len(runs)), NextCursor: boundCursor(next, sc)}
 	for _, r := range runs {
 		out.Runs = append(out.Runs, runView(r))
 	}

@@ -273,17 +273,26 @@ func crossProjectAudit(t *testing.T, e *tenantEnv) {
 		}
 	}
 
-	// Lists, and cursors minted in A, show B's things only.
+	// Lists show B's things only; cursors minted in A are refused.
 	bRead := b[vibejobs.RoleRead]
 	for _, p := range []string{
-		"/v1/jobs", "/v1/jobs?cursor=" + aJobsCursor, "/v1/jobs?cursor=" + aJobRunsCursor,
-		"/v1/runs", "/v1/runs?cursor=" + aRunsCursor, "/v1/runs?cursor=" + aJobsCursor, "/v1/runs?state=succeeded",
-		"/v1/jobs/" + bJobID + "/runs", "/v1/jobs/" + bJobID + "/runs?cursor=" + aJobRunsCursor,
+		"/v1/jobs", "/v1/runs", "/v1/runs?state=succeeded", "/v1/jobs/" + bJobID + "/runs",
 		"/v1/subscriptions", "/v1/subscriptions/" + bSubID,
 		"/v1/events", "/v1/events?after=0&limit=100", "/v1/events?type=run.succeeded",
 	} {
 		if res := sendB("GET", p, bRead, "", nil); res.status != 200 {
 			t.Errorf("GET %s as B: %s", p, res)
+		}
+	}
+	for _, p := range []string{
+		"/v1/jobs?cursor=" + aJobsCursor, "/v1/jobs?cursor=" + aJobRunsCursor,
+		"/v1/runs?cursor=" + aRunsCursor, "/v1/runs?cursor=" + aJobsCursor,
+		"/v1/jobs/" + bJobID + "/runs?cursor=" + aJobRunsCursor,
+	} {
+		if res := sendB("GET", p, bRead, "", nil); res.status != 400 {
+			t.Errorf("GET %s as B: %s, want 400", p, res)
+		} else if code, _ := res.errorCode(t); code != "invalid_cursor" {
+			t.Errorf("GET %s as B: %s, want invalid_cursor", p, res)
 		}
 	}
 	sendB("GET", "/v1/projects/"+bID+"/tokens", b[vibejobs.RoleAdmin], "", nil)
