@@ -36,9 +36,13 @@ const (
 )
 
 // Run runs one command; args start at the resource ("jobs", "create", …).
-// Results go to stdout; usage goes to stderr. Run does not print the error it
-// returns: the caller prints "error: " and the error (for an API error,
-// "<code>: <message> (field)") and exits with 2 for a *UsageError, 1 otherwise.
+// Results go to stdout; usage goes to stderr; text from the server is
+// escaped where it holds control, bidi or invalid bytes (see printable),
+// except in --json output. Run does not print the error it returns: the
+// caller prints "error: " and the error (for an API error, "<code>: <message>
+// (field)") and exits with 2 for a *UsageError, 1 otherwise. The error's text
+// is safe to print on a terminal; errors.As still finds the *UsageError or
+// *APIError under it.
 func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	return run(ctx, args, os.Getenv, stdout, stderr, nil)
 }
@@ -52,7 +56,23 @@ type env struct {
 }
 
 func run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer, tune func(*client)) error {
-	e := &env{getenv: getenv, stdout: stdout, stderr: stderr, tune: tune}
+	err := dispatch(ctx, args, &env{getenv: getenv, stdout: stdout, stderr: stderr, tune: tune})
+	if err != nil && printable(err.Error()) != err.Error() {
+		return &printableError{err}
+	}
+	return err
+}
+
+// printableError shows an error whose text holds what a terminal would act
+// on (an API error's message, say) through printable.
+type printableError struct{ err error }
+
+func (e *printableError) Error() string { return printable(e.err.Error()) }
+func (e *printableError) Unwrap() error { return e.err }
+
+// dispatch finds the command of args and runs it.
+func dispatch(ctx context.Context, args []string, e *env) error {
+	stdout, stderr := e.stdout, e.stderr
 	if len(args) == 0 {
 		fmt.Fprint(stderr, topUsage)
 		return usagef("name a resource: jobs, runs, events, subscriptions, projects or tokens")

@@ -191,7 +191,7 @@ func jobDelete(fs *flag.FlagSet) func(*call) error {
 		if c.json {
 			return c.printJSON(map[string]any{"id": c.pos[0], "deleted": true})
 		}
-		fmt.Fprintf(c.stdout, "deleted job %s\n", c.pos[0])
+		fmt.Fprintf(c.stdout, "deleted job %s\n", printable(c.pos[0]))
 		return nil
 	}
 }
@@ -307,7 +307,7 @@ func (c *call) printPage(key string, items []json.RawMessage, next string, tbl f
 		return err
 	}
 	if next != "" {
-		fmt.Fprintf(c.stderr, "more: --cursor %s (or --all)\n", next)
+		fmt.Fprintf(c.stderr, "more: --cursor %s (or --all)\n", printable(next))
 	}
 	return nil
 }
@@ -448,7 +448,7 @@ func tokenCreate(fs *flag.FlagSet) func(*call) error {
 		if err := c.tokenTable([]apiToken{t}); err != nil {
 			return err
 		}
-		fmt.Fprintf(c.stdout, "\ntoken: %s\n(shown only this once: store it now)\n", t.Token)
+		fmt.Fprintf(c.stdout, "\ntoken: %s\n(shown only this once: store it now)\n", printable(t.Token))
 		return nil
 	}
 }
@@ -484,7 +484,7 @@ func tokenRevoke(fs *flag.FlagSet) func(*call) error {
 		if c.json {
 			return c.printJSON(map[string]any{"id": c.pos[0], "revoked": true})
 		}
-		fmt.Fprintf(c.stdout, "revoked token %s\n", c.pos[0])
+		fmt.Fprintf(c.stdout, "revoked token %s\n", printable(c.pos[0]))
 		return nil
 	}
 }

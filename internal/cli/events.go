@@ -30,7 +30,7 @@ type apiEvent struct {
 }
 
 // line is the event in one line: sequence, time, type, job, run and what
-// changed.
+// changed, each text escaped by printable.
 func (e *apiEvent) line() string {
 	d := e.Data
 	parts := []string{d.State}
@@ -52,8 +52,8 @@ func (e *apiEvent) line() string {
 	if d.NextRunAt != nil {
 		parts = append(parts, "next run "+*d.NextRunAt)
 	}
-	return fmt.Sprintf("%-8d %s  %-18s %-32s %-32s %s", e.Sequence, e.OccurredAt, e.Type, dash(e.JobID), dash(e.RunID),
-		strings.Join(parts, ", "))
+	return fmt.Sprintf("%-8d %s  %-18s %-32s %-32s %s", e.Sequence, printable(e.OccurredAt), printable(e.Type),
+		printable(dash(e.JobID)), printable(dash(e.RunID)), printable(strings.Join(parts, ", ")))
 }
 
 // eventsTail prints the feed from a point on and, with --follow (the
@@ -213,7 +213,7 @@ func (c *call) printSubscription(rep *reply, withSecret bool) error {
 		return err
 	}
 	if withSecret && s.Secret != "" {
-		fmt.Fprintf(c.stdout, "\nsecret: %s\n(shown only this once: store it now; verify requests with receiver.VerifyEvent)\n", s.Secret)
+		fmt.Fprintf(c.stdout, "\nsecret: %s\n(shown only this once: store it now; verify requests with receiver.VerifyEvent)\n", printable(s.Secret))
 	}
 	if k := s.Skipped; k != nil {
 		fmt.Fprintf(c.stdout, "\nskipped events %d to %d: they are never sent; read them with\n  vibejobs events tail --after %d --follow=false\n",
@@ -339,7 +339,7 @@ func subscriptionDelete(fs *flag.FlagSet) func(*call) error {
 		if c.json {
 			return c.printJSON(map[string]any{"id": c.pos[0], "deleted": true})
 		}
-		fmt.Fprintf(c.stdout, "deleted subscription %s\n", c.pos[0])
+		fmt.Fprintf(c.stdout, "deleted subscription %s\n", printable(c.pos[0]))
 		return nil
 	}
 }
