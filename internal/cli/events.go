@@ -52,8 +52,8 @@ func (e *apiEvent) line() string {
 	if d.NextRunAt != nil {
 		parts = append(parts, "next run "+*d.NextRunAt)
 	}
-	return fmt.Sprintf("%-8d %s  %-18s %-32s %-32s %s", e.Sequence, printable(e.OccurredAt), printable(e.Type),
-		printable(dash(e.JobID)), printable(dash(e.RunID)), printable(strings.Join(parts, ", ")))
+	return fmt.Sprintf("%-8d %s  %s %s %s %s", e.Sequence, printable(e.OccurredAt), padRight(printable(e.Type), 18),
+		padRight(printable(dash(e.JobID)), 32), padRight(printable(dash(e.RunID)), 32), printable(strings.Join(parts, ", ")))
 }
 
 // eventsTail prints the feed from a point on and, with --follow (the

@@ -3,10 +3,13 @@ package cli
 import (
 	"encoding/json"
 	"fmt"
+	"io"
 	"strconv"
 	"strings"
-	"text/tabwriter"
+	"unicode"
 	"unicode/utf8"
+
+	"golang.org/x/text/width"
 )
 
 // The API's objects, as far as the tables show them.
@@ -173,26 +176,88 @@ func printable(s string) string {
 	return b.String()
 }
 
-// table writes aligned columns; each cell is escaped by printable, so that
-// a row is one line whatever the data holds.
-type table struct {
-	w *tabwriter.Writer
+// displayWidth is the number of terminal columns printable text takes:
+// east-asian wide and fullwidth characters take two, combining marks none.
+func displayWidth(s string) int {
+	n := 0
+	for _, r := range s {
+		switch {
+		case r < 0x300:
+			n++ // Latin and the ASCII of ids and times: no table needed
+		case unicode.In(r, unicode.Mn, unicode.Me):
+			// a combining mark shares the cell of the character before it
+		default:
+			switch width.LookupRune(r).Kind() {
+			case width.EastAsianWide, width.EastAsianFullwidth:
+				n += 2
+			default:
+				n++
+			}
+		}
+	}
+	return n
 }
 
+// padRight pads printable text with spaces to n terminal columns.
+func padRight(s string, n int) string {
+	if w := displayWidth(s); w < n {
+		return s + strings.Repeat(" ", n-w)
+	}
+	return s
+}
+
+// table writes aligned columns: each cell escaped by printable, so that a
+// row is one line whatever the data holds, and padded by terminal columns
+// rather than bytes or runes, so that wide characters keep the columns
+// straight. Rows are held until flush.
+type table struct {
+	w    io.Writer
+	rows [][]string
+}
+
+// tableGap is the space between two columns.
+const tableGap = 2
+
 func (c *call) table(header ...string) *table {
-	t := &table{w: tabwriter.NewWriter(c.stdout, 0, 4, 2, ' ', 0)}
+	t := &table{w: c.stdout}
 	t.row(header...)
 	return t
 }
 
 func (t *table) row(cells ...string) {
+	r := make([]string, len(cells))
 	for i, s := range cells {
-		cells[i] = printable(s)
+		r[i] = printable(s)
 	}
-	fmt.Fprintln(t.w, strings.Join(cells, "\t"))
+	t.rows = append(t.rows, r)
 }
 
-func (t *table) flush() error { return t.w.Flush() }
+// flush writes the rows; the last cell of a row is not padded.
+func (t *table) flush() error {
+	var widths []int
+	for _, r := range t.rows {
+		for i := 0; i < len(r)-1; i++ {
+			if i == len(widths) {
+				widths = append(widths, 0)
+			}
+			widths[i] = max(widths[i], displayWidth(r[i]))
+		}
+	}
+	var b strings.Builder
+	for _, r := range t.rows {
+		for i, cell := range r {
+			if i == len(r)-1 {
+				b.WriteString(cell)
+				break
+			}
+			b.WriteString(padRight(cell, widths[i]+tableGap))
+		}
+		b.WriteByte('\n')
+	}
+	t.rows = nil
+	_, err := io.WriteString(t.w, b.String())
+	return err
+}
 
 func dash(s *string) string {
 	if s == nil || *s == "" {

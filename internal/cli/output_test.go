@@ -1,11 +1,13 @@
 package cli
 
 import (
+	"encoding/json"
 	"errors"
 	"net/http"
 	"net/http/httptest"
 	"strings"
 	"testing"
+	"unicode"
 	"unicode/utf8"
 )
 
@@ -136,5 +138,66 @@ func TestServerTextIsEscaped(t *testing.T) {
 	}
 	if out := a.ok(t, "projects", "list", "--json"); out != invalidUTF8+"\n" {
 		t.Errorf("projects list --json changed the answer: %q", out)
+	}
+}
+
+// termColumns is the width a terminal gives s, for the test's own strings:
+// CJK ideographs, kana and fullwidth forms take two columns.
+func termColumns(s string) int {
+	n := 0
+	for _, r := range s {
+		if unicode.In(r, unicode.Han, unicode.Hiragana, unicode.Katakana) || r >= 0xff01 && r <= 0xff60 {
+			n += 2
+		} else {
+			n++
+		}
+	}
+	return n
+}
+
+// TestTableColumnsLineUp: a cell with a tab, a newline, another line-breaking
+// or spacing control, or wide (east-asian) characters leaves every row one
+// line and every column starting at the same terminal column.
+func TestTableColumnsLineUp(t *testing.T) {
+	jobJSON := func(id, name, schedule string) string {
+		b, err := json.Marshal(map[string]any{"id": id, "name": name, "schedule": schedule, "timezone": "UTC",
+			"state": "active", "nextRunAt": "N"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return string(b)
+	}
+	a := fakeAPI(t, map[string]fakeAnswer{
+		"GET /v1/jobs": {200, `{"jobs":[` + strings.Join([]string{
+			jobJSON("job_1", "plain", "@daily"),
+			jobJSON("job_2", "日本語のジョブ", "@hourly"),
+			jobJSON("job_3", "two\nlines", "*/5\t* * * *"),
+			jobJSON("job_4", "vt\u000bff\u000cnel\u0085ls\u2028end", "@daily"),
+			jobJSON("job_5", "ｆｕｌｌｗｉｄｔｈ", "@daily"),
+		}, ",") + `],"nextCursor":null}`},
+	})
+	out := a.ok(t, "jobs", "list")
+	lines := strings.Split(strings.TrimSuffix(out, "\n"), "\n")
+	if len(lines) != 6 {
+		t.Fatalf("%d lines for 5 jobs and a header:\n%s", len(lines), out)
+	}
+	// The TZ column holds "TZ" and then "UTC" on every row: it must start at
+	// one terminal column everywhere.
+	col := -1
+	for i, l := range lines {
+		want := "UTC"
+		if i == 0 {
+			want = "TZ"
+		}
+		at := strings.Index(l, " "+want+" ")
+		if at < 0 {
+			t.Fatalf("line %d lacks %q: %q", i, want, l)
+		}
+		w := termColumns(l[:at+1])
+		if col < 0 {
+			col = w
+		} else if w != col {
+			t.Errorf("line %d: the TZ column starts at terminal column %d, the header's at %d:\n%s", i, w, col, out)
+		}
 	}
 }
