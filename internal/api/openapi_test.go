@@ -247,6 +247,11 @@ func TestOpenAPIShapes(t *testing.T) {
 	check(req{method: "GET", path: "/v1/projects/" + p["id"].(string) + "/tokens"})
 	check(req{method: "GET", path: "/v1/jobs", token: tk["token"].(string)})
 	check(req{method: "DELETE", path: "/v1/jobs/" + id, token: tk["token"].(string)})
+	// GET /v1/token: the caller's own token, its value never.
+	if me := check(req{method: "GET", path: "/v1/token", token: tk["token"].(string)}).json(t); me["id"] != tk["id"] ||
+		me["projectId"] != p["id"] || me["role"] != "read" || me["token"] != nil {
+		t.Errorf("GET /v1/token: %v", me)
+	}
 	check(req{method: "DELETE", path: "/v1/tokens/" + tk["id"].(string)})
 	// Conflicts: too many jobs, reuse of a key.
 	check(req{method: "POST", path: "/v1/jobs", body: jobBody(nil)})

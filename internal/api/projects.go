@@ -215,6 +215,14 @@ func (s *Server) listTokens(ctx context.Context, c *call) (*response, error) {
 	return jsonResponse(http.StatusOK, out), nil
 }
 
+// getCallerToken answers the token the request carries: its project, role
+// and whether it is the installation's, so that a client holding nothing but
+// the token's value (the CLI) can name its project in the token routes. Any
+// role may ask; the answer never holds the value.
+func (s *Server) getCallerToken(ctx context.Context, c *call) (*response, error) {
+	return jsonResponse(http.StatusOK, tokenView(c.token)), nil
+}
+
 // revokeToken revokes a token at once. A project admin revokes its own
 // project's tokens, except an installation token; revoking a revoked token
 // changes nothing.

@@ -240,6 +240,7 @@ func (s *Server) routeTable() []route {
 		{method: "POST", path: "/v1/projects/{id}/tokens", access: accessAdmin, effect: s.createToken},
 		{method: "GET", path: "/v1/projects/{id}/tokens", access: accessAdmin, serve: s.listTokens},
 		{method: "DELETE", path: "/v1/tokens/{id}", access: accessAdmin, serve: s.revokeToken},
+		{method: "GET", path: "/v1/token", access: accessRead, serve: s.getCallerToken},
 	}
 	if s.metrics != nil {
 		rs = append(rs, route{method: "GET", path: "/metrics", access: accessPublic, raw: s.metrics,

@@ -237,7 +237,7 @@ func TestUsageErrors(t *testing.T) {
 		{"jobs", "update", "job_a", "--enabled", "maybe"},
 		{"jobs", "list", "--server", "ftp://example.com"},
 		{"tokens", "create", "--name", "x"},
-		{"tokens", "list"},
+		{"tokens", "list", "--project", ""},
 		{"projects", "create"},
 	} {
 		out, errOut, err := a.cli(t, args...)
@@ -430,5 +430,38 @@ func TestDotIdsAndRedirects(t *testing.T) {
 	out, _, err := a.cli(t, "jobs", "get", "moved")
 	if err == nil {
 		t.Errorf("a redirect was followed: exit 0, stdout %q", out)
+	}
+}
+
+// TestTokenCommandsDefaultToTheTokensProject: like every other command,
+// tokens list and tokens create act on the project of the token they are
+// given unless --project names another; against a server that cannot say
+// which project that is, they ask for --project.
+func TestTokenCommandsDefaultToTheTokensProject(t *testing.T) {
+	a := startAPI(t, nil)
+	l := a.okJSON(t, "tokens", "list")
+	if ts := l["tokens"].([]any); len(ts) != 1 || ts[0].(map[string]any)["projectId"] != api.BootstrapProjectID {
+		t.Errorf("tokens list with the bootstrap token: %v", l)
+	}
+	pid := a.okJSON(t, "projects", "create", "--name", "team")["id"].(string)
+	tenant := &testAPI{url: a.url, token: a.okJSON(t, "tokens", "create", "--project", pid, "--name", "team admin", "--role", "admin")["token"].(string)}
+	made := tenant.okJSON(t, "tokens", "create", "--name", "ci", "--role", "write")
+	if made["projectId"] != pid {
+		t.Errorf("tokens create without --project, by the team's admin: %v", made)
+	}
+	if out := tenant.ok(t, "tokens", "list"); !strings.Contains(out, "team admin") || !strings.Contains(out, "ci") ||
+		strings.Contains(out, "bootstrap") {
+		t.Errorf("tokens list by the team's admin:\n%s", out)
+	}
+	// --project still names another project.
+	if out := a.ok(t, "tokens", "list", "--project", pid); !strings.Contains(out, "team admin") {
+		t.Errorf("tokens list --project:\n%s", out)
+	}
+
+	old := fakeAPI(t, nil)
+	_, errOut, err := old.cli(t, "tokens", "list")
+	var ue *UsageError
+	if !errors.As(err, &ue) || !strings.Contains(err.Error(), "--project") || !strings.Contains(errOut, "Usage") {
+		t.Errorf("a server that does not name the token's project: %v\n%s", err, errOut)
 	}
 }

@@ -2,8 +2,10 @@ package cli
 
 import (
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
+	"net/http"
 	"net/url"
 	"strconv"
 )
@@ -48,8 +50,8 @@ var resources = map[string]map[string]command{
 			flags: subscriptionAction("reset")},
 	},
 	"tokens": {
-		"create": {summary: "Mint an API token for a project; prints it, shown only this once.", flags: tokenCreate},
-		"list":   {summary: "List a project's tokens.", flags: tokenList},
+		"create": {summary: "Mint an API token for the project (the token's own unless --project); prints it, shown only this once.", flags: tokenCreate},
+		"list":   {summary: "List the tokens of the project (the token's own unless --project).", flags: tokenList},
 		"revoke": {args: "<token-id> ", npos: 1, summary: "Revoke a token, at once.", flags: tokenRevoke},
 	},
 }
@@ -421,20 +423,59 @@ func projectList(fs *flag.FlagSet) func(*call) error {
 	}
 }
 
+// projectFlag is the --project of the token commands. Like every other
+// command, they act on the project of the token they are given unless
+// --project names another (which only the installation token may).
+func projectFlag(fs *flag.FlagSet, usage string) *string {
+	return fs.String("project", "", "`project-id` "+usage+" (default: the token's own project)")
+}
+
+// tokenProject returns --project, or else asks the server which project the
+// call's token belongs to. A server that cannot say (one from before GET
+// /v1/token) makes --project necessary, and the error says so.
+func (c *call) tokenProject(projectID, command string) (string, error) {
+	if c.set["project"] {
+		if projectID == "" {
+			return "", usagef("--project must name a project")
+		}
+		return projectID, nil
+	}
+	rep, err := c.client.do(c.ctx, "GET", "/v1/token", nil, "")
+	var ae *APIError
+	if errors.As(err, &ae) && ae.Status == http.StatusNotFound {
+		return "", usagef("%s needs --project: this server does not say which project the token belongs to", command)
+	}
+	if err != nil {
+		return "", err
+	}
+	var t apiToken
+	if err := decode(rep, &t); err != nil {
+		return "", err
+	}
+	if t.ProjectID == "" {
+		return "", usagef("%s needs --project: this server does not say which project the token belongs to", command)
+	}
+	return t.ProjectID, nil
+}
+
 func tokenCreate(fs *flag.FlagSet) func(*call) error {
-	projectID := fs.String("project", "", "`project-id` the token belongs to")
+	projectID := projectFlag(fs, "the token belongs to")
 	name := fs.String("name", "", "token `name`")
 	role := fs.String("role", "", "admin, write or read")
 	installation := fs.Bool("installation", false, "an installation administrator token (installation token only)")
 	return func(c *call) error {
-		if !c.set["project"] || !c.set["name"] || !c.set["role"] {
-			return usagef("tokens create needs --project, --name and --role")
+		if !c.set["name"] || !c.set["role"] {
+			return usagef("tokens create needs --name and --role")
+		}
+		project, err := c.tokenProject(*projectID, "tokens create")
+		if err != nil {
+			return err
 		}
 		b := map[string]any{"name": *name, "role": *role}
 		if *installation {
 			b["installation"] = true
 		}
-		rep, err := c.client.do(c.ctx, "POST", "/v1/projects/"+url.PathEscape(*projectID)+"/tokens", b, c.key)
+		rep, err := c.client.do(c.ctx, "POST", "/v1/projects/"+url.PathEscape(project)+"/tokens", b, c.key)
 		if err != nil {
 			return err
 		}
@@ -454,12 +495,13 @@ func tokenCreate(fs *flag.FlagSet) func(*call) error {
 }
 
 func tokenList(fs *flag.FlagSet) func(*call) error {
-	projectID := fs.String("project", "", "`project-id` whose tokens to list")
+	projectID := projectFlag(fs, "whose tokens to list")
 	return func(c *call) error {
-		if !c.set["project"] {
-			return usagef("tokens list needs --project")
+		project, err := c.tokenProject(*projectID, "tokens list")
+		if err != nil {
+			return err
 		}
-		rep, err := c.client.do(c.ctx, "GET", "/v1/projects/"+url.PathEscape(*projectID)+"/tokens", nil, "")
+		rep, err := c.client.do(c.ctx, "GET", "/v1/projects/"+url.PathEscape(project)+"/tokens", nil, "")
 		if err != nil {
 			return err
 		}
