@@ -18,6 +18,8 @@ import (
 	"strings"
 	"text/tabwriter"
 	"time"
+
+	"github.com/vibejobs/vibejobs/internal/display"
 )
 
 // UsageError is a command line that does not parse: the command printed its
@@ -37,7 +39,7 @@ const (
 
 // Run runs one command; args start at the resource ("jobs", "create", …).
 // Results go to stdout; usage goes to stderr; text from the server is
-// escaped where it holds control, bidi or invalid bytes (see printable),
+// escaped where it holds control, bidi or invalid bytes (see display.Escape),
 // except in --json output. Run does not print the error it returns: the
 // caller prints "error: " and the error (for an API error, "<code>: <message>
 // (field)") and exits with 2 for a *UsageError, 1 otherwise. The error's text
@@ -57,17 +59,17 @@ type env struct {
 
 func run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer, tune func(*client)) error {
 	err := dispatch(ctx, args, &env{getenv: getenv, stdout: stdout, stderr: stderr, tune: tune})
-	if err != nil && printable(err.Error()) != err.Error() {
+	if err != nil && display.Escape(err.Error()) != err.Error() {
 		return &printableError{err}
 	}
 	return err
 }
 
 // printableError shows an error whose text holds what a terminal would act
-// on (an API error's message, say) through printable.
+// on (an API error's message, say) through display.Escape.
 type printableError struct{ err error }
 
-func (e *printableError) Error() string { return printable(e.err.Error()) }
+func (e *printableError) Error() string { return display.Escape(e.err.Error()) }
 func (e *printableError) Unwrap() error { return e.err }
 
 // dispatch finds the command of args and runs it.

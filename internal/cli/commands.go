@@ -8,6 +8,8 @@ import (
 	"net/http"
 	"net/url"
 	"strconv"
+
+	"github.com/vibejobs/vibejobs/internal/display"
 )
 
 // resources maps "jobs", "runs", "events", "subscriptions", "projects" and
@@ -193,7 +195,7 @@ func jobDelete(fs *flag.FlagSet) func(*call) error {
 		if c.json {
 			return c.printJSON(map[string]any{"id": c.pos[0], "deleted": true})
 		}
-		fmt.Fprintf(c.stdout, "deleted job %s\n", printable(c.pos[0]))
+		fmt.Fprintf(c.stdout, "deleted job %s\n", display.Escape(c.pos[0]))
 		return nil
 	}
 }
@@ -309,7 +311,7 @@ func (c *call) printPage(key string, items []json.RawMessage, next string, tbl f
 		return err
 	}
 	if next != "" {
-		fmt.Fprintf(c.stderr, "more: --cursor %s (or --all)\n", printable(next))
+		fmt.Fprintf(c.stderr, "more: --cursor %s (or --all)\n", display.Escape(next))
 	}
 	return nil
 }
@@ -489,7 +491,7 @@ func tokenCreate(fs *flag.FlagSet) func(*call) error {
 		if err := c.tokenTable([]apiToken{t}); err != nil {
 			return err
 		}
-		fmt.Fprintf(c.stdout, "\ntoken: %s\n(shown only this once: store it now)\n", printable(t.Token))
+		fmt.Fprintf(c.stdout, "\ntoken: %s\n(shown only this once: store it now)\n", display.Escape(t.Token))
 		return nil
 	}
 }
@@ -526,7 +528,7 @@ func tokenRevoke(fs *flag.FlagSet) func(*call) error {
 		if c.json {
 			return c.printJSON(map[string]any{"id": c.pos[0], "revoked": true})
 		}
-		fmt.Fprintf(c.stdout, "revoked token %s\n", printable(c.pos[0]))
+		fmt.Fprintf(c.stdout, "revoked token %s\n", display.Escape(c.pos[0]))
 		return nil
 	}
 }

@@ -9,6 +9,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/vibejobs/vibejobs/internal/display"
 )
 
 // apiEvent is an item of GET /v1/events.
@@ -30,7 +32,7 @@ type apiEvent struct {
 }
 
 // line is the event in one line: sequence, time, type, job, run and what
-// changed, each text escaped by printable.
+// changed, each text escaped by display.Escape.
 func (e *apiEvent) line() string {
 	d := e.Data
 	parts := []string{d.State}
@@ -52,8 +54,8 @@ func (e *apiEvent) line() string {
 	if d.NextRunAt != nil {
 		parts = append(parts, "next run "+*d.NextRunAt)
 	}
-	return fmt.Sprintf("%-8d %s  %s %s %s %s", e.Sequence, printable(e.OccurredAt), padRight(printable(e.Type), 18),
-		padRight(printable(dash(e.JobID)), 32), padRight(printable(dash(e.RunID)), 32), printable(strings.Join(parts, ", ")))
+	return fmt.Sprintf("%-8d %s  %s %s %s %s", e.Sequence, display.Escape(e.OccurredAt), padRight(display.Escape(e.Type), 18),
+		padRight(display.Escape(dash(e.JobID)), 32), padRight(display.Escape(dash(e.RunID)), 32), display.Escape(strings.Join(parts, ", ")))
 }
 
 // eventsTail prints the feed from a point on and, with --follow (the
@@ -213,7 +215,7 @@ func (c *call) printSubscription(rep *reply, withSecret bool) error {
 		return err
 	}
 	if withSecret && s.Secret != "" {
-		fmt.Fprintf(c.stdout, "\nsecret: %s\n(shown only this once: store it now; verify requests with receiver.VerifyEvent)\n", printable(s.Secret))
+		fmt.Fprintf(c.stdout, "\nsecret: %s\n(shown only this once: store it now; verify requests with receiver.VerifyEvent)\n", display.Escape(s.Secret))
 	}
 	if k := s.Skipped; k != nil {
 		fmt.Fprintf(c.stdout, "\nskipped events %d to %d: they are never sent; read them with\n  vibejobs events tail --after %d --follow=false\n",
@@ -339,7 +341,7 @@ func subscriptionDelete(fs *flag.FlagSet) func(*call) error {
 		if c.json {
 			return c.printJSON(map[string]any{"id": c.pos[0], "deleted": true})
 		}
-		fmt.Fprintf(c.stdout, "deleted subscription %s\n", printable(c.pos[0]))
+		fmt.Fprintf(c.stdout, "deleted subscription %s\n", display.Escape(c.pos[0]))
 		return nil
 	}
 }

@@ -7,8 +7,8 @@ import (
 	"strconv"
 	"strings"
 	"unicode"
-	"unicode/utf8"
 
+	"github.com/vibejobs/vibejobs/internal/display"
 	"golang.org/x/text/width"
 )
 
@@ -136,46 +136,6 @@ func (c *call) printJSON(v any) error {
 	return err
 }
 
-// printable returns s in a form that is safe to show on a terminal: every
-// rune that is not graphic in Go's sense (C0 and C1 controls and DEL, which
-// a terminal acts on; the bidi embeddings, overrides, isolates and marks and
-// the other format characters, which reorder or hide text; line and
-// paragraph separators; unassigned and private-use code points) is written
-// as its Go escape (\x1b, \t, \u202e), and each byte of invalid UTF-8 as
-// \xNN. The result is one line that a terminal prints as it reads, so one
-// tenant's name can neither restyle the operator's screen nor pass for
-// another name. Backslashes stay as they are: printable(printable(s)) ==
-// printable(s).
-//
-// Everything the commands print from the server (or from their own
-// arguments) goes through it, except --json, which is the API's JSON as is.
-func printable(s string) string {
-	i := 0
-	for i < len(s) && s[i] >= 0x20 && s[i] < 0x7f {
-		i++
-	}
-	if i == len(s) {
-		return s // printable ASCII: the common case
-	}
-	var b strings.Builder
-	b.Grow(len(s) + 8)
-	b.WriteString(s[:i])
-	for i < len(s) {
-		r, size := utf8.DecodeRuneInString(s[i:])
-		switch {
-		case r == utf8.RuneError && size == 1:
-			fmt.Fprintf(&b, `\x%02x`, s[i])
-		case strconv.IsGraphic(r):
-			b.WriteString(s[i : i+size])
-		default:
-			q := strconv.QuoteRuneToGraphic(r) // '\x1b', '\u202e'
-			b.WriteString(q[1 : len(q)-1])
-		}
-		i += size
-	}
-	return b.String()
-}
-
 // displayWidth is the number of terminal columns printable text takes:
 // east-asian wide and fullwidth characters take two, combining marks none.
 func displayWidth(s string) int {
@@ -227,7 +187,7 @@ func (c *call) table(header ...string) *table {
 func (t *table) row(cells ...string) {
 	r := make([]string, len(cells))
 	for i, s := range cells {
-		r[i] = printable(s)
+		r[i] = display.Escape(s)
 	}
 	t.rows = append(t.rows, r)
 }
@@ -310,7 +270,7 @@ func (c *call) printJob(rep *reply, withSecret bool) error {
 		return err
 	}
 	if withSecret && j.Secret != "" {
-		fmt.Fprintf(c.stdout, "\nsecret: %s\n(shown only this once: store it now; \"vibejobs jobs rotate-secret\" makes a new one)\n", printable(j.Secret))
+		fmt.Fprintf(c.stdout, "\nsecret: %s\n(shown only this once: store it now; \"vibejobs jobs rotate-secret\" makes a new one)\n", display.Escape(j.Secret))
 	}
 	return nil
 }

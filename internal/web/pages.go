@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/vibejobs/vibejobs"
+	"github.com/vibejobs/vibejobs/internal/display"
 )
 
 // The view types below copy from the domain only what a page shows, so a
@@ -135,8 +136,8 @@ type jobRow struct {
 
 func jobRowOf(j *vibejobs.Job, now time.Time) jobRow {
 	row := jobRow{
-		ID: j.ID, Name: visible(j.Name), Schedule: visible(j.Schedule), OnceAt: whenPtr(j.At, now, j.Timezone),
-		Timezone: visible(j.Timezone), State: string(j.State), NextRun: whenPtr(j.NextRunAt, now, j.Timezone),
+		ID: j.ID, Name: display.EscapeKeepingLayout(j.Name), Schedule: display.EscapeKeepingLayout(j.Schedule), OnceAt: whenPtr(j.At, now, j.Timezone),
+		Timezone: display.EscapeKeepingLayout(j.Timezone), State: string(j.State), NextRun: whenPtr(j.NextRunAt, now, j.Timezone),
 		Skipped: j.SkippedRuns,
 	}
 	if j.At != nil {
@@ -299,7 +300,7 @@ func (d *dashboard) jobPage(w http.ResponseWriter, r *http.Request, v *viewer) {
 	}
 	data := jobData{
 		jobRow:      jobRowOf(j, v.now),
-		URL:         visible(j.URL),
+		URL:         display.EscapeKeepingLayout(j.URL),
 		Enabled:     j.Enabled,
 		MaxAttempts: j.Retry.MaxAttempts,
 		MinBackoff:  setting(j.Retry.MinBackoff),
@@ -362,7 +363,7 @@ func (d *dashboard) runPage(w http.ResponseWriter, r *http.Request, v *viewer) {
 	var tz, jobName string
 	switch j, err := d.store.GetJob(ctx, v.projectID(), run.JobID); {
 	case err == nil:
-		tz, jobName = j.Timezone, visible(j.Name)
+		tz, jobName = j.Timezone, display.EscapeKeepingLayout(j.Name)
 	case vibejobs.ErrorKind(err) != vibejobs.ENOTFOUND: // a deleted job keeps its runs
 		d.internalError(w, r, v, err)
 		return
@@ -380,7 +381,7 @@ func (d *dashboard) runPage(w http.ResponseWriter, r *http.Request, v *viewer) {
 			Number: a.Number, Started: whenOf(a.StartedAt, v.now, tz), StatusCode: a.StatusCode,
 			ErrorCode: a.ErrorCode, SignatureTimestamp: a.SignatureTimestamp,
 			// Shown as text (html/template escapes it); never logged.
-			Snippet: visible(a.ResponseSnippet),
+			Snippet: display.EscapeKeepingLayout(a.ResponseSnippet),
 		}
 		if !a.FinishedAt.IsZero() {
 			row.Duration = elapsed(a.Duration())

@@ -33,6 +33,7 @@ import (
 	"time"
 
 	"github.com/vibejobs/vibejobs"
+	"github.com/vibejobs/vibejobs/internal/display"
 )
 
 // Defaults of Config.
@@ -550,7 +551,7 @@ func viewerOf(v *viewer) *viewerData {
 	if v == nil {
 		return nil
 	}
-	return &viewerData{Project: visible(cmp.Or(v.project.Name, v.project.ID)), TokenName: visible(v.token.Name),
+	return &viewerData{Project: display.EscapeKeepingLayout(cmp.Or(v.project.Name, v.project.ID)), TokenName: display.EscapeKeepingLayout(v.token.Name),
 		Role: string(v.token.Role), CSRF: v.csrf}
 }
 
