@@ -350,16 +350,19 @@ type DispatchStore interface {
 	// the same transaction; one call takes each project's feed counter once.
 	RecordOutcomes(ctx context.Context, owner string, outcomes []Outcome) error
 	// ReleaseClaims puts the runs of owner's claims, never sent, back to be
-	// claimed again at once, keeping their attempt number, only while the
-	// run is still delivering under the lease of that claim (owner and
-	// ClaimedAt): a claim whose lease expired and was recovered is left
-	// alone with the run, even when the same owner has claimed the run again
-	// since (released, that newer claim's attempt would be sent twice). Late
-	// is decided again only for a first attempt no claim ever sent (no
-	// attempt recorded). A run of a deleted job is cancelled instead, with
-	// its run.cancelled event. A run never sent that DeleteFutureRuns marked
-	// withdrawn is deleted.
-	ReleaseClaims(ctx context.Context, owner string, claims []*Claim, now time.Time) error
+	// claimed again from due (NextAttemptAt; a due before now is taken as
+	// now), keeping their attempt number, only while the run is still
+	// delivering under the lease of that claim (owner and ClaimedAt): a
+	// claim whose lease expired and was recovered is left alone with the
+	// run, even when the same owner has claimed the run again since
+	// (released, that newer claim's attempt would be sent twice). Late is
+	// decided again only for a first attempt no claim ever sent (no attempt
+	// recorded). A run of a deleted job is cancelled instead, finished at
+	// now, with its run.cancelled event occurring at now: now is the time of
+	// the release, due only when the run may go out again (a run given back
+	// to wait, as for a secret this process cannot open). A run never sent
+	// that DeleteFutureRuns marked withdrawn is deleted.
+	ReleaseClaims(ctx context.Context, owner string, claims []*Claim, now, due time.Time) error
 }
 
 // DashboardSession is one dashboard login. It lives in the database, so

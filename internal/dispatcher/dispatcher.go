@@ -430,17 +430,18 @@ func latest(a, b time.Time) time.Time {
 	return a
 }
 
-// release puts the runs of claims back in the queue at now. A claim whose
+// release puts the runs of claims back in the queue at now, claimable again
+// from due (a deleted job's run is cancelled at now, not at due). A claim whose
 // lease ran out while it waited (the claim loop held up by a slow database)
 // may have had its run recovered and claimed again by this dispatcher: the
 // store releases only the claim named, not that newer one.
-func (d *Dispatcher) release(ctx context.Context, claims []*vibejobs.Claim, now time.Time) {
+func (d *Dispatcher) release(ctx context.Context, claims []*vibejobs.Claim, now, due time.Time) {
 	if len(claims) == 0 {
 		return
 	}
 	sctx, cancel := d.storeCtx(context.WithoutCancel(ctx))
 	defer cancel()
-	if err := d.cfg.Store.ReleaseClaims(sctx, d.cfg.Owner, claims, now); err != nil {
+	if err := d.cfg.Store.ReleaseClaims(sctx, d.cfg.Owner, claims, now, due); err != nil {
 		d.cfg.Logger.Error("dispatcher.release_failed", "error", err, "runs", len(claims))
 	}
 }
@@ -655,9 +656,10 @@ func (d *Dispatcher) expireWaiting(ctx context.Context, now time.Time, all bool)
 
 // releaseHeld releases claims, each no earlier than its hold: a claim made
 // ahead of its time and released at now (a shutdown) must not become due
-// before it (a first attempt before its scheduledFor). Those already due go
-// back at now, the others at the latest of their holds, at most ClaimAhead
-// away.
+// before it (a first attempt before its scheduledFor). All go back at now;
+// those already due are claimable at once, the others from the latest of
+// their holds, at most ClaimAhead away (a deleted job's run among them is
+// cancelled at now, not then).
 func (d *Dispatcher) releaseHeld(ctx context.Context, ws []waiter, now time.Time) {
 	var due, ahead []*vibejobs.Claim
 	later := now
@@ -669,8 +671,8 @@ func (d *Dispatcher) releaseHeld(ctx context.Context, ws []waiter, now time.Time
 		ahead = append(ahead, w.c)
 		later = latest(later, w.hold)
 	}
-	d.release(ctx, due, now)
-	d.release(ctx, ahead, later)
+	d.release(ctx, due, now, now)
+	d.release(ctx, ahead, now, later)
 }
 
 // deliver makes one attempt of a claimed run, after holding it until its
@@ -781,7 +783,7 @@ func (d *Dispatcher) secretUnavailable(c *vibejobs.Claim, err error) {
 	if c.Run.DeadlineAt.Before(at) {
 		at = latest(now, c.Run.DeadlineAt)
 	}
-	d.release(context.Background(), []*vibejobs.Claim{c}, at)
+	d.release(context.Background(), []*vibejobs.Claim{c}, now, at)
 }
 
 // recordLoop writes outcomes in batches until the channel closes. A batch

@@ -415,9 +415,9 @@ func (r *releaseCounter) waitReleased(t *testing.T, msg string) {
 	}
 }
 
-func (r *releaseCounter) ReleaseClaims(ctx context.Context, owner string, claims []*vibejobs.Claim, now time.Time) error {
+func (r *releaseCounter) ReleaseClaims(ctx context.Context, owner string, claims []*vibejobs.Claim, now, due time.Time) error {
 	r.released.Add(int64(len(claims)))
-	return r.DispatchStore.ReleaseClaims(ctx, owner, claims, now)
+	return r.DispatchStore.ReleaseClaims(ctx, owner, claims, now, due)
 }
 
 // startWith starts a dispatcher (fake clock, concurrency 8) whose store
@@ -964,9 +964,9 @@ type recoveringStore struct {
 	released, polls atomic.Int64
 }
 
-func (r *recoveringStore) ReleaseClaims(ctx context.Context, owner string, claims []*vibejobs.Claim, now time.Time) error {
+func (r *recoveringStore) ReleaseClaims(ctx context.Context, owner string, claims []*vibejobs.Claim, now, due time.Time) error {
 	defer r.released.Add(int64(len(claims)))
-	return r.DispatchStore.ReleaseClaims(ctx, owner, claims, now)
+	return r.DispatchStore.ReleaseClaims(ctx, owner, claims, now, due)
 }
 
 func (r *recoveringStore) NextDueAt(ctx context.Context) (time.Time, bool, error) {
@@ -1314,4 +1314,67 @@ func TestUnopenableSecretIsNeitherSentNorAnAttempt(t *testing.T) {
 	if got.State != vibejobs.RunSucceeded || len(got.Attempts) != 1 || got.Attempts[0].ErrorCode != "" {
 		t.Fatalf("run %s, attempts %+v", got.State, got.Attempts)
 	}
+}
+
+// deletingOpener cannot open any secret, and deletes the job first: the job
+// is deleted between the claim and its release.
+type deletingOpener struct {
+	delete func(jobID string)
+}
+
+func (o *deletingOpener) Open(_ vibejobs.SealedSecret, jobID string) (string, error) {
+	o.delete(jobID)
+	return "", errors.New("secretbox: sealed under a master key this keyring does not hold")
+}
+
+// TestUnopenableSecretOfADeletedJobEndsNow: a claim whose secret cannot be
+// opened goes back to wait SecretUnavailablePause, but it goes back now: a
+// run whose job was deleted meanwhile is cancelled now, and its event
+// occurs now. It was released with the pause's end as the time of the
+// release, and recorded as finished, and cancelled, 30 s in the future.
+func TestUnopenableSecretOfADeletedJobEndsNow(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	j := e.job(t, "job_a", "https://a.example/")
+	r := e.run(t, j, "run_a", e.clock.Now())
+	now := e.clock.Now()
+	opener := &deletingOpener{delete: func(jobID string) {
+		// On the deliver goroutine: t.Error, not t.Fatal.
+		if err := e.store.Update(ctx, func(tx vibejobs.Tx) error { return tx.DeleteJob(ctx, e.project, jobID, now) }); err != nil {
+			t.Error(err)
+		}
+	}}
+	d := dispatcher.New(dispatcher.Config{
+		Store: e.store, Sender: e.sender, Opener: opener, Owner: "test-owner",
+		Logger: slog.New(slog.DiscardHandler), Now: e.clock.Now, Rand: func() float64 { return 0.5 },
+		Concurrency: 8, PollInterval: 20 * time.Millisecond,
+	})
+	runCtx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() { d.Run(runCtx); close(done) }()
+	defer func() { cancel(); <-done }()
+
+	got := e.waitRun(t, r.ID, func(r *vibejobs.Run) bool { return r.State.Finished() })
+	if got.State != vibejobs.RunCancelled || got.FailureReason != vibejobs.ReasonJobDeleted ||
+		got.FinishedAt == nil || !got.FinishedAt.Equal(now) || len(got.Attempts) != 0 {
+		t.Fatalf("run %s %q finished %v, %d attempts; want cancelled job_deleted at %s, no attempt",
+			got.State, got.FailureReason, got.FinishedAt, len(got.Attempts), now)
+	}
+	p, err := e.store.ListEvents(ctx, e.project, vibejobs.EventFilter{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cancelled := 0
+	for _, ev := range p.Events {
+		if ev.Type != vibejobs.EventRunCancelled {
+			continue
+		}
+		if cancelled++; !ev.OccurredAt.Equal(now) {
+			t.Errorf("run.cancelled at %s, want %s", ev.OccurredAt, now)
+		}
+	}
+	if cancelled != 1 {
+		t.Errorf("%d run.cancelled events, want 1", cancelled)
+	}
+	e.wantNothingSent(t, "without the secret")
 }

@@ -246,14 +246,14 @@ func TestReleaseClaimsKeepsNumberAndRedecidesLate(t *testing.T) {
 	if err != nil || len(claims) != 1 || claims[0].Run.Late {
 		t.Fatalf("claim = %v %v", claims, err)
 	}
-	if err := s.ReleaseClaims(ctx, "b", claims, t0); err != nil {
+	if err := s.ReleaseClaims(ctx, "b", claims, t0, t0); err != nil {
 		t.Fatal(err) // another owner's release does nothing
 	}
 	if more, _ := s.ClaimDueRuns(ctx, "b", t0, 1, time.Second); len(more) != 0 {
 		t.Fatal("a release by another owner freed the run")
 	}
 	later := t0.Add(2 * time.Minute)
-	if err := s.ReleaseClaims(ctx, "a", claims, later); err != nil {
+	if err := s.ReleaseClaims(ctx, "a", claims, later, later); err != nil {
 		t.Fatal(err)
 	}
 	r, _ := s.GetRun(ctx, prj, claims[0].Run.ID)
@@ -817,7 +817,7 @@ func TestWakeups(t *testing.T) {
 		t.Fatalf("claim: %v %v", claims, err)
 	}
 	nothingOn(t, wake, "claims wake nobody")
-	if err := b.ReleaseClaims(ctx, "b", claims[:1], t0); err != nil {
+	if err := b.ReleaseClaims(ctx, "b", claims[:1], t0, t0); err != nil {
 		t.Fatal(err)
 	}
 	waitSignal(t, wake, "after ReleaseClaims")
@@ -1078,7 +1078,7 @@ func TestDeleteJobRacesTheRunInFlight(t *testing.T) {
 		name: "release", prefix: "WITH held AS",
 		hold: holdRun,
 		run: func(s *postgres.Store, c *vibejobs.Claim) error {
-			return s.ReleaseClaims(ctx, "a", []*vibejobs.Claim{c}, t0)
+			return s.ReleaseClaims(ctx, "a", []*vibejobs.Claim{c}, t0, t0)
 		},
 	}, {
 		name: "lease recovery", prefix: "WITH expired AS",

@@ -562,16 +562,19 @@ func recordArgs(owner string, outcomes []vibejobs.Outcome) ([]any, error) {
 // ReleaseClaims puts the runs of owner's claims, while each is still
 // delivering under that claim's lease (owner and claim time: a lease
 // recovered and taken again by the same owner is another claim's), back to
-// be claimed at once (NextAttemptAt = now) under the same attempt number: no
-// attempt is recorded since none was sent, and a first attempt never sent
-// before (no attempt recorded, not even an interrupted one) decides Late
-// again. A released run of a deleted job is cancelled (job_deleted) instead,
-// its job read under a share lock (see tx.DeleteJob). A run never sent whose
-// occurrence was withdrawn while it was held is deleted (see
-// tx.DeleteFutureRuns).
-func (s *Store) ReleaseClaims(ctx context.Context, owner string, claims []*vibejobs.Claim, now time.Time) error {
+// be claimed from due (NextAttemptAt = due, or now if later) under the same
+// attempt number: no attempt is recorded since none was sent, and a first
+// attempt never sent before (no attempt recorded, not even an interrupted
+// one) decides Late again. A released run of a deleted job is cancelled
+// (job_deleted) at now instead, whatever due says, its job read under a
+// share lock (see tx.DeleteJob). A run never sent whose occurrence was
+// withdrawn while it was held is deleted (see tx.DeleteFutureRuns).
+func (s *Store) ReleaseClaims(ctx context.Context, owner string, claims []*vibejobs.Claim, now, due time.Time) error {
 	if len(claims) == 0 {
 		return nil
+	}
+	if due.Before(now) {
+		due = now
 	}
 	runIDs := make([]string, len(claims))
 	claimedAts := make([]time.Time, len(claims))
@@ -622,7 +625,7 @@ func (s *Store) ReleaseClaims(ctx context.Context, owner string, claims []*vibej
 				WHEN r.attempt <= 1 THEN 'scheduled' ELSE 'retrying' END,
 			failure_reason = CASE WHEN kept.job_deleted_at IS NOT NULL THEN $4 ELSE r.failure_reason END,
 			finished_at = CASE WHEN kept.job_deleted_at IS NOT NULL THEN $3::timestamptz END,
-			next_attempt_at = CASE WHEN kept.job_deleted_at IS NULL THEN $3::timestamptz END,
+			next_attempt_at = CASE WHEN kept.job_deleted_at IS NULL THEN $8::timestamptz END,
 			redeliver = kept.job_deleted_at IS NULL,
 			late = CASE WHEN kept.unsent THEN false ELSE r.late END,
 			late_decided = CASE WHEN kept.unsent THEN false ELSE r.late_decided END,
@@ -640,7 +643,7 @@ func (s *Store) ReleaseClaims(ctx context.Context, owner string, claims []*vibej
 		FROM released WHERE state = 'cancelled'
 	)`+appendEventsTail+`
 	SELECT CASE WHEN bool_or(claimable) THEN pg_notify($5, $6) END, `+endedSQL+` FROM released`,
-		owner, runIDs, now, vibejobs.ReasonJobDeleted, NotifyChannel, s.schema, claimedAts).Scan(nil, &value)
+		owner, runIDs, now, vibejobs.ReasonJobDeleted, NotifyChannel, s.schema, claimedAts, due).Scan(nil, &value)
 	if err != nil {
 		return mapError(err, "releasing claims")
 	}

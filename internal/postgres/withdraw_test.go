@@ -75,7 +75,7 @@ func TestPauseRacesTheReleaseOfAHeldRun(t *testing.T) {
 	}()
 	waitSignal(t, updated, "the pause never updated its job")
 	released := make(chan error, 1)
-	go func() { released <- s.ReleaseClaims(ctx, "a", claims, due) }()
+	go func() { released <- s.ReleaseClaims(ctx, "a", claims, due, due) }()
 	waitForLockWait(t, s, "WITH held AS", "the release never waited for the job being paused")
 	close(resume)
 	if err := <-released; err != nil {
@@ -204,7 +204,7 @@ func TestPauseRacesAClaim(t *testing.T) {
 		t.Fatalf("the pause: %v", err)
 	}
 	// The holder gives back its held runs of the paused job.
-	if err := s.ReleaseClaims(ctx, "a", append(held, claimed...), first); err != nil {
+	if err := s.ReleaseClaims(ctx, "a", append(held, claimed...), first, first); err != nil {
 		t.Fatal(err)
 	}
 	if again, err := s.ClaimDueRuns(ctx, "b", second.Add(time.Second), 10, time.Second); err != nil || len(again) != 0 {

@@ -546,15 +546,15 @@ const recordCancelSQL = `UPDATE runs SET state = 'cancelled', failure_reason = ?
 		WHERE runs.seq = c.value ->> 0
 			AND ` + jobDeleted
 
-// releaseSQL puts claims back in the queue: the runs still delivering under
-// the lease of the claim ?2 names (owner and claim time, as recordMoveSQL
-// tells them).
+// releaseSQL puts claims back in the queue, due at ?5: the runs still
+// delivering under the lease of the claim ?2 names (owner and claim time, as
+// recordMoveSQL tells them). A deleted job's run is cancelled at ?1.
 const releaseSQL = `UPDATE runs SET
 				state = CASE WHEN ` + jobDeleted + ` THEN 'cancelled'
 					WHEN attempt <= 1 THEN 'scheduled' ELSE 'retrying' END,
 				failure_reason = CASE WHEN ` + jobDeleted + ` THEN ?4 ELSE '' END,
 				finished_at = CASE WHEN ` + jobDeleted + ` THEN ?1 ELSE NULL END,
-				next_attempt_at = CASE WHEN ` + jobDeleted + ` THEN NULL ELSE ?1 END,
+				next_attempt_at = CASE WHEN ` + jobDeleted + ` THEN NULL ELSE ?5 END,
 				redeliver = CASE WHEN ` + jobDeleted + ` THEN 0 ELSE 1 END,
 				late = CASE WHEN attempt <= 1 AND NOT EXISTS (SELECT 1 FROM attempts a WHERE a.run_seq = runs.seq)
 					THEN NULL ELSE late END,
@@ -605,18 +605,22 @@ func snippet(s string) string {
 	return s[:cut]
 }
 
-// ReleaseClaims puts the runs of owner's claims back in the queue, due now,
-// to be sent under the same attempt number, while each is still delivering
-// under its claim's lease (a lease recovered and taken again, by this owner
-// too, is another claim's). A first attempt never sent before (no attempt
-// recorded, not even an interrupted one) gets its late flag decided again;
-// one the app has seen keeps it. A run whose job was deleted meanwhile has
-// no attempt in flight any more: it is cancelled (job_deleted), as DeleteJob
-// would have done. A run never sent whose occurrence was withdrawn while it
-// was held is deleted (see tx.DeleteFutureRuns).
-func (s *Store) ReleaseClaims(ctx context.Context, owner string, claims []*vibejobs.Claim, now time.Time) error {
+// ReleaseClaims puts the runs of owner's claims back in the queue, due at
+// due (or now, if later), to be sent under the same attempt number, while
+// each is still delivering under its claim's lease (a lease recovered and
+// taken again, by this owner too, is another claim's). A first attempt never
+// sent before (no attempt recorded, not even an interrupted one) gets its
+// late flag decided again; one the app has seen keeps it. A run whose job
+// was deleted meanwhile has no attempt in flight any more: it is cancelled
+// (job_deleted) at now, as DeleteJob would have done, whatever due says. A
+// run never sent whose occurrence was withdrawn while it was held is deleted
+// (see tx.DeleteFutureRuns).
+func (s *Store) ReleaseClaims(ctx context.Context, owner string, claims []*vibejobs.Claim, now, due time.Time) error {
 	if len(claims) == 0 {
 		return nil
+	}
+	if due.Before(now) {
+		due = now
 	}
 	held := make([][2]any, len(claims))
 	for i, c := range claims {
@@ -626,7 +630,8 @@ func (s *Store) ReleaseClaims(ctx context.Context, owner string, claims []*vibej
 		if _, err := t.ExecContext(ctx, releaseWithdrawnSQL, jsonArray(held), owner); err != nil {
 			return err
 		}
-		rows, err := t.QueryContext(ctx, releaseSQL, ms(now), jsonArray(held), owner, vibejobs.ReasonJobDeleted)
+		rows, err := t.QueryContext(ctx, releaseSQL, ms(now), jsonArray(held), owner, vibejobs.ReasonJobDeleted,
+			ms(due))
 		if err != nil {
 			return err
 		}

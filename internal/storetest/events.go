@@ -125,7 +125,7 @@ func testEventsOfCancellationsAndRecovery(t *testing.T, f *fixture) {
 	if !got[0].OccurredAt.Equal(T0) {
 		t.Errorf("cancellation at %s, want %s", got[0].OccurredAt, T0)
 	}
-	if err := f.s.ReleaseClaims(f.ctx, "w1", []*vibejobs.Claim{c}, T0.Add(time.Second)); err != nil {
+	if err := f.s.ReleaseClaims(f.ctx, "w1", []*vibejobs.Claim{c}, T0.Add(time.Second), T0.Add(time.Second)); err != nil {
 		t.Fatal(err)
 	}
 	got = f.events(projectA, 1)

@@ -370,7 +370,7 @@ func testDeleteJob(t *testing.T, f *fixture) {
 
 	// A claim released unsent has no attempt in flight any more: cancelled.
 	rel := T0.Add(35 * time.Second)
-	if err := f.s.ReleaseClaims(f.ctx, "w1", []*vibejobs.Claim{unsent}, rel); err != nil {
+	if err := f.s.ReleaseClaims(f.ctx, "w1", []*vibejobs.Claim{unsent}, rel, rel); err != nil {
 		t.Fatalf("ReleaseClaims: %v", err)
 	}
 	if got := f.getRun(projectA, unsent.Run.ID); got.State != vibejobs.RunCancelled || got.FailureReason != vibejobs.ReasonJobDeleted ||
@@ -488,7 +488,7 @@ func testWithdrawHeldRuns(t *testing.T, f *fixture) {
 
 	// Given back unsent: gone. The run at the cut was not withdrawn: it is
 	// given back as usual.
-	if err := f.s.ReleaseClaims(f.ctx, "w1", []*vibejobs.Claim{cs[0], cs[1]}, T0); err != nil {
+	if err := f.s.ReleaseClaims(f.ctx, "w1", []*vibejobs.Claim{cs[0], cs[1]}, T0, T0); err != nil {
 		t.Fatalf("ReleaseClaims: %v", err)
 	}
 	_, err := f.s.GetRun(f.ctx, projectA, released.ID)
@@ -506,7 +506,7 @@ func testWithdrawHeldRuns(t *testing.T, f *fixture) {
 	f.update(func(tx vibejobs.Tx) error { return tx.UpdateJob(f.ctx, resumed) })
 	f.apply(0, vibejobs.RunPlan{JobID: j.ID, Anchor: j.ScheduleAnchor, From: wanted.ScheduledFor,
 		Next: ptr(T0.Add(time.Hour)), Runs: []*vibejobs.Run{f.schedRun(j, wanted.ScheduledFor)}})
-	if err := f.s.ReleaseClaims(f.ctx, "w1", []*vibejobs.Claim{cs[3]}, T0.Add(3*time.Second)); err != nil {
+	if err := f.s.ReleaseClaims(f.ctx, "w1", []*vibejobs.Claim{cs[3]}, T0.Add(3*time.Second), T0.Add(3*time.Second)); err != nil {
 		t.Fatalf("ReleaseClaims: %v", err)
 	}
 	f.wantRun("a withdrawn run planned again, given back", wanted.ID, vibejobs.RunScheduled, 1, ptr(T0.Add(3*time.Second)))

@@ -551,7 +551,7 @@ func testReleaseClaims(t *testing.T, f *fixture) {
 	cs := f.claimIDs("w1", T0, 3, a, b, c)
 
 	rel := T0.Add(time.Second)
-	if err := f.s.ReleaseClaims(f.ctx, "w1", cs[:2], rel); err != nil {
+	if err := f.s.ReleaseClaims(f.ctx, "w1", cs[:2], rel, rel); err != nil {
 		t.Fatalf("ReleaseClaims: %v", err)
 	}
 	for _, r := range []*vibejobs.Run{a, b} {
@@ -559,15 +559,15 @@ func testReleaseClaims(t *testing.T, f *fixture) {
 		f.wantAttempts("released run", got, "")
 	}
 	// Another owner's release, or a release of a run no longer held, changes nothing.
-	if err := f.s.ReleaseClaims(f.ctx, "w2", cs[2:], rel); err != nil {
+	if err := f.s.ReleaseClaims(f.ctx, "w2", cs[2:], rel, rel); err != nil {
 		t.Fatalf("ReleaseClaims: %v", err)
 	}
 	f.wantRun("run released by another owner", c.ID, vibejobs.RunDelivering, 1, nil)
-	if err := f.s.ReleaseClaims(f.ctx, "w1", cs[:1], T0.Add(5*time.Second)); err != nil {
+	if err := f.s.ReleaseClaims(f.ctx, "w1", cs[:1], T0.Add(5*time.Second), T0.Add(5*time.Second)); err != nil {
 		t.Fatalf("ReleaseClaims: %v", err)
 	}
 	f.wantRun("run released twice", a.ID, vibejobs.RunScheduled, 1, &rel)
-	if err := f.s.ReleaseClaims(f.ctx, "w1", nil, rel); err != nil {
+	if err := f.s.ReleaseClaims(f.ctx, "w1", nil, rel, rel); err != nil {
 		t.Fatalf("ReleaseClaims of nothing: %v", err)
 	}
 	// The released claim cannot record an outcome.
@@ -594,7 +594,7 @@ func testReleaseClaims(t *testing.T, f *fixture) {
 	f.record("w1", retrying(cd, T0.Add(time.Hour), T0.Add(time.Hour+time.Second), T0.Add(time.Hour+time.Minute)))
 	cd = f.claimIDs("w1", T0.Add(time.Hour+time.Minute), 1, d)[0]
 	rel = T0.Add(time.Hour + 2*time.Minute)
-	if err := f.s.ReleaseClaims(f.ctx, "w1", []*vibejobs.Claim{cd}, rel); err != nil {
+	if err := f.s.ReleaseClaims(f.ctx, "w1", []*vibejobs.Claim{cd}, rel, rel); err != nil {
 		t.Fatalf("ReleaseClaims: %v", err)
 	}
 	got := f.wantRun("released retry", d.ID, vibejobs.RunRetrying, 2, &rel)
@@ -604,6 +604,52 @@ func testReleaseClaims(t *testing.T, f *fixture) {
 		t.Errorf("released retry claimed again: attempt %d late %v, want 2 false", cd.Run.Attempt, cd.Run.Late)
 	}
 
+}
+
+// testReleaseWithALaterDue: a claim given back to wait (as the dispatcher
+// gives back one whose secret it cannot open) is claimable again from due,
+// not before; but the release happens at now, so a run of a job deleted
+// meanwhile is cancelled at now, its event occurring then. Released with
+// now set to the due time, the store recorded such a run as finished, and
+// its run.cancelled event as occurring, 30 s in the future.
+func testReleaseWithALaterDue(t *testing.T, f *fixture) {
+	f.projects()
+	j := f.job(projectA)
+	k := f.job(projectA)
+	live := f.run(j, T0, dueAt(T0.Add(-2*time.Second)))
+	gone := f.run(k, T0, dueAt(T0.Add(-time.Second)))
+	cs := f.claimIDs("w1", T0, 2, live, gone)
+	f.update(func(tx vibejobs.Tx) error { return tx.DeleteJob(f.ctx, projectA, k.ID, T0) })
+	head := f.head(projectA)
+
+	now := T0.Add(time.Second)
+	due := now.Add(30 * time.Second)
+	if err := f.s.ReleaseClaims(f.ctx, "w1", cs, now, due); err != nil {
+		t.Fatalf("ReleaseClaims: %v", err)
+	}
+	got := f.getRun(projectA, gone.ID)
+	if got.State != vibejobs.RunCancelled || got.FailureReason != vibejobs.ReasonJobDeleted ||
+		got.FinishedAt == nil || !got.FinishedAt.Equal(now) || got.NextAttemptAt != nil {
+		t.Errorf("released claim of a deleted job, due later: state %s reason %q finished %v next %v; want cancelled job_deleted at %s",
+			got.State, got.FailureReason, got.FinishedAt, got.NextAttemptAt, now)
+	}
+	events := f.events(projectA, head)
+	wantEqual(t, "events of the release", eventLines(events), []string{"run.cancelled " + gone.ID + " 1 cancelled job_deleted"})
+	if len(events) == 1 && !events[0].OccurredAt.Equal(now) {
+		t.Errorf("run.cancelled at %s, want %s", events[0].OccurredAt, now)
+	}
+
+	got = f.wantRun("live run released with a later due", live.ID, vibejobs.RunScheduled, 1, &due)
+	f.wantAttempts("live run released with a later due", got, "")
+	if next, ok, err := f.s.NextDueAt(f.ctx); err != nil || !ok || !next.Equal(due) {
+		t.Errorf("NextDueAt = %s %v %v, want %s", next, ok, err, due)
+	}
+	f.claimIDs("w2", now, 10)
+	f.claimIDs("w2", due.Add(-time.Millisecond), 10)
+	again := f.claimIDs("w2", due, 10, live)[0]
+	if again.Run.Attempt != 1 {
+		t.Errorf("claimed again as attempt %d, want 1", again.Run.Attempt)
+	}
 }
 
 // testReleaseKeepsLateOfASentFirstAttempt: a first attempt that was sent
@@ -619,7 +665,7 @@ func testReleaseKeepsLateOfASentFirstAttempt(t *testing.T, f *fixture) {
 		t.Fatalf("RecoverExpiredLeases = %d, %v; want 1", n, err)
 	}
 	ce := f.claimIDs("w2", recovered, 1, e)
-	if err := f.s.ReleaseClaims(f.ctx, "w2", ce, recovered); err != nil {
+	if err := f.s.ReleaseClaims(f.ctx, "w2", ce, recovered, recovered); err != nil {
 		t.Fatalf("ReleaseClaims: %v", err)
 	}
 	got := f.wantRun("released redelivery of a first attempt", e.ID, vibejobs.RunScheduled, 1, &recovered)
@@ -689,7 +735,7 @@ func testReleaseOfARecoveredClaim(t *testing.T, f *fixture) {
 		t.Fatalf("RecoverExpiredLeases = %d, %v; want 1", n, err)
 	}
 	again := f.claimIDs("w1", recovered, 1, r)[0]
-	if err := f.s.ReleaseClaims(f.ctx, "w1", []*vibejobs.Claim{old}, recovered.Add(time.Second)); err != nil {
+	if err := f.s.ReleaseClaims(f.ctx, "w1", []*vibejobs.Claim{old}, recovered.Add(time.Second), recovered.Add(time.Second)); err != nil {
 		t.Fatalf("ReleaseClaims: %v", err)
 	}
 	f.wantRun("run claimed again after the release of its recovered claim", r.ID, vibejobs.RunDelivering, 1, nil)
@@ -714,7 +760,7 @@ func testFailExpiredRuns(t *testing.T, f *fixture) {
 	// Claimed at its deadline, T0−30s, and put back after it: due then.
 	rel := f.run(j, T0.Add(-life-30*time.Second))
 	crel := f.claimIDs("w1", T0.Add(-30*time.Second), 1, rel)
-	if err := f.s.ReleaseClaims(f.ctx, "w1", crel, T0.Add(-29*time.Second)); err != nil {
+	if err := f.s.ReleaseClaims(f.ctx, "w1", crel, T0.Add(-29*time.Second), T0.Add(-29*time.Second)); err != nil {
 		t.Fatalf("ReleaseClaims: %v", err)
 	}
 	// Scheduled, deadline T0−1ms.
@@ -1077,7 +1123,7 @@ func testRunsEnded(t *testing.T, f *fixture) {
 	at = inFlight.Run.ScheduledFor
 	f.record("w", retrying(inFlight, at, at, at.Add(time.Minute)))
 	want("a retrying outcome of a deleted job's run", vibejobs.RunsEnded{deleted: 1})
-	if err := f.s.ReleaseClaims(f.ctx, "w", []*vibejobs.Claim{held}, T0); err != nil {
+	if err := f.s.ReleaseClaims(f.ctx, "w", []*vibejobs.Claim{held}, T0, T0); err != nil {
 		t.Fatal(err)
 	}
 	want("releasing a deleted job's run", vibejobs.RunsEnded{deleted: 1})

@@ -80,6 +80,7 @@ func Run(t *testing.T, open func(t *testing.T) vibejobs.Store) {
 		{"RecoverExpiredLeasesEnds", testRecoverExpiredLeasesEnds},
 		{"RecoverExpiredLeasesLimit", testRecoverExpiredLeasesLimit},
 		{"ReleaseClaims", testReleaseClaims},
+		{"ReleaseWithALaterDue", testReleaseWithALaterDue},
 		{"ReleaseKeepsLateOfASentFirstAttempt", testReleaseKeepsLateOfASentFirstAttempt},
 		{"ReleaseOfARecoveredClaim", testReleaseOfARecoveredClaim},
 		{"NextDueAt", testNextDueAt},
