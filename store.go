@@ -351,7 +351,8 @@ type DispatchStore interface {
 	RecordOutcomes(ctx context.Context, owner string, outcomes []Outcome) error
 	// ReleaseClaims puts the runs of owner's claims, never sent, back to be
 	// claimed again from due (NextAttemptAt; a due before now is taken as
-	// now), keeping their attempt number, only while the run is still
+	// now, and one after the run's deadline as the deadline, or now if that
+	// passed), keeping their attempt number, only while the run is still
 	// delivering under the lease of that claim (owner and ClaimedAt): a
 	// claim whose lease expired and was recovered is left alone with the
 	// run, even when the same owner has claimed the run again since
@@ -426,8 +427,9 @@ type MaintenanceStore interface {
 	// FailExpiredRuns fails (deadline_exceeded) runs waiting in scheduled or
 	// retrying whose deadline passed, each with its run.failed event. A
 	// store may look for them among the runs due by now only: a waiting
-	// run is due by its deadline (see Run.CheckDue and RecordOutcomes), or
-	// by the time it was put back (ReleaseClaims, RecoverExpiredLeases).
+	// run is due by its deadline (see Run.CheckDue, RecordOutcomes and
+	// ReleaseClaims), or by the time it was put back after it
+	// (ReleaseClaims, RecoverExpiredLeases).
 	FailExpiredRuns(ctx context.Context, now time.Time, limit int) (int, error)
 	// PruneRuns deletes up to limit finished runs (and their attempts) that
 	// finished before cutoff; an unfinished run is never pruned.

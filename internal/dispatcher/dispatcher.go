@@ -753,11 +753,12 @@ func (d *Dispatcher) deliver(c *vibejobs.Claim, host string, h *heldClaim) {
 // the owner their app failed and spent the run's attempts while the
 // operator's fix, the key put back in the file, was still to come. The run
 // keeps its attempt number and waits SecretUnavailablePause (capped at its
-// deadline, after which FailExpiredRuns fails it deadline_exceeded), so
-// that a replica that holds the key, or this one once its file is mended,
-// sends it, and a run whose secret stays unreadable does not spin. Each
-// such claim is counted (Observer.SecretUnavailable); each job is logged
-// once per secretLogEvery, with ids and the key id, never the ciphertext.
+// deadline by ReleaseClaims, after which FailExpiredRuns fails it
+// deadline_exceeded), so that a replica that holds the key, or this one
+// once its file is mended, sends it, and a run whose secret stays
+// unreadable does not spin. Each such claim is counted
+// (Observer.SecretUnavailable); each job is logged once per
+// secretLogEvery, with ids and the key id, never the ciphertext.
 func (d *Dispatcher) secretUnavailable(c *vibejobs.Claim, err error) {
 	now := d.cfg.Now()
 	d.mu.Lock()
@@ -779,11 +780,8 @@ func (d *Dispatcher) secretUnavailable(c *vibejobs.Claim, err error) {
 	if d.cfg.Observer != nil {
 		d.cfg.Observer.SecretUnavailable()
 	}
-	at := now.Add(SecretUnavailablePause)
-	if c.Run.DeadlineAt.Before(at) {
-		at = latest(now, c.Run.DeadlineAt)
-	}
-	d.release(context.Background(), []*vibejobs.Claim{c}, now, at)
+	// The store caps the due time at the run's deadline.
+	d.release(context.Background(), []*vibejobs.Claim{c}, now, now.Add(SecretUnavailablePause))
 }
 
 // recordLoop writes outcomes in batches until the channel closes. A batch

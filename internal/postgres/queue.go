@@ -562,13 +562,15 @@ func recordArgs(owner string, outcomes []vibejobs.Outcome) ([]any, error) {
 // ReleaseClaims puts the runs of owner's claims, while each is still
 // delivering under that claim's lease (owner and claim time: a lease
 // recovered and taken again by the same owner is another claim's), back to
-// be claimed from due (NextAttemptAt = due, or now if later) under the same
-// attempt number: no attempt is recorded since none was sent, and a first
-// attempt never sent before (no attempt recorded, not even an interrupted
-// one) decides Late again. A released run of a deleted job is cancelled
-// (job_deleted) at now instead, whatever due says, its job read under a
-// share lock (see tx.DeleteJob). A run never sent whose occurrence was
-// withdrawn while it was held is deleted (see tx.DeleteFutureRuns).
+// be claimed from due (or now, if later), but no later than the run's
+// deadline (now, if that passed), so that FailExpiredRuns finds it once the
+// deadline passes. They keep their attempt number: no attempt is recorded
+// since none was sent, and a first attempt never sent before (no attempt
+// recorded, not even an interrupted one) decides Late again. A released run
+// of a deleted job is cancelled (job_deleted) at now instead, whatever due
+// says, its job read under a share lock (see tx.DeleteJob). A run never sent
+// whose occurrence was withdrawn while it was held is deleted (see
+// tx.DeleteFutureRuns).
 func (s *Store) ReleaseClaims(ctx context.Context, owner string, claims []*vibejobs.Claim, now, due time.Time) error {
 	if len(claims) == 0 {
 		return nil
@@ -625,7 +627,8 @@ func (s *Store) ReleaseClaims(ctx context.Context, owner string, claims []*vibej
 				WHEN r.attempt <= 1 THEN 'scheduled' ELSE 'retrying' END,
 			failure_reason = CASE WHEN kept.job_deleted_at IS NOT NULL THEN $4 ELSE r.failure_reason END,
 			finished_at = CASE WHEN kept.job_deleted_at IS NOT NULL THEN $3::timestamptz END,
-			next_attempt_at = CASE WHEN kept.job_deleted_at IS NULL THEN $8::timestamptz END,
+			next_attempt_at = CASE WHEN kept.job_deleted_at IS NULL
+				THEN GREATEST($3::timestamptz, LEAST($8::timestamptz, r.deadline_at)) END,
 			redeliver = kept.job_deleted_at IS NULL,
 			late = CASE WHEN kept.unsent THEN false ELSE r.late END,
 			late_decided = CASE WHEN kept.unsent THEN false ELSE r.late_decided END,

@@ -546,15 +546,16 @@ const recordCancelSQL = `UPDATE runs SET state = 'cancelled', failure_reason = ?
 		WHERE runs.seq = c.value ->> 0
 			AND ` + jobDeleted
 
-// releaseSQL puts claims back in the queue, due at ?5: the runs still
-// delivering under the lease of the claim ?2 names (owner and claim time, as
-// recordMoveSQL tells them). A deleted job's run is cancelled at ?1.
+// releaseSQL puts claims back in the queue, due at ?5 (?5 ≥ ?1) but no later
+// than the run's deadline or ?1: the runs still delivering under the lease
+// of the claim ?2 names (owner and claim time, as recordMoveSQL tells them).
+// A deleted job's run is cancelled at ?1.
 const releaseSQL = `UPDATE runs SET
 				state = CASE WHEN ` + jobDeleted + ` THEN 'cancelled'
 					WHEN attempt <= 1 THEN 'scheduled' ELSE 'retrying' END,
 				failure_reason = CASE WHEN ` + jobDeleted + ` THEN ?4 ELSE '' END,
 				finished_at = CASE WHEN ` + jobDeleted + ` THEN ?1 ELSE NULL END,
-				next_attempt_at = CASE WHEN ` + jobDeleted + ` THEN NULL ELSE ?5 END,
+				next_attempt_at = CASE WHEN ` + jobDeleted + ` THEN NULL ELSE max(?1, min(?5, deadline_at)) END,
 				redeliver = CASE WHEN ` + jobDeleted + ` THEN 0 ELSE 1 END,
 				late = CASE WHEN attempt <= 1 AND NOT EXISTS (SELECT 1 FROM attempts a WHERE a.run_seq = runs.seq)
 					THEN NULL ELSE late END,
@@ -605,16 +606,18 @@ func snippet(s string) string {
 	return s[:cut]
 }
 
-// ReleaseClaims puts the runs of owner's claims back in the queue, due at
-// due (or now, if later), to be sent under the same attempt number, while
-// each is still delivering under its claim's lease (a lease recovered and
-// taken again, by this owner too, is another claim's). A first attempt never
-// sent before (no attempt recorded, not even an interrupted one) gets its
-// late flag decided again; one the app has seen keeps it. A run whose job
-// was deleted meanwhile has no attempt in flight any more: it is cancelled
-// (job_deleted) at now, as DeleteJob would have done, whatever due says. A
-// run never sent whose occurrence was withdrawn while it was held is deleted
-// (see tx.DeleteFutureRuns).
+// ReleaseClaims puts the runs of owner's claims back in the queue, to be
+// sent under the same attempt number, while each is still delivering under
+// its claim's lease (a lease recovered and taken again, by this owner too, is
+// another claim's). Each is due at due, or now if later, but no later than
+// its deadline (now, if that passed), so that FailExpiredRuns finds it once
+// the deadline passes. A first attempt never sent before (no attempt
+// recorded, not even an interrupted one) gets its late flag decided again;
+// one the app has seen keeps it. A run whose job was deleted meanwhile has
+// no attempt in flight any more: it is cancelled (job_deleted) at now, as
+// DeleteJob would have done, whatever due says. A run never sent whose
+// occurrence was withdrawn while it was held is deleted (see
+// tx.DeleteFutureRuns).
 func (s *Store) ReleaseClaims(ctx context.Context, owner string, claims []*vibejobs.Claim, now, due time.Time) error {
 	if len(claims) == 0 {
 		return nil

@@ -652,6 +652,35 @@ func testReleaseWithALaterDue(t *testing.T, f *fixture) {
 	}
 }
 
+// testReleaseDueAfterItsDeadline: a run released with a due after its
+// deadline is due at its deadline instead (at now, if that passed), so that
+// FailExpiredRuns, which looks only among the runs due by its time, ends it
+// once the deadline passes, not once due comes.
+func testReleaseDueAfterItsDeadline(t *testing.T, f *fixture) {
+	f.projects()
+	j := f.job(projectA)
+	life := vibejobs.DeliveryLifetime
+	// Deadline T0+10s, released at T0 to be due at T0+30s.
+	soon := f.run(j, T0.Add(-life+10*time.Second), dueAt(T0.Add(-2*time.Second)))
+	// Deadline T0−1s, past when released at T0.
+	past := f.run(j, T0.Add(-life-time.Second), dueAt(T0.Add(-2*time.Second)))
+	cs := f.claimIDs("w1", T0.Add(-2*time.Second), 10, soon, past)
+	if err := f.s.ReleaseClaims(f.ctx, "w1", cs, T0, T0.Add(30*time.Second)); err != nil {
+		t.Fatalf("ReleaseClaims: %v", err)
+	}
+	f.wantRun("released with a due after its deadline", soon.ID, vibejobs.RunScheduled, 1, ptr(T0.Add(10*time.Second)))
+	f.wantRun("released after its deadline", past.ID, vibejobs.RunScheduled, 1, ptr(T0))
+
+	if n, err := f.s.FailExpiredRuns(f.ctx, T0.Add(10*time.Second+time.Millisecond), 10); err != nil || n != 2 {
+		t.Fatalf("FailExpiredRuns after both deadlines, before the due asked = %d, %v; want 2", n, err)
+	}
+	for _, r := range []*vibejobs.Run{soon, past} {
+		if got := f.getRun(projectA, r.ID); got.State != vibejobs.RunFailed || got.FailureReason != vibejobs.ReasonDeadlineExceeded {
+			t.Errorf("run released past its deadline: %s %q, want failed deadline_exceeded", got.State, got.FailureReason)
+		}
+	}
+}
+
 // testReleaseKeepsLateOfASentFirstAttempt: a first attempt that was sent
 // (and interrupted) keeps its late flag through a release of its
 // redelivery: the app has seen it once already.

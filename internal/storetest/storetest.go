@@ -81,6 +81,7 @@ func Run(t *testing.T, open func(t *testing.T) vibejobs.Store) {
 		{"RecoverExpiredLeasesLimit", testRecoverExpiredLeasesLimit},
 		{"ReleaseClaims", testReleaseClaims},
 		{"ReleaseWithALaterDue", testReleaseWithALaterDue},
+		{"ReleaseDueAfterItsDeadline", testReleaseDueAfterItsDeadline},
 		{"ReleaseKeepsLateOfASentFirstAttempt", testReleaseKeepsLateOfASentFirstAttempt},
 		{"ReleaseOfARecoveredClaim", testReleaseOfARecoveredClaim},
 		{"NextDueAt", testNextDueAt},
