@@ -142,6 +142,13 @@ func TestBadInput(t *testing.T) {
 		{"project id with NUL", req{method: "GET", path: "/v1/projects/%00/tokens"}, 404, "project_not_found", ""},
 		{"jobId with NUL", req{method: "GET", path: "/v1/runs?jobId=job_%00"}, 400, "invalid_query", "jobId"},
 		{"query name not UTF-8", req{method: "GET", path: "/v1/events?%FF=1"}, 400, "invalid_query", ""},
+		// A query Go's parser would drop a pair of: the cursor (or a filter)
+		// would be ignored and the answer would start another list.
+		{"cursor badly percent-encoded", req{method: "GET", path: "/v1/jobs?cursor=%zz"}, 400, "invalid_query", "cursor"},
+		{"cursor with a stray %", req{method: "GET", path: "/v1/runs?limit=1&cursor=YWJj%"}, 400, "invalid_query", "cursor"},
+		{"cursor after a ;", req{method: "GET", path: "/v1/runs?cursor=YWJj;x=1"}, 400, "invalid_query", "cursor"},
+		{"state badly percent-encoded", req{method: "GET", path: "/v1/runs?state=failed%2"}, 400, "invalid_query", "state"},
+		{"query name badly percent-encoded", req{method: "GET", path: "/v1/jobs?%zz=1"}, 400, "invalid_query", ""},
 		{"unknown route", req{method: "GET", path: "/v1/widgets"}, 404, "not_found", ""},
 		{"wrong method", req{method: "PUT", path: "/v1/jobs/" + jobID}, 405, "method_not_allowed", ""},
 		// Tokens and roles.

@@ -395,11 +395,17 @@ func (s *Server) serveRaw(w http.ResponseWriter, r *http.Request, rt route, info
 // checkText refuses a request whose path id or query holds text no stored
 // value can equal: invalid UTF-8, or a NUL byte (PostgreSQL's text type
 // refuses both, which would surface as an internal error). A path id answers
-// 404 like any other id that names nothing; a query value, 400.
+// 404 like any other id that names nothing; a query value, 400. A query
+// that does not parse (a bad percent-escape, a ';' separator) answers 400
+// too: URL.Query drops such a pair, so a cursor or filter would otherwise be
+// ignored and the answer would be another list than the one asked for.
 func checkText(r *http.Request, rt route) *vibejobs.Error {
 	if id := r.PathValue("id"); badText(id) {
 		resource, _, _ := strings.Cut(strings.TrimPrefix(rt.path, "/v1/"), "/")
 		return vibejobs.ErrNotFound(strings.TrimSuffix(resource, "s"))
+	}
+	if field, ok := malformedQuery(r.URL.RawQuery); ok {
+		return invalid("invalid_query", field, "the query must be well-formed: & between parameters, %XX escapes only")
 	}
 	for name, values := range r.URL.Query() {
 		field := name
@@ -416,6 +422,28 @@ func checkText(r *http.Request, rt route) *vibejobs.Error {
 }
 
 func badText(s string) bool { return !vibejobs.StorableText(s) }
+
+// malformedQuery reports whether url.ParseQuery would drop a pair of
+// rawQuery, and names that pair's parameter when its name reads as text
+// ("" otherwise).
+func malformedQuery(rawQuery string) (field string, bad bool) {
+	for _, pair := range strings.Split(rawQuery, "&") {
+		if pair == "" {
+			continue
+		}
+		rawName, rawValue, _ := strings.Cut(pair, "=")
+		name, nerr := url.QueryUnescape(rawName)
+		_, verr := url.QueryUnescape(rawValue)
+		if nerr == nil && verr == nil && !strings.Contains(pair, ";") {
+			continue
+		}
+		if nerr != nil || strings.Contains(name, ";") || badText(name) {
+			return "", true
+		}
+		return name, true
+	}
+	return "", false
+}
 
 func (s *Server) serveRoute(r *http.Request, rt route, info *logInfo) *response {
 	ctx := r.Context()
