@@ -115,6 +115,9 @@ func newLimiter(perSecond float64, burst int) *limiter {
 
 // allow takes one token from id's bucket at now. When the bucket is empty it
 // reports how long until one is back, rounded up to whole seconds (≥ 1 s).
+// now is wall time: when it is before the bucket's last request (the clock
+// was stepped back), the bucket refills from now on, with nothing added for
+// the step, rather than not until the clock has caught up.
 func (l *limiter) allow(id string, now time.Time) (retryAfter time.Duration, ok bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -126,6 +129,8 @@ func (l *limiter) allow(id string, now time.Time) (retryAfter time.Duration, ok 
 	}
 	if el := now.Sub(b.last); el > 0 {
 		b.tokens = math.Min(l.burst, b.tokens+el.Seconds()*l.rate)
+		b.last = now
+	} else if el < 0 {
 		b.last = now
 	}
 	if b.tokens >= 1 {

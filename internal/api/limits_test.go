@@ -40,6 +40,27 @@ func TestRateLimit(t *testing.T) {
 	}
 }
 
+// TestRateLimitClockBack: the API reads the wall clock (its instants carry
+// no monotonic reading), which NTP or an operator may step back. A token's
+// bucket then refills again from the new time on, as it would have going
+// forward, instead of staying empty until the clock has caught up with the
+// last request (an hour's step would shut the token out for an hour).
+func TestRateLimitClockBack(t *testing.T) {
+	e := newEnv(t, func(c *api.Config) { c.RateLimit = api.RateLimit{PerSecond: 0.5, Burst: 3} })
+	for range 3 {
+		e.must(200, "GET", "/v1/jobs", e.admin, nil)
+	}
+	e.clock.Advance(-time.Hour)
+	if res := e.do("GET", "/v1/jobs", e.admin, nil); res.status != 429 {
+		t.Fatalf("a step back refilled the bucket: %s", res)
+	}
+	e.clock.Advance(2 * time.Second)
+	e.must(200, "GET", "/v1/jobs", e.admin, nil)
+	if res := e.do("GET", "/v1/jobs", e.admin, nil); res.status != 429 {
+		t.Errorf("bucket refilled too much after the step back: %s", res)
+	}
+}
+
 // mintInStore creates a read token of the default project through the
 // store, so the test's setup does not spend the admin's bucket.
 func mintInStore(t *testing.T, e *env) string {
