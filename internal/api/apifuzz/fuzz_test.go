@@ -13,6 +13,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"os"
 	"strconv"
 	"strings"
@@ -105,4 +106,97 @@ func readSeeds(t testing.TB) [][]byte {
 		out = append(out, []byte(s))
 	}
 	return out
+}
+
+// FuzzListQuery sends arbitrary raw queries to the jobs and runs lists: the
+// answer is never a 5xx and always a JSON object, an error with a code for
+// every 4xx. A 200 comes only for a query that parses whole (a pair the
+// parser dropped would be a cursor or filter ignored) and, when it carries
+// a cursor, only for a cursor of that very list.
+func FuzzListQuery(f *testing.F) {
+	key, err := secretbox.NewKey()
+	if err != nil {
+		f.Fatal(err)
+	}
+	ring, err := secretbox.Parse([]byte(key))
+	if err != nil {
+		f.Fatal(err)
+	}
+	token := "vjt_" + strings.Repeat("A", 43)
+	sum := sha256.Sum256([]byte(token))
+	st := newMemStore(&vibejobs.Token{ID: "tok_1", ProjectID: "prj_1", Role: vibejobs.RoleAdmin, Hash: sum[:]})
+	now := time.Date(2026, 10, 9, 8, 0, 0, 0, time.UTC)
+	h := api.New(api.Config{
+		Store: st, Sealer: ring, Now: func() time.Time { return now },
+		Logger:    slog.New(slog.NewTextHandler(io.Discard, nil)),
+		RateLimit: api.RateLimit{PerSecond: -1},
+	}).Handler()
+	send := func(method, path, rawQuery, key string, body string) *httptest.ResponseRecorder {
+		r := httptest.NewRequest(method, path, strings.NewReader(body))
+		r.URL.RawQuery = rawQuery
+		r.Header.Set("Authorization", "Bearer "+token)
+		if key != "" {
+			r.Header.Set("Idempotency-Key", key)
+		}
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, r)
+		return w
+	}
+	var jobID string
+	for i := range 3 {
+		w := send("POST", "/v1/jobs", "", "k"+strconv.Itoa(i), `{"name":"n","schedule":"@daily","url":"https://example.com/"}`)
+		var job struct{ ID string }
+		if w.Code != http.StatusCreated || json.Unmarshal(w.Body.Bytes(), &job) != nil {
+			f.Fatalf("creating a job: %d %s", w.Code, w.Body)
+		}
+		jobID = job.ID
+		now = now.Add(time.Millisecond)
+	}
+	var page struct{ NextCursor string }
+	if w := send("GET", "/v1/jobs", "limit=1", "", ""); w.Code != 200 || json.Unmarshal(w.Body.Bytes(), &page) != nil ||
+		!strings.Contains(page.NextCursor, ".") {
+		f.Fatalf("first page: %d %s", w.Code, w.Body)
+	}
+	jobsCursor := page.NextCursor
+	pos, jobsTag, _ := strings.Cut(jobsCursor, ".")
+	for _, q := range []string{
+		"", "limit=1", "cursor=" + jobsCursor, "limit=2&cursor=" + jobsCursor, "cursor=" + pos,
+		"cursor=" + pos + "%2E" + jobsTag, "cursor=" + pos + "." + jobsTag + ".", "cursor=." + jobsTag,
+		"cursor=%zz", "cursor=" + jobsCursor + "%", "cursor=" + jobsCursor + ";x", "cursor=%FF", "cursor=%00",
+		"cursor=" + strings.Repeat("A", 600), "cursor=a&cursor=b", "cursor=", "state=failed&cursor=" + jobsCursor,
+		"jobId=" + jobID + "&cursor=" + jobsCursor, "%zz=1", "cursor=+" + pos, "cursor=" + pos + "=",
+	} {
+		f.Add(q)
+	}
+	f.Fuzz(func(t *testing.T, rawQuery string) {
+		for _, path := range []string{"/v1/jobs", "/v1/runs", "/v1/jobs/" + jobID + "/runs"} {
+			w := send("GET", path, rawQuery, "", "")
+			if w.Code >= 500 {
+				t.Fatalf("GET %s?%q: %d %s", path, rawQuery, w.Code, w.Body)
+			}
+			var m map[string]any
+			if err := json.Unmarshal(w.Body.Bytes(), &m); err != nil {
+				t.Fatalf("GET %s?%q: the answer is not a JSON object: %s", path, rawQuery, w.Body)
+			}
+			if w.Code >= 400 {
+				if e, ok := m["error"].(map[string]any); !ok || e["code"] == "" || e["code"] == "internal" {
+					t.Fatalf("GET %s?%q: error answer %s", path, rawQuery, w.Body)
+				}
+				continue
+			}
+			if w.Code != http.StatusOK {
+				t.Fatalf("GET %s?%q: status %d", path, rawQuery, w.Code)
+			}
+			q, err := url.ParseQuery(rawQuery)
+			if err != nil {
+				t.Fatalf("GET %s?%q: 200 for a query that does not parse (%v)", path, rawQuery, err)
+			}
+			if c := q.Get("cursor"); c != "" {
+				_, tag, bound := strings.Cut(c, ".")
+				if path != "/v1/jobs" || bound && tag != jobsTag {
+					t.Fatalf("GET %s?%q: 200 for a cursor of another list", path, rawQuery)
+				}
+			}
+		}
+	})
 }

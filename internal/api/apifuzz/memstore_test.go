@@ -1,8 +1,12 @@
 package apifuzz_test
 
 import (
+	"cmp"
 	"context"
+	"encoding/base64"
 	"maps"
+	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -172,3 +176,56 @@ func (t *memTx) AppendEvents(ctx context.Context, events ...*vibejobs.Event) err
 func (t *memTx) DeleteFutureRuns(ctx context.Context, jobID string, after time.Time) (int, error) {
 	return 0, nil
 }
+
+// ListJobs pages the project's jobs in id order, with the stores' cursor:
+// the unpadded base64url of the last id listed.
+func (m *memStore) ListJobs(ctx context.Context, projectID string, p vibejobs.Page) ([]*vibejobs.Job, string, error) {
+	limit, after, err := memPage(p)
+	if err != nil {
+		return nil, "", err
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	var out []*vibejobs.Job
+	for _, j := range m.jobs {
+		if j.ProjectID == projectID && j.ID > after {
+			c := *j
+			out = append(out, &c)
+		}
+	}
+	slices.SortFunc(out, func(a, b *vibejobs.Job) int { return strings.Compare(a.ID, b.ID) })
+	if len(out) > limit {
+		out = out[:limit]
+		return out, base64.RawURLEncoding.EncodeToString([]byte(out[limit-1].ID)), nil
+	}
+	return out, "", nil
+}
+
+// ListRuns checks its page as the stores do; memStore holds no runs.
+func (m *memStore) ListRuns(ctx context.Context, projectID string, f vibejobs.RunFilter, p vibejobs.Page) ([]*vibejobs.Run, string, error) {
+	_, _, err := memPage(p)
+	return nil, "", err
+}
+
+func (m *memStore) GetRun(ctx context.Context, projectID, id string) (*vibejobs.Run, error) {
+	return nil, vibejobs.ErrNotFound("run")
+}
+
+// memPage checks p as the stores do and returns its limit and the id its
+// cursor points after.
+func memPage(p vibejobs.Page) (limit int, after string, err error) {
+	limit = cmp.Or(p.Limit, 50)
+	if limit < 1 || limit > 100 {
+		return 0, "", vibejobs.FieldError("invalid_limit", "limit", "limit must be between 1 and 100")
+	}
+	if p.Cursor == "" {
+		return limit, "", nil
+	}
+	b, err := base64.RawURLEncoding.Strict().DecodeString(p.Cursor)
+	if err != nil || len(b) == 0 || len(b) > 128 || strings.TrimLeft(string(b), idChars) != "" {
+		return 0, "", vibejobs.FieldError("invalid_cursor", "cursor", "cursor is not one this API returned")
+	}
+	return limit, string(b), nil
+}
+
+const idChars = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-"
