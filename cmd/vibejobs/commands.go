@@ -99,7 +99,10 @@ func masterKey(ctx context.Context, args []string, getenv func(string) string, s
 				return ctx.Err()
 			}
 		}
-		n, err := resealAll(ctx, store, keys)
+		n, dropped, err := resealAll(ctx, store, keys, time.Now)
+		for _, id := range dropped {
+			fmt.Fprintf(stderr, "subscription %s: its previous secret does not open with the key file and was dropped; requests are signed with its current secret alone, as they already were\n", id)
+		}
 		if err != nil {
 			return err
 		}
@@ -124,9 +127,12 @@ func masterKey(ctx context.Context, args []string, getenv func(string) string, s
 const resealSettle = 2 * time.Second
 
 // resealAll re-seals every job and subscription secret not sealed under
-// keys' current key, and returns how many.
-func resealAll(ctx context.Context, store vibejobs.Store, keys *secretbox.Keyring) (int, error) {
+// keys' current key, and returns how many, with the ids of the subscriptions
+// whose previous secret it dropped because it does not open (see
+// resealSubscriptions; returned with an error too).
+func resealAll(ctx context.Context, store vibejobs.Store, keys *secretbox.Keyring, now func() time.Time) (int, []string, error) {
 	total := 0
+	var dropped []string
 	for {
 		n := 0
 		err := store.Update(ctx, func(tx vibejobs.Tx) error {
@@ -151,7 +157,7 @@ func resealAll(ctx context.Context, store vibejobs.Store, keys *secretbox.Keyrin
 			return nil
 		})
 		if err != nil {
-			return 0, fmt.Errorf("re-sealing secrets (the new key is in place; run rotate again to finish): %w", err)
+			return 0, nil, fmt.Errorf("re-sealing secrets (the new key is in place; run rotate again to finish): %w", err)
 		}
 		total += n
 		if n == 0 {
@@ -159,16 +165,16 @@ func resealAll(ctx context.Context, store vibejobs.Store, keys *secretbox.Keyrin
 		}
 	}
 	for {
-		n, err := resealSubscriptions(ctx, store, keys)
+		n, d, err := resealSubscriptions(ctx, store, keys, now())
 		if err != nil {
-			return 0, fmt.Errorf("re-sealing subscription secrets (the new key is in place; run rotate again to finish): %w", err)
+			return 0, dropped, fmt.Errorf("re-sealing subscription secrets (the new key is in place; run rotate again to finish): %w", err)
 		}
-		total += n
+		total, dropped = total+n, append(dropped, d...)
 		if n == 0 {
 			break
 		}
 	}
-	return total, nil
+	return total, dropped, nil
 }
 
 // resealAnswers re-seals the stored answers of completed Idempotency-Key
@@ -223,23 +229,40 @@ func resealAnswers(ctx context.Context, store vibejobs.Store, keys *secretbox.Ke
 
 // resealSubscriptions re-seals, in one transaction, up to 200 subscriptions
 // whose current or previous secret is sealed under an older key, and
-// returns how many.
-func resealSubscriptions(ctx context.Context, store vibejobs.Store, keys *secretbox.Keyring) (int, error) {
+// returns how many, with the ids of those whose previous secret it dropped
+// because it does not open. Every subscription it lists ends with both
+// secrets under keys' current key or the previous one gone, so a caller
+// looping until it returns 0 ends.
+//
+// A previous secret signs only until its grace window ends: one whose
+// window ended at now is dropped unopened. One still in its window that
+// does not open (sealed under a master key the file lost; rows rotated
+// before the API dropped such secrets hold one) is dropped too and named:
+// the deliverer already signs without it, so no receiver sees a change,
+// while kept it could never be re-sealed and would fail every rotation
+// until the subscription's secret is rotated again. A current secret that
+// does not open still fails the rotation: it is the subscription's only
+// way to sign, and dropping it is not ours to do (rotating it through the
+// API is).
+func resealSubscriptions(ctx context.Context, store vibejobs.Store, keys *secretbox.Keyring, now time.Time) (int, []string, error) {
 	n := 0
+	var dropped []string
 	err := store.Update(ctx, func(tx vibejobs.Tx) error {
 		subs, err := tx.SubscriptionSecretsNotUnder(ctx, keys.CurrentID(), 200)
 		if err != nil {
 			return err
 		}
-		n = len(subs)
+		n, dropped = len(subs), nil
 		for _, s := range subs {
 			current, err := reseal(keys, s.Secret, s.ID)
 			if err != nil {
 				return err
 			}
-			previous := s.PreviousSecret
-			if previous.KeyID != "" {
-				if previous, err = reseal(keys, previous, s.ID); err != nil {
+			var previous vibejobs.SealedSecret
+			if s.PreviousSecret.KeyID != "" && s.PreviousExpiresAt != nil && now.Before(*s.PreviousExpiresAt) {
+				if plain, err := keys.Open(s.PreviousSecret, s.ID); err != nil {
+					dropped = append(dropped, s.ID)
+				} else if previous, err = keys.Seal(plain, s.ID); err != nil {
 					return err
 				}
 			}
@@ -249,7 +272,10 @@ func resealSubscriptions(ctx context.Context, store vibejobs.Store, keys *secret
 		}
 		return nil
 	})
-	return n, err
+	if err != nil {
+		return 0, nil, err
+	}
+	return n, dropped, nil
 }
 
 func reseal(keys *secretbox.Keyring, sealed vibejobs.SealedSecret, aad string) (vibejobs.SealedSecret, error) {

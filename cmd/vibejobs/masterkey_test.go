@@ -15,6 +15,8 @@ import (
 	"time"
 
 	"github.com/vibejobs/vibejobs"
+	"github.com/vibejobs/vibejobs/contract"
+	"github.com/vibejobs/vibejobs/internal/api"
 	"github.com/vibejobs/vibejobs/internal/secretbox"
 	"github.com/vibejobs/vibejobs/internal/sqlite"
 )
@@ -300,5 +302,123 @@ func TestRotationSkipsExpiredAnswers(t *testing.T) {
 	st.Close()
 	if out := rotateMasterKey(t, map[string]string{"VIBEJOBS_DATA_DIR": dataDir}); !strings.Contains(out, "master key rotated") {
 		t.Fatalf("rotate said %q", out)
+	}
+}
+
+// TestRotationDropsPreviousSubscriptionSecretsItCannotUse: "master-key
+// rotate" re-seals a subscription's previous secret only while its grace
+// window lasts; one whose window ended is dropped, opened or not. One still
+// in its window that does not open (sealed under a key the file lost: rows
+// rotated before the API dropped such secrets hold one) is dropped too,
+// named by its subscription's id, and does not stop the re-sealing of the
+// others (the command failed on it, and never recorded the new key).
+func TestRotationDropsPreviousSubscriptionSecretsItCannotUse(t *testing.T) {
+	dataDir := t.TempDir()
+	m, _ := startMain(t, dataDir)
+	m.Close()
+	ctx := context.Background()
+	content, err := os.ReadFile(filepath.Join(dataDir, "master.key"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	fileKeys, err := secretbox.Parse(content)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lostKey, _ := secretbox.NewKey()
+	lostKeys, err := secretbox.Parse([]byte(lostKey))
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := sqlite.Open(ctx, filepath.Join(dataDir, "vibejobs.db"), sqlite.Options{Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now()
+	expired, inWindow := now.Add(-time.Hour), now.Add(23*time.Hour)
+	type sub struct {
+		id                string
+		prevKeys          *secretbox.Keyring // nil: no previous secret
+		prevUntil         time.Time
+		current, previous string
+		wantPrevious      bool // re-sealed under the new key
+	}
+	subs := []*sub{
+		{id: "sub_expired_opens", prevKeys: fileKeys, prevUntil: expired},
+		{id: "sub_expired_lost", prevKeys: lostKeys, prevUntil: expired},
+		{id: "sub_window_opens", prevKeys: fileKeys, prevUntil: inWindow, wantPrevious: true},
+		{id: "sub_window_lost", prevKeys: lostKeys, prevUntil: inWindow},
+		{id: "sub_no_previous"},
+	}
+	if err := st.Update(ctx, func(tx vibejobs.Tx) error {
+		for _, s := range subs {
+			s.current, _ = contract.NewSecret(nil)
+			row := &vibejobs.Subscription{ID: s.id, ProjectID: api.BootstrapProjectID, URL: "http://127.0.0.1:9/",
+				CreatedAt: now, UpdatedAt: now}
+			if row.Secret, err = fileKeys.Seal(s.current, s.id); err != nil {
+				return err
+			}
+			if s.prevKeys != nil {
+				s.previous, _ = contract.NewSecret(nil)
+				if row.PreviousSecret, err = s.prevKeys.Seal(s.previous, s.id); err != nil {
+					return err
+				}
+				row.PreviousExpiresAt = &s.prevUntil
+			}
+			if err := tx.CreateSubscription(ctx, row, vibejobs.MaxSubscriptionsPerProject); err != nil {
+				return err
+			}
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	st.Close()
+
+	var out, errb bytes.Buffer
+	env := map[string]string{"VIBEJOBS_DATA_DIR": dataDir}
+	if code := run(ctx, []string{"master-key", "rotate"}, func(k string) string { return env[k] }, &out, &errb); code != 0 {
+		t.Fatalf("rotate: %d %s %s", code, out.String(), errb.String())
+	}
+	if !strings.Contains(errb.String(), "sub_window_lost") {
+		t.Errorf("rotate did not name the subscription whose previous secret it dropped: %q", errb.String())
+	}
+	for _, s := range subs {
+		if s.previous != "" && strings.Contains(out.String()+errb.String(), s.previous) {
+			t.Errorf("rotate printed the previous secret of %s", s.id)
+		}
+		if s.id != "sub_window_lost" && strings.Contains(errb.String(), s.id) {
+			t.Errorf("rotate warned about %s: %q", s.id, errb.String())
+		}
+	}
+
+	// With only the new key in the file, every secret kept opens.
+	dropOlderKeys(t, dataDir)
+	content, _ = os.ReadFile(filepath.Join(dataDir, "master.key"))
+	newKeys, err := secretbox.Parse(content)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err = sqlite.Open(ctx, filepath.Join(dataDir, "vibejobs.db"), sqlite.Options{Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	for _, s := range subs {
+		got, err := st.GetSubscription(ctx, api.BootstrapProjectID, s.id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if plain, err := newKeys.Open(got.Secret, s.id); err != nil || plain != s.current {
+			t.Errorf("%s: current secret after the rotation does not open to itself: %v", s.id, err)
+		}
+		switch {
+		case s.wantPrevious:
+			if plain, err := newKeys.Open(got.PreviousSecret, s.id); err != nil || plain != s.previous {
+				t.Errorf("%s: previous secret in its window not re-sealed: %v", s.id, err)
+			}
+		case got.PreviousSecret.KeyID != "" || len(got.PreviousSecret.Ciphertext) != 0:
+			t.Errorf("%s: previous secret kept under key %q, want it dropped", s.id, got.PreviousSecret.KeyID)
+		}
 	}
 }
