@@ -66,8 +66,10 @@ type Config struct {
 	Now    func() time.Time // time.Now when nil
 	Rand   io.Reader        // crypto/rand.Reader when nil; ids, secrets and tokens
 	Logger *slog.Logger     // slog.Default() when nil
-	// Wake is called after a job was created or changed or a manual run was
-	// created, so the scheduler and dispatcher look at once.
+	// Wake is called after a job was created or changed, a manual run was
+	// created, or a subscription was created or given what may unstick it
+	// (a URL, filters, a secret), so the scheduler, the dispatcher and the
+	// subscription deliverer look at once.
 	Wake func()
 	// JobChanged is called with a job's id once a change to its URL,
 	// secret, timeout or retry policy, a pause or a schedule change, or its

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"net/http"
+	"slices"
 	"strconv"
 
 	"github.com/vibejobs/vibejobs"
@@ -244,8 +245,10 @@ func (s *Server) getSubscription(ctx context.Context, c *call) (*response, error
 	return jsonResponse(http.StatusOK, s.subscriptionView(sub)), nil
 }
 
-// patchSubscription changes url, types or jobIds. A new URL is tried at
-// once, even by a subscription waiting for its next retry.
+// patchSubscription changes url, types or jobIds. A new URL or new filters
+// are tried at once, even by a subscription waiting for its next retry:
+// either may be the fix for the event it is stuck at (filters that exclude
+// it pass over it without a request).
 func (s *Server) patchSubscription(ctx context.Context, c *call) (*response, error) {
 	in, e := parseSubscriptionInput(c.body)
 	if e != nil {
@@ -267,11 +270,17 @@ func (s *Server) patchSubscription(ctx context.Context, c *call) (*response, err
 			}
 		}
 		if in.types != nil {
+			if !slices.Equal(*in.types, sub.Types) {
+				sub.NextAttemptAt = nil
+			}
 			sub.Types = *in.types
 		}
 		if in.jobIDs != nil {
 			if err := checkJobIDs(ctx, tx, c.projectID(), *in.jobIDs, sub.JobIDs); err != nil {
 				return err
+			}
+			if !slices.Equal(*in.jobIDs, sub.JobIDs) {
+				sub.NextAttemptAt = nil
 			}
 			sub.JobIDs = *in.jobIDs
 		}
@@ -304,6 +313,11 @@ func (s *Server) deleteSubscription(ctx context.Context, c *call) (*response, er
 // the subscription is failing with secret_unavailable, and rotating is how
 // the operator revives it): it cannot sign, and kept it would only block a
 // later master key rotation, which re-seals every previous secret.
+//
+// Like a new URL, a new secret is tried at once, even by a subscription
+// waiting for its next retry: it is how an operator revives one failing
+// with secret_unavailable, and may be the fix for a receiver that refused
+// the old signature.
 func (s *Server) rotateSubscriptionSecret(ctx context.Context, c *call, tx vibejobs.Tx) (*response, error) {
 	if e := decodeEmpty(c.body); e != nil {
 		return nil, e
@@ -325,10 +339,11 @@ func (s *Server) rotateSubscriptionSecret(ctx context.Context, c *call, tx vibej
 	if _, err := s.sealer.Open(sub.Secret, sub.ID); err != nil {
 		sub.PreviousSecret, sub.PreviousExpiresAt = vibejobs.SealedSecret{}, nil
 	}
-	sub.Secret, sub.UpdatedAt = sealed, c.now
+	sub.Secret, sub.NextAttemptAt, sub.UpdatedAt = sealed, nil, c.now
 	if err := tx.UpdateSubscription(ctx, sub); err != nil {
 		return nil, err
 	}
+	c.wake = true
 	return jsonResponse(http.StatusOK, subscriptionWithSecret{s.subscriptionView(sub), secret}), nil
 }
 

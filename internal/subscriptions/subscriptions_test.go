@@ -890,9 +890,9 @@ func TestSecretThatDoesNotOpenMarksFailing(t *testing.T) {
 // secret was sealed under a master key the key file no longer holds is
 // failing (secret_unavailable) until an operator acts. Rotating its secret
 // through the API is that act: the new secret opens, and delivery resumes
-// at the next try (ErrorPause), signed with the new secret alone. The
-// replaced secret, which cannot be opened, must not hold the subscription
-// through the rotation's grace window (24 h).
+// at once (see TestOperatorFixWakesDelivery), signed with the new secret
+// alone. The replaced secret, which cannot be opened, must not hold the
+// subscription through the rotation's grace window (24 h).
 func TestRotationRevivesSubscriptionWhoseSecretIsLost(t *testing.T) {
 	e := newEmptyEnv(t)
 	r := newRecv(t)
@@ -929,7 +929,6 @@ func TestRotationRevivesSubscriptionWhoseSecretIsLost(t *testing.T) {
 		t.Fatalf("rotate-secret: %d", w.Code)
 	}
 
-	e.clock.Add(subscriptions.ErrorPause)
 	runOnce(t, d)
 	got := r.drain()
 	if len(got) != 1 || got[0].seq() != 1 {
@@ -956,4 +955,160 @@ func mustKeyring(t *testing.T) *secretbox.Keyring {
 		t.Fatal(err)
 	}
 	return k
+}
+
+// claimSignal tells each ClaimSubscriptions call on claimed.
+type claimSignal struct {
+	subscriptions.Store
+	claimed chan struct{}
+}
+
+func (c claimSignal) ClaimSubscriptions(ctx context.Context, owner string, now time.Time, limit int, lease time.Duration) ([]*vibejobs.Subscription, error) {
+	subs, err := c.Store.ClaimSubscriptions(ctx, owner, now, limit, lease)
+	select {
+	case c.claimed <- struct{}{}:
+	default:
+	}
+	return subs, err
+}
+
+// TestOperatorFixWakesDelivery: a change that lets a stuck subscription go
+// on is tried at once, as a new URL is: rotating a secret that did not open
+// (secret_unavailable, retried every ErrorPause), rotating the secret a
+// receiver refused (its backoff reaches 1 h), or filters that exclude the
+// event it refused. The API wakes the deliverer and clears the wait: with
+// the clock stopped and no poll due for an hour, the receiver gets the
+// next event to send.
+func TestOperatorFixWakesDelivery(t *testing.T) {
+	rotate := func(t *testing.T, h http.Handler, token, id string) string {
+		t.Helper()
+		req := httptest.NewRequest("POST", "/v1/subscriptions/"+id+"/rotate-secret", nil)
+		req.Header.Set("Authorization", "Bearer "+token)
+		req.Header.Set("Idempotency-Key", "rotate-"+id)
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, req)
+		var rotated struct{ Secret string }
+		if err := json.Unmarshal(w.Body.Bytes(), &rotated); w.Code != http.StatusOK || err != nil || rotated.Secret == "" {
+			t.Fatalf("rotate-secret: %d", w.Code)
+		}
+		return rotated.Secret
+	}
+	for _, tc := range []struct {
+		name string
+		// stick leaves sub failing at event 1 with its next attempt ahead,
+		// using d; fix is the operator's act, returning the secret that
+		// signs afterwards ("" when it did not change) and the event then
+		// expected.
+		stick func(t *testing.T, e *env, r *recv, d *subscriptions.Deliverer, sub *vibejobs.Subscription)
+		fix   func(t *testing.T, e *env, h http.Handler, token string, sub *vibejobs.Subscription) (string, int)
+		lost  bool // the subscription's secret is sealed under a key the deliverer lacks
+	}{{
+		name: "rotation after secret_unavailable",
+		lost: true,
+		stick: func(t *testing.T, e *env, r *recv, d *subscriptions.Deliverer, sub *vibejobs.Subscription) {
+			runOnce(t, d)
+			if s := e.get(sub.ID); s.ErrorCode != subscriptions.CodeSecretUnavailable {
+				t.Fatalf("setup: %+v", s)
+			}
+		},
+		fix: func(t *testing.T, e *env, h http.Handler, token string, sub *vibejobs.Subscription) (string, int) {
+			return rotate(t, h, token, sub.ID), 1
+		},
+	}, {
+		name: "rotation during a receiver backoff",
+		stick: func(t *testing.T, e *env, r *recv, d *subscriptions.Deliverer, sub *vibejobs.Subscription) {
+			r.answer(401, 401, 401, 401, 401, 401, 401, 401, 401)
+			for range 9 {
+				runOnce(t, d)
+				if s := e.get(sub.ID); s.NextAttemptAt != nil {
+					e.clock.Add(s.NextAttemptAt.Sub(e.clock.Now()))
+				}
+			}
+			r.answer(401)
+			runOnce(t, d)
+			if s := e.get(sub.ID); s.Attempts != 10 || s.NextAttemptAt.Sub(e.clock.Now()) != time.Hour {
+				t.Fatalf("setup: attempts %d, next attempt in %v", s.Attempts, s.NextAttemptAt.Sub(e.clock.Now()))
+			}
+			r.drain()
+		},
+		fix: func(t *testing.T, e *env, h http.Handler, token string, sub *vibejobs.Subscription) (string, int) {
+			return rotate(t, h, token, sub.ID), 1
+		},
+	}, {
+		name: "filters that exclude the refused event",
+		stick: func(t *testing.T, e *env, r *recv, d *subscriptions.Deliverer, sub *vibejobs.Subscription) {
+			r.answer(500)
+			runOnce(t, d)
+			r.drain()
+			if s := e.get(sub.ID); s.Attempts != 1 || s.NextAttemptAt == nil {
+				t.Fatalf("setup: %+v", s)
+			}
+			e.emit(e.job, vibejobs.EventJobPaused) // sequence 2
+		},
+		fix: func(t *testing.T, e *env, h http.Handler, token string, sub *vibejobs.Subscription) (string, int) {
+			req := httptest.NewRequest("PATCH", "/v1/subscriptions/"+sub.ID, strings.NewReader(`{"types":["job.paused"]}`))
+			req.Header.Set("Authorization", "Bearer "+token)
+			req.Header.Set("Content-Type", "application/json")
+			w := httptest.NewRecorder()
+			h.ServeHTTP(w, req)
+			if w.Code != http.StatusOK {
+				t.Fatalf("PATCH: %d", w.Code)
+			}
+			return "", 2
+		},
+	}} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newEmptyEnv(t)
+			r := newRecv(t)
+			token, _, err := api.Bootstrap(context.Background(), e.store, e.clock.Now(), nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			e.project = api.BootstrapProjectID
+			e.job = e.newJob("job_stuck", "http://127.0.0.1:1/")
+			sub, secret := e.subscribe(r.srv.URL, func(s *vibejobs.Subscription) {
+				if tc.lost {
+					old, _ := contract.NewSecret(nil)
+					s.Secret, _ = mustKeyring(t).Seal(old, s.ID)
+				}
+			})
+			e.emit(e.job, vibejobs.EventJobUpdated) // sequence 1
+			tc.stick(t, e, r, e.deliverer("w1", nil), sub)
+
+			claims := claimSignal{Store: e.store, claimed: make(chan struct{}, 1)}
+			d := subscriptions.New(subscriptions.Config{
+				Store: claims, Sender: e.client, Opener: e.keys, Owner: "w1", UserAgent: "vibejobs/test",
+				Logger: slog.New(slog.DiscardHandler), Now: e.clock.Now, Rand: func() float64 { return 0.5 },
+				PollInterval: time.Hour, // only a wake makes it look again
+			})
+			ctx, cancel := context.WithCancel(context.Background())
+			done := make(chan struct{})
+			go func() { d.Run(ctx); close(done) }()
+			defer func() { cancel(); <-done }()
+			<-claims.claimed // the first look found nothing due: Run waits now
+
+			h := api.New(api.Config{Store: e.store, Sealer: e.keys, Now: e.clock.Now, Wake: d.Wake,
+				Logger: slog.New(slog.DiscardHandler), RateLimit: api.RateLimit{PerSecond: -1}}).Handler()
+			newSecret, want := tc.fix(t, e, h, token, sub)
+			if newSecret != "" {
+				secret = newSecret
+			}
+			select {
+			case got := <-r.got:
+				if got.seq() != want {
+					t.Fatalf("after the fix received %d, want %d", got.seq(), want)
+				}
+				if err := receiver.VerifyEvent(got.header.Get("Vibe-Signature"), got.body, e.clock.Now(), secret); err != nil {
+					t.Errorf("signature: %v", err)
+				}
+			case <-time.After(10 * time.Second):
+				s := e.get(sub.ID)
+				next := "none"
+				if s.NextAttemptAt != nil {
+					next = s.NextAttemptAt.Sub(e.clock.Now()).String()
+				}
+				t.Fatalf("nothing sent after the fix: error %q, attempts %d, next attempt in %s", s.ErrorCode, s.Attempts, next)
+			}
+		})
+	}
 }
