@@ -34,6 +34,7 @@ import (
 
 	"github.com/vibejobs/vibejobs"
 	"github.com/vibejobs/vibejobs/internal/display"
+	"github.com/vibejobs/vibejobs/internal/ratelimit"
 )
 
 // Defaults of Config.
@@ -101,8 +102,8 @@ type dashboard struct {
 	now      func() time.Time
 	log      *slog.Logger
 	sessions *sessions
-	logins   *limiter // failed logins per client; nil when off
-	pageRate *limiter // pages per token; nil when off
+	logins   *ratelimit.Limiter // failed logins per client; nil when off
+	pageRate *ratelimit.Limiter // pages per token; nil when off
 	pages    map[string]*template.Template
 	mux      *http.ServeMux
 }
@@ -119,7 +120,7 @@ func New(cfg Config) http.Handler {
 		log:   cmp.Or(cfg.Logger, slog.Default()),
 		sessions: &sessions{store: cfg.Store, max: cmp.Or(max(cfg.MaxSessions, 0), DefaultMaxSessions),
 			lifetime: cmp.Or(max(cfg.SessionLifetime, 0), DefaultSessionLifetime)},
-		logins:   newLoginLimiter(cfg.LoginLimit),
+		logins:   cfg.LoginLimit.NewLimiter(),
 		pageRate: newPageLimiter(cfg.PageLimit),
 		pages:    parsePages(),
 	}
@@ -286,7 +287,7 @@ func (d *dashboard) withSession(page func(w http.ResponseWriter, r *http.Request
 			d.internalError(w, r, nil, err)
 			return
 		}
-		if wait, ok := d.pageRate.take(v.token.ID, v.now); !ok {
+		if wait, ok := d.pageRate.Take(v.token.ID, v.now); !ok {
 			w.Header().Set("Retry-After", strconv.Itoa(int(wait/time.Second)))
 			d.renderError(w, r, v, http.StatusTooManyRequests, "Too many requests",
 				"This token's sessions asked for pages faster than the dashboard allows. Try again in "+retryText(wait)+".")
@@ -434,8 +435,8 @@ func (d *dashboard) login(w http.ResponseWriter, r *http.Request) {
 	}
 	// Counted before the token is looked at: a client past its limit learns
 	// nothing of any token, not even a right one.
-	client, now := clientOf(r), d.now()
-	if wait, ok := d.logins.take(client, now); !ok {
+	client, now := ratelimit.Client(r), d.now()
+	if wait, ok := d.logins.Take(client, now); !ok {
 		d.log.Info("web.login_refused", "reason", "rate_limited")
 		w.Header().Set("Retry-After", strconv.Itoa(int(wait/time.Second)))
 		d.renderLogin(w, r, http.StatusTooManyRequests, loginData{CSRF: c.Value, Next: next,
@@ -460,14 +461,14 @@ func (d *dashboard) login(w http.ResponseWriter, r *http.Request) {
 		refuse("unknown")
 		return
 	case err != nil:
-		d.logins.refund(client, now)
+		d.logins.Refund(client, now)
 		d.internalError(w, r, nil, fmt.Errorf("looking up a token: %w", err))
 		return
 	case tok.RevokedAt != nil:
 		refuse("revoked")
 		return
 	}
-	d.logins.refund(client, now)
+	d.logins.Refund(client, now)
 	// A new id at every login: an id planted before the login is worthless.
 	if old, err := r.Cookie(cookieName(r, SessionCookie)); err == nil {
 		if err := d.sessions.delete(r.Context(), old.Value); err != nil {
