@@ -4,14 +4,17 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/base64"
+	"errors"
 	"io"
 	"math"
 	"net/http"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
 
 	"github.com/vibejobs/vibejobs"
+	"github.com/vibejobs/vibejobs/internal/ratelimit"
 )
 
 // API tokens are "vjt_" and the unpadded base64url of 32 random bytes. Only
@@ -42,8 +45,16 @@ func errUnauthorized(msg string) *vibejobs.Error {
 	return &vibejobs.Error{Kind: vibejobs.EUNAUTHORIZED, Code: "unauthorized", Message: msg}
 }
 
+// authLimitedError refuses a client past its Config.FailedAuthLimit.
+type authLimitedError struct{ retryAfter time.Duration }
+
+func (e *authLimitedError) Error() string { return "too many failed authentications from the client" }
+
 // authenticate finds the caller's token. It asks the store on every request,
-// so a revocation takes effect at once.
+// so a revocation takes effect at once; but a well-formed token from a
+// client past its Config.FailedAuthLimit is refused (*authLimitedError)
+// without being looked up, unless it was found valid lately (see
+// ratelimit.Failures).
 func (s *Server) authenticate(ctx context.Context, r *http.Request) (*vibejobs.Token, error) {
 	h := r.Header.Values("Authorization")
 	if len(h) == 0 {
@@ -57,17 +68,38 @@ func (s *Server) authenticate(ctx context.Context, r *http.Request) (*vibejobs.T
 	if len(value) != tokenLength || !strings.HasPrefix(value, tokenPrefix) {
 		return nil, errUnauthorized("the token is not valid")
 	}
-	tok, err := s.store.TokenByHash(ctx, hashToken(value))
+	hash := hashToken(value)
+	attempt, wait, ok := s.authFailures.Try(ratelimit.Client(r), hash, s.now())
+	if !ok {
+		return nil, &authLimitedError{retryAfter: wait}
+	}
+	tok, err := s.store.TokenByHash(ctx, hash)
 	if vibejobs.ErrorKind(err) == vibejobs.ENOTFOUND {
+		attempt.Failed()
 		return nil, errUnauthorized("the token is not valid")
 	}
 	if err != nil {
+		attempt.Undecided()
 		return nil, err
 	}
 	if tok.RevokedAt != nil {
+		attempt.Failed()
 		return nil, errUnauthorized("the token was revoked")
 	}
+	attempt.Succeeded()
 	return tok, nil
+}
+
+// refuseAuth answers a request authenticate refused: 429 with Retry-After
+// for a client past its limit, else the error with a Bearer challenge.
+func (s *Server) refuseAuth(c *call, err error) *response {
+	var limited *authLimitedError
+	if errors.As(err, &limited) {
+		return errorResponse(&vibejobs.Error{Kind: vibejobs.ERATELIMIT, Code: "rate_limited",
+			Message: "too many failed authentications from this address; retry later"}).
+			with("Retry-After", strconv.Itoa(int(limited.retryAfter/time.Second)))
+	}
+	return s.fail(c, err).with("WWW-Authenticate", `Bearer realm="vibejobs"`)
 }
 
 // authorize checks the token's role against what the route asks. It depends

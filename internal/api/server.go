@@ -1,7 +1,8 @@
 // Package api is the management API of vibejobs: JSON over HTTP under /v1,
 // bearer tokens scoped to a project, Idempotency-Key on every creating or
-// changing POST, per-token rate limits and strict input decoding. It is the
-// only place where error kinds become HTTP status codes.
+// changing POST, per-token rate limits, a limit of failed authentications
+// per client address, and strict input decoding. It is the only place where
+// error kinds become HTTP status codes.
 package api
 
 import (
@@ -22,6 +23,7 @@ import (
 	"time"
 
 	"github.com/vibejobs/vibejobs"
+	"github.com/vibejobs/vibejobs/internal/ratelimit"
 )
 
 // Defaults of Config.
@@ -94,7 +96,13 @@ type Config struct {
 	// project's state that deleting jobs resolves.
 	MaxJobsPerProject int
 	RateLimit         RateLimit
-	MaxBodyBytes      int64 // 0: DefaultMaxBodyBytes
+	// FailedAuthLimit bounds, per client address, the requests whose
+	// well-formed token is unknown or revoked: past it, a request with a
+	// token answers 429 rate_limited with Retry-After before the token is
+	// looked up (see ratelimit.Failures for the tokens let through all the
+	// same). Zero values take ratelimit's defaults.
+	FailedAuthLimit ratelimit.FailureLimit
+	MaxBodyBytes    int64 // 0: DefaultMaxBodyBytes
 	// RotationGrace is how long a subscription's replaced secret keeps
 	// signing requests after rotate-secret (0: vibejobs.DefaultRotationGrace).
 	RotationGrace time.Duration
@@ -121,6 +129,7 @@ type Server struct {
 	// rotationGrace: see Config.RotationGrace.
 	rotationGrace time.Duration
 	limiter       *limiter
+	authFailures  *ratelimit.Failures // nil when off
 	mux           *http.ServeMux
 	routes        []route
 	openapi       []byte
@@ -151,6 +160,7 @@ func New(cfg Config) *Server {
 		maxJobs:             cmp.Or(cfg.MaxJobsPerProject, DefaultMaxJobsPerProject),
 		maxBody:             cmp.Or(cfg.MaxBodyBytes, DefaultMaxBodyBytes),
 		openapi:             openapiDocument,
+		authFailures:        cfg.FailedAuthLimit.NewFailures(),
 
 		rotationGrace: cmp.Or(cfg.RotationGrace, vibejobs.DefaultRotationGrace),
 	}
@@ -383,7 +393,7 @@ func (s *Server) serveRaw(w http.ResponseWriter, r *http.Request, rt route, info
 		tok, err := s.authenticate(r.Context(), r)
 		if err != nil {
 			c := &call{r: r, now: s.now().UTC(), info: info}
-			s.fail(c, err).with("WWW-Authenticate", `Bearer realm="vibejobs"`).write(w)
+			s.refuseAuth(c, err).write(w)
 			return
 		}
 		info.project, info.tokenID = tok.ProjectID, tok.ID
@@ -453,7 +463,7 @@ func (s *Server) serveRoute(r *http.Request, rt route, info *logInfo) *response 
 	if rt.access != accessPublic {
 		tok, err := s.authenticate(ctx, r)
 		if err != nil {
-			return s.fail(c, err).with("WWW-Authenticate", `Bearer realm="vibejobs"`)
+			return s.refuseAuth(c, err)
 		}
 		c.token = tok
 		info.project, info.tokenID = tok.ProjectID, tok.ID

@@ -1,7 +1,7 @@
 // Package ratelimit keeps per-key request budgets in memory, shared by the
 // management API and the dashboard: a generic cell rate algorithm per key
 // (Limiter), the limit of failed authentications per client address
-// (FailureLimit) and the client address itself (Client).
+// (FailureLimit, Failures) and the client address itself (Client).
 //
 // Budgets are per process: each replica behind a load balancer keeps its
 // own.
@@ -116,6 +116,120 @@ type FailureLimit struct {
 	Failures   int
 	Every      time.Duration
 	MaxClients int
+}
+
+// NewFailures returns the Failures of f; nil when f is off.
+func (f FailureLimit) NewFailures() *Failures {
+	l := f.NewLimiter()
+	if l == nil {
+		return nil
+	}
+	return &Failures{limiter: l, maxGood: cmp.Or(max(f.MaxClients, 0), DefaultMaxClients), good: map[string]time.Time{}}
+}
+
+// Failures limits the failed authentications of each client address, so
+// that credentials which do not exist (each of which costs a look-up in the
+// store) cannot be sent without bound. An authentication is counted as a
+// failure before its credential is looked up, so that concurrent attempts
+// cannot all slip past the limit, and given back when it succeeds; past the
+// limit the client is refused without the look-up, whatever it sends.
+//
+// Except for credentials recently found valid (from any address): those
+// are neither counted nor refused, so that a client sending bad credentials
+// from behind the same proxy or NAT as others does not lock them out. This
+// tells a limited client nothing about a credential it does not already
+// hold, since any other is refused unlooked. Failures remembers at most
+// MaxClients such credentials, forgetting the one found valid least
+// recently, and forgets one as soon as it fails (a revoked token).
+//
+// It is safe for concurrent use; a nil *Failures counts nothing and allows
+// everything.
+type Failures struct {
+	limiter *Limiter
+	mu      sync.Mutex
+	maxGood int
+	good    map[string]time.Time // credential key → when last found valid
+}
+
+// Try begins the authentication of client with the credential named by key
+// at now. key must name the credential without being it (its SHA-256, as
+// stored): Failures keeps it in memory. When ok is false, client is past
+// its limit: refuse it, without looking the credential up, and tell it to
+// retry after retryAfter (whole seconds, ≥ 1 s). Otherwise look the
+// credential up and report the outcome on the Attempt.
+func (f *Failures) Try(client string, key []byte, now time.Time) (a Attempt, retryAfter time.Duration, ok bool) {
+	if f == nil {
+		return Attempt{}, 0, true
+	}
+	a = Attempt{f: f, client: client, key: string(key), now: now}
+	f.mu.Lock()
+	_, good := f.good[a.key]
+	f.mu.Unlock()
+	if good {
+		return a, 0, true
+	}
+	if retryAfter, ok = f.limiter.Take(client, now); !ok {
+		return Attempt{}, retryAfter, false
+	}
+	a.counted = true
+	return a, 0, true
+}
+
+// Attempt is one authentication Try let through. Report its outcome once.
+type Attempt struct {
+	f       *Failures
+	client  string
+	key     string
+	now     time.Time
+	counted bool // Try counted it as a failure
+}
+
+// Succeeded reports that the credential is valid: the attempt does not
+// count, and the credential is remembered as good.
+func (a Attempt) Succeeded() {
+	if a.f == nil {
+		return
+	}
+	if a.counted {
+		a.f.limiter.Refund(a.client, a.now)
+	}
+	f := a.f
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if _, ok := f.good[a.key]; !ok && len(f.good) >= f.maxGood {
+		var oldest string
+		var oldestAt time.Time
+		for k, t := range f.good {
+			if oldest == "" || t.Before(oldestAt) {
+				oldest, oldestAt = k, t
+			}
+		}
+		delete(f.good, oldest)
+	}
+	f.good[a.key] = a.now
+}
+
+// Failed reports that the credential is not valid (unknown, expired,
+// revoked): the attempt counts against the client, and the credential is
+// no longer remembered as good.
+func (a Attempt) Failed() {
+	if a.f == nil {
+		return
+	}
+	a.f.mu.Lock()
+	delete(a.f.good, a.key)
+	a.f.mu.Unlock()
+	if !a.counted {
+		a.f.limiter.Take(a.client, a.now)
+	}
+}
+
+// Undecided reports that the look-up itself failed (the store did not
+// answer): the attempt does not count.
+func (a Attempt) Undecided() {
+	if a.f != nil && a.counted {
+		a.f.limiter.Refund(a.client, a.now)
+	}
 }
 
 // NewLimiter returns the Limiter of f, keyed by client; nil when f is off.

@@ -104,3 +104,89 @@ func TestFailureLimitDefaults(t *testing.T) {
 		t.Fatal("a negative Failures did not turn the limit off")
 	}
 }
+
+// TestFailures: failures count against the client and successes are given
+// back; past the limit every credential is refused unlooked except one found
+// valid lately, which stops being let through once it fails; a failed
+// look-up of the store counts nothing.
+func TestFailures(t *testing.T) {
+	f := ratelimit.FailureLimit{Failures: 2, Every: time.Minute}.NewFailures()
+	good, bad, other := []byte("good"), []byte("bad"), []byte("other")
+	try := func(client string, key []byte) (ratelimit.Attempt, bool) {
+		t.Helper()
+		a, wait, ok := f.Try(client, key, t0)
+		if !ok && wait != time.Minute {
+			t.Fatalf("refused with Retry-After %v, want 1m", wait)
+		}
+		return a, ok
+	}
+	for range 5 {
+		a, ok := try("c", good)
+		if !ok {
+			t.Fatal("a valid credential refused")
+		}
+		a.Succeeded()
+	}
+	a, _ := try("c", other)
+	a.Undecided()
+	for i := range 2 {
+		a, ok := try("c", bad)
+		if !ok {
+			t.Fatalf("failure %d refused", i)
+		}
+		a.Failed()
+	}
+	if _, ok := try("c", bad); ok {
+		t.Fatal("a third failure let through")
+	}
+	if _, ok := try("c", other); ok {
+		t.Fatal("a credential never found valid let through from the limited client")
+	}
+	a, ok := try("c", good)
+	if !ok {
+		t.Fatal("a credential found valid refused from the limited client")
+	}
+	a.Failed() // revoked since
+	if _, ok := try("c", good); ok {
+		t.Fatal("a credential that failed still let through")
+	}
+	if _, ok := try("d", bad); !ok {
+		t.Fatal("another client held up")
+	}
+	var off *ratelimit.Failures
+	a, _, ok = off.Try("c", bad, t0)
+	if !ok {
+		t.Fatal("a nil Failures refused")
+	}
+	a.Failed()
+	if (ratelimit.FailureLimit{Failures: -1}).NewFailures() != nil {
+		t.Fatal("a negative Failures did not turn the limit off")
+	}
+}
+
+// TestFailuresRemembersBoundedCredentials: at most MaxClients credentials
+// are remembered as good, the one found valid least recently forgotten
+// first.
+func TestFailuresRemembersBoundedCredentials(t *testing.T) {
+	f := ratelimit.FailureLimit{Failures: 1, Every: time.Hour, MaxClients: 2}.NewFailures()
+	now := t0
+	succeed := func(key string) {
+		a, _, ok := f.Try("ok", []byte(key), now)
+		if !ok {
+			t.Fatalf("%s refused", key)
+		}
+		a.Succeeded()
+		now = now.Add(time.Second)
+	}
+	succeed("1")
+	succeed("2")
+	succeed("1")
+	succeed("3") // forgets 2
+	a, _, _ := f.Try("c", []byte("x"), now)
+	a.Failed()
+	for key, want := range map[string]bool{"1": true, "2": false, "3": true} {
+		if _, _, ok := f.Try("c", []byte(key), now); ok != want {
+			t.Errorf("%s from the limited client: %v, want %v", key, ok, want)
+		}
+	}
+}
