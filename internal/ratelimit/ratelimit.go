@@ -120,7 +120,7 @@ type FailureLimit struct {
 
 // NewFailures returns the Failures of f; nil when f is off.
 func (f FailureLimit) NewFailures() *Failures {
-	l := f.NewLimiter()
+	l := f.limiter()
 	if l == nil {
 		return nil
 	}
@@ -232,8 +232,8 @@ func (a Attempt) Undecided() {
 	}
 }
 
-// NewLimiter returns the Limiter of f, keyed by client; nil when f is off.
-func (f FailureLimit) NewLimiter() *Limiter {
+// limiter returns the Limiter of f, keyed by client; nil when f is off.
+func (f FailureLimit) limiter() *Limiter {
 	if f.Failures < 0 {
 		return nil
 	}

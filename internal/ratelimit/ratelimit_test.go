@@ -89,19 +89,18 @@ func TestLimiterBoundedKeys(t *testing.T) {
 }
 
 // TestFailureLimitDefaults: zero values take the defaults (10 at once, one
-// more a minute); a negative Failures turns the limit off.
+// more a minute).
 func TestFailureLimitDefaults(t *testing.T) {
-	l := ratelimit.FailureLimit{}.NewLimiter()
+	f := ratelimit.FailureLimit{}.NewFailures()
 	for i := range ratelimit.DefaultFailures {
-		if _, ok := l.Take("c", t0); !ok {
+		a, _, ok := f.Try("c", []byte("bad"), t0)
+		if !ok {
 			t.Fatalf("failure %d refused", i)
 		}
+		a.Failed()
 	}
-	if wait, ok := l.Take("c", t0); ok || wait != ratelimit.DefaultEvery {
+	if _, wait, ok := f.Try("c", []byte("bad"), t0); ok || wait != ratelimit.DefaultEvery {
 		t.Fatalf("past the default budget: %v %v", wait, ok)
-	}
-	if l := (ratelimit.FailureLimit{Failures: -1}).NewLimiter(); l != nil {
-		t.Fatal("a negative Failures did not turn the limit off")
 	}
 }
 

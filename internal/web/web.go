@@ -5,8 +5,8 @@
 // The dashboard keeps its sessions in the Store, so every replica knows
 // them, and never puts the token in a cookie: the browser holds a random
 // session id only. Every request checks the token again, so revoking it
-// ends its sessions at once. Failed logins are limited per client address
-// (LoginLimit), and the pages of each token's sessions as its API requests
+// ends its sessions at once. Failed logins, and session ids that name no
+// live session, are limited per client address (LoginLimit), and the pages of each token's sessions as its API requests
 // are (PageLimit). Pages carry no script, every response forbids
 // framing, sniffing and referrers, and nothing it logs holds a token, a
 // session id, a URL or a response snippet.
@@ -77,7 +77,8 @@ type Config struct {
 	// SessionLifetime is how long a login lasts, however active
 	// (0: DefaultSessionLifetime).
 	SessionLifetime time.Duration
-	// LoginLimit bounds failed logins per client address.
+	// LoginLimit bounds failed logins per client address, together with
+	// the requests whose session id names no live session.
 	LoginLimit LoginLimit
 	// PageLimit bounds the pages of each token's sessions.
 	PageLimit PageLimit
@@ -102,8 +103,8 @@ type dashboard struct {
 	now      func() time.Time
 	log      *slog.Logger
 	sessions *sessions
-	logins   *ratelimit.Limiter // failed logins per client; nil when off
-	pageRate *ratelimit.Limiter // pages per token; nil when off
+	failures *ratelimit.Failures // failed logins and unknown session ids per client; nil when off
+	pageRate *ratelimit.Limiter  // pages per token; nil when off
 	pages    map[string]*template.Template
 	mux      *http.ServeMux
 }
@@ -120,7 +121,7 @@ func New(cfg Config) http.Handler {
 		log:   cmp.Or(cfg.Logger, slog.Default()),
 		sessions: &sessions{store: cfg.Store, max: cmp.Or(max(cfg.MaxSessions, 0), DefaultMaxSessions),
 			lifetime: cmp.Or(max(cfg.SessionLifetime, 0), DefaultSessionLifetime)},
-		logins:   cfg.LoginLimit.NewLimiter(),
+		failures: cfg.LoginLimit.NewFailures(),
 		pageRate: newPageLimiter(cfg.PageLimit),
 		pages:    parsePages(),
 	}
@@ -228,15 +229,66 @@ func (v *viewer) projectID() string { return v.token.ProjectID }
 // errNoSession means the request carries no live session.
 var errNoSession = errors.New("no live session")
 
+// clientLimitedError refuses a client past its LoginLimit.
+type clientLimitedError struct{ retryAfter time.Duration }
+
+func (e *clientLimitedError) Error() string { return "too many failed logins or unknown sessions" }
+
+// trySession counts the look-up of session id against the client's
+// LoginLimit before it is made: each well-formed id costs a look-up in the
+// store. A malformed id costs nothing and is not counted (the zero
+// Attempt). Past the limit it returns a *clientLimitedError.
+func (d *dashboard) trySession(r *http.Request, id string, now time.Time) (ratelimit.Attempt, error) {
+	key, ok := keyOf(id)
+	if !ok {
+		return ratelimit.Attempt{}, nil
+	}
+	a, wait, ok := d.failures.Try(ratelimit.Client(r), key, now)
+	if !ok {
+		return a, &clientLimitedError{retryAfter: wait}
+	}
+	return a, nil
+}
+
+// tooManyFailures answers a client past its LoginLimit on a page that needs
+// a session.
+func (d *dashboard) tooManyFailures(w http.ResponseWriter, r *http.Request, wait time.Duration) {
+	d.log.Info("web.session_refused", "reason", "rate_limited")
+	w.Header().Set("Retry-After", strconv.Itoa(int(wait/time.Second)))
+	d.renderError(w, r, nil, http.StatusTooManyRequests, "Too many requests",
+		"Too many failed logins or expired sessions from your address. Try again in "+retryText(wait)+".")
+}
+
 // authenticate finds the request's session and checks its token again: a
-// token revoked (or gone) since the login ends the session at once.
+// token revoked (or gone) since the login ends the session at once. A
+// client past its LoginLimit gets a *clientLimitedError, its session id
+// not looked up (see ratelimit.Failures for the ids let through all the
+// same).
 func (d *dashboard) authenticate(ctx context.Context, r *http.Request) (*viewer, error) {
 	c, err := r.Cookie(cookieName(r, SessionCookie))
 	if err != nil {
 		return nil, errNoSession
 	}
 	now := d.now()
-	sess, ok, err := d.sessions.get(ctx, c.Value, now)
+	attempt, err := d.trySession(r, c.Value, now)
+	if err != nil {
+		return nil, err
+	}
+	v, err := d.sessionViewer(ctx, c.Value, now)
+	switch {
+	case err == nil:
+		attempt.Succeeded()
+	case errors.Is(err, errNoSession):
+		attempt.Failed()
+	default:
+		attempt.Undecided()
+	}
+	return v, err
+}
+
+// sessionViewer is authenticate's look-up of session id at now.
+func (d *dashboard) sessionViewer(ctx context.Context, id string, now time.Time) (*viewer, error) {
+	sess, ok, err := d.sessions.get(ctx, id, now)
 	if err != nil {
 		return nil, fmt.Errorf("reading the session: %w", err)
 	}
@@ -246,7 +298,7 @@ func (d *dashboard) authenticate(ctx context.Context, r *http.Request) (*viewer,
 	tok, err := d.store.GetToken(ctx, sess.tokenID)
 	switch {
 	case vibejobs.ErrorKind(err) == vibejobs.ENOTFOUND:
-		if err := d.sessions.delete(ctx, c.Value); err != nil {
+		if err := d.sessions.delete(ctx, id); err != nil {
 			return nil, fmt.Errorf("ending a session: %w", err)
 		}
 		d.log.Info("web.session_ended", "reason", "token_gone", "token_id", sess.tokenID)
@@ -254,7 +306,7 @@ func (d *dashboard) authenticate(ctx context.Context, r *http.Request) (*viewer,
 	case err != nil:
 		return nil, fmt.Errorf("checking the session's token: %w", err)
 	case tok.RevokedAt != nil || tok.ProjectID != sess.projectID:
-		if err := d.sessions.delete(ctx, c.Value); err != nil {
+		if err := d.sessions.delete(ctx, id); err != nil {
 			return nil, fmt.Errorf("ending a session: %w", err)
 		}
 		d.log.Info("web.session_ended", "reason", "token_revoked", "token_id", sess.tokenID, "project", sess.projectID)
@@ -272,6 +324,11 @@ func (d *dashboard) authenticate(ctx context.Context, r *http.Request) (*viewer,
 func (d *dashboard) withSession(page func(w http.ResponseWriter, r *http.Request, v *viewer)) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		v, err := d.authenticate(r.Context(), r)
+		var limited *clientLimitedError
+		if errors.As(err, &limited) {
+			d.tooManyFailures(w, r, limited.retryAfter)
+			return
+		}
 		if errors.Is(err, errNoSession) {
 			if _, cerr := r.Cookie(cookieName(r, SessionCookie)); cerr == nil {
 				clearCookie(w, r, SessionCookie, "/")
@@ -434,9 +491,13 @@ func (d *dashboard) login(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	// Counted before the token is looked at: a client past its limit learns
-	// nothing of any token, not even a right one.
-	client, now := ratelimit.Client(r), d.now()
-	if wait, ok := d.logins.Take(client, now); !ok {
+	// nothing of any token it does not hold, not even a right one (only a
+	// token found valid lately gets through, see ratelimit.Failures).
+	// Tokens are stored as the SHA-256 of their value, as the API stores them.
+	value := strings.TrimSpace(r.PostForm.Get("token"))
+	sum := sha256.Sum256([]byte(value))
+	attempt, wait, ok := d.failures.Try(ratelimit.Client(r), sum[:], d.now())
+	if !ok {
 		d.log.Info("web.login_refused", "reason", "rate_limited")
 		w.Header().Set("Retry-After", strconv.Itoa(int(wait/time.Second)))
 		d.renderLogin(w, r, http.StatusTooManyRequests, loginData{CSRF: c.Value, Next: next,
@@ -444,31 +505,29 @@ func (d *dashboard) login(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	refuse := func(reason string) {
+		attempt.Failed()
 		d.log.Info("web.login_refused", "reason", reason)
 		d.renderLogin(w, r, http.StatusUnauthorized, loginData{CSRF: c.Value, Next: next,
 			Error: "This token is not valid, or it was revoked."})
 	}
-	value := strings.TrimSpace(r.PostForm.Get("token"))
 	if !strings.HasPrefix(value, "vjt_") || len(value) > 256 {
 		refuse("malformed")
 		return
 	}
-	// Tokens are stored as the SHA-256 of their value, as the API stores them.
-	sum := sha256.Sum256([]byte(value))
 	tok, err := d.store.TokenByHash(r.Context(), sum[:])
 	switch {
 	case vibejobs.ErrorKind(err) == vibejobs.ENOTFOUND:
 		refuse("unknown")
 		return
 	case err != nil:
-		d.logins.Refund(client, now)
+		attempt.Undecided()
 		d.internalError(w, r, nil, fmt.Errorf("looking up a token: %w", err))
 		return
 	case tok.RevokedAt != nil:
 		refuse("revoked")
 		return
 	}
-	d.logins.Refund(client, now)
+	attempt.Succeeded()
 	// A new id at every login: an id planted before the login is worthless.
 	if old, err := r.Cookie(cookieName(r, SessionCookie)); err == nil {
 		if err := d.sessions.delete(r.Context(), old.Value); err != nil {
@@ -507,16 +566,26 @@ func (d *dashboard) logout(w http.ResponseWriter, r *http.Request) {
 		http.Redirect(w, r, "/login", http.StatusSeeOther)
 		return
 	}
-	sess, ok, err := d.sessions.get(r.Context(), c.Value, d.now())
+	now := d.now()
+	attempt, err := d.trySession(r, c.Value, now)
+	var limited *clientLimitedError
+	if errors.As(err, &limited) {
+		d.tooManyFailures(w, r, limited.retryAfter)
+		return
+	}
+	sess, ok, err := d.sessions.get(r.Context(), c.Value, now)
 	if err != nil {
+		attempt.Undecided()
 		d.internalError(w, r, nil, fmt.Errorf("reading the session: %w", err))
 		return
 	}
 	if !ok {
+		attempt.Failed()
 		clearCookie(w, r, SessionCookie, "/")
 		http.Redirect(w, r, "/login", http.StatusSeeOther)
 		return
 	}
+	attempt.Succeeded()
 	if !sameOrigin(r) || !equalSecret(r.PostForm.Get("csrf"), sess.csrf) {
 		d.log.Info("web.logout_refused", "reason", "csrf", "token_id", sess.tokenID)
 		d.renderError(w, r, nil, http.StatusForbidden, "Form expired",
