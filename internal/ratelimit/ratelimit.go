@@ -44,6 +44,9 @@ func (l *Limiter) Take(key string, now time.Time) (retryAfter time.Duration, ok 
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	if wait := l.wait(key, now); wait > 0 {
+		return wait, false
+	}
 	clear, known := l.clear[key]
 	if !known {
 		l.makeRoom(now)
@@ -51,11 +54,44 @@ func (l *Limiter) Take(key string, now time.Time) (retryAfter time.Duration, ok 
 	if clear.Before(now) {
 		clear = now
 	}
-	if wait := clear.Sub(now) - l.slack; wait > 0 {
-		return time.Duration(max(1, math.Ceil(wait.Seconds()))) * time.Second, false
-	}
 	l.clear[key] = clear.Add(l.every)
 	return 0, true
+}
+
+// wait reports how long until key may take one more at now (0: it may).
+// l.mu is held.
+func (l *Limiter) wait(key string, now time.Time) time.Duration {
+	clear := l.clear[key]
+	if clear.Before(now) {
+		clear = now
+	}
+	if wait := clear.Sub(now) - l.slack; wait > 0 {
+		return time.Duration(max(1, math.Ceil(wait.Seconds()))) * time.Second
+	}
+	return 0
+}
+
+// peek reports what Take would, without counting anything.
+func (l *Limiter) peek(key string, now time.Time) (retryAfter time.Duration, ok bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	w := l.wait(key, now)
+	return w, w == 0
+}
+
+// charge counts one request of key at now even when key has nothing left,
+// so that it waits the longer.
+func (l *Limiter) charge(key string, now time.Time) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	clear, known := l.clear[key]
+	if !known {
+		l.makeRoom(now)
+	}
+	if clear.Before(now) {
+		clear = now
+	}
+	l.clear[key] = clear.Add(l.every)
 }
 
 // Refund gives back one request Take counted for key.
@@ -129,10 +165,13 @@ func (f FailureLimit) NewFailures() *Failures {
 
 // Failures limits the failed authentications of each client address, so
 // that credentials which do not exist (each of which costs a look-up in the
-// store) cannot be sent without bound. An authentication is counted as a
-// failure before its credential is looked up, so that concurrent attempts
-// cannot all slip past the limit, and given back when it succeeds; past the
-// limit the client is refused without the look-up, whatever it sends.
+// store) cannot be sent without bound. Past the limit the client is refused
+// without the look-up, whatever it sends. An authentication is counted when
+// it fails, not before: attempts still being looked up hold no budget, so a
+// client's first burst of concurrent requests with a valid credential is
+// not refused. Concurrent failures may thus all be looked up, but each one
+// counts, past the limit too, so the client then waits until all are
+// forgiven: in the long run it is looked up no more than the limit allows.
 //
 // Except for credentials recently found valid (from any address): those
 // are neither counted nor refused, so that a client sending bad credentials
@@ -168,20 +207,18 @@ func (f *Failures) Try(client string, key []byte, now time.Time) (a Attempt, ret
 	if good {
 		return a, 0, true
 	}
-	if retryAfter, ok = f.limiter.Take(client, now); !ok {
+	if retryAfter, ok = f.limiter.peek(client, now); !ok {
 		return Attempt{}, retryAfter, false
 	}
-	a.counted = true
 	return a, 0, true
 }
 
 // Attempt is one authentication Try let through. Report its outcome once.
 type Attempt struct {
-	f       *Failures
-	client  string
-	key     string
-	now     time.Time
-	counted bool // Try counted it as a failure
+	f      *Failures
+	client string
+	key    string
+	now    time.Time
 }
 
 // Succeeded reports that the credential is valid: the attempt does not
@@ -189,9 +226,6 @@ type Attempt struct {
 func (a Attempt) Succeeded() {
 	if a.f == nil {
 		return
-	}
-	if a.counted {
-		a.f.limiter.Refund(a.client, a.now)
 	}
 	f := a.f
 	f.mu.Lock()
@@ -219,18 +253,12 @@ func (a Attempt) Failed() {
 	a.f.mu.Lock()
 	delete(a.f.good, a.key)
 	a.f.mu.Unlock()
-	if !a.counted {
-		a.f.limiter.Take(a.client, a.now)
-	}
+	a.f.limiter.charge(a.client, a.now)
 }
 
 // Undecided reports that the look-up itself failed (the store did not
 // answer): the attempt does not count.
-func (a Attempt) Undecided() {
-	if a.f != nil && a.counted {
-		a.f.limiter.Refund(a.client, a.now)
-	}
-}
+func (a Attempt) Undecided() {}
 
 // limiter returns the Limiter of f, keyed by client; nil when f is off.
 func (f FailureLimit) limiter() *Limiter {

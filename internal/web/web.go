@@ -490,7 +490,7 @@ func (d *dashboard) login(w http.ResponseWriter, r *http.Request) {
 			Error: "This form expired or came from another site. Please try again."})
 		return
 	}
-	// Counted before the token is looked at: a client past its limit learns
+	// Checked before the token is looked at: a client past its limit learns
 	// nothing of any token it does not hold, not even a right one (only a
 	// token found valid lately gets through, see ratelimit.Failures).
 	// Tokens are stored as the SHA-256 of their value, as the API stores them.
