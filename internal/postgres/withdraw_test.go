@@ -2,6 +2,7 @@ package postgres_test
 
 import (
 	"context"
+	"sync"
 	"testing"
 	"time"
 
@@ -34,6 +35,37 @@ func pause(ctx context.Context, tx vibejobs.Tx, j *vibejobs.Job) error {
 	return tx.UpdateJob(ctx, &p)
 }
 
+// pauseInTwoSteps pauses j through s in a transaction that updates the
+// job, then waits for the returned resume to be called before it withdraws
+// the job's future runs (DeleteFutureRuns) and commits; paused gets the
+// transaction's result. It returns once the job is updated (its row locked
+// until the commit).
+func pauseInTwoSteps(t *testing.T, s *postgres.Store, j *vibejobs.Job) (resume func(), paused <-chan error) {
+	t.Helper()
+	ctx := context.Background()
+	updated, proceed := make(chan struct{}, 1), make(chan struct{})
+	done := make(chan error, 1)
+	go func() {
+		done <- s.Update(ctx, func(tx vibejobs.Tx) error {
+			if err := pause(ctx, tx, j); err != nil {
+				return err
+			}
+			select {
+			case updated <- struct{}{}:
+			default:
+			}
+			<-proceed
+			_, err := tx.DeleteFutureRuns(ctx, j.ID, t0)
+			return err
+		})
+	}()
+	var once sync.Once
+	resume = func() { once.Do(func() { close(proceed) }) }
+	t.Cleanup(resume)
+	waitSignal(t, updated, "the pause never updated its job")
+	return resume, done
+}
+
 // TestPauseRacesTheReleaseOfAHeldRun: a job is paused through the API while
 // the holder of its run, claimed ahead of its time, gives the run back (a
 // settings change just before, a host slot's deadline, a shutdown). The
@@ -50,34 +82,11 @@ func TestPauseRacesTheReleaseOfAHeldRun(t *testing.T) {
 	claims := []*vibejobs.Claim{c}
 
 	// The pause updates its job, and stops before withdrawing its runs.
-	updated, resume := make(chan struct{}, 1), make(chan struct{})
-	paused := make(chan error, 1)
-	go func() {
-		paused <- s.Update(ctx, func(tx vibejobs.Tx) error {
-			if err := pause(ctx, tx, j); err != nil {
-				return err
-			}
-			select {
-			case updated <- struct{}{}:
-			default:
-			}
-			<-resume
-			_, err := tx.DeleteFutureRuns(ctx, j.ID, t0)
-			return err
-		})
-	}()
-	defer func() {
-		select {
-		case <-resume:
-		default:
-			close(resume)
-		}
-	}()
-	waitSignal(t, updated, "the pause never updated its job")
+	resume, paused := pauseInTwoSteps(t, s, j)
 	released := make(chan error, 1)
 	go func() { released <- s.ReleaseClaims(ctx, "a", claims, due, due) }()
 	waitForLockWait(t, s, "WITH held AS", "the release never waited for the job being paused")
-	close(resume)
+	resume()
 	if err := <-released; err != nil {
 		t.Errorf("ReleaseClaims: %v", err)
 	}
@@ -225,30 +234,7 @@ func TestPauseRacesARetryingOutcome(t *testing.T) {
 	s, prj, j, c := heldRuns(t, due)
 
 	// The pause updates its job, and stops before withdrawing its runs.
-	updated, resume := make(chan struct{}, 1), make(chan struct{})
-	paused := make(chan error, 1)
-	go func() {
-		paused <- s.Update(ctx, func(tx vibejobs.Tx) error {
-			if err := pause(ctx, tx, j); err != nil {
-				return err
-			}
-			select {
-			case updated <- struct{}{}:
-			default:
-			}
-			<-resume
-			_, err := tx.DeleteFutureRuns(ctx, j.ID, t0)
-			return err
-		})
-	}()
-	defer func() {
-		select {
-		case <-resume:
-		default:
-			close(resume)
-		}
-	}()
-	waitSignal(t, updated, "the pause never updated its job")
+	resume, paused := pauseInTwoSteps(t, s, j)
 	next := due.Add(time.Minute)
 	recorded := make(chan error, 1)
 	go func() {
@@ -258,7 +244,7 @@ func TestPauseRacesARetryingOutcome(t *testing.T) {
 			Step: vibejobs.Step{State: vibejobs.RunRetrying, NextAttemptAt: &next}}})
 	}()
 	waitForLockWait(t, s, "WITH o AS", "the outcome never waited for the job being paused")
-	close(resume)
+	resume()
 	if err := <-paused; err != nil {
 		t.Fatalf("the pause: %v", err)
 	}
@@ -288,30 +274,7 @@ func TestPauseRacesLeaseRecovery(t *testing.T) {
 	s, prj, j, c := heldRuns(t, due)
 	expired := due.Add(c.Timeout + 2*time.Second)
 
-	updated, resume := make(chan struct{}, 1), make(chan struct{})
-	paused := make(chan error, 1)
-	go func() {
-		paused <- s.Update(ctx, func(tx vibejobs.Tx) error {
-			if err := pause(ctx, tx, j); err != nil {
-				return err
-			}
-			select {
-			case updated <- struct{}{}:
-			default:
-			}
-			<-resume
-			_, err := tx.DeleteFutureRuns(ctx, j.ID, t0)
-			return err
-		})
-	}()
-	defer func() {
-		select {
-		case <-resume:
-		default:
-			close(resume)
-		}
-	}()
-	waitSignal(t, updated, "the pause never updated its job")
+	resume, paused := pauseInTwoSteps(t, s, j)
 	type result struct {
 		n   int
 		err error
@@ -322,7 +285,7 @@ func TestPauseRacesLeaseRecovery(t *testing.T) {
 		recovered <- result{n, err}
 	}()
 	waitForLockWait(t, s, "WITH expired AS", "recovery never waited for the job being paused")
-	close(resume)
+	resume()
 	if err := <-paused; err != nil {
 		t.Fatalf("the pause: %v", err)
 	}

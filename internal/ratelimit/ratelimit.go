@@ -47,14 +47,7 @@ func (l *Limiter) Take(key string, now time.Time) (retryAfter time.Duration, ok 
 	if wait := l.wait(key, now); wait > 0 {
 		return wait, false
 	}
-	clear, known := l.clear[key]
-	if !known {
-		l.makeRoom(now)
-	}
-	if clear.Before(now) {
-		clear = now
-	}
-	l.clear[key] = clear.Add(l.every)
+	l.add(key, now)
 	return 0, true
 }
 
@@ -84,6 +77,12 @@ func (l *Limiter) peek(key string, now time.Time) (retryAfter time.Duration, ok 
 func (l *Limiter) charge(key string, now time.Time) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	l.add(key, now)
+}
+
+// add counts one request of key at now, making room for key when it is
+// new. l.mu is held.
+func (l *Limiter) add(key string, now time.Time) {
 	clear, known := l.clear[key]
 	if !known {
 		l.makeRoom(now)

@@ -33,24 +33,8 @@ func FuzzDecodeJobRequest(f *testing.F) {
 	for _, b := range readSeeds(f) {
 		f.Add(b)
 	}
-	key, err := secretbox.NewKey()
-	if err != nil {
-		f.Fatal(err)
-	}
-	ring, err := secretbox.Parse([]byte(key))
-	if err != nil {
-		f.Fatal(err)
-	}
-	token := "vjt_" + strings.Repeat("A", 43)
-	sum := sha256.Sum256([]byte(token))
-	st := newMemStore(&vibejobs.Token{ID: "tok_1", ProjectID: "prj_1", Role: vibejobs.RoleAdmin, Hash: sum[:]})
 	now := time.Date(2026, 10, 9, 8, 0, 0, 0, time.UTC)
-	s := api.New(api.Config{
-		Store: st, Sealer: ring, Now: func() time.Time { return now },
-		Logger:    slog.New(slog.NewTextHandler(io.Discard, nil)),
-		RateLimit: api.RateLimit{PerSecond: -1},
-	})
-	h := s.Handler()
+	h, token := fuzzAPI(f, &now)
 	var keys atomic.Int64
 	send := func(method, path string, body []byte) *httptest.ResponseRecorder {
 		r := httptest.NewRequest(method, path, strings.NewReader(string(body)))
@@ -114,23 +98,8 @@ func readSeeds(t testing.TB) [][]byte {
 // parser dropped would be a cursor or filter ignored) and, when it carries
 // a cursor, only for a cursor of that very list.
 func FuzzListQuery(f *testing.F) {
-	key, err := secretbox.NewKey()
-	if err != nil {
-		f.Fatal(err)
-	}
-	ring, err := secretbox.Parse([]byte(key))
-	if err != nil {
-		f.Fatal(err)
-	}
-	token := "vjt_" + strings.Repeat("A", 43)
-	sum := sha256.Sum256([]byte(token))
-	st := newMemStore(&vibejobs.Token{ID: "tok_1", ProjectID: "prj_1", Role: vibejobs.RoleAdmin, Hash: sum[:]})
 	now := time.Date(2026, 10, 9, 8, 0, 0, 0, time.UTC)
-	h := api.New(api.Config{
-		Store: st, Sealer: ring, Now: func() time.Time { return now },
-		Logger:    slog.New(slog.NewTextHandler(io.Discard, nil)),
-		RateLimit: api.RateLimit{PerSecond: -1},
-	}).Handler()
+	h, token := fuzzAPI(f, &now)
 	send := func(method, path, rawQuery, key string, body string) *httptest.ResponseRecorder {
 		r := httptest.NewRequest(method, path, strings.NewReader(body))
 		r.URL.RawQuery = rawQuery
@@ -199,4 +168,26 @@ func FuzzListQuery(f *testing.F) {
 			}
 		}
 	})
+}
+
+// fuzzAPI returns the API on an in-memory store with one admin token of
+// prj_1, which it returns too, and its clock reading *now; no rate limit.
+func fuzzAPI(f *testing.F, now *time.Time) (http.Handler, string) {
+	f.Helper()
+	key, err := secretbox.NewKey()
+	if err != nil {
+		f.Fatal(err)
+	}
+	ring, err := secretbox.Parse([]byte(key))
+	if err != nil {
+		f.Fatal(err)
+	}
+	token := "vjt_" + strings.Repeat("A", 43)
+	sum := sha256.Sum256([]byte(token))
+	st := newMemStore(&vibejobs.Token{ID: "tok_1", ProjectID: "prj_1", Role: vibejobs.RoleAdmin, Hash: sum[:]})
+	return api.New(api.Config{
+		Store: st, Sealer: ring, Now: func() time.Time { return *now },
+		Logger:    slog.New(slog.NewTextHandler(io.Discard, nil)),
+		RateLimit: api.RateLimit{PerSecond: -1},
+	}).Handler(), token
 }
