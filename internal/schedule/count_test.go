@@ -71,3 +71,38 @@ func TestCountMatchesNext(t *testing.T) {
 		t.Errorf("@every 1s over 400 years: Count = %d, want %d", got, want)
 	}
 }
+
+// TestCountMatchesNextAtEveryChange checks Count against walking Next
+// around every change of offset from 1801 to 2040 of countZones (LMT
+// ends, days skipped or lived twice, DST both ways at any hour), with
+// seconds fields, day-of-month OR day-of-week, and windows that start or
+// end at the change itself or just beside it.
+func TestCountMatchesNextAtEveryChange(t *testing.T) {
+	specs := []string{"0 */3 * * *", "30 2 * * *", "15,45 0-2,22-23 * * *", "13 */29 0-3,22-23 * * *", "0 0 1,15 * 3"}
+	windows := [][2]time.Duration{{-50 * time.Hour, 50 * time.Hour}, {-25*time.Hour - 1, 49*time.Hour + 500*time.Millisecond}, {-1, 1}}
+	for _, tz := range countZones {
+		loc, err := schedule.LoadLocation(tz)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, spec := range specs {
+			s := mustParse(t, spec, tz, anchor)
+			// ZoneBounds can end a period at a year's end with no change
+			// of offset, or at the instant it was asked about: stop there.
+			change := time.Date(1801, 1, 1, 0, 0, 0, 0, loc)
+			for {
+				_, end := change.ZoneBounds()
+				if end.IsZero() || !end.After(change) || end.Year() > 2040 {
+					break
+				}
+				change = end
+				for _, w := range windows {
+					after, until := change.Add(w[0]), change.Add(w[1])
+					if got, want := s.Count(after, until), walkCount(s, after, until); got != want {
+						t.Errorf("%q in %s: Count(%v, %v) = %d, Next walks through %d", spec, tz, after.UTC(), until.UTC(), got, want)
+					}
+				}
+			}
+		}
+	}
+}
