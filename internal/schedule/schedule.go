@@ -91,9 +91,10 @@ type Schedule interface {
 	// remains. Implementations are safe for concurrent use.
 	Next(t time.Time) time.Time
 	// Count returns the number of fire times in (after, until], the fire
-	// times Next would walk through from after, in a few steps per day of
-	// the interval at most, not one per fire time (a per-second schedule
-	// fires 2.6 million times a month).
+	// times Next would walk through from after. It walks them one by one
+	// only in the partial first and last days and on days whose UTC offset
+	// changes; every other day is counted whole (a per-second schedule
+	// fires 2.6 million times a month), and an @every schedule is divided.
 	Count(after, until time.Time) int64
 }
 
@@ -377,10 +378,17 @@ func (s *everySchedule) Next(t time.Time) time.Time {
 	if t.Before(s.anchor) {
 		return s.anchor.Add(s.every).In(s.loc)
 	}
-	// elapsed = t − anchor ≥ 0 can exceed time.Duration's range (292 years), so
-	// compute elapsed mod every in 128 bits: fire = t − rem + every.
-	sec := t.Unix() - s.anchor.Unix()
-	nsec := int64(t.Nanosecond()) - int64(s.anchor.Nanosecond())
+	// fire = t − (t − anchor) mod every + every.
+	_, rem := periods(s.anchor, t, s.every)
+	return t.Add(s.every - rem).In(s.loc)
+}
+
+// periods returns how many whole periods every fit in b − a (b ≥ a), and
+// what is left. b − a can exceed time.Duration's range (292 years), so it
+// is divided in 128 bits.
+func periods(a, b time.Time, every time.Duration) (uint64, time.Duration) {
+	sec := b.Unix() - a.Unix()
+	nsec := int64(b.Nanosecond()) - int64(a.Nanosecond())
 	if nsec < 0 {
 		sec--
 		nsec += 1e9
@@ -390,8 +398,8 @@ func (s *everySchedule) Next(t time.Time) time.Time {
 	hi += carry
 	// Div64 needs hi < every: sec < 2^63 gives hi < 2^63·10^9/2^64 = 5·10^8 ns,
 	// below MinEvery.
-	_, rem := bits.Div64(hi, lo, uint64(s.every))
-	return t.Add(s.every - time.Duration(rem)).In(s.loc)
+	q, rem := bits.Div64(hi, lo, uint64(every))
+	return q, time.Duration(rem)
 }
 
 // Count implements Schedule: the fire times in (after, until] are the first
@@ -401,18 +409,7 @@ func (s *everySchedule) Count(after, until time.Time) int64 {
 	if first.After(until) {
 		return 0
 	}
-	// until − first can exceed time.Duration's range: divide in 128 bits,
-	// as Next does.
-	sec := until.Unix() - first.Unix()
-	nsec := int64(until.Nanosecond()) - int64(first.Nanosecond())
-	if nsec < 0 {
-		sec--
-		nsec += 1e9
-	}
-	hi, lo := bits.Mul64(uint64(sec), 1e9)
-	lo, carry := bits.Add64(lo, uint64(nsec), 0)
-	hi += carry
-	q, _ := bits.Div64(hi, lo, uint64(s.every))
+	q, _ := periods(first, until, s.every)
 	return int64(q) + 1
 }
 
