@@ -31,8 +31,12 @@ func TestCursorsTellNothingOfAnotherProject(t *testing.T) {
 			e.clock.Advance(time.Millisecond)
 		}
 	}
+	// Each run in a millisecond of its own: ids of one millisecond are in
+	// random order, and aJobs[0] needs a run on either side of B's.
 	e.must(202, "POST", "/v1/jobs/"+aJobs[0]+"/runs", a[vibejobs.RoleWrite], nil)
+	e.clock.Advance(time.Millisecond)
 	bRun := e.must(202, "POST", "/v1/jobs/"+bJob+"/runs", b[vibejobs.RoleWrite], nil)["id"].(string)
+	e.clock.Advance(time.Millisecond)
 	e.must(202, "POST", "/v1/jobs/"+aJobs[1]+"/runs", a[vibejobs.RoleWrite], nil)
 	e.clock.Advance(time.Millisecond)
 	e.must(202, "POST", "/v1/jobs/"+aJobs[0]+"/runs", a[vibejobs.RoleWrite], nil)
