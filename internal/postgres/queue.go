@@ -439,8 +439,10 @@ var recordSQL = `WITH o AS (
 		failure_reason AS reason, number AS attempt, error_code, status_code, next_attempt_at AS next_at
 	FROM moved
 )` + appendEventsTail + `
-SELECT ` + endedSQL + `, (SELECT json_agg(json_build_object('s', a.state, 'e', a.error_code, 'n', a.n)) FROM (
-	SELECT state, error_code, count(*) AS n FROM moved GROUP BY state, error_code) a)`
+-- One aggregate tells both the runs ended and the attempts recorded (see
+-- recordOutcomes), so the hottest statement groups its rows once.
+SELECT (SELECT json_agg(json_build_object('s', f.state, 'r', f.reason, 'e', f.error_code, 'n', f.n)) FROM (
+	SELECT state, reason, error_code, count(*) AS n FROM ev GROUP BY state, reason, error_code) f)`
 
 // RecordOutcomes records each outcome's attempt and moves its run to the
 // outcome's step, in one statement, for the runs still delivering under
@@ -482,43 +484,36 @@ func (s *Store) RecordOutcomes(ctx context.Context, owner string, outcomes []vib
 	return nil
 }
 
-// recordOutcomes runs recordSQL and adds the runs it ended to ended.
+// recordOutcomes runs recordSQL, adds the runs it ended to ended and tells
+// the OnAttemptsRecorded function of the attempts it recorded, by the state
+// their run moved to and their error code.
 func (s *Store) recordOutcomes(ctx context.Context, q querier, owner string, outcomes []vibejobs.Outcome, ended vibejobs.RunsEnded) error {
 	args, err := recordArgs(owner, outcomes)
 	if err != nil {
 		return err
 	}
-	var value, attempts []byte
-	if err := q.QueryRow(ctx, recordSQL, args...).Scan(&value, &attempts); err != nil {
+	var value []byte
+	if err := q.QueryRow(ctx, recordSQL, args...).Scan(&value); err != nil {
 		return mapError(err, "recording outcomes")
 	}
-	if err := s.attemptsRecorded(attempts); err != nil {
-		return err
-	}
-	return addEnded(ended, value)
-}
-
-// attemptsRecorded tells the OnAttemptsRecorded function of the attempts
-// a committed recordSQL statement recorded, from its second value: a
-// JSON array of {s: the state the run moved to, e: error code, n: count}.
-func (s *Store) attemptsRecorded(value []byte) error {
-	f := s.onAttempts.Load()
-	if f == nil || value == nil {
-		return nil
+	if value == nil {
+		return nil // every lease was lost
 	}
 	var counts []struct {
-		S string `json:"s"`
-		E string `json:"e"`
-		N int    `json:"n"`
+		S, R, E string
+		N       int
 	}
 	if err := json.Unmarshal(value, &counts); err != nil {
-		return fmt.Errorf("postgres: decoding the attempts a statement recorded: %w", err)
+		return fmt.Errorf("postgres: decoding the outcomes a statement recorded: %w", err)
 	}
-	a := make(vibejobs.AttemptsRecorded, len(counts))
+	attempts := make(vibejobs.AttemptsRecorded, len(counts))
 	for _, c := range counts {
-		a[vibejobs.AttemptOutcome{State: vibejobs.RunState(c.S), ErrorCode: c.E}] += c.N
+		ended.Add(vibejobs.RunState(c.S), c.R, c.N)
+		attempts[vibejobs.AttemptOutcome{State: vibejobs.RunState(c.S), ErrorCode: c.E}] += c.N
 	}
-	(*f)(a)
+	if f := s.onAttempts.Load(); f != nil {
+		(*f)(attempts)
+	}
 	return nil
 }
 
