@@ -93,24 +93,6 @@ func (l *Limiter) add(key string, now time.Time) {
 	l.clear[key] = clear.Add(l.every)
 }
 
-// Refund gives back one request Take counted for key.
-func (l *Limiter) Refund(key string, now time.Time) {
-	if l == nil {
-		return
-	}
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	clear, ok := l.clear[key]
-	if !ok {
-		return
-	}
-	if clear = clear.Add(-l.every); clear.After(now) {
-		l.clear[key] = clear
-	} else {
-		delete(l.clear, key)
-	}
-}
-
 // makeRoom makes sure one more key fits: it forgets the keys that have all
 // they took back and, if that is not enough, the one closest to it. l.mu is
 // held.
