@@ -30,11 +30,11 @@ type Metrics struct {
 	attempts     *prometheus.CounterVec
 	duration     prometheus.Histogram
 	lateness     prometheus.Histogram
-	queue        *queueCollector
+	queue        *lastKnown[vibejobs.QueueStats]
 	leases       prometheus.Counter
 	skipped      prometheus.Counter
 	secrets      prometheus.Counter
-	unplannable  *unplannableCollector
+	unplannable  *lastKnown[int]
 }
 
 // New registers every collector, with the Go and process collectors, on a
@@ -58,14 +58,19 @@ func New() *Metrics {
 		lateness: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name: "vibejobs_first_attempt_lateness_seconds", Help: "Start of first attempts minus scheduledFor.",
 			Buckets: []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 5, 60, 600}}),
-		queue: &queueCollector{known: true},
+		queue: newLastKnown(vibejobs.QueueStats{}, func(s vibejobs.QueueStats, ch chan<- prometheus.Metric) {
+			ch <- prometheus.MustNewConstMetric(runsDueDesc, prometheus.GaugeValue, float64(s.Due))
+			ch <- prometheus.MustNewConstMetric(oldestDueDesc, prometheus.GaugeValue, s.OldestDueAge.Seconds())
+		}, runsDueDesc, oldestDueDesc),
 		leases: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "vibejobs_leases_recovered_total", Help: "Runs whose lease expired, their attempt recorded as interrupted: made claimable again, or ended when past their deadline or their job was deleted."}),
 		skipped: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "vibejobs_skipped_occurrences_total", Help: "Occurrences skipped by catch-up rules, or already past the delivery lifetime when the scheduler reached them."}),
 		secrets: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "vibejobs_secret_unavailable_total", Help: "Claims this process gave back unsent because it could not open their job's secret (sealed under a master key its key file lacks, or corrupt): no attempt is sent or recorded; the run waits 30 s and is claimed again, by any replica, until its delivery lifetime ends."}),
-		unplannable: &unplannableCollector{known: true},
+		unplannable: newLastKnown(0, func(n int, ch chan<- prometheus.Metric) {
+			ch <- prometheus.MustNewConstMetric(unplannableDesc, prometheus.GaugeValue, float64(n))
+		}, unplannableDesc),
 	}
 	m.reg.MustRegister(m.runsCreated, m.runsFinished, m.attempts, m.duration, m.lateness,
 		m.queue, m.leases, m.skipped, m.secrets, m.unplannable,
@@ -101,20 +106,12 @@ func (m *Metrics) Skipped(n int64) { m.skipped.Add(float64(n)) }
 
 // Unplannable sets the number of due jobs the scheduler could not plan at
 // a scan that succeeded.
-func (m *Metrics) Unplannable(n int) {
-	m.unplannable.mu.Lock()
-	m.unplannable.n, m.unplannable.known = n, true
-	m.unplannable.mu.Unlock()
-}
+func (m *Metrics) Unplannable(n int) { m.unplannable.set(n) }
 
 // UnplannableUnknown says a scan failed (the database does not answer):
 // vibejobs_unplannable_jobs is absent until the next Unplannable, rather
 // than frozen at the last count while due jobs go unlisted.
-func (m *Metrics) UnplannableUnknown() {
-	m.unplannable.mu.Lock()
-	m.unplannable.known = false
-	m.unplannable.mu.Unlock()
-}
+func (m *Metrics) UnplannableUnknown() { m.unplannable.unknown() }
 
 // AttemptFinished measures one attempt sent: its duration, and the
 // lateness of a first attempt. Its outcome is counted once the store has
@@ -151,20 +148,12 @@ func (m *Metrics) RunsEnded(e vibejobs.RunsEnded) {
 func (m *Metrics) LeasesRecovered(n int) { m.leases.Add(float64(n)) }
 
 // Queue sets the queue gauges.
-func (m *Metrics) Queue(s vibejobs.QueueStats) {
-	m.queue.mu.Lock()
-	m.queue.stats, m.queue.known = s, true
-	m.queue.mu.Unlock()
-}
+func (m *Metrics) Queue(s vibejobs.QueueStats) { m.queue.set(s) }
 
 // QueueUnknown says the queue could not be read (the database does not
 // answer): the queue gauges are absent until the next Queue, rather than
 // frozen at the last figures while the backlog may grow.
-func (m *Metrics) QueueUnknown() {
-	m.queue.mu.Lock()
-	m.queue.known = false
-	m.queue.mu.Unlock()
-}
+func (m *Metrics) QueueUnknown() { m.queue.unknown() }
 
 var (
 	runsDueDesc   = prometheus.NewDesc("vibejobs_runs_due", "Runs due and not yet claimed.", nil, nil)
@@ -175,45 +164,48 @@ var (
 var unplannableDesc = prometheus.NewDesc("vibejobs_unplannable_jobs",
 	"Due jobs whose schedule this process could not plan at its last scan (a time zone missing from its tzdata), left due for another replica; absent while its scans fail.", nil, nil)
 
-// unplannableCollector reports the count of the last scan, while known.
-type unplannableCollector struct {
+// lastKnown is a collector of figures read from the database: it reports
+// the last ones read, through emit, while they are known, and nothing once
+// a read failed (unknown) until the next one succeeds (set), rather than
+// figures that no longer hold.
+type lastKnown[T any] struct {
+	descs []*prometheus.Desc
+	emit  func(v T, ch chan<- prometheus.Metric)
+
 	mu    sync.Mutex
-	n     int
+	v     T
 	known bool
 }
 
-func (c *unplannableCollector) Describe(ch chan<- *prometheus.Desc) { ch <- unplannableDesc }
+func newLastKnown[T any](v T, emit func(T, chan<- prometheus.Metric), descs ...*prometheus.Desc) *lastKnown[T] {
+	return &lastKnown[T]{descs: descs, emit: emit, v: v, known: true}
+}
 
-func (c *unplannableCollector) Collect(ch chan<- prometheus.Metric) {
+func (c *lastKnown[T]) set(v T) {
 	c.mu.Lock()
-	n, known := c.n, c.known
+	c.v, c.known = v, true
+	c.mu.Unlock()
+}
+
+func (c *lastKnown[T]) unknown() {
+	c.mu.Lock()
+	c.known = false
+	c.mu.Unlock()
+}
+
+func (c *lastKnown[T]) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range c.descs {
+		ch <- d
+	}
+}
+
+func (c *lastKnown[T]) Collect(ch chan<- prometheus.Metric) {
+	c.mu.Lock()
+	v, known := c.v, c.known
 	c.mu.Unlock()
 	if known {
-		ch <- prometheus.MustNewConstMetric(unplannableDesc, prometheus.GaugeValue, float64(n))
+		c.emit(v, ch)
 	}
-}
-
-// queueCollector reports the queue figures last read, while known.
-type queueCollector struct {
-	mu    sync.Mutex
-	stats vibejobs.QueueStats
-	known bool
-}
-
-func (c *queueCollector) Describe(ch chan<- *prometheus.Desc) {
-	ch <- runsDueDesc
-	ch <- oldestDueDesc
-}
-
-func (c *queueCollector) Collect(ch chan<- prometheus.Metric) {
-	c.mu.Lock()
-	s, known := c.stats, c.known
-	c.mu.Unlock()
-	if !known {
-		return
-	}
-	ch <- prometheus.MustNewConstMetric(runsDueDesc, prometheus.GaugeValue, float64(s.Due))
-	ch <- prometheus.MustNewConstMetric(oldestDueDesc, prometheus.GaugeValue, s.OldestDueAge.Seconds())
 }
 
 // Subscription metrics, read from the store at every scrape so every
