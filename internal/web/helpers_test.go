@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/vibejobs/vibejobs"
+	"github.com/vibejobs/vibejobs/internal/postgres"
 	"github.com/vibejobs/vibejobs/internal/sqlite"
 	"github.com/vibejobs/vibejobs/internal/syncbuf"
 	"github.com/vibejobs/vibejobs/internal/web"
@@ -337,4 +338,16 @@ func (e *env) pages() string {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	return strings.Join(e.bodies, "\n")
+}
+
+// onEveryStore runs f in a subtest on a fresh env of each store: SQLite,
+// and PostgreSQL. Each store opens on the subtest's t: MustOpenTestWith
+// skips when no PostgreSQL is configured, and only the subtest may skip
+// itself.
+func onEveryStore(t *testing.T, f func(t *testing.T, e *env)) {
+	t.Helper()
+	t.Run("sqlite", func(t *testing.T) { f(t, newEnv(t)) })
+	t.Run("postgres", func(t *testing.T) {
+		f(t, newEnvOn(t, postgres.MustOpenTestWith(t, postgres.Options{Logger: slog.New(slog.DiscardHandler)})))
+	})
 }
