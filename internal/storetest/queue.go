@@ -1110,23 +1110,8 @@ func testRunsEnded(t *testing.T, f *fixture) {
 	if !ok {
 		t.Fatal("the store does not implement vibejobs.RunsEndedNotifier")
 	}
-	var mu sync.Mutex
-	got := vibejobs.RunsEnded{}
-	notifier.OnRunsEnded(func(e vibejobs.RunsEnded) {
-		mu.Lock()
-		defer mu.Unlock()
-		for k, v := range e {
-			got[k] += v
-		}
-	})
-	want := func(what string, w vibejobs.RunsEnded) {
-		t.Helper()
-		mu.Lock()
-		g := got
-		got = vibejobs.RunsEnded{}
-		mu.Unlock()
-		wantEqual(t, what, g, w)
-	}
+	add, want := tally[vibejobs.RunsEnded](t)
+	notifier.OnRunsEnded(add)
 	succeededEnd := vibejobs.RunEnd{State: vibejobs.RunSucceeded}
 	deleted := vibejobs.RunEnd{State: vibejobs.RunCancelled, Reason: vibejobs.ReasonJobDeleted}
 	expired := vibejobs.RunEnd{State: vibejobs.RunFailed, Reason: vibejobs.ReasonDeadlineExceeded}
@@ -1194,23 +1179,8 @@ func testAttemptsRecorded(t *testing.T, f *fixture) {
 	if !ok {
 		t.Fatal("the store does not implement vibejobs.AttemptsRecordedNotifier")
 	}
-	var mu sync.Mutex
-	got := vibejobs.AttemptsRecorded{}
-	notifier.OnAttemptsRecorded(func(a vibejobs.AttemptsRecorded) {
-		mu.Lock()
-		defer mu.Unlock()
-		for k, v := range a {
-			got[k] += v
-		}
-	})
-	want := func(what string, w vibejobs.AttemptsRecorded) {
-		t.Helper()
-		mu.Lock()
-		g := got
-		got = vibejobs.AttemptsRecorded{}
-		mu.Unlock()
-		wantEqual(t, what, g, w)
-	}
+	add, want := tally[vibejobs.AttemptsRecorded](t)
+	notifier.OnAttemptsRecorded(add)
 	ok200 := vibejobs.AttemptOutcome{State: vibejobs.RunSucceeded}
 	retried := vibejobs.AttemptOutcome{State: vibejobs.RunRetrying, ErrorCode: "http_5xx"}
 
@@ -1243,4 +1213,27 @@ func testAttemptsRecorded(t *testing.T, f *fixture) {
 		t.Fatalf("RecoverExpiredLeases = %d, %v", n, err)
 	}
 	want("a recovered lease", vibejobs.AttemptsRecorded{})
+}
+
+// tally sums the counts a store tells of (add, safe for concurrent use);
+// want checks the sum since its last call, then starts a new one.
+func tally[M ~map[K]int, K comparable](t *testing.T) (add func(M), want func(what string, w M)) {
+	var mu sync.Mutex
+	got := M{}
+	add = func(m M) {
+		mu.Lock()
+		defer mu.Unlock()
+		for k, v := range m {
+			got[k] += v
+		}
+	}
+	want = func(what string, w M) {
+		t.Helper()
+		mu.Lock()
+		g := got
+		got = M{}
+		mu.Unlock()
+		wantEqual(t, what, g, w)
+	}
+	return add, want
 }
