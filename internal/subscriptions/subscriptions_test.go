@@ -894,13 +894,8 @@ func TestSecretThatDoesNotOpenMarksFailing(t *testing.T) {
 // alone. The replaced secret, which cannot be opened, must not hold the
 // subscription through the rotation's grace window (24 h).
 func TestRotationRevivesSubscriptionWhoseSecretIsLost(t *testing.T) {
-	e := newEmptyEnv(t)
+	e, token := newBootstrappedEnv(t)
 	r := newRecv(t)
-	token, _, err := api.Bootstrap(context.Background(), e.store, e.clock.Now(), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	e.project = api.BootstrapProjectID
 	job := e.newJob("job_lost", "http://127.0.0.1:1/")
 	lostKeys := mustKeyring(t) // the key the old secret was sealed under: gone from the key file
 	sub, _ := e.subscribe(r.srv.URL, func(s *vibejobs.Subscription) {
@@ -942,6 +937,19 @@ func TestRotationRevivesSubscriptionWhoseSecretIsLost(t *testing.T) {
 	if s := e.get(sub.ID); s.Failing() || s.Cursor != 1 {
 		t.Errorf("after the rotation: failing %v (%s), cursor %d, want caught up", s.Failing(), s.ErrorCode, s.Cursor)
 	}
+}
+
+// newBootstrappedEnv is an env on a store the API bootstrapped: its
+// project is the bootstrap project, and token is its admin token.
+func newBootstrappedEnv(t *testing.T) (*env, string) {
+	t.Helper()
+	e := newEmptyEnv(t)
+	token, _, err := api.Bootstrap(context.Background(), e.store, e.clock.Now(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.project = api.BootstrapProjectID
+	return e, token
 }
 
 func mustKeyring(t *testing.T) *secretbox.Keyring {
@@ -1058,13 +1066,8 @@ func TestOperatorFixWakesDelivery(t *testing.T) {
 		},
 	}} {
 		t.Run(tc.name, func(t *testing.T) {
-			e := newEmptyEnv(t)
+			e, token := newBootstrappedEnv(t)
 			r := newRecv(t)
-			token, _, err := api.Bootstrap(context.Background(), e.store, e.clock.Now(), nil)
-			if err != nil {
-				t.Fatal(err)
-			}
-			e.project = api.BootstrapProjectID
 			e.job = e.newJob("job_stuck", "http://127.0.0.1:1/")
 			sub, secret := e.subscribe(r.srv.URL, func(s *vibejobs.Subscription) {
 				if tc.lost {
