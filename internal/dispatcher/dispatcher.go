@@ -48,6 +48,10 @@ const (
 // opened is logged: every claim of its runs meets it again.
 const secretLogEvery = 10 * time.Minute
 
+// workerIdle is how long a worker whose attempt finished waits for the
+// next one before it ends (see Dispatcher.tasks).
+const workerIdle = 15 * time.Second
+
 // Sender sends one attempt; *egress.Client is the production one.
 type Sender interface {
 	Post(ctx context.Context, rawURL string, header http.Header, body []byte, timeout time.Duration) egress.Result
@@ -150,6 +154,13 @@ type Dispatcher struct {
 
 	outcomes chan vibejobs.Outcome
 	wg       sync.WaitGroup // attempts in flight
+	// tasks hands an attempt to an idle worker, one whose attempt finished
+	// and that waits workerIdle for another, so that the stack the HTTP
+	// client grew serves the next attempt. A goroutine per attempt grew a
+	// fresh stack each time: stack copies were about 5 % of the process's
+	// CPU in a burst. Unbuffered: a send succeeds only to a worker waiting,
+	// and otherwise a new worker starts.
+	tasks chan task
 	// stopping is closed when Run's context ends: from then on the record
 	// loop gives up on outcomes it cannot write (see recordLoop).
 	stopping chan struct{}
@@ -196,6 +207,7 @@ func New(cfg Config) *Dispatcher {
 
 		secretLogged: map[string]time.Time{},
 		outcomes:     make(chan vibejobs.Outcome, cfg.Concurrency),
+		tasks:        make(chan task),
 		stopping:     make(chan struct{}),
 		retryWait: func(attempt int) time.Duration {
 			return min(time.Duration(attempt+1)*100*time.Millisecond, 2*time.Second)
@@ -508,7 +520,41 @@ func (d *Dispatcher) startLocked(host string, w waiter) {
 		d.held[w.c] = h
 	}
 	d.wg.Add(1)
-	go d.deliver(w.c, host, h)
+	t := task{c: w.c, host: host, h: h}
+	select {
+	case d.tasks <- t:
+	default:
+		go d.worker(t)
+	}
+}
+
+// task is an attempt for a worker: deliver's arguments.
+type task struct {
+	c    *vibejobs.Claim
+	host string
+	h    *heldClaim
+}
+
+// worker delivers t, then each task handed to it, until none comes for
+// workerIdle or Run is stopping.
+func (d *Dispatcher) worker(t task) {
+	var idle *time.Timer
+	for {
+		d.deliver(t.c, t.host, t.h)
+		if idle == nil {
+			idle = time.NewTimer(workerIdle)
+		} else {
+			idle.Reset(workerIdle) // Go ≥ 1.23: no stale tick survives a Reset
+		}
+		select {
+		case t = <-d.tasks:
+		case <-idle.C:
+			return
+		case <-d.stopping:
+			idle.Stop()
+			return
+		}
+	}
 }
 
 // JobChanged withdraws the claims of job jobID whose attempt has not

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net/http"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -1377,4 +1378,80 @@ func TestUnopenableSecretOfADeletedJobEndsNow(t *testing.T) {
 		t.Errorf("%d run.cancelled events, want 1", cancelled)
 	}
 	e.wantNothingSent(t, "without the secret")
+}
+
+// gidSender is sender noting the goroutine each request was sent from.
+type gidSender struct {
+	*sender
+	gids chan string
+}
+
+func (s gidSender) Post(ctx context.Context, url string, h http.Header, body []byte, timeout time.Duration) egress.Result {
+	buf := make([]byte, 64)
+	s.gids <- strings.Fields(string(buf[:runtime.Stack(buf, false)]))[1] // "goroutine N [running]:"
+	return s.sender.Post(ctx, url, h, body, timeout)
+}
+
+// workers counts the dispatcher's worker goroutines, and those of them
+// waiting for an attempt.
+func workers() (all, idle int) {
+	buf := make([]byte, 1<<20)
+	for _, g := range strings.Split(string(buf[:runtime.Stack(buf, true)]), "\n\n") {
+		if !strings.Contains(g, "dispatcher.(*Dispatcher).worker(") {
+			continue
+		}
+		all++
+		if !strings.Contains(g, "dispatcher.(*Dispatcher).deliver(") && strings.Contains(g, "[select") {
+			idle++
+		}
+	}
+	return all, idle
+}
+
+// waitWorkers polls until cond holds of workers().
+func waitWorkers(t *testing.T, what string, cond func(all, idle int) bool) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		all, idle := workers()
+		if cond(all, idle) {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: %d workers, %d idle", what, all, idle)
+		}
+	}
+}
+
+// An attempt starts on the worker an earlier attempt left idle, not on a new
+// goroutine, and no worker outlives Run.
+func TestWorkerIsReusedAndEndsWithRun(t *testing.T) {
+	// Those of earlier tests end as their Run returns.
+	waitWorkers(t, "before the test", func(all, _ int) bool { return all == 0 })
+	e := newEnv(t)
+	s := gidSender{e.sender, make(chan string, 10)}
+	d := dispatcher.New(dispatcher.Config{
+		Store: e.store, Sender: s, Opener: plainOpener{}, Owner: "test-owner",
+		Now: e.clock.Now, Rand: func() float64 { return 0.5 }, Concurrency: 8, PollInterval: 20 * time.Millisecond,
+	})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { d.Run(ctx); close(done) }()
+	defer func() { cancel(); <-done }()
+
+	j := e.job(t, "job_a", "https://a.example/")
+	r := e.run(t, j, "run_a", e.clock.Now())
+	d.Wake()
+	first := <-s.gids
+	e.waitRun(t, r.ID, func(r *vibejobs.Run) bool { return r.State == vibejobs.RunSucceeded })
+	waitWorkers(t, "after the first attempt", func(all, idle int) bool { return all == 1 && idle == 1 })
+
+	r = e.run(t, j, "run_b", e.clock.Now())
+	d.Wake()
+	if second := <-s.gids; second != first {
+		t.Errorf("second attempt sent from goroutine %s, the first from %s", second, first)
+	}
+	e.waitRun(t, r.ID, func(r *vibejobs.Run) bool { return r.State == vibejobs.RunSucceeded })
+	cancel()
+	<-done
+	waitWorkers(t, "after Run returned", func(all, _ int) bool { return all == 0 })
 }
