@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net"
 	"net/http"
+	"strconv"
 	"testing"
 	"time"
 )
@@ -106,5 +107,51 @@ func TestTransportIgnoresProxyAndRedirects(t *testing.T) {
 	}
 	if c.tlsConfig.InsecureSkipVerify {
 		t.Error("certificate verification is off")
+	}
+}
+
+// validURL answers as ValidateURL does, from its cache too, and every call
+// gets a URL of its own: a caller changing one does not change what the
+// next delivery to that URL is sent to.
+func TestValidURLCachesOwnCopies(t *testing.T) {
+	p, err := NewPolicy([]string{"127.0.0.0/8"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := NewClient(Config{Policy: p})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const raw = "http://0x7f.1:8080/hook?a=b c"
+	want, err := p.ValidateURL(raw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 3 {
+		u, err := c.validURL(raw)
+		if err != nil {
+			t.Fatalf("call %d: %v", i, err)
+		}
+		if u.String() != want.String() {
+			t.Fatalf("call %d: %s, want %s", i, u, want)
+		}
+		u.Host, u.Path = "example.com", "/other"
+	}
+	for i := range 2 {
+		if _, err := c.validURL("http://10.0.0.1/"); err == nil {
+			t.Fatalf("call %d: a URL the policy refuses was accepted", i)
+		}
+	}
+	// Full, the cache is emptied and still answers.
+	for i := range maxCachedURLs + 10 {
+		if _, err := c.validURL("http://127.0.0.1/" + strconv.Itoa(i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := c.urlCount.Load(); n > maxCachedURLs {
+		t.Errorf("%d URLs kept, want at most %d", n, maxCachedURLs)
+	}
+	if u, err := c.validURL(raw); err != nil || u.String() != want.String() {
+		t.Errorf("after the cache was emptied: %v, %v; want %s", u, err, want)
 	}
 }
