@@ -68,7 +68,6 @@ type Client struct {
 	dial      func(ctx context.Context, network, addr string) (net.Conn, error)
 	tlsConfig *tls.Config
 	transport *http.Transport
-	http      *http.Client
 
 	// urls holds ValidateURL's answers (*url.URL) by raw URL, urlCount
 	// about how many (see validURL).
@@ -124,12 +123,6 @@ func NewClient(cfg Config) (*Client, error) {
 		IdleConnTimeout:        90 * time.Second,
 		DisableCompression:     true, // the snippet is the body as sent, and no decompression bomb
 		MaxResponseHeaderBytes: 64 << 10,
-	}
-	c.http = &http.Client{
-		Transport: c.transport,
-		CheckRedirect: func(*http.Request, []*http.Request) error {
-			return http.ErrUseLastResponse
-		},
 	}
 	return c, nil
 }
@@ -262,7 +255,10 @@ func (c *Client) Post(ctx context.Context, rawURL string, header http.Header, bo
 		req.Header.Set("User-Agent", c.userAgent)
 	}
 
-	resp, err := c.http.Do(req)
+	// Straight to the transport: the client layer of net/http follows
+	// redirects, which an attempt never does (a 3xx is its answer), and
+	// cloned every request's header for them.
+	resp, err := c.transport.RoundTrip(req)
 	if err != nil {
 		code, cause := classifyError(ctx, parent, att, err)
 		return Result{ErrorCode: code, Err: cause}
