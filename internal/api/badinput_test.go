@@ -74,6 +74,11 @@ func TestBadInput(t *testing.T) {
 		create("blank name", `{"name":"  ","url":"https://example.com/h","schedule":"@daily"}`, 400, "invalid_name", "name"),
 		create("long name", `{"name":"`+strings.Repeat("é", 201)+`","url":"https://example.com/h","schedule":"@daily"}`, 400, "invalid_name", "name"),
 		create("control in name", `{"name":"a\u0007b","url":"https://example.com/h","schedule":"@daily"}`, 400, "invalid_name", "name"),
+		create("bidi override in name", `{"name":"invoice\u202egpj.exe","url":"https://example.com/h","schedule":"@daily"}`, 400, "invalid_name", "name"),
+		create("bidi isolate in name", `{"name":"a\u2067b","url":"https://example.com/h","schedule":"@daily"}`, 400, "invalid_name", "name"),
+		create("zero-width space in name", `{"name":"a\u200bb","url":"https://example.com/h","schedule":"@daily"}`, 400, "invalid_name", "name"),
+		create("tag character in name", `{"name":"a\udb40\udc41b","url":"https://example.com/h","schedule":"@daily"}`, 400, "invalid_name", "name"),
+		create("line separator in name", `{"name":"a\u2028b","url":"https://example.com/h","schedule":"@daily"}`, 400, "invalid_name", "name"),
 		create("no schedule", `{`+valid+`}`, 400, "schedule_required", "schedule"),
 		create("schedule and at", `{`+valid+`,"schedule":"@daily","at":"2026-10-10T00:00:00Z"}`, 400, "schedule_conflict", "schedule"),
 		create("bad cron", `{`+valid+`,"schedule":"61 * * * *"}`, 400, "invalid_schedule", "schedule"),
@@ -112,6 +117,7 @@ func TestBadInput(t *testing.T) {
 		patch("patch max < current min", `{"retry":{"maxBackoff":"10s"}}`, 400, "invalid_retry", "retry.maxBackoff"),
 		patch("patch null", `{"url":null}`, 400, "invalid_json", "url"),
 		patch("patch empty name", `{"name":""}`, 400, "invalid_name", "name"),
+		patch("patch bidi name", `{"name":"a\u202eb"}`, 400, "invalid_name", "name"),
 		{"pause with a body", req{method: "POST", path: "/v1/jobs/" + jobID + "/pause", body: `{"enabled":false}`, key: keyAuto}, 400, "unknown_field", "enabled"},
 		{"trigger with garbage", req{method: "POST", path: "/v1/jobs/" + jobID + "/runs", body: `nope`, key: keyAuto}, 400, "invalid_json", ""},
 		// Query parameters.
@@ -163,6 +169,7 @@ func TestBadInput(t *testing.T) {
 		{"admin creates project", req{method: "POST", path: "/v1/projects", token: other[vibejobs.RoleAdmin], body: `{"name":"x"}`, key: keyAuto}, 403, "forbidden", ""},
 		{"bad role", req{method: "POST", path: "/v1/projects/" + e.project + "/tokens", body: `{"name":"x","role":"owner"}`, key: keyAuto}, 400, "invalid_role", "role"},
 		{"bad project name", req{method: "POST", path: "/v1/projects", body: `{"name":""}`, key: keyAuto}, 400, "invalid_name", "name"},
+		{"bidi project name", req{method: "POST", path: "/v1/projects", body: `{"name":"a\u202eb"}`, key: keyAuto}, 400, "invalid_name", "name"},
 		// Idempotency-Key.
 		{"no key", req{method: "POST", path: "/v1/jobs", body: jobBody(nil)}, 400, "idempotency_key_required", "Idempotency-Key"},
 		{"no key on pause", req{method: "POST", path: "/v1/jobs/" + jobID + "/pause"}, 400, "idempotency_key_required", "Idempotency-Key"},
@@ -286,5 +293,18 @@ func TestIntegerPastInt32SaysItsRange(t *testing.T) {
 		body: `{"name":"n","url":"https://example.com/h","schedule":"@daily","retry":{"maxAttempts":99999999999}}`})
 	if res.status != 400 || !strings.Contains(string(res.body), "2147483647") {
 		t.Fatalf("got %s, want 400 naming the integer range", res)
+	}
+}
+
+// Names in any script are kept as sent, with the joiners that emoji
+// sequences and several scripts need; only the characters that hide or
+// reorder text are refused (TestBadInput).
+func TestNamesKeepJoiners(t *testing.T) {
+	e := newEnv(t)
+	for _, name := range []string{"👩\u200d💻 déploiement", "نیم\u200cفاصله", "日報 🇯🇵", "a\u0301ccent"} {
+		got := e.createJob(e.admin, map[string]any{"name": name})
+		if got["name"] != name {
+			t.Errorf("created %q, got back %q", name, got["name"])
+		}
 	}
 }

@@ -178,17 +178,35 @@ func (s *Server) applyJobInput(j *vibejobs.Job, in *jobInput, now time.Time, cre
 	return scheduleChanged, nil
 }
 
-// checkName accepts 1–200 characters, not all blank, without control characters.
+// checkName accepts 1–200 characters, not all blank, without control
+// characters or the characters that hide or reorder text (hiddenInName).
 func checkName(name, field string) *vibejobs.Error {
 	if strings.TrimSpace(name) == "" || utf8.RuneCountInString(name) > vibejobs.MaxNameLength {
 		return invalid("invalid_name", field, "name must be 1 to 200 characters")
 	}
 	for _, r := range name {
-		if unicode.IsControl(r) || r == utf8.RuneError {
+		switch {
+		case unicode.IsControl(r) || r == utf8.RuneError:
 			return invalid("invalid_name", field, "name must not contain control characters")
+		case hiddenInName(r):
+			return invalid("invalid_name", field, "name must not contain invisible or bidirectional formatting characters")
 		}
 	}
 	return nil
+}
+
+// hiddenInName reports whether r is a character a name may not hold
+// although it is no control character: a format character (category Cf:
+// bidirectional overrides and isolates, which can make a name read as
+// another in the dashboard, the CLI or a log viewer; zero-width spaces,
+// the soft hyphen, tag characters, which hide text), or a line or
+// paragraph separator. The zero-width joiner and non-joiner stay allowed:
+// emoji sequences and several scripts need them.
+func hiddenInName(r rune) bool {
+	if r == '\u200c' || r == '\u200d' {
+		return false
+	}
+	return unicode.Is(unicode.Cf, r) || unicode.Is(unicode.Zl, r) || unicode.Is(unicode.Zp, r)
 }
 
 func applyRetry(p *vibejobs.RetryPolicy, in *retryInput) *vibejobs.Error {
