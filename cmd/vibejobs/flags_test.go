@@ -158,6 +158,7 @@ func TestSettingsErrorsNameTheFlag(t *testing.T) {
 		{[]string{"--log-level", "trace"}, "--log-level (VIBEJOBS_LOG_LEVEL) must be debug, info, warn or error"},
 		{[]string{"--log-format", "xml"}, "--log-format (VIBEJOBS_LOG_FORMAT) must be text or json"},
 		{[]string{"--database", "mysql://db/x"}, `--database (VIBEJOBS_DATABASE): "mysql" URLs are not supported`},
+		{[]string{"--trusted-proxies", "10.0.0.0/8,proxy.example"}, `--trusted-proxies (VIBEJOBS_TRUSTED_PROXIES): trusted proxies: "proxy.example" is neither`},
 	} {
 		err := NewMain(io.Discard, io.Discard).ParseFlags(tc.args, func(string) string { return "" })
 		if err == nil || !strings.Contains(err.Error(), tc.want) {

@@ -29,6 +29,7 @@ import (
 	"github.com/vibejobs/vibejobs/internal/metrics"
 	"github.com/vibejobs/vibejobs/internal/postgres"
 	"github.com/vibejobs/vibejobs/internal/privatefile"
+	"github.com/vibejobs/vibejobs/internal/ratelimit"
 	"github.com/vibejobs/vibejobs/internal/scheduler"
 	"github.com/vibejobs/vibejobs/internal/secretbox"
 	"github.com/vibejobs/vibejobs/internal/sqlite"
@@ -44,6 +45,7 @@ type Config struct {
 	Database          string // "" → SQLite in DataDir; postgres://… → PostgreSQL; else a SQLite path
 	MasterKeyFile     string
 	AllowPrivate      string
+	TrustedProxies    string
 	CAFile            string
 	LogFormat         string
 	LogLevel          string
@@ -114,6 +116,7 @@ func (c *Config) flagSet(fs *flag.FlagSet, getenv func(string) string) {
 	fs.StringVar(&c.Database, "database", env("DATABASE", ""), "postgres://… URL or SQLite file path; default <data-dir>/vibejobs.db (VIBEJOBS_DATABASE)")
 	fs.StringVar(&c.MasterKeyFile, "master-key-file", env("MASTER_KEY_FILE", ""), "master key file; default <data-dir>/master.key, created on first start (VIBEJOBS_MASTER_KEY_FILE)")
 	fs.StringVar(&c.AllowPrivate, "allow-private", env("ALLOW_PRIVATE", ""), "comma-separated CIDRs deliveries may reach despite the egress policy, at most 32 (VIBEJOBS_ALLOW_PRIVATE)")
+	fs.StringVar(&c.TrustedProxies, "trusted-proxies", env("TRUSTED_PROXIES", ""), "comma-separated addresses or CIDRs of reverse proxies whose X-Forwarded-For names the client for the failed-login limits, at most 32 (VIBEJOBS_TRUSTED_PROXIES)")
 	fs.StringVar(&c.CAFile, "ca-file", env("CA_FILE", ""), "PEM bundle added to the system roots for deliveries (VIBEJOBS_CA_FILE)")
 	fs.StringVar(&c.LogFormat, "log-format", env("LOG_FORMAT", "text"), "text or json (VIBEJOBS_LOG_FORMAT)")
 	fs.StringVar(&c.LogLevel, "log-level", env("LOG_LEVEL", "info"), "debug, info, warn or error (VIBEJOBS_LOG_LEVEL)")
@@ -223,6 +226,9 @@ func (c *Config) validate() error {
 	}
 	if _, err := egress.ParseAllowList(c.AllowPrivate); err != nil {
 		return fmt.Errorf("--allow-private (VIBEJOBS_ALLOW_PRIVATE): %w", err)
+	}
+	if _, err := ratelimit.ParseProxies(c.TrustedProxies); err != nil {
+		return fmt.Errorf("--trusted-proxies (VIBEJOBS_TRUSTED_PROXIES): %w", err)
 	}
 	var lvl slog.Level
 	if err := lvl.UnmarshalText([]byte(c.LogLevel)); err != nil {
@@ -397,7 +403,8 @@ func (m *Main) Run(ctx context.Context) error {
 	// The dashboard limits each token's pages as the API limits its
 	// requests, in a bucket of its own.
 	rate := cmp.Or(cfg.RateLimit, api.DefaultRatePerSecond)
-	dashboard := web.New(web.Config{Store: store, Now: now, Logger: m.logger,
+	proxies, _ := ratelimit.ParseProxies(cfg.TrustedProxies) // validated
+	dashboard := web.New(web.Config{Store: store, Now: now, Logger: m.logger, TrustedProxies: proxies,
 		PageLimit: web.PageLimit{PerSecond: float64(rate), Burst: 2 * rate}})
 	apiSrv := api.New(api.Config{
 		Store: store, Sealer: sealer, URLs: policy, Now: now, Logger: m.logger,
@@ -411,6 +418,7 @@ func (m *Main) Run(ctx context.Context) error {
 		MaxJobsPerProject:   cfg.MaxJobsPerProject,
 		RateLimit:           api.RateLimit{PerSecond: float64(rate), Burst: 2 * rate},
 		RotationGrace:       cfg.RotationGrace,
+		TrustedProxies:      proxies,
 	})
 
 	m.srv = &http.Server{

@@ -14,7 +14,6 @@ import (
 	"time"
 
 	"github.com/vibejobs/vibejobs"
-	"github.com/vibejobs/vibejobs/internal/ratelimit"
 )
 
 // API tokens are "vjt_" and the unpadded base64url of 32 random bytes. Only
@@ -69,7 +68,7 @@ func (s *Server) authenticate(ctx context.Context, r *http.Request) (*vibejobs.T
 		return nil, errUnauthorized("the token is not valid")
 	}
 	hash := hashToken(value)
-	attempt, wait, ok := s.authFailures.Try(ratelimit.Client(r), hash, s.now())
+	attempt, wait, ok := s.authFailures.Try(s.proxies.Client(r), hash, s.now())
 	if !ok {
 		return nil, &authLimitedError{retryAfter: wait}
 	}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/vibejobs/vibejobs"
 	"github.com/vibejobs/vibejobs/internal/api"
+	"github.com/vibejobs/vibejobs/internal/ratelimit"
 )
 
 // lookupCounter is a Store that counts token lookups.
@@ -123,6 +124,48 @@ func TestFailedAuthLimited(t *testing.T) {
 	logs := e.logs.String()
 	if strings.Contains(logs, "192.0.2.7") || strings.Contains(logs, unknownToken) || strings.Contains(logs, e.admin) || strings.Contains(logs, fresh) {
 		t.Errorf("the log holds the client's address or a token:\n%s", logs)
+	}
+}
+
+// TestFailedAuthLimitedBehindTrustedProxy: behind a trusted reverse proxy
+// each client has its own budget, named by X-Forwarded-For, so a guesser
+// does not use up the budget of the others behind the same proxy; an
+// address that is no trusted proxy cannot pick its budget with the header.
+func TestFailedAuthLimitedBehindTrustedProxy(t *testing.T) {
+	proxies, err := ratelimit.ParseProxies("10.0.0.0/8")
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := newEnv(t, func(c *api.Config) { c.TrustedProxies = proxies })
+	send := func(peer, forwardedFor string) int {
+		r := httptest.NewRequest("GET", "/v1/jobs", nil)
+		r.RemoteAddr = peer
+		r.Header.Set("X-Forwarded-For", forwardedFor)
+		r.Header.Set("Authorization", "Bearer "+unknownToken)
+		rec := httptest.NewRecorder()
+		e.server.Handler().ServeHTTP(rec, r)
+		return rec.Code
+	}
+	limited := false
+	for i := 0; i < 100 && !limited; i++ {
+		limited = send("10.0.0.2:5000", "192.0.2.7") == http.StatusTooManyRequests
+	}
+	if !limited {
+		t.Fatal("100 unknown tokens from one client behind the proxy, none refused with 429")
+	}
+	if code := send("10.0.0.2:5001", "192.0.2.7"); code != http.StatusTooManyRequests {
+		t.Errorf("the limited client through the proxy again: %d, want 429", code)
+	}
+	if code := send("10.0.0.2:5000", "198.51.100.3"); code != http.StatusUnauthorized {
+		t.Errorf("another client behind the same proxy: %d, want 401", code)
+	}
+	// An untrusted peer's own address counts, whatever it claims.
+	limited = false
+	for i := 0; i < 100 && !limited; i++ {
+		limited = send("203.0.113.5:1", "198.51.100."+strconv.Itoa(i)) == http.StatusTooManyRequests
+	}
+	if !limited {
+		t.Error("an untrusted peer escaped its limit by changing X-Forwarded-For")
 	}
 }
 

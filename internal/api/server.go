@@ -102,7 +102,10 @@ type Config struct {
 	// looked up (see ratelimit.Failures for the tokens let through all the
 	// same). Zero values take ratelimit's defaults.
 	FailedAuthLimit ratelimit.FailureLimit
-	MaxBodyBytes    int64 // 0: DefaultMaxBodyBytes
+	// TrustedProxies name the client behind a reverse proxy for
+	// FailedAuthLimit (see ratelimit.Proxies.Client); none by default.
+	TrustedProxies ratelimit.Proxies
+	MaxBodyBytes   int64 // 0: DefaultMaxBodyBytes
 	// RotationGrace is how long a subscription's replaced secret keeps
 	// signing requests after rotate-secret (0: vibejobs.DefaultRotationGrace).
 	RotationGrace time.Duration
@@ -130,6 +133,7 @@ type Server struct {
 	rotationGrace time.Duration
 	limiter       *limiter
 	authFailures  *ratelimit.Failures // nil when off
+	proxies       ratelimit.Proxies
 	mux           *http.ServeMux
 	routes        []route
 	openapi       []byte
@@ -161,6 +165,7 @@ func New(cfg Config) *Server {
 		maxBody:             cmp.Or(cfg.MaxBodyBytes, DefaultMaxBodyBytes),
 		openapi:             openapiDocument,
 		authFailures:        cfg.FailedAuthLimit.NewFailures(),
+		proxies:             cfg.TrustedProxies,
 
 		rotationGrace: cmp.Or(cfg.RotationGrace, vibejobs.DefaultRotationGrace),
 	}

@@ -1,7 +1,8 @@
 // Package ratelimit keeps per-key request budgets in memory, shared by the
 // management API and the dashboard: a generic cell rate algorithm per key
 // (Limiter), the limit of failed authentications per client address
-// (FailureLimit, Failures) and the client address itself (Client).
+// (FailureLimit, Failures) and the client address itself, behind trusted
+// reverse proxies too (Proxies).
 //
 // Budgets are per process: each replica behind a load balancer keeps its
 // own.
@@ -9,9 +10,11 @@ package ratelimit
 
 import (
 	"cmp"
+	"fmt"
 	"math"
 	"net/http"
 	"net/netip"
+	"strings"
 	"sync"
 	"time"
 )
@@ -250,22 +253,108 @@ func (f FailureLimit) limiter() *Limiter {
 		cmp.Or(max(f.MaxClients, 0), DefaultMaxClients))
 }
 
-// Client names the client of a request: its peer's IPv4 address, or IPv6
-// /64 (a single host usually holds the whole prefix).
+// Proxies are the reverse proxies trusted to name the client of a request
+// they forward, in X-Forwarded-For. The zero value trusts none.
+type Proxies struct {
+	trusted []netip.Prefix
+}
+
+// MaxTrustedProxies bounds the entries of ParseProxies.
+const MaxTrustedProxies = 32
+
+// ParseProxies reads a comma-separated list of IP addresses and CIDR
+// prefixes, at most MaxTrustedProxies; blank entries are skipped.
+func ParseProxies(s string) (Proxies, error) {
+	var p Proxies
+	for item := range strings.SplitSeq(s, ",") {
+		item = strings.TrimSpace(item)
+		if item == "" {
+			continue
+		}
+		prefix, err := netip.ParsePrefix(item)
+		if err != nil {
+			a, aerr := netip.ParseAddr(item)
+			if aerr != nil || a.Zone() != "" {
+				return Proxies{}, fmt.Errorf("trusted proxies: %q is neither an IP address nor a CIDR prefix", item)
+			}
+			prefix = netip.PrefixFrom(a.Unmap(), a.Unmap().BitLen())
+		} else if prefix.Addr().Is4In6() {
+			prefix = netip.PrefixFrom(prefix.Addr().Unmap(), max(prefix.Bits()-96, 0))
+		}
+		p.trusted = append(p.trusted, prefix.Masked())
+	}
+	if len(p.trusted) > MaxTrustedProxies {
+		return Proxies{}, fmt.Errorf("trusted proxies: %d entries, at most %d", len(p.trusted), MaxTrustedProxies)
+	}
+	return p, nil
+}
+
+// trusts reports whether a is a trusted proxy.
+func (p Proxies) trusts(a netip.Addr) bool {
+	for _, t := range p.trusted {
+		if t.Contains(a) {
+			return true
+		}
+	}
+	return false
+}
+
+// Client names the client of a request: its IPv4 address, or IPv6 /64 (a
+// single host usually holds the whole prefix).
 //
-// The client is the connection's peer address: behind a reverse proxy every
-// client shares the proxy's. X-Forwarded-For is not read, as any client may
-// write it.
-func Client(r *http.Request) string {
+// The client is the connection's peer, unless the peer is a trusted proxy:
+// then X-Forwarded-For is read from its right end, where the trusted
+// proxies appended what they saw, and the client is the first address that
+// is no trusted proxy. An entry that is no IP address ends the walk at the
+// proxy that forwarded it: what lies left of the nearest untrusted hop may
+// have been written by anyone, so it is never read. Without trusted
+// proxies X-Forwarded-For is not read at all, and behind a reverse proxy
+// every client shares the proxy's budget.
+func (p Proxies) Client(r *http.Request) string {
 	ap, err := netip.ParseAddrPort(r.RemoteAddr)
 	if err != nil {
 		// Not an IP peer (a test, a Unix socket): one client.
 		return "other"
 	}
-	a := ap.Addr().Unmap()
-	if a.Is4() {
-		return a.String()
+	client := ap.Addr().Unmap().WithZone("")
+	if len(p.trusted) > 0 && p.trusts(client) {
+		client = p.forwardedFor(r.Header.Values("X-Forwarded-For"), client)
 	}
-	p, _ := a.WithZone("").Prefix(64)
-	return p.String()
+	if client.Is4() {
+		return client.String()
+	}
+	prefix, _ := client.Prefix(64)
+	return prefix.String()
+}
+
+// forwardedFor walks the X-Forwarded-For values from the right, starting
+// from the trusted proxy peer, and returns the client (see Client).
+func (p Proxies) forwardedFor(values []string, peer netip.Addr) netip.Addr {
+	client := peer
+	for i := len(values) - 1; i >= 0; i-- {
+		hops := strings.Split(values[i], ",")
+		for j := len(hops) - 1; j >= 0; j-- {
+			a, ok := hopAddr(strings.TrimSpace(hops[j]))
+			if !ok {
+				return client
+			}
+			client = a
+			if !p.trusts(a) {
+				return client
+			}
+		}
+	}
+	return client
+}
+
+// hopAddr reads one X-Forwarded-For entry: an address, or an address and
+// port as some proxies write it.
+func hopAddr(s string) (netip.Addr, bool) {
+	if a, err := netip.ParseAddr(s); err == nil {
+		return a.Unmap().WithZone(""), true
+	}
+	if ap, err := netip.ParseAddrPort(s); err == nil {
+		return ap.Addr().Unmap().WithZone(""), true
+	}
+	return netip.Addr{}, false
 }

@@ -2,6 +2,8 @@ package ratelimit_test
 
 import (
 	"net/http/httptest"
+	"net/netip"
+	"strings"
 	"testing"
 	"time"
 
@@ -27,9 +29,70 @@ func TestClient(t *testing.T) {
 		r := httptest.NewRequest("GET", "/", nil)
 		r.RemoteAddr = tc.remote
 		r.Header.Set("X-Forwarded-For", "203.0.113.9")
-		if got := ratelimit.Client(r); got != tc.want {
+		if got := (ratelimit.Proxies{}).Client(r); got != tc.want {
 			t.Errorf("Client(%q) = %q, want %q", tc.remote, got, tc.want)
 		}
+	}
+}
+
+// TestClientBehindTrustedProxies: a trusted proxy's request counts for the
+// nearest address of X-Forwarded-For that is no trusted proxy, read from
+// the right; anything further left, which the client may have written, is
+// never read, and an untrusted peer's X-Forwarded-For is ignored.
+func TestClientBehindTrustedProxies(t *testing.T) {
+	proxies, err := ratelimit.ParseProxies(" 10.0.0.0/8, 192.0.2.1 ,::ffff:172.16.0.0/108, 2001:db8:ffff::/48,")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		remote string
+		xff    []string
+		want   string
+	}{
+		{"10.1.2.3:1", []string{"203.0.113.9"}, "203.0.113.9"},
+		{"192.0.2.1:1", []string{"203.0.113.9"}, "203.0.113.9"},
+		{"[::ffff:10.1.2.3]:1", []string{"203.0.113.9"}, "203.0.113.9"},
+		// A client's own entry, left of the one its proxy appended, is not
+		// believed.
+		{"10.1.2.3:1", []string{"198.51.100.1, 203.0.113.9"}, "203.0.113.9"},
+		// Through two trusted proxies, over two header lines.
+		{"10.1.2.3:1", []string{"198.51.100.1", "203.0.113.9, 10.9.9.9"}, "203.0.113.9"},
+		{"10.1.2.3:1", []string{"198.51.100.1,203.0.113.9,172.16.0.5"}, "203.0.113.9"},
+		{"10.1.2.3:1", []string{"2001:db8:1:2::1"}, "2001:db8:1:2::/64"},
+		{"[2001:db8:ffff::2]:1", []string{"203.0.113.9:4711"}, "203.0.113.9"},
+		{"10.1.2.3:1", []string{"[2001:db8:1:2::1]:4711"}, "2001:db8:1:2::/64"},
+		// Garbage stops the walk at the proxy that forwarded it.
+		{"10.1.2.3:1", []string{"203.0.113.9, unknown"}, "10.1.2.3"},
+		{"10.1.2.3:1", []string{"unknown, 10.7.7.7"}, "10.7.7.7"},
+		// Only trusted proxies: the leftmost of them.
+		{"10.1.2.3:1", []string{"10.4.4.4, 10.5.5.5"}, "10.4.4.4"},
+		{"10.1.2.3:1", nil, "10.1.2.3"},
+		{"10.1.2.3:1", []string{""}, "10.1.2.3"},
+		// An untrusted peer writes what it likes; it is not read.
+		{"203.0.113.50:1", []string{"198.51.100.1"}, "203.0.113.50"},
+		{"172.32.0.1:1", []string{"198.51.100.1"}, "172.32.0.1"},
+		{"@", []string{"198.51.100.1"}, "other"},
+	} {
+		r := httptest.NewRequest("GET", "/", nil)
+		r.RemoteAddr = tc.remote
+		for _, v := range tc.xff {
+			r.Header.Add("X-Forwarded-For", v)
+		}
+		if got := proxies.Client(r); got != tc.want {
+			t.Errorf("Client(%q, X-Forwarded-For %q) = %q, want %q", tc.remote, tc.xff, got, tc.want)
+		}
+	}
+}
+
+func TestParseProxiesRefusesBadLists(t *testing.T) {
+	for _, s := range []string{"10.0.0.0/33", "proxy.example", "10.0.0.1:80", "fe80::1%eth0", "10.0.0.0/8,x",
+		strings.Repeat("10.0.0.1,", ratelimit.MaxTrustedProxies+1)} {
+		if _, err := ratelimit.ParseProxies(s); err == nil {
+			t.Errorf("ParseProxies(%q) accepted", s)
+		}
+	}
+	if p, err := ratelimit.ParseProxies(" , "); err != nil || p.Client(httptest.NewRequest("GET", "/", nil)) != "192.0.2.1" {
+		t.Errorf("an empty list: %v", err)
 	}
 }
 
@@ -218,4 +281,42 @@ func TestFailuresConcurrentAttempts(t *testing.T) {
 	if _, wait, ok := f.Try("d", []byte("bad"), t0); ok || wait != 4*time.Minute {
 		t.Errorf("after 5 concurrent failures: %v %v, want refused for 4m (the 5th forgiven after 5m, 2 at once)", wait, ok)
 	}
+}
+
+// FuzzProxiesClient: whatever X-Forwarded-For holds, Client names an IPv4
+// address or an IPv6 /64, and an untrusted peer is named by its own
+// address.
+func FuzzProxiesClient(f *testing.F) {
+	proxies, err := ratelimit.ParseProxies("10.0.0.0/8,2001:db8::/32")
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Add("10.0.0.1:1", "192.0.2.1, 10.0.0.7")
+	f.Add("10.0.0.1:1", "[2001:db9::1]:80,unknown")
+	f.Add("192.0.2.9:1", "10.0.0.1")
+	f.Fuzz(func(t *testing.T, peer, forwardedFor string) {
+		r := httptest.NewRequest("GET", "/", nil)
+		r.RemoteAddr = peer
+		r.Header.Set("X-Forwarded-For", forwardedFor)
+		got := proxies.Client(r)
+		if got == "other" {
+			return
+		}
+		if a, err := netip.ParseAddr(got); err == nil {
+			if !a.Is4() {
+				t.Fatalf("Client = %q: an IPv6 address, not its /64", got)
+			}
+		} else if p, err := netip.ParsePrefix(got); err != nil || p.Bits() != 64 || !p.Addr().Is6() {
+			t.Fatalf("Client = %q: neither an IPv4 address nor an IPv6 /64", got)
+		}
+		if ap, err := netip.ParseAddrPort(peer); err == nil {
+			a := ap.Addr().Unmap()
+			if !a.WithZone("").IsValid() || netip.MustParsePrefix("10.0.0.0/8").Contains(a) || netip.MustParsePrefix("2001:db8::/32").Contains(a.WithZone("")) {
+				return
+			}
+			if want := (ratelimit.Proxies{}).Client(r); got != want {
+				t.Fatalf("untrusted peer %q named %q, want %q", peer, got, want)
+			}
+		}
+	})
 }

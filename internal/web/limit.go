@@ -8,7 +8,7 @@ import (
 )
 
 // LoginLimit bounds the failed logins of each client address
-// (ratelimit.Client); beyond it the client's logins answer 429 with
+// (ratelimit.Proxies.Client); beyond it the client's logins answer 429 with
 // Retry-After, without the token being checked. A successful login does not
 // count. See ratelimit.FailureLimit for the fields and their defaults.
 type LoginLimit = ratelimit.FailureLimit

@@ -9,11 +9,21 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/vibejobs/vibejobs/internal/ratelimit"
+	"github.com/vibejobs/vibejobs/internal/web"
 )
 
 // loginFrom sends the login form with token as a browser at addr (a
 // RemoteAddr) would: it fetches the form for its secret, then posts it.
 func (e *env) loginFrom(addr, token string) *httptest.ResponseRecorder {
+	e.t.Helper()
+	return e.loginVia(addr, "", token)
+}
+
+// loginVia is loginFrom through a proxy at addr that names the browser in
+// X-Forwarded-For (none if forwardedFor is empty).
+func (e *env) loginVia(addr, forwardedFor, token string) *httptest.ResponseRecorder {
 	e.t.Helper()
 	req := httptest.NewRequest("GET", "/login", nil)
 	req.RemoteAddr = addr
@@ -28,6 +38,9 @@ func (e *env) loginFrom(addr, token string) *httptest.ResponseRecorder {
 	req = httptest.NewRequest("POST", "/login", strings.NewReader(form.Encode()))
 	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
 	req.RemoteAddr = addr
+	if forwardedFor != "" {
+		req.Header.Set("X-Forwarded-For", forwardedFor)
+	}
 	for _, c := range cookies {
 		req.AddCookie(c)
 	}
@@ -85,5 +98,33 @@ func TestFailedLoginsLimited(t *testing.T) {
 	}
 	if strings.Contains(e.logs.String(), "192.0.2.7") {
 		t.Error("the log holds the client's address")
+	}
+}
+
+// TestFailedLoginsLimitedBehindTrustedProxy: behind a trusted reverse proxy
+// each browser has its own budget, named by X-Forwarded-For; a peer that
+// is no trusted proxy is counted by its own address, whatever it claims.
+func TestFailedLoginsLimitedBehindTrustedProxy(t *testing.T) {
+	proxies, err := ratelimit.ParseProxies("10.0.0.2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := newEnv(t, func(c *web.Config) { c.TrustedProxies = proxies })
+	limitedAfter := func(peer string, forwardedFor func(i int) string) bool {
+		for i := range 100 {
+			if e.loginVia(peer, forwardedFor(i), wrongToken).Code == http.StatusTooManyRequests {
+				return true
+			}
+		}
+		return false
+	}
+	if !limitedAfter("10.0.0.2:5000", func(int) string { return "192.0.2.7" }) {
+		t.Fatal("100 failed logins from one browser behind the proxy, none refused with 429")
+	}
+	if rec := e.loginVia("10.0.0.2:5000", "198.51.100.3", tokenA); rec.Code != http.StatusSeeOther {
+		t.Errorf("another browser behind the same proxy: %d, want 303", rec.Code)
+	}
+	if !limitedAfter("10.0.0.3:5000", func(i int) string { return "198.51.100." + strconv.Itoa(i) }) {
+		t.Error("an untrusted peer escaped its limit by changing X-Forwarded-For")
 	}
 }

@@ -80,6 +80,9 @@ type Config struct {
 	// LoginLimit bounds failed logins per client address, together with
 	// the requests whose session id names no live session.
 	LoginLimit LoginLimit
+	// TrustedProxies name the client behind a reverse proxy for
+	// LoginLimit (see ratelimit.Proxies.Client); none by default.
+	TrustedProxies ratelimit.Proxies
 	// PageLimit bounds the pages of each token's sessions.
 	PageLimit PageLimit
 }
@@ -104,7 +107,8 @@ type dashboard struct {
 	log      *slog.Logger
 	sessions *sessions
 	failures *ratelimit.Failures // failed logins and unknown session ids per client; nil when off
-	pageRate *ratelimit.Limiter  // pages per token; nil when off
+	proxies  ratelimit.Proxies
+	pageRate *ratelimit.Limiter // pages per token; nil when off
 	pages    map[string]*template.Template
 	mux      *http.ServeMux
 }
@@ -122,6 +126,7 @@ func New(cfg Config) http.Handler {
 		sessions: &sessions{store: cfg.Store, max: cmp.Or(max(cfg.MaxSessions, 0), DefaultMaxSessions),
 			lifetime: cmp.Or(max(cfg.SessionLifetime, 0), DefaultSessionLifetime)},
 		failures: cfg.LoginLimit.NewFailures(),
+		proxies:  cfg.TrustedProxies,
 		pageRate: newPageLimiter(cfg.PageLimit),
 		pages:    parsePages(),
 	}
@@ -243,7 +248,7 @@ func (d *dashboard) trySession(r *http.Request, id string, now time.Time) (ratel
 	if !ok {
 		return ratelimit.Attempt{}, nil
 	}
-	a, wait, ok := d.failures.Try(ratelimit.Client(r), key, now)
+	a, wait, ok := d.failures.Try(d.proxies.Client(r), key, now)
 	if !ok {
 		return a, &clientLimitedError{retryAfter: wait}
 	}
@@ -496,7 +501,7 @@ func (d *dashboard) login(w http.ResponseWriter, r *http.Request) {
 	// Tokens are stored as the SHA-256 of their value, as the API stores them.
 	value := strings.TrimSpace(r.PostForm.Get("token"))
 	sum := sha256.Sum256([]byte(value))
-	attempt, wait, ok := d.failures.Try(ratelimit.Client(r), sum[:], d.now())
+	attempt, wait, ok := d.failures.Try(d.proxies.Client(r), sum[:], d.now())
 	if !ok {
 		d.log.Info("web.login_refused", "reason", "rate_limited")
 		w.Header().Set("Retry-After", strconv.Itoa(int(wait/time.Second)))
