@@ -188,7 +188,9 @@ type Tx interface {
 	ResetSubscription(ctx context.Context, projectID, id string, at time.Time) (*Subscription, error)
 	// SubscriptionSecretsNotUnder lists subscriptions with a secret (current
 	// or previous) sealed under another key than keyID, for master key
-	// rotation; SetSubscriptionSecrets replaces both.
+	// rotation; SetSubscriptionSecrets replaces both, and a zero previous
+	// secret clears its expiry too (a subscription then has no previous
+	// secret at all).
 	SubscriptionSecretsNotUnder(ctx context.Context, keyID string, limit int) ([]*Subscription, error)
 	SetSubscriptionSecrets(ctx context.Context, id string, current, previous SealedSecret) error
 }

@@ -413,7 +413,8 @@ func (t *tx) SubscriptionSecretsNotUnder(ctx context.Context, keyID string, limi
 // SetSubscriptionSecrets replaces both sealed secrets of a subscription.
 func (t *tx) SetSubscriptionSecrets(ctx context.Context, id string, current, previous vibejobs.SealedSecret) error {
 	tag, err := t.q.Exec(ctx, `UPDATE subscriptions SET secret_key_id = $2, secret_ciphertext = $3,
-		previous_key_id = $4, previous_ciphertext = $5 WHERE id = $1`,
+		previous_key_id = $4, previous_ciphertext = $5,
+		previous_expires_at = CASE WHEN $4 = '' THEN NULL ELSE previous_expires_at END WHERE id = $1`,
 		id, current.KeyID, nonNil(current.Ciphertext), previous.KeyID, nonNil(previous.Ciphertext))
 	if err != nil {
 		return mapError(err, "setting subscription secrets")

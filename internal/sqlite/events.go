@@ -358,8 +358,9 @@ func (t *tx) SubscriptionSecretsNotUnder(ctx context.Context, keyID string, limi
 }
 
 func (t *tx) SetSubscriptionSecrets(ctx context.Context, id string, current, previous vibejobs.SealedSecret) error {
-	n, err := changed(t.t.ExecContext(ctx, `UPDATE subscriptions SET secret_key_id = ?, secret_ciphertext = ?,
-		previous_key_id = ?, previous_ciphertext = ? WHERE id = ?`,
+	n, err := changed(t.t.ExecContext(ctx, `UPDATE subscriptions SET secret_key_id = ?1, secret_ciphertext = ?2,
+		previous_key_id = ?3, previous_ciphertext = ?4,
+		previous_expires_at = CASE WHEN ?3 = '' THEN NULL ELSE previous_expires_at END WHERE id = ?5`,
 		current.KeyID, nonNil(current.Ciphertext), previous.KeyID, nonNil(previous.Ciphertext), id))
 	if err != nil {
 		return fmt.Errorf("setting subscription secrets: %w", err)

@@ -415,8 +415,18 @@ func testSubscriptions(t *testing.T, f *fixture) {
 			vibejobs.SealedSecret{KeyID: "key9", Ciphertext: []byte{2}})
 	})
 	got = f.getSubscription(projectA, s.ID)
-	if got.Secret.KeyID != "key9" || string(got.PreviousSecret.Ciphertext) != "\x02" || !got.UpdatedAt.Equal(s.UpdatedAt) {
+	if got.Secret.KeyID != "key9" || string(got.PreviousSecret.Ciphertext) != "\x02" || !got.UpdatedAt.Equal(s.UpdatedAt) ||
+		got.PreviousExpiresAt == nil || !got.PreviousExpiresAt.Equal(*s.PreviousExpiresAt) {
 		t.Errorf("after SetSubscriptionSecrets: %+v", got)
+	}
+	// A previous secret dropped (one that no longer opens) takes its
+	// expiry along.
+	f.update(func(tx vibejobs.Tx) error {
+		return tx.SetSubscriptionSecrets(f.ctx, s.ID, vibejobs.SealedSecret{KeyID: "key9", Ciphertext: []byte{1}}, vibejobs.SealedSecret{})
+	})
+	got = f.getSubscription(projectA, s.ID)
+	if got.Secret.KeyID != "key9" || got.PreviousSecret.KeyID != "" || len(got.PreviousSecret.Ciphertext) != 0 || got.PreviousExpiresAt != nil {
+		t.Errorf("after SetSubscriptionSecrets without a previous secret: %+v", got)
 	}
 
 	f.update(func(tx vibejobs.Tx) error { return tx.DeleteSubscription(f.ctx, projectA, plain.ID) })
