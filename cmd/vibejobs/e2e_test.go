@@ -468,6 +468,8 @@ func TestMetricsExposed(t *testing.T) {
 		"vibejobs_runs_due", "vibejobs_oldest_due_run_age_seconds", "vibejobs_leases_recovered_total",
 		`vibejobs_runs_created_total{trigger="manual"} 1`,
 		"vibejobs_skipped_occurrences_total", "vibejobs_unplannable_jobs 0", "go_goroutines", "process_resident_memory_bytes",
+		`vibejobs_loop_failing_seconds{loop="scheduler"} 0`, `vibejobs_loop_failing_seconds{loop="dispatcher"} 0`,
+		`vibejobs_loop_failing_seconds{loop="maintenance"} 0`, `vibejobs_loop_failing_seconds{loop="webhooks"} 0`,
 	} {
 		if !strings.Contains(text, want) {
 			t.Errorf("/metrics lacks %q", want)

@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -536,6 +537,31 @@ func readyStatus(base string) int {
 	return resp.StatusCode
 }
 
+// waitMetric polls base's /metrics until the sample named series (its
+// name and labels, as printed) holds a value ok accepts.
+func waitMetric(t *testing.T, base, series string, ok func(float64) bool, within time.Duration) {
+	t.Helper()
+	last := "no answer"
+	for deadline := time.Now().Add(within); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+		resp, err := http.Get(base + "/metrics")
+		if err != nil {
+			continue
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		last = "no such series"
+		for line := range strings.SplitSeq(string(body), "\n") {
+			if v, found := strings.CutPrefix(line, series+" "); found {
+				last = line
+				if f, err := strconv.ParseFloat(v, 64); err == nil && ok(f) {
+					return
+				}
+			}
+		}
+	}
+	t.Fatalf("%s/metrics: %s never held the value wanted (last: %s)", base, series, last)
+}
+
 func waitStatus(t *testing.T, base string, want int, within time.Duration) {
 	t.Helper()
 	deadline := time.Now().Add(within)
@@ -575,9 +601,19 @@ func TestReplicasRideOutDatabaseOutage(t *testing.T) {
 			}
 		}
 	}
+	// The loops that hold no API request say so in the metrics.
+	failing := func(v float64) bool { return v > 0 }
+	for _, r := range []*replica{r1, r2} {
+		for _, loop := range []string{"dispatcher", "maintenance", "webhooks"} {
+			waitMetric(t, r.api.base, `vibejobs_loop_failing_seconds{loop="`+loop+`"}`, failing, 15*time.Second)
+		}
+	}
 	proxy.restore()
 	waitStatus(t, r1.api.base, 200, 30*time.Second)
 	waitStatus(t, r2.api.base, 200, 30*time.Second)
+	for _, r := range []*replica{r1, r2} {
+		waitMetric(t, r.api.base, `vibejobs_loop_failing_seconds{loop="maintenance"}`, func(v float64) bool { return v == 0 }, 15*time.Second)
+	}
 	time.Sleep(3 * time.Second)
 	pauseAll(t, r2.api, ids)
 	all := waitAllFinished(t, st, project, ids, 60*time.Second)

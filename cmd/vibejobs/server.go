@@ -400,6 +400,11 @@ func (m *Main) Run(ctx context.Context) error {
 		Observer: met, OnRecovered: func() { disp.Wake(); subs.Wake() },
 		StoreTimeout: cfg.StoreTimeout,
 	})
+	met.WatchLoops(now,
+		metrics.Loop{Name: "scheduler", FailingSince: sched.FailingSince},
+		metrics.Loop{Name: "dispatcher", FailingSince: disp.FailingSince},
+		metrics.Loop{Name: "maintenance", FailingSince: maint.FailingSince},
+		metrics.Loop{Name: "webhooks", FailingSince: subs.FailingSince})
 	// The dashboard limits each token's pages as the API limits its
 	// requests, in a bucket of its own.
 	rate := cmp.Or(cfg.RateLimit, api.DefaultRatePerSecond)

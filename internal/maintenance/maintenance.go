@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/vibejobs/vibejobs"
+	"github.com/vibejobs/vibejobs/internal/health"
 )
 
 // Defaults of Config.
@@ -73,7 +74,25 @@ type Config struct {
 }
 
 // Maintainer runs the upkeep loops.
-type Maintainer struct{ cfg Config }
+type Maintainer struct {
+	cfg Config
+	// recovering and expiring are the failing streaks of lease recovery
+	// and of the deadline check (see FailingSince).
+	recovering, expiring health.Streak
+}
+
+// FailingSince returns when lease recovery or the deadline check, the
+// maintenance that runs depend on, began to fail against the database
+// without a pass succeeding since (the earlier of the two); zero while the
+// last pass of each succeeded. Pruning, statistics and vacuuming are not
+// counted: a run waits on none of them.
+func (m *Maintainer) FailingSince() time.Time {
+	a, b := m.recovering.Since(), m.expiring.Since()
+	if a.IsZero() || !b.IsZero() && b.Before(a) {
+		return b
+	}
+	return a
+}
 
 // New returns a Maintainer with defaults filled in.
 func New(cfg Config) *Maintainer {
@@ -133,6 +152,7 @@ func (m *Maintainer) RecoverOnce(ctx context.Context) {
 		sctx, cancel := m.storeCtx(ctx)
 		n, err := m.cfg.Store.RecoverExpiredLeases(sctx, now, m.cfg.Batch)
 		cancel()
+		m.recovering.Pass(now, err, ctx.Err())
 		if err != nil {
 			m.logErr(ctx, "maintenance.recover_failed", err)
 			break
@@ -156,9 +176,10 @@ func (m *Maintainer) RecoverOnce(ctx context.Context) {
 // ExpireOnce fails the waiting runs past their deadline.
 func (m *Maintainer) ExpireOnce(ctx context.Context) {
 	now := m.cfg.Now()
-	m.inBatches(ctx, "maintenance.expire_failed", func(ctx context.Context, limit int) (int, error) {
+	err := m.inBatches(ctx, "maintenance.expire_failed", func(ctx context.Context, limit int) (int, error) {
 		return m.cfg.Store.FailExpiredRuns(ctx, now, limit)
 	})
+	m.expiring.Pass(now, err, ctx.Err())
 }
 
 // PruneOnce deletes finished history older than each project's retention
@@ -201,20 +222,21 @@ func (m *Maintainer) PruneOnce(ctx context.Context) {
 }
 
 // inBatches calls task with the batch size until a batch comes back short,
-// an error (logged as failEvent) or the end of ctx.
-func (m *Maintainer) inBatches(ctx context.Context, failEvent string, task func(ctx context.Context, limit int) (int, error)) {
+// an error (logged as failEvent, and returned) or the end of ctx.
+func (m *Maintainer) inBatches(ctx context.Context, failEvent string, task func(ctx context.Context, limit int) (int, error)) error {
 	for ctx.Err() == nil {
 		sctx, cancel := m.storeCtx(ctx)
 		n, err := task(sctx, m.cfg.Batch)
 		cancel()
 		if err != nil {
 			m.logErr(ctx, failEvent, err)
-			return
+			return err
 		}
 		if n < m.cfg.Batch {
-			return
+			return nil
 		}
 	}
+	return nil
 }
 
 // VacuumOnce asks the store to vacuum its queue tables, when it is a

@@ -79,3 +79,62 @@ func line(text, prefix string) string {
 	}
 	return ""
 }
+
+// recoveryStore fails lease recovery or the deadline check while the
+// matching error is set.
+type recoveryStore struct {
+	vibejobs.Store
+	recoverErr, expireErr error
+}
+
+func (s *recoveryStore) RecoverExpiredLeases(ctx context.Context, now time.Time, limit int) (int, error) {
+	return 0, s.recoverErr
+}
+
+func (s *recoveryStore) FailExpiredRuns(ctx context.Context, now time.Time, limit int) (int, error) {
+	return 0, s.expireErr
+}
+
+// TestFailingSince: maintenance reports when lease recovery or the
+// deadline check began to fail, the earlier of the two, until each
+// succeeds again; a pass cut short by shutdown counts as neither.
+func TestFailingSince(t *testing.T) {
+	ctx := context.Background()
+	now := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
+	s := &recoveryStore{}
+	m := maintenance.New(maintenance.Config{Store: s, Now: func() time.Time { return now },
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	step := func(d time.Duration) { now = now.Add(d) }
+	want := func(what string, at time.Time) {
+		t.Helper()
+		if got := m.FailingSince(); !got.Equal(at) {
+			t.Errorf("%s: failing since %v, want %v", what, got, at)
+		}
+	}
+	m.RecoverOnce(ctx)
+	m.ExpireOnce(ctx)
+	want("both succeed", time.Time{})
+
+	s.recoverErr = errors.New("database unavailable")
+	t1 := now
+	m.RecoverOnce(ctx)
+	step(time.Second)
+	m.RecoverOnce(ctx)
+	want("recovery fails", t1)
+	s.expireErr = errors.New("database unavailable")
+	m.ExpireOnce(ctx)
+	step(time.Second)
+	want("both fail", t1)
+	s.recoverErr = nil
+	m.RecoverOnce(ctx)
+	want("recovery succeeds again, the deadline check still fails", t1.Add(time.Second))
+	s.expireErr = nil
+	m.ExpireOnce(ctx)
+	want("both succeed again", time.Time{})
+
+	s.recoverErr = errors.New("database unavailable")
+	canceled, cancel := context.WithCancel(ctx)
+	cancel()
+	m.RecoverOnce(canceled)
+	want("a pass cut short by shutdown", time.Time{})
+}

@@ -208,6 +208,45 @@ func (c *lastKnown[T]) Collect(ch chan<- prometheus.Metric) {
 	}
 }
 
+var loopFailingDesc = prometheus.NewDesc("vibejobs_loop_failing_seconds",
+	"How long a background loop of this process has failed every pass against the database, 0 while its last pass succeeded: "+
+		"scheduler (plans occurrences), dispatcher (claims runs and records attempts), maintenance (recovers expired leases and fails runs past their deadline), "+
+		"webhooks (claims subscriptions with events to send). /readyz turns not ready after 30 s of it for the scheduler and the dispatcher only; "+
+		"alert on the others, which hold no API request.",
+	[]string{"loop"}, nil)
+
+// Loop is a background loop WatchLoops reports: its name and how it tells
+// when its passes began to fail (zero while its last pass succeeded).
+type Loop struct {
+	Name         string
+	FailingSince func() time.Time
+}
+
+// loopCollector reports vibejobs_loop_failing_seconds at every scrape.
+type loopCollector struct {
+	now   func() time.Time
+	loops []Loop
+}
+
+func (c loopCollector) Describe(ch chan<- *prometheus.Desc) { ch <- loopFailingDesc }
+
+func (c loopCollector) Collect(ch chan<- prometheus.Metric) {
+	now := c.now()
+	for _, l := range c.loops {
+		failing := 0.0
+		if since := l.FailingSince(); !since.IsZero() {
+			failing = max(now.Sub(since).Seconds(), 0)
+		}
+		ch <- prometheus.MustNewConstMetric(loopFailingDesc, prometheus.GaugeValue, failing, l.Name)
+	}
+}
+
+// WatchLoops registers vibejobs_loop_failing_seconds (label loop) for
+// loops, read at every scrape by the clock now.
+func (m *Metrics) WatchLoops(now func() time.Time, loops ...Loop) {
+	m.reg.MustRegister(loopCollector{now: now, loops: loops})
+}
+
 // Subscription metrics, read from the store at every scrape so every
 // replica reports the same values and a deleted subscription's series
 // disappears with it. A project has at most 16 subscriptions, which bounds

@@ -125,3 +125,28 @@ func TestUnplannableUnknown(t *testing.T) {
 		t.Fatalf("after a scan that succeeded again: no vibejobs_unplannable_jobs 1 in\n%s", out)
 	}
 }
+
+// TestLoopFailing: each loop's gauge is 0 while its last pass succeeded,
+// and otherwise how long its passes have failed, by the clock given.
+func TestLoopFailing(t *testing.T) {
+	m := metrics.New()
+	now := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
+	var since time.Time
+	m.WatchLoops(func() time.Time { return now },
+		metrics.Loop{Name: "scheduler", FailingSince: func() time.Time { return time.Time{} }},
+		metrics.Loop{Name: "maintenance", FailingSince: func() time.Time { return since }})
+	for _, tc := range []struct {
+		since time.Time
+		want  string
+	}{
+		{time.Time{}, `vibejobs_loop_failing_seconds{loop="maintenance"} 0`},
+		{now.Add(-90 * time.Second), `vibejobs_loop_failing_seconds{loop="maintenance"} 90`},
+		{time.Time{}, `vibejobs_loop_failing_seconds{loop="maintenance"} 0`},
+	} {
+		since = tc.since
+		out := scrape(t, m)
+		if !strings.Contains(out, tc.want+"\n") || !strings.Contains(out, `vibejobs_loop_failing_seconds{loop="scheduler"} 0`+"\n") {
+			t.Errorf("failing since %v: no %q (and the scheduler at 0) in\n%s", tc.since, tc.want, out)
+		}
+	}
+}

@@ -35,6 +35,7 @@ import (
 	"github.com/vibejobs/vibejobs/contract"
 	"github.com/vibejobs/vibejobs/internal/egress"
 	"github.com/vibejobs/vibejobs/internal/feed"
+	"github.com/vibejobs/vibejobs/internal/health"
 )
 
 // Defaults of Config.
@@ -123,7 +124,14 @@ type Deliverer struct {
 	mu       sync.Mutex
 	active   int
 	sessions sync.WaitGroup
+
+	failing health.Streak // of Run's claim passes (see FailingSince)
 }
+
+// FailingSince returns when Run's claim passes began to fail against the
+// database without one succeeding since; zero while the last one
+// succeeded.
+func (d *Deliverer) FailingSince() time.Time { return d.failing.Since() }
 
 // New returns a Deliverer with the defaults filled in.
 func New(cfg Config) *Deliverer {
@@ -190,7 +198,9 @@ func (d *Deliverer) Run(ctx context.Context) {
 	defer timer.Stop()
 	for {
 		wait := d.cfg.PollInterval
-		if err := d.claim(ctx, nil); err != nil && ctx.Err() == nil {
+		err := d.claim(ctx, nil)
+		d.failing.Pass(d.cfg.Now(), err, ctx.Err())
+		if err != nil && ctx.Err() == nil {
 			d.cfg.Logger.Error("subscription.claim_failed", "error", err)
 			wait = ErrorPause
 		}
