@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"crypto/rand"
 	"errors"
@@ -26,7 +27,7 @@ import (
 
 // bench runs the benchmarks the issues name, on demand (never in CI):
 //
-//	vibejobs bench burst    [--runs 20000] [--database URL] [--raw|--raw-only] [--cpuprofile FILE]
+//	vibejobs bench burst    [--runs 20000] [--database URL] [--raw|--raw-only] [--per-host N] [--cpuprofile FILE]
 //	vibejobs bench lateness [--jobs 1000] [--duration 60s] [--database URL] [--replicas N]
 //	vibejobs bench scale    [--jobs 1000000] [--concurrency 64] [--database URL]
 //	vibejobs bench events   [--jobs 200] [--duration 30s] [--subscriptions 1] [--burst 0] [--database URL]
@@ -48,6 +49,7 @@ func bench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	plain := fs.Bool("plain-client", false, "burst: deliver through a plain HTTP client instead of the egress client (prices the egress policy)")
 	replicas := fs.Int("replicas", 1, "lateness: server processes sharing the database (PostgreSQL for more than one)")
 	conc := fs.Int("concurrency", 512, "delivery concurrency; scale: API client workers")
+	perHost := fs.Int("per-host", 0, "burst: delivery attempts in flight to the receiver at most (--per-host of serve); default the concurrency")
 	subs := fs.Int("subscriptions", 1, "events: subscriptions receiving every run event")
 	burst := fs.Int("burst", 0, "events: then this many runs due at once, and how fast their events drain")
 	cpuprofile := fs.String("cpuprofile", "", "burst: write a CPU profile of the delivery window to this file")
@@ -58,8 +60,8 @@ func bench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return fmt.Errorf("%w: unexpected argument %q (the counts are flags: --runs, --jobs)", errUsage, fs.Arg(0))
 	}
 	switch {
-	case *runs < 1, *jobs < 1, *conc < 1, *replicas < 1, *subs < 0, *burst < 0:
-		return fmt.Errorf("%w: --runs, --jobs, --concurrency and --replicas must be at least 1, --subscriptions and --burst at least 0", errUsage)
+	case *runs < 1, *jobs < 1, *conc < 1, *replicas < 1, *subs < 0, *burst < 0, *perHost < 0:
+		return fmt.Errorf("%w: --runs, --jobs, --concurrency and --replicas must be at least 1, --subscriptions, --burst and --per-host at least 0", errUsage)
 	case *dur <= 0:
 		return fmt.Errorf("%w: --duration must be positive", errUsage)
 	}
@@ -68,7 +70,7 @@ func bench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		if *rawOnly {
 			return benchRaw(stdout, *runs, *conc)
 		}
-		return benchBurst(ctx, stdout, *runs, *database, *raw, *plain, *conc, *cpuprofile)
+		return benchBurst(ctx, stdout, *runs, *database, *raw, *plain, *conc, cmp.Or(*perHost, *conc), *cpuprofile)
 	case "lateness":
 		return benchLateness(ctx, stdout, *jobs, *dur, *database, *replicas)
 	case "scale":
@@ -249,7 +251,7 @@ func createJobs(ctx context.Context, m *Main, n int, mk func(i int, j *vibejobs.
 	return nil
 }
 
-func benchBurst(ctx context.Context, out io.Writer, n int, database string, raw, plain bool, conc int, cpuprofile string) error {
+func benchBurst(ctx context.Context, out io.Writer, n int, database string, raw, plain bool, conc, perHost int, cpuprofile string) error {
 	br, err := newBenchReceiver()
 	if err != nil {
 		return err
@@ -261,7 +263,7 @@ func benchBurst(ctx context.Context, out io.Writer, n int, database string, raw,
 		}
 		br.count.Store(0)
 	}
-	var opts []func(*Main)
+	opts := []func(*Main){func(m *Main) { m.Config.PerHost = perHost }}
 	client := "egress client"
 	if plain {
 		client = "plain client"
@@ -312,8 +314,8 @@ func benchBurst(ctx context.Context, out io.Writer, n int, database string, raw,
 	if database != "" {
 		store = "postgres"
 	}
-	fmt.Fprintf(out, "burst (%s, %s): %d runs due at once; received %d; all received in %v (%.0f runs/s); all recorded succeeded in %v (%.0f runs/s end to end); max RSS %s\n",
-		store, client, n, br.count.Load(), lastRecv.Sub(due).Round(time.Millisecond), float64(n)/lastRecv.Sub(due).Seconds(),
+	fmt.Fprintf(out, "burst (%s, %s, %d per host): %d runs due at once; received %d; all received in %v (%.0f runs/s); all recorded succeeded in %v (%.0f runs/s end to end); max RSS %s\n",
+		store, client, perHost, n, br.count.Load(), lastRecv.Sub(due).Round(time.Millisecond), float64(n)/lastRecv.Sub(due).Seconds(),
 		lastRec.Sub(due).Round(time.Millisecond), float64(n)/lastRec.Sub(due).Seconds(), maxRSS())
 	fmt.Fprintf(out, "  statements: %s\n", rc.batching())
 	self, pg := procstat.CPU(os.Getpid()), serverCPU()

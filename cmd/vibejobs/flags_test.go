@@ -143,6 +143,10 @@ func TestBenchRefusesExtraArgument(t *testing.T) {
 	if code := run(context.Background(), []string{"bench", "burst", "--runs", "1", "5000"}, func(string) string { return "" }, io.Discard, &errb); code != 2 || !strings.Contains(errb.String(), `"5000"`) {
 		t.Fatalf("bench burst --runs 1 5000: exit %d, stderr %q; want 2 and the argument named", code, errb.String())
 	}
+	errb.Reset()
+	if code := run(context.Background(), []string{"bench", "burst", "--per-host", "-1"}, func(string) string { return "" }, io.Discard, &errb); code != 2 || !strings.Contains(errb.String(), "--per-host") {
+		t.Fatalf("bench burst --per-host -1: exit %d, stderr %q; want 2 and the flag named", code, errb.String())
+	}
 }
 
 // TestSettingsErrorsNameTheFlag: a refused setting's message names the flag
