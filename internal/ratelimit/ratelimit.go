@@ -332,9 +332,12 @@ func (p Proxies) Client(r *http.Request) string {
 func (p Proxies) forwardedFor(values []string, peer netip.Addr) netip.Addr {
 	client := peer
 	for i := len(values) - 1; i >= 0; i-- {
-		hops := strings.Split(values[i], ",")
-		for j := len(hops) - 1; j >= 0; j-- {
-			a, ok := hopAddr(strings.TrimSpace(hops[j]))
+		// From the right end, one entry at a time: the walk stops at the
+		// first address that is no trusted proxy, so a long header costs
+		// no more than the hops read.
+		for rest := values[i]; ; {
+			cut := strings.LastIndexByte(rest, ',')
+			a, ok := hopAddr(strings.TrimSpace(rest[cut+1:]))
 			if !ok {
 				return client
 			}
@@ -342,6 +345,10 @@ func (p Proxies) forwardedFor(values []string, peer netip.Addr) netip.Addr {
 			if !p.trusts(a) {
 				return client
 			}
+			if cut < 0 {
+				break
+			}
+			rest = rest[:cut]
 		}
 	}
 	return client
