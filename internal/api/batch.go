@@ -13,6 +13,13 @@ import (
 // MaxBatchJobs is the most jobs one POST /v1/jobs/batch creates.
 const MaxBatchJobs = 100
 
+// MaxBatchBodyBytes bounds the body of POST /v1/jobs/batch (unless the
+// server's MaxBodyBytes is larger): room for MaxBatchJobs jobs each with a
+// URL of the longest length, as JSON encoders write it (Go's escapes & as
+// \u0026). Under the 64 KiB of a single job's request, 100 jobs with URLs
+// of 700 bytes (signed URLs are often longer) were refused.
+const MaxBatchBodyBytes = 2 << 20
+
 // createJobs creates up to MaxBatchJobs jobs in one transaction, all or none:
 // the way to register many jobs fast. Each job is validated as by POST
 // /v1/jobs; an error names its field as jobs[i].field.

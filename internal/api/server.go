@@ -216,6 +216,9 @@ type route struct {
 	serve        func(ctx context.Context, c *call) (*response, error)
 	effect       func(ctx context.Context, c *call, tx vibejobs.Tx) (*response, error)
 	raw          http.Handler // served as is (metrics)
+	// maxBody bounds the request body, if larger than the server's
+	// MaxBodyBytes.
+	maxBody int64
 	// rawInstallation is served instead of raw to the installation
 	// administrator's token.
 	rawInstallation http.Handler
@@ -228,7 +231,7 @@ func (s *Server) routeTable() []route {
 		{method: "GET", path: "/v1/openapi.json", access: accessPublic, serve: s.openapiJSON},
 
 		{method: "POST", path: "/v1/jobs", access: accessWrite, effect: s.createJob},
-		{method: "POST", path: "/v1/jobs/batch", access: accessWrite, effect: s.createJobs},
+		{method: "POST", path: "/v1/jobs/batch", access: accessWrite, effect: s.createJobs, maxBody: MaxBatchBodyBytes},
 		{method: "GET", path: "/v1/jobs", access: accessRead, serve: s.listJobs},
 		{method: "GET", path: "/v1/jobs/{id}", access: accessRead, serve: s.getJob},
 		{method: "PATCH", path: "/v1/jobs/{id}", access: accessWrite, serve: s.patchJob},
@@ -487,7 +490,7 @@ func (s *Server) serveRoute(r *http.Request, rt route, info *logInfo) *response 
 		return errorResponse(e)
 	}
 	if r.Method == http.MethodPost || r.Method == http.MethodPatch || r.Method == http.MethodPut {
-		body, e := s.readBody(r)
+		body, e := s.readBody(r, max(s.maxBody, rt.maxBody))
 		if e != nil {
 			return errorResponse(e)
 		}
@@ -541,20 +544,21 @@ func (s *Server) fail(c *call, err error) *response {
 	return internalResponse()
 }
 
-func (s *Server) readBody(r *http.Request) ([]byte, *vibejobs.Error) {
+// readBody reads r's body, of at most limit bytes.
+func (s *Server) readBody(r *http.Request, limit int64) ([]byte, *vibejobs.Error) {
 	tooLarge := &vibejobs.Error{Kind: vibejobs.ETOOLARGE, Code: "body_too_large",
-		Message: "the request body is larger than " + strconv.FormatInt(s.maxBody, 10) + " bytes"}
-	if r.ContentLength > s.maxBody {
+		Message: "the request body is larger than " + strconv.FormatInt(limit, 10) + " bytes"}
+	if r.ContentLength > limit {
 		return nil, tooLarge
 	}
 	if r.Body == nil {
 		return nil, nil
 	}
-	b, err := io.ReadAll(io.LimitReader(r.Body, s.maxBody+1))
+	b, err := io.ReadAll(io.LimitReader(r.Body, limit+1))
 	if err != nil {
 		return nil, invalid("invalid_json", "", "the request body could not be read")
 	}
-	if int64(len(b)) > s.maxBody {
+	if int64(len(b)) > limit {
 		return nil, tooLarge
 	}
 	return b, nil
