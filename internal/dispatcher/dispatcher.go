@@ -510,22 +510,29 @@ func (d *Dispatcher) acquire(host string, w waiter) {
 	d.waiting[host] = append(d.waiting[host], w)
 }
 
-// startLocked starts the attempt of w, which holds a slot of host; a claim
-// held until its time is registered in held first, so that it can be
-// withdrawn until its attempt starts. d.mu is held.
+// startLocked starts the attempt of w, which holds a slot of host, on an
+// idle worker or a new one. d.mu is held.
 func (d *Dispatcher) startLocked(host string, w waiter) {
+	t := d.taskLocked(host, w)
+	select {
+	case d.tasks <- t:
+	default:
+		go d.worker(t)
+	}
+}
+
+// taskLocked counts the attempt of w, which holds a slot of host, in d.wg
+// and returns it as a task; a claim held until its time is registered in
+// held first, so that it can be withdrawn until its attempt starts. d.mu is
+// held.
+func (d *Dispatcher) taskLocked(host string, w waiter) task {
 	var h *heldClaim
 	if !w.hold.IsZero() {
 		h = &heldClaim{hold: w.hold, withdraw: make(chan struct{})}
 		d.held[w.c] = h
 	}
 	d.wg.Add(1)
-	t := task{c: w.c, host: host, h: h}
-	select {
-	case d.tasks <- t:
-	default:
-		go d.worker(t)
-	}
+	return task{c: w.c, host: host, h: h}
 }
 
 // task is an attempt for a worker: deliver's arguments.
@@ -535,12 +542,19 @@ type task struct {
 	h    *heldClaim
 }
 
-// worker delivers t, then each task handed to it, until none comes for
-// workerIdle or Run is stopping.
+// worker delivers t, then the claim its slot goes to (see releaseSlot), or
+// each task handed to it, until none comes for workerIdle or Run is
+// stopping.
 func (d *Dispatcher) worker(t task) {
 	var idle *time.Timer
 	for {
 		d.deliver(t.c, t.host, t.h)
+		next, ok := d.releaseSlot(t.host, t.c)
+		d.wg.Done() // after the next attempt is counted: never a zero count in between
+		if ok {
+			t = next
+			continue
+		}
 		if idle == nil {
 			idle = time.NewTimer(workerIdle)
 		} else {
@@ -618,9 +632,10 @@ func (d *Dispatcher) withdraw(match func(*vibejobs.Claim) bool) {
 
 // releaseSlot frees the slot of c's attempt: it goes to the first claim
 // waiting for the host, if any (those past their deadline are left to the
-// claim loop, which is woken to release them), and the claim loop is woken
-// when it was waiting for a slot.
-func (d *Dispatcher) releaseSlot(host string, c *vibejobs.Claim) {
+// claim loop, which is woken to release them), whose attempt it returns
+// for the caller, c's worker, to make; and the claim loop is woken when it
+// was waiting for a slot.
+func (d *Dispatcher) releaseSlot(host string, c *vibejobs.Claim) (next task, ok bool) {
 	now := d.cfg.Now()
 	d.mu.Lock()
 	delete(d.held, c)
@@ -633,17 +648,17 @@ func (d *Dispatcher) releaseSlot(host string, c *vibejobs.Claim) {
 		q = q[1:]
 		expired = true
 	}
-	var next *waiter
+	var first *waiter
 	if len(q) > 0 {
-		next, q = &q[0], q[1:]
+		first, q = &q[0], q[1:]
 	}
 	if len(q) > 0 {
 		d.waiting[host] = q
 	} else {
 		delete(d.waiting, host)
 	}
-	if next != nil {
-		d.startLocked(host, *next) // this attempt's own wg.Done comes after: never a zero count in between
+	if first != nil {
+		next, ok = d.taskLocked(host, *first), true
 	} else if d.perHost[host]--; d.perHost[host] <= 0 {
 		delete(d.perHost, host)
 	}
@@ -653,6 +668,7 @@ func (d *Dispatcher) releaseSlot(host string, c *vibejobs.Claim) {
 	if wake {
 		d.Wake()
 	}
+	return next, ok
 }
 
 // expireWaiting releases the waiting claims whose deadline is not after now,
@@ -726,8 +742,6 @@ func (d *Dispatcher) releaseHeld(ctx context.Context, ws []waiter, now time.Time
 // withdrawal releases it). The attempt is not cancelled by shutdown: it
 // ends within its own timeout.
 func (d *Dispatcher) deliver(c *vibejobs.Claim, host string, h *heldClaim) {
-	defer d.wg.Done()
-	defer d.releaseSlot(host, c)
 	if h != nil {
 		if wait := h.hold.Sub(d.cfg.Now()); wait > 0 {
 			t := time.NewTimer(wait) // at most ClaimAhead

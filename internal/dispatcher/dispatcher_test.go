@@ -1455,3 +1455,41 @@ func TestWorkerIsReusedAndEndsWithRun(t *testing.T) {
 	<-done
 	waitWorkers(t, "after Run returned", func(all, _ int) bool { return all == 0 })
 }
+
+// A claim waiting for its host's slot is sent by the worker whose attempt
+// freed the slot, not by a new goroutine.
+func TestSlotPassesToTheWaitingClaimOnItsWorker(t *testing.T) {
+	waitWorkers(t, "before the test", func(all, _ int) bool { return all == 0 })
+	e := newEnv(t)
+	s := gidSender{e.sender, make(chan string, 10)}
+	d := dispatcher.New(dispatcher.Config{
+		Store: e.store, Sender: s, Opener: plainOpener{}, Owner: "test-owner",
+		Now: e.clock.Now, Rand: func() float64 { return 0.5 }, Concurrency: 8, PerHost: 1,
+		PollInterval: 20 * time.Millisecond,
+	})
+	j := e.job(t, "job_a", "https://a.example/")
+	release := make(chan struct{})
+	e.sender.block[j.URL] = release
+	e.run(t, j, "run_a", e.clock.Now())
+	e.run(t, j, "run_b", e.clock.Now())
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { d.Run(ctx); close(done) }()
+	defer func() { cancel(); <-done }()
+
+	first := <-s.gids
+	e.sender.next(t)
+	// The second claim waits for the slot the first attempt holds.
+	e.wantNothingSent(t, "a second attempt to a host of one slot")
+	e.sender.mu.Lock()
+	delete(e.sender.block, j.URL)
+	e.sender.mu.Unlock()
+	close(release)
+	if second := <-s.gids; second != first {
+		t.Errorf("the waiting claim was sent from goroutine %s, the attempt that freed its slot from %s", second, first)
+	}
+	e.sender.next(t)
+	cancel()
+	<-done
+	waitWorkers(t, "after Run returned", func(all, _ int) bool { return all == 0 })
+}
