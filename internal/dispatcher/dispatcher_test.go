@@ -1425,19 +1425,7 @@ func waitWorkers(t *testing.T, what string, cond func(all, idle int) bool) {
 // An attempt starts on the worker an earlier attempt left idle, not on a new
 // goroutine, and no worker outlives Run.
 func TestWorkerIsReusedAndEndsWithRun(t *testing.T) {
-	// Those of earlier tests end as their Run returns.
-	waitWorkers(t, "before the test", func(all, _ int) bool { return all == 0 })
-	e := newEnv(t)
-	s := gidSender{e.sender, make(chan string, 10)}
-	d := dispatcher.New(dispatcher.Config{
-		Store: e.store, Sender: s, Opener: plainOpener{}, Owner: "test-owner",
-		Now: e.clock.Now, Rand: func() float64 { return 0.5 }, Concurrency: 8, PollInterval: 20 * time.Millisecond,
-	})
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { d.Run(ctx); close(done) }()
-	defer func() { cancel(); <-done }()
-
+	e, s, d, stop := startNotingGoroutines(t, 8)
 	j := e.job(t, "job_a", "https://a.example/")
 	r := e.run(t, j, "run_a", e.clock.Now())
 	d.Wake()
@@ -1451,31 +1439,43 @@ func TestWorkerIsReusedAndEndsWithRun(t *testing.T) {
 		t.Errorf("second attempt sent from goroutine %s, the first from %s", second, first)
 	}
 	e.waitRun(t, r.ID, func(r *vibejobs.Run) bool { return r.State == vibejobs.RunSucceeded })
-	cancel()
-	<-done
+	stop()
 	waitWorkers(t, "after Run returned", func(all, _ int) bool { return all == 0 })
+}
+
+// startNotingGoroutines starts, once the workers of earlier tests have
+// ended with their Run, a dispatcher with perHost slots a host whose
+// sender notes the goroutine of each request; stop ends its Run (the test's
+// end does too).
+func startNotingGoroutines(t *testing.T, perHost int) (e *env, s gidSender, d *dispatcher.Dispatcher, stop func()) {
+	t.Helper()
+	waitWorkers(t, "before the test", func(all, _ int) bool { return all == 0 })
+	e = newEnv(t)
+	s = gidSender{e.sender, make(chan string, 10)}
+	d = dispatcher.New(dispatcher.Config{
+		Store: e.store, Sender: s, Opener: plainOpener{}, Owner: "test-owner",
+		Now: e.clock.Now, Rand: func() float64 { return 0.5 }, Concurrency: 8, PerHost: perHost,
+		PollInterval: 20 * time.Millisecond,
+	})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { d.Run(ctx); close(done) }()
+	stop = func() { cancel(); <-done }
+	t.Cleanup(stop)
+	return e, s, d, stop
 }
 
 // A claim waiting for its host's slot is sent by the worker whose attempt
 // freed the slot, not by a new goroutine.
 func TestSlotPassesToTheWaitingClaimOnItsWorker(t *testing.T) {
-	waitWorkers(t, "before the test", func(all, _ int) bool { return all == 0 })
-	e := newEnv(t)
-	s := gidSender{e.sender, make(chan string, 10)}
-	d := dispatcher.New(dispatcher.Config{
-		Store: e.store, Sender: s, Opener: plainOpener{}, Owner: "test-owner",
-		Now: e.clock.Now, Rand: func() float64 { return 0.5 }, Concurrency: 8, PerHost: 1,
-		PollInterval: 20 * time.Millisecond,
-	})
+	e, s, _, stop := startNotingGoroutines(t, 1)
 	j := e.job(t, "job_a", "https://a.example/")
 	release := make(chan struct{})
+	e.sender.mu.Lock()
 	e.sender.block[j.URL] = release
+	e.sender.mu.Unlock()
 	e.run(t, j, "run_a", e.clock.Now())
 	e.run(t, j, "run_b", e.clock.Now())
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { d.Run(ctx); close(done) }()
-	defer func() { cancel(); <-done }()
 
 	first := <-s.gids
 	e.sender.next(t)
@@ -1489,7 +1489,6 @@ func TestSlotPassesToTheWaitingClaimOnItsWorker(t *testing.T) {
 		t.Errorf("the waiting claim was sent from goroutine %s, the attempt that freed its slot from %s", second, first)
 	}
 	e.sender.next(t)
-	cancel()
-	<-done
+	stop()
 	waitWorkers(t, "after Run returned", func(all, _ int) bool { return all == 0 })
 }
