@@ -541,16 +541,9 @@ func readyStatus(base string) int {
 // name and labels, as printed) holds a value ok accepts.
 func waitMetric(t *testing.T, base, series string, ok func(float64) bool, within time.Duration) {
 	t.Helper()
-	last := "no answer"
+	last := "no such series"
 	for deadline := time.Now().Add(within); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
-		resp, err := http.Get(base + "/metrics")
-		if err != nil {
-			continue
-		}
-		body, _ := io.ReadAll(resp.Body)
-		resp.Body.Close()
-		last = "no such series"
-		for line := range strings.SplitSeq(string(body), "\n") {
+		for line := range strings.SplitSeq(get(t, base+"/metrics", ""), "\n") {
 			if v, found := strings.CutPrefix(line, series+" "); found {
 				last = line
 				if f, err := strconv.ParseFloat(v, 64); err == nil && ok(f) {
