@@ -184,6 +184,49 @@ func TestVacuumQueueClearsTheClaimIndex(t *testing.T) {
 	}
 }
 
+// TestVacuumQueueKeepsThePages: once every run is delivered, run_queue is
+// all empty pages, and a vacuum that cut them off would hold an ACCESS
+// EXCLUSIVE lock on the queue, stalling every claim, while it did (see
+// migration 00012). The vacuum leaves the table its size.
+func TestVacuumQueueKeepsThePages(t *testing.T) {
+	ctx := context.Background()
+	s, job, id := queueTestJob(t)
+	const n = 2000
+	var runs []*vibejobs.Run
+	for i := range n {
+		runs = append(runs, vibejobs.NewRun(id("run_"), job, vibejobs.TriggerManual, t0.Add(time.Duration(i-n)*time.Second), t0))
+	}
+	createRuns(t, s, runs)
+	for done := 0; done < n; {
+		claims, err := s.ClaimDueRuns(ctx, "w1", t0, 500, time.Minute)
+		if err != nil || len(claims) == 0 {
+			t.Fatalf("ClaimDueRuns = %d, %v", len(claims), err)
+		}
+		if err := s.RecordOutcomes(ctx, "w1", succeededAt(claims, t0)); err != nil {
+			t.Fatal(err)
+		}
+		done += len(claims)
+	}
+	size := func() (n int64) {
+		t.Helper()
+		if err := s.pool.QueryRow(ctx, `SELECT pg_relation_size('run_queue')`).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	before := size()
+	if before == 0 {
+		t.Fatal("run_queue is empty on disk before the vacuum; the test proves nothing")
+	}
+	waitVacuumHorizon(t, s)
+	if err := s.VacuumQueue(ctx); err != nil {
+		t.Fatalf("VacuumQueue: %v", err)
+	}
+	if after := size(); after != before {
+		t.Errorf("run_queue was %d bytes before the vacuum and %d after; want its pages kept", before, after)
+	}
+}
+
 // waitVacuumHorizon waits until no session of the database but the caller's
 // holds a snapshot or a transaction id from before the writes committed so
 // far. Until then VACUUM keeps the rows they deleted, which such a session
