@@ -156,16 +156,7 @@ func TestVacuumQueueClearsTheClaimIndex(t *testing.T) {
 	next := t0.Add(time.Hour)
 	runs[n].NextAttemptAt = &next
 	createRuns(t, s, runs)
-	for done := 0; done < n; {
-		claims, err := s.ClaimDueRuns(ctx, "w1", t0, 500, time.Minute)
-		if err != nil || len(claims) == 0 {
-			t.Fatalf("ClaimDueRuns = %d, %v", len(claims), err)
-		}
-		if err := s.RecordOutcomes(ctx, "w1", succeededAt(claims, t0)); err != nil {
-			t.Fatal(err)
-		}
-		done += len(claims)
-	}
+	deliverAll(t, s, n)
 
 	// The first read also visits the dead runs in the heap and marks their
 	// entries dead; what a second read still walks, only a vacuum removes.
@@ -197,16 +188,7 @@ func TestVacuumQueueKeepsThePages(t *testing.T) {
 		runs = append(runs, vibejobs.NewRun(id("run_"), job, vibejobs.TriggerManual, t0.Add(time.Duration(i-n)*time.Second), t0))
 	}
 	createRuns(t, s, runs)
-	for done := 0; done < n; {
-		claims, err := s.ClaimDueRuns(ctx, "w1", t0, 500, time.Minute)
-		if err != nil || len(claims) == 0 {
-			t.Fatalf("ClaimDueRuns = %d, %v", len(claims), err)
-		}
-		if err := s.RecordOutcomes(ctx, "w1", succeededAt(claims, t0)); err != nil {
-			t.Fatal(err)
-		}
-		done += len(claims)
-	}
+	deliverAll(t, s, n)
 	size := func() (n int64) {
 		t.Helper()
 		if err := s.pool.QueryRow(ctx, `SELECT pg_relation_size('run_queue')`).Scan(&n); err != nil {
@@ -224,6 +206,23 @@ func TestVacuumQueueKeepsThePages(t *testing.T) {
 	}
 	if after := size(); after != before {
 		t.Errorf("run_queue was %d bytes before the vacuum and %d after; want its pages kept", before, after)
+	}
+}
+
+// deliverAll claims n due runs at t0, in batches of 500, and records each
+// batch succeeded.
+func deliverAll(t *testing.T, s *Store, n int) {
+	t.Helper()
+	ctx := context.Background()
+	for done := 0; done < n; {
+		claims, err := s.ClaimDueRuns(ctx, "w1", t0, 500, time.Minute)
+		if err != nil || len(claims) == 0 {
+			t.Fatalf("ClaimDueRuns = %d, %v", len(claims), err)
+		}
+		if err := s.RecordOutcomes(ctx, "w1", succeededAt(claims, t0)); err != nil {
+			t.Fatal(err)
+		}
+		done += len(claims)
 	}
 }
 
