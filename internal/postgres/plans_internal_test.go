@@ -189,12 +189,12 @@ func TestVacuumQueueKeepsThePages(t *testing.T) {
 	}
 	createRuns(t, s, runs)
 	deliverAll(t, s, n)
-	size := func() (n int64) {
+	size := func() (bytes int64) {
 		t.Helper()
-		if err := s.pool.QueryRow(ctx, `SELECT pg_relation_size('run_queue')`).Scan(&n); err != nil {
+		if err := s.pool.QueryRow(ctx, `SELECT pg_relation_size('run_queue')`).Scan(&bytes); err != nil {
 			t.Fatal(err)
 		}
-		return n
+		return bytes
 	}
 	before := size()
 	if before == 0 {
