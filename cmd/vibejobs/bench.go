@@ -27,13 +27,14 @@ import (
 
 // bench runs the benchmarks the issues name, on demand (never in CI):
 //
-//	vibejobs bench burst    [--runs 20000] [--database URL] [--raw|--raw-only] [--per-host N] [--cpuprofile FILE]
+//	vibejobs bench burst    [--runs 20000] [--database URL] [--raw|--raw-only] [--per-host N] [--receiver-delay D] [--cpuprofile FILE]
 //	vibejobs bench lateness [--jobs 1000] [--duration 60s] [--database URL] [--replicas N]
 //	vibejobs bench scale    [--jobs 1000000] [--concurrency 64] [--database URL]
 //	vibejobs bench events   [--jobs 200] [--duration 30s] [--subscriptions 1] [--burst 0] [--database URL]
 //
 // Everything is on this machine: the platform and a loopback receiver that
-// answers 200 at once, in one process.
+// answers 200, in one process. The receiver answers at once, or in burst
+// after --receiver-delay, the time a slower app takes to do its work.
 func bench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if len(args) == 0 {
 		return fmt.Errorf("%w: bench burst|lateness|scale|events [flags]", errUsage)
@@ -53,6 +54,7 @@ func bench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	subs := fs.Int("subscriptions", 1, "events: subscriptions receiving every run event")
 	burst := fs.Int("burst", 0, "events: then this many runs due at once, and how fast their events drain")
 	cpuprofile := fs.String("cpuprofile", "", "burst: write a CPU profile of the delivery window to this file")
+	delay := fs.Duration("receiver-delay", 0, "burst: the receiver answers each request after this long (an app doing its work)")
 	if err := fs.Parse(args[1:]); err != nil {
 		return fmt.Errorf("%w: %w", errUsage, err)
 	}
@@ -64,13 +66,15 @@ func bench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return fmt.Errorf("%w: --runs, --jobs, --concurrency and --replicas must be at least 1, --subscriptions, --burst and --per-host at least 0", errUsage)
 	case *dur <= 0:
 		return fmt.Errorf("%w: --duration must be positive", errUsage)
+	case *delay < 0 || *delay > time.Minute:
+		return fmt.Errorf("%w: --receiver-delay must be from 0 to 1m", errUsage)
 	}
 	switch args[0] {
 	case "burst":
 		if *rawOnly {
-			return benchRaw(stdout, *runs, *conc)
+			return benchRaw(stdout, *runs, *conc, *delay)
 		}
-		return benchBurst(ctx, stdout, *runs, *database, *raw, *plain, *conc, cmp.Or(*perHost, *conc), *cpuprofile)
+		return benchBurst(ctx, stdout, *runs, *database, *raw, *plain, *conc, cmp.Or(*perHost, *conc), *delay, *cpuprofile)
 	case "lateness":
 		return benchLateness(ctx, stdout, *jobs, *dur, *database, *replicas)
 	case "scale":
@@ -88,7 +92,8 @@ func bench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 }
 
 // benchReceiver counts deliveries and keeps, per request, the receive time
-// minus scheduledFor of first attempts.
+// minus scheduledFor of first attempts. It answers each request delay after
+// reading it.
 type benchReceiver struct {
 	srv      *http.Server
 	url      string
@@ -98,7 +103,7 @@ type benchReceiver struct {
 	lateness []time.Duration
 }
 
-func newBenchReceiver() (*benchReceiver, error) {
+func newBenchReceiver(delay time.Duration) (*benchReceiver, error) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return nil, err
@@ -115,6 +120,15 @@ func newBenchReceiver() (*benchReceiver, error) {
 				br.lateness = append(br.lateness, now.Sub(at))
 				br.last = now
 				br.mu.Unlock()
+			}
+		}
+		if delay > 0 {
+			t := time.NewTimer(delay)
+			defer t.Stop()
+			select {
+			case <-t.C:
+			case <-r.Context().Done():
+				return
 			}
 		}
 		w.WriteHeader(200)
@@ -251,8 +265,8 @@ func createJobs(ctx context.Context, m *Main, n int, mk func(i int, j *vibejobs.
 	return nil
 }
 
-func benchBurst(ctx context.Context, out io.Writer, n int, database string, raw, plain bool, conc, perHost int, cpuprofile string) error {
-	br, err := newBenchReceiver()
+func benchBurst(ctx context.Context, out io.Writer, n int, database string, raw, plain bool, conc, perHost int, delay time.Duration, cpuprofile string) error {
+	br, err := newBenchReceiver(delay)
 	if err != nil {
 		return err
 	}
@@ -314,8 +328,12 @@ func benchBurst(ctx context.Context, out io.Writer, n int, database string, raw,
 	if database != "" {
 		store = "postgres"
 	}
-	fmt.Fprintf(out, "burst (%s, %s, %d per host): %d runs due at once; received %d; all received in %v (%.0f runs/s); all recorded succeeded in %v (%.0f runs/s end to end); max RSS %s\n",
-		store, client, perHost, n, br.count.Load(), lastRecv.Sub(due).Round(time.Millisecond), float64(n)/lastRecv.Sub(due).Seconds(),
+	answers := "at once"
+	if delay > 0 {
+		answers = "after " + delay.String()
+	}
+	fmt.Fprintf(out, "burst (%s, %s, %d per host, receiver answers %s): %d runs due at once; received %d; all received in %v (%.0f runs/s); all recorded succeeded in %v (%.0f runs/s end to end); max RSS %s\n",
+		store, client, perHost, answers, n, br.count.Load(), lastRecv.Sub(due).Round(time.Millisecond), float64(n)/lastRecv.Sub(due).Seconds(),
 		lastRec.Sub(due).Round(time.Millisecond), float64(n)/lastRec.Sub(due).Seconds(), maxRSS())
 	fmt.Fprintf(out, "  statements: %s\n", rc.batching())
 	self, pg := procstat.CPU(os.Getpid()), serverCPU()
@@ -368,8 +386,8 @@ func quantiles(d []time.Duration) string {
 }
 
 // benchRaw measures the plain sign-and-POST loop alone, with conc workers.
-func benchRaw(out io.Writer, n, conc int) error {
-	br, err := newBenchReceiver()
+func benchRaw(out io.Writer, n, conc int, delay time.Duration) error {
+	br, err := newBenchReceiver(delay)
 	if err != nil {
 		return err
 	}

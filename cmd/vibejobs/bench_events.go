@@ -104,7 +104,7 @@ func benchEvents(ctx context.Context, out io.Writer, n int, d time.Duration, sub
 		return err
 	}
 	defer er.srv.Close()
-	br, err := newBenchReceiver()
+	br, err := newBenchReceiver(0)
 	if err != nil {
 		return err
 	}

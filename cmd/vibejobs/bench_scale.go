@@ -30,7 +30,7 @@ func benchScale(ctx context.Context, out io.Writer, n, workers int, database str
 	defer os.RemoveAll(dir)
 	// Jobs that fall due during the run are delivered to a loopback
 	// receiver: a benchmark never sends traffic anywhere else.
-	br, err := newBenchReceiver()
+	br, err := newBenchReceiver(0)
 	if err != nil {
 		return err
 	}

@@ -147,6 +147,12 @@ func TestBenchRefusesExtraArgument(t *testing.T) {
 	if code := run(context.Background(), []string{"bench", "burst", "--per-host", "-1"}, func(string) string { return "" }, io.Discard, &errb); code != 2 || !strings.Contains(errb.String(), "--per-host") {
 		t.Fatalf("bench burst --per-host -1: exit %d, stderr %q; want 2 and the flag named", code, errb.String())
 	}
+	for _, d := range []string{"-1s", "2m"} {
+		errb.Reset()
+		if code := run(context.Background(), []string{"bench", "burst", "--receiver-delay", d}, func(string) string { return "" }, io.Discard, &errb); code != 2 || !strings.Contains(errb.String(), "--receiver-delay") {
+			t.Fatalf("bench burst --receiver-delay %s: exit %d, stderr %q; want 2 and the flag named", d, code, errb.String())
+		}
+	}
 }
 
 // TestSettingsErrorsNameTheFlag: a refused setting's message names the flag
