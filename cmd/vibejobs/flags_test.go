@@ -3,7 +3,10 @@ package main
 import (
 	"bytes"
 	"context"
+	"errors"
 	"io"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -178,5 +181,37 @@ func TestSettingsErrorsNameTheFlag(t *testing.T) {
 	m := NewMain(io.Discard, io.Discard)
 	if err := m.ParseFlags([]string{"--log-format", "JSON", "--log-level", "DEBUG"}, func(string) string { return "" }); err != nil || m.Config.LogFormat != "json" {
 		t.Fatalf("--log-format JSON: %v (%q)", err, m.Config.LogFormat)
+	}
+}
+
+// TestBadCAFileStopsTheStartFirst: a CA file that is missing or holds no
+// certificate stops the start, its message naming the flag, before
+// anything is created: a first start used to create the database and the
+// master key, mint and print the admin token, and only then fail.
+func TestBadCAFileStopsTheStartFirst(t *testing.T) {
+	empty := filepath.Join(t.TempDir(), "empty.pem")
+	if err := os.WriteFile(empty, []byte("not a certificate\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, ca := range []string{filepath.Join(t.TempDir(), "missing.pem"), empty} {
+		dir := filepath.Join(t.TempDir(), "data")
+		var stdout strings.Builder
+		m := NewMain(&stdout, io.Discard)
+		m.Config = Config{
+			Listen: "127.0.0.1:0", DataDir: dir, CAFile: ca,
+			LogFormat: "text", LogLevel: "info", Concurrency: 4, PerHost: 4,
+			RetentionDays: 90, MaxJobsPerProject: 10,
+		}
+		err := m.Run(context.Background())
+		m.Close()
+		if err == nil || !strings.Contains(err.Error(), "--ca-file (VIBEJOBS_CA_FILE)") {
+			t.Errorf("CA file %s: Run: %v, want an error naming --ca-file", filepath.Base(ca), err)
+		}
+		if _, serr := os.Stat(dir); !errors.Is(serr, os.ErrNotExist) {
+			t.Errorf("CA file %s: the data directory was created (%v)", filepath.Base(ca), serr)
+		}
+		if m.AdminToken != "" || stdout.Len() > 0 {
+			t.Errorf("CA file %s: an admin token was minted and printed", filepath.Base(ca))
+		}
 	}
 }

@@ -292,8 +292,25 @@ func (m *Main) Run(ctx context.Context) error {
 	if now == nil {
 		now = time.Now
 	}
-	// Bind first: a taken port must stop the start before it creates
-	// anything (a first start prints the admin token only once).
+	// The egress clients read the CA file: a missing or empty one must
+	// stop the start before it creates anything, as a taken port does.
+	allow, _ := egress.ParseAllowList(cfg.AllowPrivate)
+	policy, err := egress.NewPolicy(allow)
+	if err != nil {
+		return fmt.Errorf("allow-private: %w", err)
+	}
+	newClient := func() (*egress.Client, error) {
+		return egress.NewClient(egress.Config{
+			Policy: policy, CAFile: cfg.CAFile, UserAgent: "vibejobs/" + Version,
+			MaxConnsPerHost: cfg.PerHost, DialContext: m.DialContext,
+		})
+	}
+	client, err := newClient()
+	if err != nil {
+		return fmt.Errorf("--ca-file (VIBEJOBS_CA_FILE): %w", err)
+	}
+	// Bind before the rest: a taken port must stop the start before it
+	// creates anything (a first start prints the admin token only once).
 	ln, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {
 		return fmt.Errorf("listening: %w", err)
@@ -326,22 +343,6 @@ func (m *Main) Run(ctx context.Context) error {
 	m.sealer = sealer
 	if err := m.bootstrap(ctx, now); err != nil {
 		return err
-	}
-
-	allow, _ := egress.ParseAllowList(cfg.AllowPrivate)
-	policy, err := egress.NewPolicy(allow)
-	if err != nil {
-		return fmt.Errorf("allow-private: %w", err)
-	}
-	newClient := func() (*egress.Client, error) {
-		return egress.NewClient(egress.Config{
-			Policy: policy, CAFile: cfg.CAFile, UserAgent: "vibejobs/" + Version,
-			MaxConnsPerHost: cfg.PerHost, DialContext: m.DialContext,
-		})
-	}
-	client, err := newClient()
-	if err != nil {
-		return fmt.Errorf("egress client: %w", err)
 	}
 
 	met := metrics.New()
