@@ -420,6 +420,15 @@ func TestDotIdsAndRedirects(t *testing.T) {
 		{"jobs", "trigger", ".."},
 		{"runs", "get", "."},
 		{"subscriptions", "get", ".."},
+		// An empty id answered "not_found: no such route", or
+		// "http_307" where the path had a segment after it.
+		{"jobs", "get", ""},
+		{"jobs", "delete", ""},
+		{"jobs", "pause", ""},
+		{"jobs", "next", ""},
+		{"runs", "get", ""},
+		{"subscriptions", "reset", ""},
+		{"tokens", "revoke", ""},
 	} {
 		out, _, err := a.cli(t, args...)
 		var ue *UsageError

@@ -77,9 +77,12 @@ type reply struct {
 // do sends one logical operation: a POST carries key (one per operation,
 // the same on every retry). It returns the answer of a 2xx, or an *APIError.
 func (c *client) do(ctx context.Context, method, path string, body any, key string) (*reply, error) {
+	// An id of "", "." or ".." would make a path the server's router
+	// cleans or matches to no route: answered "no such route" or with a
+	// redirect, not as the id it is.
 	p, _, _ := strings.Cut(path, "?")
-	for _, seg := range strings.Split(p, "/") {
-		if seg == "." || seg == ".." {
+	for _, seg := range strings.Split(p, "/")[1:] {
+		if seg == "" || seg == "." || seg == ".." {
 			return nil, usagef("%q is not an id", seg)
 		}
 	}
