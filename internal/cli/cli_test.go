@@ -474,3 +474,23 @@ func TestTokenCommandsDefaultToTheTokensProject(t *testing.T) {
 		t.Errorf("a server that does not name the token's project: %v\n%s", err, errOut)
 	}
 }
+
+// TestEmptyFiltersAreRefused: a filter flag given empty (an unset shell
+// variable, say) is refused. It was dropped, and the command listed the
+// runs of every job or state, or followed the events of every job or type.
+func TestEmptyFiltersAreRefused(t *testing.T) {
+	a := startAPI(t, nil)
+	id := a.okJSON(t, "jobs", "create", "--name", "n", "--schedule", "@daily", "--url", "https://example.com/")["id"].(string)
+	a.ok(t, "jobs", "trigger", id)
+	for _, args := range [][]string{
+		{"runs", "list", "--job", ""},
+		{"runs", "list", "--state", ""},
+		{"events", "tail", "--after", "0", "--follow=false", "--job", ""},
+		{"events", "tail", "--after", "0", "--follow=false", "--type", ""},
+	} {
+		out, _, err := a.cli(t, args...)
+		if err == nil {
+			t.Errorf("vibejobs %q: exit 0, stdout %q, want an error", args, out)
+		}
+	}
+}

@@ -344,12 +344,14 @@ func runList(fs *flag.FlagSet) func(*call) error {
 	jobID := fs.String("job", "", "only the runs of this `job-id`")
 	state := fs.String("state", "", "only runs in this state: scheduled, delivering, retrying, succeeded, failed, cancelled")
 	return func(c *call) error {
+		// A filter given empty (an unset shell variable) is sent as given,
+		// and refused: dropped, it listed the runs of every job or state.
 		q := url.Values{}
-		if *state != "" {
+		if c.set["state"] {
 			q.Set("state", *state)
 		}
 		path := "/v1/runs"
-		if *jobID != "" {
+		if c.set["job"] {
 			path = "/v1/jobs/" + url.PathEscape(*jobID) + "/runs"
 		}
 		items, next, err := c.pages(&p, path, q, "runs")

@@ -71,11 +71,13 @@ func eventsTail(fs *flag.FlagSet) func(*call) error {
 		if *interval < 100*time.Millisecond {
 			return usagef("--interval must be at least 100ms")
 		}
+		// A filter given empty (an unset shell variable) is sent as given,
+		// and refused: dropped, it followed the events of every job or type.
 		q := url.Values{"limit": {"100"}}
-		if *types != "" {
+		if c.set["type"] {
 			q.Set("type", *types)
 		}
-		if *jobID != "" {
+		if c.set["job"] {
 			q.Set("jobId", *jobID)
 		}
 		cursor := *after
