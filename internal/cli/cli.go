@@ -229,9 +229,12 @@ func (e *env) serverURL(flagValue string) (string, error) {
 	if s == "" {
 		s = DefaultServer
 	}
+	// Paths are appended to the URL: after a query or a fragment they
+	// would name no API route, and every command would ask for "/".
 	u, err := url.Parse(s)
-	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || u.User != nil {
-		return "", usagef("--server must be an http(s) URL such as %s", DefaultServer)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || u.User != nil ||
+		strings.ContainsAny(s, "?#") {
+		return "", usagef("--server must be an http(s) URL such as %s, without a query or fragment", DefaultServer)
 	}
 	return strings.TrimRight(s, "/"), nil
 }

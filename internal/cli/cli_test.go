@@ -236,6 +236,11 @@ func TestUsageErrors(t *testing.T) {
 		{"jobs", "update", "job_a"},
 		{"jobs", "update", "job_a", "--enabled", "maybe"},
 		{"jobs", "list", "--server", "ftp://example.com"},
+		// Paths appended after a query or a fragment named no route: the
+		// answer was "http_303: See Other".
+		{"jobs", "list", "--server", a.url + "?x=1"},
+		{"jobs", "list", "--server", a.url + "#top"},
+		{"jobs", "list", "--server", a.url + "/#"},
 		{"tokens", "create", "--name", "x"},
 		{"tokens", "list", "--project", ""},
 		{"projects", "create"},
