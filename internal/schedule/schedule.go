@@ -226,7 +226,13 @@ func cronFieldError(six []string, whole error) *Error {
 		probe := []string{"0", "0", "0", "*", "*", "*"}
 		probe[i] = six[i]
 		if _, err := cronParser.Parse(strings.Join(probe, " ")); err != nil {
-			return scheduleError("%s field %q: %v", fieldNames[i], clip(six[i]), err)
+			hint := ""
+			if i == 5 {
+				// Some crons read 7 as Sunday, others (Quartz, EventBridge) 1
+				// as Sunday: refused, with the numbering this one uses.
+				hint = " (days are 0–6 or SUN–SAT; Sunday is 0)"
+			}
+			return scheduleError("%s field %q: %v%s", fieldNames[i], clip(six[i]), err, hint)
 		}
 	}
 	return scheduleError("%v", whole)
