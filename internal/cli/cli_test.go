@@ -499,3 +499,34 @@ func TestEmptyFiltersAreRefused(t *testing.T) {
 		}
 	}
 }
+
+// TestOutOfRangePagingIsRefused: --limit out of 1–100, an empty --cursor
+// and a negative --after given on the command line are refused, naming the
+// flag. They were dropped: --limit 0 showed the default page, --cursor ""
+// the first page, --after -5 started at the head.
+func TestOutOfRangePagingIsRefused(t *testing.T) {
+	a := startAPI(t, nil)
+	a.ok(t, "jobs", "create", "--name", "n", "--schedule", "@daily", "--url", "https://example.com/")
+	for _, c := range []struct {
+		args []string
+		flag string
+	}{
+		{[]string{"jobs", "list", "--limit", "0"}, "--limit"},
+		{[]string{"jobs", "list", "--limit", "101"}, "--limit"},
+		{[]string{"runs", "list", "--limit", "-1"}, "--limit"},
+		{[]string{"jobs", "list", "--cursor", ""}, "--cursor"},
+		{[]string{"events", "tail", "--follow=false", "--after", "-5"}, "--after"},
+	} {
+		out, _, err := a.cli(t, c.args...)
+		var ue *UsageError
+		if !errors.As(err, &ue) || !strings.Contains(err.Error(), c.flag) {
+			t.Errorf("vibejobs %q: stdout %q, error %v; want a usage error naming %s", c.args, out, err, c.flag)
+		}
+	}
+	// In range, they are taken.
+	for _, args := range [][]string{{"jobs", "list", "--limit", "1"}, {"jobs", "list", "--limit", "100"}, {"events", "tail", "--follow=false", "--after", "0"}} {
+		if _, _, err := a.cli(t, args...); err != nil {
+			t.Errorf("vibejobs %q: %v", args, err)
+		}
+	}
+}

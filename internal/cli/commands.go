@@ -268,6 +268,14 @@ func (p *pageFlags) query(q url.Values, cursor string) string {
 // pages fetches path's pages (one, or every one with --all) and returns the
 // items under key, with the last page's nextCursor.
 func (c *call) pages(p *pageFlags, path string, q url.Values, key string) (items []json.RawMessage, next string, err error) {
+	// Given out of range or empty, they were dropped: --limit 0 showed 50
+	// and --cursor "" (an unset shell variable) the first page.
+	if c.set["limit"] && (p.limit < 1 || p.limit > 100) {
+		return nil, "", usagef("--limit must be from 1 to 100")
+	}
+	if c.set["cursor"] && p.cursor == "" {
+		return nil, "", usagef("--cursor is empty: give the nextCursor of the previous page, or leave it out for the first")
+	}
 	cursor := p.cursor
 	for {
 		rep, err := c.client.do(c.ctx, "GET", path+p.query(q, cursor), nil, "")

@@ -62,7 +62,7 @@ func (e *apiEvent) line() string {
 // default), waits for new events until interrupted. Reading on with the
 // feed's own cursor, it never misses or repeats an event.
 func eventsTail(fs *flag.FlagSet) func(*call) error {
-	after := fs.Int64("after", -1, "start after this `sequence` (0: the whole feed; default: the head, new events only)")
+	after := fs.Int64("after", -1, "start after this `sequence` (0: the whole feed; left out: the head, new events only)")
 	types := fs.String("type", "", "only these event `types`, comma-separated (run.failed,job.paused,…)")
 	jobID := fs.String("job", "", "only the events of this `job-id`")
 	follow := fs.Bool("follow", true, "wait for new events; --follow=false stops at the head")
@@ -70,6 +70,10 @@ func eventsTail(fs *flag.FlagSet) func(*call) error {
 	return func(c *call) error {
 		if *interval < 100*time.Millisecond {
 			return usagef("--interval must be at least 100ms")
+		}
+		// Left out, --after starts at the head; given, it is a sequence.
+		if c.set["after"] && *after < 0 {
+			return usagef("--after must be a sequence, 0 or more (leave it out to start at the head)")
 		}
 		// A filter given empty (an unset shell variable) is sent as given,
 		// and refused: dropped, it followed the events of every job or type.
