@@ -33,8 +33,9 @@ import (
 //	vibejobs bench events   [--jobs 200] [--duration 30s] [--subscriptions 1] [--burst 0] [--database URL]
 //
 // Everything is on this machine: the platform and a loopback receiver that
-// answers 200, in one process. The receiver answers at once, or in burst
-// after --receiver-delay, the time a slower app takes to do its work.
+// answers 200, in one process. The receiver answers at once; in the burst
+// (and its raw loop) --receiver-delay makes it answer after that long, the
+// time a slower app takes to do its work.
 func bench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if len(args) == 0 {
 		return fmt.Errorf("%w: bench burst|lateness|scale|events [flags]", errUsage)
