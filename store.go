@@ -314,10 +314,13 @@ type Claim struct {
 	// first attempt this claim decided is a first attempt for the
 	// first-attempt lateness it reports.
 	LateDecided bool
-	URL         string
-	Secret      SealedSecret
-	Timeout     time.Duration
-	Retry       RetryPolicy
+	// DueAt is when the run was due: its NextAttemptAt as the claim found
+	// it. A claim made ahead of time is held until then.
+	DueAt   time.Time
+	URL     string
+	Secret  SealedSecret
+	Timeout time.Duration
+	Retry   RetryPolicy
 }
 
 // Outcome is a finished attempt and the run's next step.

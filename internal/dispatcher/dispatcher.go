@@ -398,9 +398,8 @@ func (d *Dispatcher) endClaim() {
 
 // start begins the attempts of claims made at now; a claim whose host is
 // full waits for a slot (see Config.PerHost). A claim made ahead of time
-// (ahead is not zero) is held until it is due: a first attempt until its
-// scheduledFor, a retry until ahead, the latest its next attempt time can
-// be.
+// (ahead is not zero) is held until it is due (Claim.DueAt, at most ahead),
+// and a first attempt until its scheduledFor too.
 func (d *Dispatcher) start(claims []*vibejobs.Claim, now, ahead time.Time) {
 	for _, c := range claims {
 		// Config.PerHost counts a destination as the egress client's pool
@@ -409,8 +408,16 @@ func (d *Dispatcher) start(claims []*vibejobs.Claim, now, ahead time.Time) {
 		host := egress.HostKey(c.URL)
 		var hold time.Time
 		if !ahead.IsZero() {
+			// Until its due time, which the claim tells: held until
+			// ahead (the latest a claimed run can be due), a retry went
+			// out up to ClaimAhead late, and a first attempt given back
+			// for later than its scheduledFor (see secretUnavailable) up
+			// to ClaimAhead early.
 			hold = ahead
-			if c.Run.Attempt == 1 && c.Run.ScheduledFor.Before(ahead) {
+			if !c.DueAt.IsZero() && c.DueAt.Before(ahead) {
+				hold = c.DueAt
+			}
+			if c.Run.Attempt == 1 && c.Run.ScheduledFor.After(hold) && !c.Run.ScheduledFor.After(ahead) {
 				hold = c.Run.ScheduledFor
 			}
 		}

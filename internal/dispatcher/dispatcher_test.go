@@ -1492,3 +1492,54 @@ func TestSlotPassesToTheWaitingClaimOnItsWorker(t *testing.T) {
 	stop()
 	waitWorkers(t, "after Run returned", func(all, _ int) bool { return all == 0 })
 }
+
+// TestHeldRetryIsDueAtItsOwnTime: a retry claimed ahead of its time is held
+// until its own next attempt time, not until the end of the claim's window
+// (ClaimAhead from the claim), so it goes out then. Withdrawn while held,
+// it goes back once that time has come, and not before.
+func TestHeldRetryIsDueAtItsOwnTime(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	j, r := e.scheduledRun(t, 0)
+	now := e.clock.Now()
+	claims, err := e.store.ClaimDueRuns(ctx, "other", now, 1, 5*time.Second)
+	if err != nil || len(claims) != 1 {
+		t.Fatalf("ClaimDueRuns = %d, %v", len(claims), err)
+	}
+	next := now.Add(time.Second)
+	if err := e.store.RecordOutcomes(ctx, "other", []vibejobs.Outcome{{RunID: r.ID, ClaimedAt: claims[0].ClaimedAt,
+		Attempt: vibejobs.Attempt{Number: 1, StartedAt: now, FinishedAt: now, StatusCode: 503, ErrorCode: egress.CodeHTTP5xx},
+		Step:    vibejobs.Step{State: vibejobs.RunRetrying, NextAttemptAt: &next}}}); err != nil {
+		t.Fatal(err)
+	}
+
+	var d *dispatcher.Dispatcher
+	rc := &releaseCounter{DispatchStore: e.store}
+	withdrawn := make(chan struct{})
+	hook := &claimHook{releaseCounter: rc, after: func() { d.JobChanged(j.ID); close(withdrawn) }}
+	d = dispatcher.New(dispatcher.Config{
+		Store: hook, Sender: e.sender, Opener: plainOpener{}, Owner: "test-owner",
+		Now: e.clock.Now, Rand: func() float64 { return 0.5 }, Concurrency: 8, PerHost: 8,
+		PollInterval: 20 * time.Millisecond, ClaimAhead: 2 * time.Second,
+	})
+	runCtx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() { d.Run(runCtx); close(done) }()
+	defer func() { cancel(); <-done }()
+	select {
+	case <-withdrawn:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the retry was never claimed ahead")
+	}
+
+	e.clock.Add(time.Second - time.Millisecond)
+	rc.waitPolls(t, 3)
+	if n := rc.released.Load(); n != 0 {
+		t.Fatalf("the withdrawn retry went back %v before its time", time.Millisecond)
+	}
+	e.clock.Add(time.Millisecond)
+	rc.waitReleased(t, "the withdrawn retry did not go back at its next attempt time (held to the claim window's end?)")
+	if x := e.sender.next(t); x.payload["attempt"] != 2.0 {
+		t.Fatalf("sent attempt %v after the release, want 2", x.payload["attempt"])
+	}
+}

@@ -283,6 +283,7 @@ func (s *Store) ClaimDueRuns(ctx context.Context, owner string, now time.Time, l
 			return claimed{}, err
 		}
 		c.Run = run
+		c.DueAt = due.UTC()
 		c.Timeout = time.Duration(timeout)
 		c.Retry.MinBackoff = time.Duration(minBackoff)
 		c.Retry.MaxBackoff = time.Duration(maxBackoff)

@@ -167,18 +167,20 @@ func (s *Store) ClaimDueRuns(ctx context.Context, owner string, now time.Time, l
 		}
 		var ids []string
 		var rowids []int64
-		decided := map[string]bool{} // Late decided before this claim
+		decided := map[string]bool{}    // Late decided before this claim
+		dueAt := map[string]time.Time{} // next_attempt_at, which the claim clears
 		for rows.Next() {
-			var rowid int64
+			var rowid, due int64
 			var id string
 			var wasDecided bool
-			if err := rows.Scan(&rowid, &id, &wasDecided); err != nil {
+			if err := rows.Scan(&rowid, &id, &wasDecided, &due); err != nil {
 				rows.Close()
 				return err
 			}
 			rowids = append(rowids, rowid)
 			ids = append(ids, id)
 			decided[id] = wasDecided
+			dueAt[id] = time.UnixMilli(due).UTC()
 		}
 		rows.Close()
 		if err := rows.Err(); err != nil {
@@ -250,6 +252,7 @@ func (s *Store) ClaimDueRuns(ctx context.Context, owner string, now time.Time, l
 			c.Run = r
 			c.ClaimedAt = time.UnixMilli(nowMS).UTC() // attempt_started_at, as claimSQL wrote it
 			c.LateDecided = decided[id]
+			c.DueAt = dueAt[id]
 			claims = append(claims, &c)
 		}
 		return nil
@@ -490,7 +493,7 @@ const applyWantedSQL = `UPDATE runs SET withdrawn = 0
 			SELECT value ->> 1, value ->> 4 FROM jsonb_each(?) WHERE value ->> 5 = 1)`
 
 // claimPickSQL picks the runs to claim, in due order.
-const claimPickSQL = `SELECT seq, id, late IS NOT NULL FROM runs
+const claimPickSQL = `SELECT seq, id, late IS NOT NULL, next_attempt_at FROM runs
 			WHERE state IN ('scheduled', 'retrying') AND next_attempt_at <= ?1 AND deadline_at >= ?1
 			ORDER BY next_attempt_at, seq LIMIT ?2`
 

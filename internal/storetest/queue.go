@@ -179,6 +179,26 @@ func testClaimConcurrent(t *testing.T, f *fixture) {
 	}
 }
 
+// testClaimCarriesDueTime: a claim tells when its run was due (its
+// NextAttemptAt, which the claim clears), not when it was claimed: the
+// scheduledFor of a first attempt, the next attempt time of a retry.
+func testClaimCarriesDueTime(t *testing.T, f *fixture) {
+	f.projects()
+	j := f.job(projectA)
+	r := f.run(j, T0)
+
+	c1 := f.claimIDs("w1", T0.Add(5*time.Second), 1, r)[0]
+	if !c1.DueAt.Equal(T0) {
+		t.Fatalf("first attempt claimed 5 s late: DueAt %v, want its scheduledFor %v", c1.DueAt, T0)
+	}
+	next := T0.Add(time.Minute)
+	f.record("w1", retrying(c1, T0.Add(5*time.Second), T0.Add(6*time.Second), next))
+	c2 := f.claimIDs("w1", next.Add(time.Minute), 1, r)[0]
+	if c2.Run.Attempt != 2 || !c2.DueAt.Equal(next) {
+		t.Fatalf("retry claimed a minute late: attempt %d, DueAt %v; want 2, %v", c2.Run.Attempt, c2.DueAt, next)
+	}
+}
+
 func testAttemptNumberingAcrossRetries(t *testing.T, f *fixture) {
 	f.projects()
 	j := f.job(projectA, func(j *vibejobs.Job) { j.Retry.MaxAttempts = 3 })

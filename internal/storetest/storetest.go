@@ -71,6 +71,7 @@ func Run(t *testing.T, open func(t *testing.T) vibejobs.Store) {
 		{"ClaimUsesCurrentJobSettings", testClaimUsesCurrentJobSettings},
 		{"ClaimConcurrent", testClaimConcurrent},
 		{"AttemptNumberingAcrossRetries", testAttemptNumberingAcrossRetries},
+		{"ClaimCarriesDueTime", testClaimCarriesDueTime},
 		{"LateDecidedOnceAtFirstAttempt", testLateDecidedOnce},
 		{"RecordOutcomes", testRecordOutcomes},
 		{"RecordRetryAfterDeadline", testRecordRetryAfterDeadline},
