@@ -319,7 +319,9 @@ func benchBurst(ctx context.Context, out io.Writer, n int, database string, raw,
 		if time.Now().After(deadline) {
 			return fmt.Errorf("only %d of %d runs succeeded in 5 minutes", rc.succeeded.Load(), n)
 		}
-		time.Sleep(5 * time.Millisecond)
+		if err := sleepCtx(ctx, 5*time.Millisecond); err != nil {
+			return err
+		}
 	}
 	br.mu.Lock()
 	lastRecv := br.last
@@ -367,6 +369,21 @@ func profileFrom(at time.Time, path string) (func(), error) {
 		return nil, err
 	}
 	return func() { pprof.StopCPUProfile(); f.Close() }, nil
+}
+
+// sleepCtx waits d, or until ctx ends, and then returns ctx's error: an
+// interrupted benchmark (Ctrl-C, which main's context catches) stops at once
+// and removes what it made, rather than running on to its end or its
+// deadline, minutes later.
+func sleepCtx(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }
 
 // isSet reports whether the flag name was given.

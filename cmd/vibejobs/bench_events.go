@@ -154,7 +154,9 @@ func benchEvents(ctx context.Context, out io.Writer, n int, d time.Duration, sub
 		if int64(got) >= ran*int64(subs) || time.Now().After(deadline) {
 			break
 		}
-		time.Sleep(10 * time.Millisecond)
+		if err := sleepCtx(ctx, 10*time.Millisecond); err != nil {
+			return err
+		}
 	}
 	got, repeats, _ := er.received()
 	er.mu.Lock()
@@ -186,7 +188,9 @@ func benchEvents(ctx context.Context, out io.Writer, n int, d time.Duration, sub
 		if time.Now().After(deadline) {
 			return fmt.Errorf("only %d of %d burst events arrived in 10 minutes", got, burst*subs)
 		}
-		time.Sleep(10 * time.Millisecond)
+		if err := sleepCtx(ctx, 10*time.Millisecond); err != nil {
+			return err
+		}
 	}
 	lastRec := time.Unix(0, rc.last.Load())
 	_, _, lastEvent := er.received()

@@ -98,7 +98,9 @@ func benchScale(ctx context.Context, out io.Writer, n, workers int, database str
 
 	// Idle: no job is due for hours on average; measure CPU over 20 s.
 	cpu0 := procstat.CPU(srv.cmd.Process.Pid)
-	time.Sleep(20 * time.Second)
+	if err := sleepCtx(ctx, 20*time.Second); err != nil {
+		return err
+	}
 	cpu1 := procstat.CPU(srv.cmd.Process.Pid)
 	fmt.Fprintf(out, "  idle CPU over 20 s: %.2f %% of one core\n", 100*(cpu1-cpu0).Seconds()/20)
 
