@@ -20,6 +20,15 @@
 // stores live in the subpackages pgstore (PostgreSQL, pgx) and sqlitestore
 // (SQLite, modernc.org/sqlite).
 //
+// Keep the app's clock synchronized (NTP or the like): a signature whose time
+// is more than contract.FreshnessSeconds from the app's clock is refused with
+// 401, and the platform takes 401 and 403 as a refusal for good: the run
+// fails, app_rejected, and is not retried. The same holds for a delivery
+// signed with a secret the app has not loaded yet: the platform signs with a
+// job's new secret from the moment rotate-secret answers, so load it with
+// [Verifier.Rotate] at once (the previous one stays valid for the window,
+// for attempts signed before).
+//
 // Nothing in this package logs or returns in an error the secret, the signature
 // header or the body.
 package receiver
