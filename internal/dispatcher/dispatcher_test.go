@@ -1062,6 +1062,22 @@ type claimHook struct {
 	after func()
 }
 
+// startHooked starts a dispatcher (fake clock, concurrency 8, ClaimAhead
+// 2 s) on hook's store, and stops it when the test ends. *d is set before
+// it runs, for the hook to call.
+func (e *env) startHooked(t *testing.T, hook *claimHook, d **dispatcher.Dispatcher) {
+	t.Helper()
+	*d = dispatcher.New(dispatcher.Config{
+		Store: hook, Sender: e.sender, Opener: plainOpener{}, Owner: "test-owner",
+		Now: e.clock.Now, Rand: func() float64 { return 0.5 }, Concurrency: 8, PerHost: 8,
+		PollInterval: 20 * time.Millisecond, ClaimAhead: 2 * time.Second,
+	})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { (*d).Run(ctx); close(done) }()
+	t.Cleanup(func() { cancel(); <-done })
+}
+
 func (h *claimHook) ClaimDueRuns(ctx context.Context, owner string, now time.Time, limit int, leaseMargin time.Duration) ([]*vibejobs.Claim, error) {
 	cs, err := h.releaseCounter.ClaimDueRuns(ctx, owner, now, limit, leaseMargin)
 	if len(cs) > 0 {
@@ -1078,7 +1094,6 @@ func (h *claimHook) ClaimDueRuns(ctx context.Context, owner string, now time.Tim
 // back unsent, and the run never sent while its job is paused.
 func TestJobChangedWhileClaiming(t *testing.T) {
 	e := newEnv(t)
-	ctx := context.Background()
 	j, r := e.scheduledRun(t, time.Second)
 	var d *dispatcher.Dispatcher
 	ready, paused := make(chan struct{}), make(chan struct{})
@@ -1091,15 +1106,7 @@ func TestJobChangedWhileClaiming(t *testing.T) {
 		d.JobChanged(j.ID)
 		close(paused)
 	}}
-	d = dispatcher.New(dispatcher.Config{
-		Store: hook, Sender: e.sender, Opener: plainOpener{}, Owner: "test-owner",
-		Now: e.clock.Now, Rand: func() float64 { return 0.5 }, Concurrency: 8, PerHost: 8,
-		PollInterval: 20 * time.Millisecond, ClaimAhead: 2 * time.Second,
-	})
-	runCtx, cancel := context.WithCancel(ctx)
-	done := make(chan struct{})
-	go func() { d.Run(runCtx); close(done) }()
-	defer func() { cancel(); <-done }()
+	e.startHooked(t, hook, &d)
 	close(ready)
 
 	// The run's time comes only once the pause, made while it was still
@@ -1517,15 +1524,7 @@ func TestHeldRetryIsDueAtItsOwnTime(t *testing.T) {
 	rc := &releaseCounter{DispatchStore: e.store}
 	withdrawn := make(chan struct{})
 	hook := &claimHook{releaseCounter: rc, after: func() { d.JobChanged(j.ID); close(withdrawn) }}
-	d = dispatcher.New(dispatcher.Config{
-		Store: hook, Sender: e.sender, Opener: plainOpener{}, Owner: "test-owner",
-		Now: e.clock.Now, Rand: func() float64 { return 0.5 }, Concurrency: 8, PerHost: 8,
-		PollInterval: 20 * time.Millisecond, ClaimAhead: 2 * time.Second,
-	})
-	runCtx, cancel := context.WithCancel(ctx)
-	done := make(chan struct{})
-	go func() { d.Run(runCtx); close(done) }()
-	defer func() { cancel(); <-done }()
+	e.startHooked(t, hook, &d)
 	select {
 	case <-withdrawn:
 	case <-time.After(10 * time.Second):
