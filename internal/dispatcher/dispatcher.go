@@ -408,17 +408,16 @@ func (d *Dispatcher) start(claims []*vibejobs.Claim, now, ahead time.Time) {
 		host := egress.HostKey(c.URL)
 		var hold time.Time
 		if !ahead.IsZero() {
-			// Until its due time, which the claim tells: held until
-			// ahead (the latest a claimed run can be due), a retry went
+			// Its due time, not ahead: held until ahead, a retry went
 			// out up to ClaimAhead late, and a first attempt given back
 			// for later than its scheduledFor (see secretUnavailable) up
 			// to ClaimAhead early.
-			hold = ahead
-			if !c.DueAt.IsZero() && c.DueAt.Before(ahead) {
-				hold = c.DueAt
-			}
-			if c.Run.Attempt == 1 && c.Run.ScheduledFor.After(hold) && !c.Run.ScheduledFor.After(ahead) {
+			hold = c.DueAt
+			if c.Run.Attempt == 1 && c.Run.ScheduledFor.After(hold) {
 				hold = c.Run.ScheduledFor
+			}
+			if hold.After(ahead) {
+				hold = ahead
 			}
 		}
 		// No attempt starts after the run's deadline: a claim still waiting

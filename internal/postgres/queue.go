@@ -262,46 +262,38 @@ func (s *Store) ClaimDueRuns(ctx context.Context, owner string, now time.Time, l
 	if limit <= 0 {
 		return nil, nil
 	}
-	type claimed struct {
-		c   *vibejobs.Claim
-		due time.Time
-	}
 	// On the queue pool: see Store.queue.
 	rows, err := s.queue.Query(ctx, claimSQL, now, owner, limit, int64(leaseMargin))
 	if err != nil {
 		return nil, mapError(err, "claiming runs")
 	}
-	out, err := collect(rows, func(row rowScanner) (claimed, error) {
+	claims, err := collect(rows, func(row rowScanner) (*vibejobs.Claim, error) {
 		var (
 			c                               vibejobs.Claim
-			due, leaseKey                   time.Time
+			leaseKey                        time.Time
 			timeout, minBackoff, maxBackoff int64
 		)
-		run, err := scanRun(row, &due, &c.URL, &c.Secret.KeyID, &c.Secret.Ciphertext, &timeout,
+		run, err := scanRun(row, &c.DueAt, &c.URL, &c.Secret.KeyID, &c.Secret.Ciphertext, &timeout,
 			&c.Retry.MaxAttempts, &minBackoff, &maxBackoff, &leaseKey, &c.ClaimedAt, &c.LateDecided)
 		if err != nil {
-			return claimed{}, err
+			return nil, err
 		}
 		c.Run = run
-		c.DueAt = due.UTC()
+		c.DueAt = c.DueAt.UTC()
 		c.Timeout = time.Duration(timeout)
 		c.Retry.MinBackoff = time.Duration(minBackoff)
 		c.Retry.MaxBackoff = time.Duration(maxBackoff)
-		return claimed{&c, due}, nil
+		return &c, nil
 	})
 	if err != nil {
 		return nil, mapError(err, "claiming runs")
 	}
-	slices.SortFunc(out, func(a, b claimed) int {
-		if c := a.due.Compare(b.due); c != 0 {
+	slices.SortFunc(claims, func(a, b *vibejobs.Claim) int {
+		if c := a.DueAt.Compare(b.DueAt); c != 0 {
 			return c
 		}
-		return cmpString(a.c.Run.ID, b.c.Run.ID)
+		return cmpString(a.Run.ID, b.Run.ID)
 	})
-	claims := make([]*vibejobs.Claim, len(out))
-	for i, c := range out {
-		claims[i] = c.c
-	}
 	return claims, nil
 }
 
