@@ -123,14 +123,8 @@ func newBenchReceiver(delay time.Duration) (*benchReceiver, error) {
 				br.mu.Unlock()
 			}
 		}
-		if delay > 0 {
-			t := time.NewTimer(delay)
-			defer t.Stop()
-			select {
-			case <-t.C:
-			case <-r.Context().Done():
-				return
-			}
+		if delay > 0 && sleepCtx(r.Context(), delay) != nil {
+			return
 		}
 		w.WriteHeader(200)
 	}), MaxHeaderBytes: 8 << 10}
