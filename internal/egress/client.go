@@ -1,6 +1,7 @@
 package egress
 
 import (
+	"bufio"
 	"bytes"
 	"cmp"
 	"context"
@@ -9,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net"
 	"net/http"
 	"net/netip"
@@ -59,23 +61,27 @@ type Config struct {
 }
 
 // Client sends the platform's outgoing requests. It keeps a pool of keep-alive
-// connections per host:port, every one of them opened to an address the policy
-// allowed. It is safe for concurrent use.
+// HTTP/1.1 connections per destination (see pool.go), every one of them opened
+// to an address the policy allowed. It is safe for concurrent use.
 type Client struct {
-	policy    *Policy
-	resolver  Resolver
-	userAgent string
-	dial      func(ctx context.Context, network, addr string) (net.Conn, error)
-	tlsConfig *tls.Config
-	transport *http.Transport
+	policy     *Policy
+	resolver   Resolver
+	userAgent  string
+	dial       func(ctx context.Context, network, addr string) (net.Conn, error)
+	tlsConfig  *tls.Config
+	maxPerHost int
+	now        func() time.Time // the clock of idle expiry; tests replace it
 
-	// urls holds ValidateURL's answers (*url.URL) by raw URL, urlCount
-	// about how many (see validURL).
-	urls     sync.Map
-	urlCount atomic.Int64
+	// pools holds a *hostPool per HostKey.
+	pools sync.Map
+
+	// targets holds what Post needs of each URL it was given (*target), by raw
+	// URL, targetCount about how many (see target).
+	targets     sync.Map
+	targetCount atomic.Int64
 }
 
-// maxCachedURLs bounds Client.urls.
+// maxCachedURLs bounds Client.targets.
 const maxCachedURLs = 4096
 
 // NewClient returns a client for cfg. It fails only when CAFile cannot be read
@@ -99,6 +105,8 @@ func NewClient(cfg Config) (*Client, error) {
 			MinVersion: tls.VersionTLS12,
 			NextProtos: []string{"http/1.1"},
 		},
+		maxPerHost: cfg.MaxConnsPerHost,
+		now:        time.Now,
 	}
 	if c.resolver == nil {
 		c.resolver = net.DefaultResolver
@@ -107,22 +115,8 @@ func NewClient(cfg Config) (*Client, error) {
 		d := &net.Dialer{KeepAlive: 30 * time.Second, ControlContext: c.checkSocket}
 		c.dial = d.DialContext
 	}
-	perHost := cfg.MaxConnsPerHost
-	if perHost <= 0 {
-		perHost = DefaultMaxConnsPerHost
-	}
-	protocols := new(http.Protocols)
-	protocols.SetHTTP1(true)
-	c.transport = &http.Transport{
-		Proxy:                  nil, // proxy settings in the environment are ignored
-		DialContext:            c.dialPlain,
-		DialTLSContext:         c.dialTLS,
-		Protocols:              protocols,
-		MaxConnsPerHost:        perHost,
-		MaxIdleConnsPerHost:    perHost,
-		IdleConnTimeout:        90 * time.Second,
-		DisableCompression:     true, // the snippet is the body as sent, and no decompression bomb
-		MaxResponseHeaderBytes: 64 << 10,
+	if c.maxPerHost <= 0 {
+		c.maxPerHost = DefaultMaxConnsPerHost
 	}
 	return c, nil
 }
@@ -147,38 +141,14 @@ func loadRoots(caFile string) (*x509.CertPool, error) {
 	return pool, nil
 }
 
-// CloseIdleConnections closes the pooled connections not in use, and abandons
-// dials no request waits for any more.
-func (c *Client) CloseIdleConnections() {
-	c.transport.CloseIdleConnections()
-}
-
-// attempt travels in the request context to the dial. The transport dials with
-// a context detached from the request's cancellation (a dial may serve a later
-// request), so the budget reaches the dial as a value.
+// attempt is the state of one Post that its errors are classified by.
 type attempt struct {
-	deadline time.Time
-	phase    atomic.Int32
+	phase int32
 }
 
-type attemptKey struct{}
-
-// attemptContext carries the attempt as a context value in one allocation.
-type attemptContext struct {
-	context.Context
-	att attempt
-}
-
-func (c *attemptContext) Value(key any) any {
-	if key == (attemptKey{}) {
-		return &c.att
-	}
-	return c.Context.Value(key)
-}
-
-// Phases of the dial, named in the message of a timeout.
+// Phases of an attempt, named in the message of a timeout.
 const (
-	phaseWaiting int32 = iota // no dial of its own: a pooled connection or a queue
+	phaseWaiting int32 = iota // for a connection of the pool, or for the answer
 	phaseResolving
 	phaseConnecting
 	phaseTLS
@@ -191,19 +161,35 @@ var phaseText = [...]string{
 	phaseTLS:        "in the TLS handshake",
 }
 
+func setPhase(att *attempt, p int32) { att.phase = p }
+
 // Post sends body to rawURL with the given header in one attempt. The whole
-// attempt — resolution, connect, TLS, sending and the response headers — is
-// bounded by timeout (DefaultTimeout if ≤ 0), and so is reading the body: at most
-// MaxResponseRead bytes are read, the first SnippetSize kept. A connection whose
-// body was not read to its end within that is closed rather than drained, so a
-// never-ending or 1 GB answer costs the caller nothing.
+// attempt — waiting for a connection, resolution, connect, TLS, sending and the
+// response headers — is bounded by timeout (DefaultTimeout if ≤ 0), and so is
+// reading the body: at most MaxResponseRead bytes are read, the first
+// SnippetSize kept. A connection whose body was not read to its end within
+// that is closed rather than drained, so a never-ending or 1 GB answer costs
+// the caller nothing.
 //
 // Post reads header and never changes it; the caller must not change it
-// during the call.
+// during the call. Host, Content-Length, Transfer-Encoding and Trailer in
+// header are ignored (Post writes its own); a User-Agent is added unless header
+// has one. A header name or value that cannot be sent (a control character, a
+// line break) ends the attempt with CodeNetwork before anything is sent.
 //
 // rawURL is validated again (ValidateURL); a URL the policy refuses ends with
 // CodeBlocked. A name is resolved only when a new connection is needed; every
 // pooled connection was opened to an address checked when it was dialed.
+//
+// When a pooled connection turns out to have been closed by the server (the
+// write fails, or the connection ends before any byte of an answer), the
+// request is sent once more on a new connection within the same budget. The
+// server may have read the first copy before it closed: it then gets the
+// attempt twice, with one signature time, and one answer is recorded; receivers
+// dedupe by run id and the request carries Idempotency-Key. Without this, a
+// server closing an idle connection just as it is reused would fail an attempt
+// that it never saw.
+//
 // Canceling ctx ends the attempt with CodeInterrupted (Err wraps
 // context.Canceled); ctx's own deadline counts as the budget. Post never
 // returns an error of its own: everything is in Result.
@@ -214,100 +200,256 @@ func (c *Client) Post(ctx context.Context, rawURL string, header http.Header, bo
 	case err != nil:
 		return Result{ErrorCode: CodeTimeout, Err: errors.New("egress: the caller's deadline had passed")}
 	}
-	u, err := c.validURL(rawURL)
+	t, err := c.target(rawURL)
 	if err != nil {
 		return Result{ErrorCode: CodeBlocked, Err: fmt.Errorf("egress: %w", err)}
+	}
+	if !sendableHeader(header) {
+		return Result{ErrorCode: CodeNetwork, Err: errors.New("egress: building the request failed: a header field cannot be sent")}
 	}
 	if timeout <= 0 {
 		timeout = DefaultTimeout
 	}
-	parent := ctx
-	ctx, cancel := context.WithTimeout(ctx, timeout)
-	defer cancel()
-	actx := &attemptContext{Context: ctx}
-	actx.att.deadline, _ = ctx.Deadline()
-	ctx = actx
-	att := &actx.att
-
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "", bytes.NewReader(body))
-	if err != nil {
-		return Result{ErrorCode: CodeNetwork, Err: errors.New("egress: building the request failed")}
+	deadline := time.Now().Add(timeout)
+	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
+		deadline = d
 	}
-	// The request keeps its GetBody, and with the Idempotency-Key header
-	// net/http counts it replayable: on a reused connection that breaks, it
-	// sends the request again on its own, also when the receiver had read it
-	// (it then got the attempt twice, with one signature time, and one is
-	// recorded; receivers dedupe by run id). Without GetBody it would not
-	// resend even a request the connection never carried, as when the
-	// receiver closes an idle connection just as it is reused: that attempt
-	// would fail and wait 30 s for its retry.
-	req.URL = u
-	req.Host = u.Host
-	// net/http never writes to a request's header (it forks the request
-	// first), so the caller's is used as it is: cloning it cost an
-	// allocation per header, on every attempt.
-	req.Header = header
-	if _, ok := header["User-Agent"]; !ok {
-		req.Header = header.Clone()
-		if req.Header == nil {
-			req.Header = make(http.Header)
+	var att attempt
+	// The context bounding dials and the wait for a connection is made only
+	// when one is needed: a pooled connection is bounded by its deadline.
+	var (
+		bounded context.Context
+		cancel  context.CancelFunc
+	)
+	boundedCtx := func() context.Context {
+		if bounded == nil {
+			bounded, cancel = context.WithDeadline(ctx, deadline)
 		}
-		req.Header.Set("User-Agent", c.userAgent)
+		return bounded
 	}
+	defer func() {
+		if cancel != nil {
+			cancel()
+		}
+	}()
 
-	// Straight to the transport: the client layer of net/http follows
-	// redirects, which an attempt never does (a 3xx is its answer), and
-	// cloned every request's header for them.
-	resp, err := c.transport.RoundTrip(req)
-	if err != nil {
-		code, cause := classifyError(ctx, parent, att, err)
-		return Result{ErrorCode: code, Err: cause}
+	p, pc, wait := c.take(t.key)
+	if wait != nil {
+		select {
+		case pc = <-wait:
+		case <-boundedCtx().Done():
+			p.cancelWait(wait)
+			return c.failure(ctx, &att, deadline, bounded.Err())
+		}
 	}
-	res := Result{StatusCode: resp.StatusCode}
+	for retried := false; ; retried = true {
+		if pc == nil {
+			if pc, err = c.dialConn(boundedCtx(), &att, t); err != nil {
+				p.put(nil, false)
+				return c.failure(ctx, &att, deadline, err)
+			}
+		}
+		res, keep, err := c.exchange(ctx, pc, t, header, body, deadline)
+		if err == nil {
+			p.put(pc, keep)
+			return res
+		}
+		// The place stays reserved for the new connection.
+		pc.conn.Close()
+		if !retried && pc.reused && pc.cr.got == 0 && closedByPeer(err) && ctx.Err() == nil && time.Now().Before(deadline) {
+			pc = nil
+			continue
+		}
+		p.put(nil, false)
+		return c.failure(ctx, &att, deadline, err)
+	}
+}
+
+// exchange writes the request on pc and reads its answer. keep tells whether
+// pc may carry another request. An error means no final answer arrived, and pc
+// must be closed.
+func (c *Client) exchange(ctx context.Context, pc *pconn, t *target, header http.Header, body []byte, deadline time.Time) (res Result, keep bool, err error) {
+	if err := pc.conn.SetDeadline(deadline); err != nil {
+		return Result{}, false, err
+	}
+	if ctx.Done() != nil {
+		// A canceled caller ends the attempt at once: the deadline moves to the
+		// past. If that may have run, the connection is not reused.
+		stop := context.AfterFunc(ctx, func() { pc.conn.SetDeadline(time.Unix(1, 0)) })
+		defer func() {
+			if !stop() {
+				keep = false
+			}
+		}()
+	}
+	pc.cr.got = 0
+	if err := c.writeRequest(pc.bw, t, header, body); err != nil {
+		return Result{}, false, err
+	}
+	var resp *http.Response
+	for n1xx := 0; ; n1xx++ {
+		pc.cr.limit = maxHeadBytes
+		resp, err = http.ReadResponse(pc.br, nil)
+		pc.cr.limit = math.MaxInt64
+		if err != nil {
+			return Result{}, false, err
+		}
+		if resp.StatusCode < 100 || resp.StatusCode > 199 || resp.StatusCode == 101 {
+			break
+		}
+		if n1xx == max1xx {
+			return Result{}, false, errors.New("egress: too many 1xx answers")
+		}
+	}
+	res = Result{StatusCode: resp.StatusCode, ErrorCode: statusCode(resp.StatusCode)}
 	if resp.StatusCode >= 200 {
-		// A final 1xx (101) hands over the raw connection, which the attempt's
-		// deadline no longer guards: it is closed unread.
-		res.Snippet = readHead(resp.Body)
+		// A final 1xx (101) hands over the raw connection: it is closed unread.
+		var ended bool
+		res.Snippet, ended = readHead(resp.Body)
+		keep = ended && !resp.Close && pc.br.Buffered() == 0
 	}
-	resp.Body.Close()
-	res.ErrorCode = statusCode(resp.StatusCode)
 	if res.ErrorCode != "" {
 		res.RetryAfter = parseRetryAfter(resp.Header.Get("Retry-After"), time.Now())
 		res.Err = statusError(resp.StatusCode)
 	}
-	return res
+	return res, keep, nil
 }
 
-// validURL returns ValidateURL's answer for raw, from the answers kept for
-// URLs it accepted before: a job posts to one URL at every run, and parsing
-// and checking it each time was about 3 % of the process's CPU in a burst.
-// The policy never changes, so a kept answer stays right. At most about
-// maxCachedURLs are kept; the cache is emptied when it is full. Each call
-// returns a URL of its own.
-func (c *Client) validURL(raw string) (*url.URL, error) {
-	if v, ok := c.urls.Load(raw); ok {
-		u := *v.(*url.URL)
-		return &u, nil
+// writeRequest writes the request: its line and Host field, kept with the
+// target, the caller's fields, a User-Agent unless the caller set one, and
+// the body with its length.
+func (c *Client) writeRequest(bw *bufio.Writer, t *target, header http.Header, body []byte) error {
+	bw.Write(t.head)
+	if _, ok := header["User-Agent"]; !ok {
+		bw.WriteString("User-Agent: ")
+		bw.WriteString(c.userAgent)
+		bw.WriteString("\r\n")
+	}
+	for name, values := range header {
+		if ownField(name) {
+			continue
+		}
+		for _, v := range values {
+			bw.WriteString(name)
+			bw.WriteString(": ")
+			bw.WriteString(strings.TrimSpace(v))
+			bw.WriteString("\r\n")
+		}
+	}
+	var n [20]byte
+	bw.WriteString("Content-Length: ")
+	bw.Write(strconv.AppendInt(n[:0], int64(len(body)), 10))
+	bw.WriteString("\r\n\r\n")
+	bw.Write(body)
+	return bw.Flush()
+}
+
+// ownField reports whether Post writes the header field itself, ignoring the
+// caller's, as net/http does.
+func ownField(name string) bool {
+	switch name {
+	case "Host", "Content-Length", "Transfer-Encoding", "Trailer":
+		return true
+	}
+	return false
+}
+
+// sendableHeader reports whether every name in header is an HTTP token and no
+// value holds a control character other than a tab (RFC 9110 section 5.5),
+// so that nothing a caller passes can split the request.
+func sendableHeader(header http.Header) bool {
+	for name, values := range header {
+		if name == "" {
+			return false
+		}
+		for i := 0; i < len(name); i++ {
+			if !tokenByte(name[i]) {
+				return false
+			}
+		}
+		for _, v := range values {
+			for i := 0; i < len(v); i++ {
+				if b := v[i]; b < ' ' && b != '\t' || b == 0x7f {
+					return false
+				}
+			}
+		}
+	}
+	return true
+}
+
+func tokenByte(b byte) bool {
+	switch {
+	case 'a' <= b && b <= 'z', 'A' <= b && b <= 'Z', '0' <= b && b <= '9':
+		return true
+	}
+	return strings.IndexByte("!#$%&'*+-.^_`|~", b) >= 0
+}
+
+// closedByPeer reports whether err is a connection the server had closed: a
+// reused connection failing so, before any byte of an answer, never carried
+// the request to a handler that answered it.
+func closedByPeer(err error) bool {
+	return errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
+		errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE)
+}
+
+// target is what Post needs of a URL, worked out once: a job posts to one URL
+// at every run, and parsing and checking it each time was about 3 % of the
+// process's CPU in a burst. It is never changed once made.
+type target struct {
+	key        string // HostKey: the pool
+	addr       string // host:port to resolve and dial
+	serverName string // TLS server name; "" for http
+	head       []byte // "POST <request-uri> HTTP/1.1\r\nHost: <host>\r\n"
+}
+
+// target returns the target of raw, from those kept for URLs it accepted
+// before. The policy never changes, so a kept answer stays right. At most
+// about maxCachedURLs are kept; the cache is emptied when it is full.
+func (c *Client) target(raw string) (*target, error) {
+	if v, ok := c.targets.Load(raw); ok {
+		return v.(*target), nil
 	}
 	u, err := c.policy.ValidateURL(raw)
 	if err != nil {
 		return nil, err
 	}
-	if c.urlCount.Add(1) > maxCachedURLs {
-		c.urls.Clear()
-		c.urlCount.Store(1)
+	t := newTarget(u)
+	if c.targetCount.Add(1) > maxCachedURLs {
+		c.targets.Clear()
+		c.targetCount.Store(1)
 	}
-	kept := *u
-	c.urls.Store(raw, &kept)
-	return u, nil
+	c.targets.Store(raw, t)
+	return t, nil
+}
+
+func newTarget(u *url.URL) *target {
+	t := &target{key: HostKey(u.String())}
+	t.addr = t.key[strings.Index(t.key, "://")+3:]
+	if u.Scheme == "https" {
+		host := u.Hostname()
+		if ip, err := netip.ParseAddr(host); err == nil {
+			host = ip.WithZone("").String()
+		}
+		t.serverName = host
+	}
+	// The Host field carries no IPv6 zone (RFC 9110 section 7.2).
+	host := u.Host
+	if i := strings.IndexByte(host, '%'); i >= 0 {
+		host = host[:i] + host[strings.Index(host, "]"):]
+	}
+	uri := u.RequestURI()
+	t.head = []byte("POST " + uri + " HTTP/1.1\r\nHost: " + host + "\r\n")
+	return t
 }
 
 var headBuffers = sync.Pool{New: func() any { return new([MaxResponseRead]byte) }}
 
 // readHead reads at most MaxResponseRead bytes of body and returns a copy of
-// the first SnippetSize. A body that ends within the limit leaves the
-// connection reusable; the caller's Close then shuts any longer one.
-func readHead(body io.Reader) []byte {
+// the first SnippetSize, and whether the body ended within the limit (which
+// leaves the connection reusable).
+func readHead(body io.Reader) (snippet []byte, ended bool) {
 	buf := headBuffers.Get().(*[MaxResponseRead]byte)
 	defer headBuffers.Put(buf)
 	n := 0
@@ -315,13 +457,14 @@ func readHead(body io.Reader) []byte {
 		m, err := body.Read(buf[n:])
 		n += m
 		if err != nil {
+			ended = err == io.EOF
 			break
 		}
 	}
 	if n == 0 {
-		return nil
+		return nil, ended
 	}
-	return bytes.Clone(buf[:min(n, SnippetSize)])
+	return bytes.Clone(buf[:min(n, SnippetSize)]), ended
 }
 
 // dialError is a failure of resolving, checking, connecting or the TLS
@@ -342,53 +485,28 @@ var (
 	errSocketBlocked = errors.New("egress: socket address forbidden")
 )
 
-func (c *Client) dialPlain(ctx context.Context, network, addr string) (net.Conn, error) {
-	ctx, cancel, att := dialContext(ctx)
-	defer cancel()
-	return c.connect(ctx, att, network, addr)
-}
-
-// dialTLS connects and then does the handshake itself, so that a handshake
-// failure is told apart from a connect failure. ServerName is the URL's host:
-// SNI for a name, IP SAN verification for a literal.
-func (c *Client) dialTLS(ctx context.Context, network, addr string) (net.Conn, error) {
-	ctx, cancel, att := dialContext(ctx)
-	defer cancel()
-	raw, err := c.connect(ctx, att, network, addr)
+// dialConn opens a connection to t, with the TLS handshake for https. It does
+// the handshake itself, so that a handshake failure is told apart from a
+// connect failure. ServerName is the URL's host: SNI for a name, IP SAN
+// verification for a literal.
+func (c *Client) dialConn(ctx context.Context, att *attempt, t *target) (*pconn, error) {
+	conn, err := c.connect(ctx, att, "tcp", t.addr)
 	if err != nil {
 		return nil, err
 	}
-	host, _, _ := net.SplitHostPort(addr)
-	if ip, err := netip.ParseAddr(host); err == nil {
-		host = ip.WithZone("").String()
-	}
-	cfg := c.tlsConfig.Clone()
-	cfg.ServerName = host
-	conn := tls.Client(raw, cfg)
-	setPhase(att, phaseTLS)
-	if err := conn.HandshakeContext(ctx); err != nil {
-		raw.Close()
-		return nil, tlsError(ctx, err)
+	if t.serverName != "" {
+		cfg := c.tlsConfig.Clone()
+		cfg.ServerName = t.serverName
+		tc := tls.Client(conn, cfg)
+		setPhase(att, phaseTLS)
+		if err := tc.HandshakeContext(ctx); err != nil {
+			conn.Close()
+			return nil, tlsError(ctx, err)
+		}
+		conn = tc
 	}
 	setPhase(att, phaseWaiting)
-	return conn, nil
-}
-
-// dialContext bounds a dial by the budget of the attempt that started it.
-func dialContext(ctx context.Context) (context.Context, context.CancelFunc, *attempt) {
-	att, _ := ctx.Value(attemptKey{}).(*attempt)
-	if att == nil {
-		ctx, cancel := context.WithCancel(ctx)
-		return ctx, cancel, nil
-	}
-	ctx, cancel := context.WithDeadline(ctx, att.deadline)
-	return ctx, cancel, att
-}
-
-func setPhase(att *attempt, p int32) {
-	if att != nil {
-		att.phase.Store(p)
-	}
+	return newPconn(conn), nil
 }
 
 // connect resolves host once, refuses if any address is forbidden, and then
@@ -582,20 +700,23 @@ func errnoText(err error) string {
 	return "network error"
 }
 
-// classifyError turns a failed round trip into a code and a cause that names
-// neither the URL nor an address (net and url errors name both).
-func classifyError(ctx, parent context.Context, att *attempt, err error) (string, error) {
+// failure turns a failed attempt into a Result whose cause names neither
+// the URL nor an address (net and url errors name both).
+func (c *Client) failure(caller context.Context, att *attempt, deadline time.Time, err error) Result {
+	if errors.Is(caller.Err(), context.Canceled) {
+		return Result{ErrorCode: CodeInterrupted, Err: errInterrupted}
+	}
 	var de *dialError
 	if errors.As(err, &de) {
-		return de.code, errors.New(de.msg)
+		return Result{ErrorCode: de.code, Err: errors.New(de.msg)}
 	}
-	if ctx.Err() != nil || isTimeout(err) {
-		if errors.Is(parent.Err(), context.Canceled) {
-			return CodeInterrupted, errInterrupted
-		}
-		return CodeTimeout, errors.New("egress: timed out " + phaseText[att.phase.Load()])
+	if isTimeout(err) || !time.Now().Before(deadline) {
+		return Result{ErrorCode: CodeTimeout, Err: errors.New("egress: timed out " + phaseText[att.phase])}
 	}
-	return CodeNetwork, errors.New("egress: request failed: " + errnoText(err))
+	if errors.Is(err, errHeadTooLarge) {
+		return Result{ErrorCode: CodeNetwork, Err: errHeadTooLarge}
+	}
+	return Result{ErrorCode: CodeNetwork, Err: errors.New("egress: request failed: " + errnoText(err))}
 }
 
 // statusCode classifies an answer. A 1xx that ends the exchange or a status

@@ -3,8 +3,14 @@ package egress
 import (
 	"context"
 	"errors"
+	"io"
 	"net"
+	"net/http"
+	"net/http/httptest"
+	"net/netip"
 	"strconv"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -91,26 +97,43 @@ func TestParseRetryAfter(t *testing.T) {
 
 // Proxy settings in the environment are never consulted, and certificates
 // are verified (TestRedirectIsNotFollowed covers redirects).
-func TestTransportIgnoresProxy(t *testing.T) {
-	t.Setenv("HTTPS_PROXY", "http://127.0.0.1:1")
-	t.Setenv("HTTP_PROXY", "http://127.0.0.1:1")
-	c, err := NewClient(Config{})
+func TestProxySettingsAreIgnored(t *testing.T) {
+	proxy, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c.transport.Proxy != nil {
-		t.Error("transport has a Proxy function")
+	defer proxy.Close()
+	t.Setenv("HTTPS_PROXY", "http://"+proxy.Addr().String())
+	t.Setenv("HTTP_PROXY", "http://"+proxy.Addr().String())
+	t.Setenv("NO_PROXY", "")
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.WriteString(w, "direct")
+	}))
+	defer srv.Close()
+	open, _ := NewPolicy([]string{"127.0.0.0/8"})
+	c, err := NewClient(Config{Policy: open})
+	if err != nil {
+		t.Fatal(err)
 	}
+	defer c.CloseIdleConnections()
 	if c.tlsConfig.InsecureSkipVerify {
 		t.Error("certificate verification is off")
 	}
+	res := c.Post(context.Background(), srv.URL, nil, nil, 5*time.Second)
+	if res.ErrorCode != "" || string(res.Snippet) != "direct" {
+		t.Fatalf("result %+v", res)
+	}
+	proxy.(*net.TCPListener).SetDeadline(time.Now().Add(100 * time.Millisecond))
+	if conn, err := proxy.Accept(); err == nil {
+		conn.Close()
+		t.Error("the proxy saw a connection")
+	}
 }
 
-// validURL answers as ValidateURL does, from its cache too, and every call
-// gets a URL of its own: a caller changing one does not change what the
-// next delivery to that URL is sent to.
-func TestValidURLCachesOwnCopies(t *testing.T) {
-	p, err := NewPolicy([]string{"127.0.0.0/8"})
+// target answers as ValidateURL does, from its cache too, and works out the
+// request line, Host field, pool and TLS name once.
+func TestTargetIsWorkedOutOnce(t *testing.T) {
+	p, err := NewPolicy([]string{"127.0.0.0/8", "fe80::/10"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -118,36 +141,138 @@ func TestValidURLCachesOwnCopies(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	const raw = "http://0x7f.1:8080/hook?a=b c"
-	want, err := p.ValidateURL(raw)
-	if err != nil {
-		t.Fatal(err)
+	cases := []struct{ raw, key, addr, serverName, head string }{
+		{"http://0x7f.1:8080/hook?a=b c", "http://127.0.0.1:8080", "127.0.0.1:8080", "",
+			"POST /hook?a=b%20c HTTP/1.1\r\nHost: 127.0.0.1:8080\r\n"},
+		{"https://Example.COM", "https://example.com:443", "example.com:443", "example.com",
+			"POST / HTTP/1.1\r\nHost: example.com\r\n"},
+		{"https://[fe80::1%25eth0]:8443/a%2Fb", "https://[fe80::1%eth0]:8443", "[fe80::1%eth0]:8443", "fe80::1",
+			"POST /a%2Fb HTTP/1.1\r\nHost: [fe80::1]:8443\r\n"},
 	}
-	for i := range 3 {
-		u, err := c.validURL(raw)
-		if err != nil {
-			t.Fatalf("call %d: %v", i, err)
+	for _, tc := range cases {
+		for i := range 2 { // made, then from the cache
+			got, err := c.target(tc.raw)
+			if err != nil {
+				t.Fatalf("%s (call %d): %v", tc.raw, i, err)
+			}
+			if got.key != tc.key || got.addr != tc.addr || got.serverName != tc.serverName || string(got.head) != tc.head {
+				t.Errorf("%s (call %d): %+v, head %q", tc.raw, i, got, got.head)
+			}
 		}
-		if u.String() != want.String() {
-			t.Fatalf("call %d: %s, want %s", i, u, want)
-		}
-		u.Host, u.Path = "example.com", "/other"
 	}
 	for i := range 2 {
-		if _, err := c.validURL("http://10.0.0.1/"); err == nil {
+		if _, err := c.target("http://10.0.0.1/"); err == nil {
 			t.Fatalf("call %d: a URL the policy refuses was accepted", i)
 		}
 	}
 	// Full, the cache is emptied and still answers.
 	for i := range maxCachedURLs + 10 {
-		if _, err := c.validURL("http://127.0.0.1/" + strconv.Itoa(i)); err != nil {
+		if _, err := c.target("http://127.0.0.1/" + strconv.Itoa(i)); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if n := c.urlCount.Load(); n > maxCachedURLs {
+	if n := c.targetCount.Load(); n > maxCachedURLs {
 		t.Errorf("%d URLs kept, want at most %d", n, maxCachedURLs)
 	}
-	if u, err := c.validURL(raw); err != nil || u.String() != want.String() {
-		t.Errorf("after the cache was emptied: %v, %v; want %s", u, err, want)
+	if got, err := c.target(cases[0].raw); err != nil || string(got.head) != cases[0].head {
+		t.Errorf("after the cache was emptied: %v, %v", got, err)
 	}
+}
+
+// An idle connection is closed after idleTimeout: found expired when the
+// pool is next used, or by the pool's sweep; a pool left with nothing is
+// dropped.
+func TestIdleConnectionsExpire(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.WriteString(w, "ok")
+	}))
+	defer srv.Close()
+	var dials, open atomic.Int64
+	var mu sync.Mutex
+	clock := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
+	advance := func(d time.Duration) {
+		mu.Lock()
+		clock = clock.Add(d)
+		mu.Unlock()
+	}
+	policy, _ := NewPolicy([]string{"127.0.0.0/8"})
+	c, err := NewClient(Config{Policy: policy, DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
+		if !netip.MustParseAddrPort(addr).Addr().IsLoopback() {
+			t.Fatalf("dial of %s", addr)
+		}
+		var d net.Dialer
+		conn, err := d.DialContext(ctx, network, addr)
+		if err == nil {
+			dials.Add(1)
+			open.Add(1)
+			conn = &closeCounter{Conn: conn, open: &open}
+		}
+		return conn, err
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.now = func() time.Time {
+		mu.Lock()
+		defer mu.Unlock()
+		return clock
+	}
+	post := func() {
+		t.Helper()
+		if res := c.Post(context.Background(), srv.URL, nil, nil, 5*time.Second); res.ErrorCode != "" {
+			t.Fatalf("post: %+v", res)
+		}
+	}
+	post()
+	advance(idleTimeout - time.Second)
+	post()
+	if n := dials.Load(); n != 1 {
+		t.Fatalf("%d dials before the timeout, want 1", n)
+	}
+	advance(idleTimeout)
+	post()
+	if n, o := dials.Load(), open.Load(); n != 2 || o != 1 {
+		t.Fatalf("after the timeout: %d dials, %d open; want 2 and 1", n, o)
+	}
+
+	key := HostKey(srv.URL)
+	v, ok := c.pools.Load(key)
+	if !ok {
+		t.Fatal("no pool")
+	}
+	p := v.(*hostPool)
+	p.sweepIdle() // early: keeps the connection
+	if o := open.Load(); o != 1 {
+		t.Fatalf("an early sweep closed a connection: %d open", o)
+	}
+	advance(idleTimeout)
+	p.sweepIdle()
+	if o := open.Load(); o != 0 {
+		t.Errorf("%d connections open after the sweep", o)
+	}
+	if _, ok := c.pools.Load(key); ok {
+		t.Error("the empty pool was kept")
+	}
+	p.mu.Lock()
+	if p.sweep != nil || !p.dead || p.open != 0 {
+		t.Errorf("pool after the sweep: sweep %v, dead %v, open %d", p.sweep != nil, p.dead, p.open)
+	}
+	p.mu.Unlock()
+	// The next attempt makes a new pool.
+	post()
+	c.CloseIdleConnections()
+	if _, ok := c.pools.Load(key); ok || open.Load() != 0 {
+		t.Errorf("after CloseIdleConnections: pool kept %v, %d open", ok, open.Load())
+	}
+}
+
+type closeCounter struct {
+	net.Conn
+	open *atomic.Int64
+	once sync.Once
+}
+
+func (c *closeCounter) Close() error {
+	c.once.Do(func() { c.open.Add(-1) })
+	return c.Conn.Close()
 }
