@@ -234,6 +234,12 @@ func (c *Client) Post(ctx context.Context, rawURL string, header http.Header, bo
 	}()
 
 	p, pc, wait := c.take(t.key)
+	if pc != nil && c.now().Sub(pc.idleSince) >= probeAfter && peerClosed(pc.conn) {
+		// Closed by the server while idle (its keep-alive timeout): its place
+		// serves a new connection.
+		pc.conn.Close()
+		pc = nil
+	}
 	if wait != nil {
 		select {
 		case pc = <-wait:

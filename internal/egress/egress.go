@@ -14,7 +14,8 @@
 //     attempt if any returned address is forbidden, connects only to an address it
 //     has checked (never resolving again), follows no redirect, ignores proxy
 //     settings, always verifies certificates, bounds the whole attempt by one
-//     budget and reads at most 4 KiB of the answer.
+//     budget and reads at most 4 KiB of the answer. It speaks HTTP/1.1 over a
+//     keep-alive pool of its own (pool.go), not net/http's Transport.
 //
 // Nothing the package returns names the URL, the host or an address, so its
 // results can be stored and logged as they are.

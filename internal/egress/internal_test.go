@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
+	"runtime"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -275,4 +276,132 @@ type closeCounter struct {
 func (c *closeCounter) Close() error {
 	c.once.Do(func() { c.open.Add(-1) })
 	return c.Conn.Close()
+}
+
+// peerClosed tells an idle connection the server closed, or wrote to
+// unasked, from a healthy one, and takes nothing from it.
+func TestPeerClosed(t *testing.T) {
+	if runtime.GOOS != "linux" {
+		t.Skip("peerClosed looks into sockets on Linux only")
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	pair := func() (client, server net.Conn) {
+		client, err := net.Dial("tcp", ln.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		server, err = ln.Accept()
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { client.Close(); server.Close() })
+		return client, server
+	}
+	// until waits for the kernel to pass on what the server did.
+	until := func(conn net.Conn, want bool) bool {
+		for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); runtime.Gosched() {
+			if peerClosed(conn) == want {
+				return true
+			}
+		}
+		return false
+	}
+
+	idle, _ := pair()
+	if peerClosed(idle) {
+		t.Error("a healthy idle connection counted as closed")
+	}
+	closed, server := pair()
+	server.Close()
+	if !until(closed, true) {
+		t.Error("a connection the server closed counted as open")
+	}
+	spoken, server := pair()
+	server.Write([]byte("HTTP/1.1 408 Request Timeout\r\n\r\n"))
+	if !until(spoken, true) {
+		t.Error("a connection with unasked bytes counted as usable")
+	}
+	var b [4]byte
+	spoken.SetReadDeadline(time.Now().Add(time.Second))
+	if n, _ := spoken.Read(b[:]); string(b[:n]) != "HTTP" {
+		t.Errorf("the look took bytes: read %q", b[:n])
+	}
+	if peerClosed(&net.TCPConn{}) != true {
+		t.Error("a socket it cannot look into counted as usable")
+	}
+}
+
+// A pooled connection found closed before reuse is not written to: the
+// request goes out once, on a new connection.
+func TestClosedIdleConnectionIsNotWritten(t *testing.T) {
+	if runtime.GOOS != "linux" {
+		t.Skip("peerClosed looks into sockets on Linux only")
+	}
+	var requests atomic.Int64
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		requests.Add(1)
+		io.WriteString(w, "ok")
+	}))
+	srv.Config.SetKeepAlivesEnabled(true)
+	srv.Start()
+	defer srv.Close()
+	var mu sync.Mutex
+	var conns []*writeCounter
+	clock := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
+	policy, _ := NewPolicy([]string{"127.0.0.0/8"})
+	c, err := NewClient(Config{Policy: policy, DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
+		if !netip.MustParseAddrPort(addr).Addr().IsLoopback() {
+			t.Fatalf("dial of %s", addr)
+		}
+		var d net.Dialer
+		conn, err := d.DialContext(ctx, network, addr)
+		if err != nil {
+			return nil, err
+		}
+		wc := &writeCounter{TCPConn: conn.(*net.TCPConn)}
+		mu.Lock()
+		conns = append(conns, wc)
+		mu.Unlock()
+		return wc, nil
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.CloseIdleConnections()
+	c.now = func() time.Time { mu.Lock(); defer mu.Unlock(); return clock }
+	if res := c.Post(context.Background(), srv.URL, nil, nil, 5*time.Second); res.ErrorCode != "" {
+		t.Fatalf("first: %+v", res)
+	}
+	srv.CloseClientConnections() // as a keep-alive timeout does
+	for deadline := time.Now().Add(5 * time.Second); !peerClosed(conns[0].TCPConn); runtime.Gosched() {
+		if time.Now().After(deadline) {
+			t.Fatal("the client never saw the close")
+		}
+	}
+	mu.Lock()
+	clock = clock.Add(probeAfter)
+	mu.Unlock()
+	if res := c.Post(context.Background(), srv.URL, nil, nil, 5*time.Second); res.ErrorCode != "" {
+		t.Fatalf("second: %+v", res)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(conns) != 2 || conns[0].writes.Load() != 1 || conns[1].writes.Load() != 1 || requests.Load() != 2 {
+		t.Errorf("%d connections, writes %d then %d, %d requests; want 2, 1 and 1, 2",
+			len(conns), conns[0].writes.Load(), conns[len(conns)-1].writes.Load(), requests.Load())
+	}
+}
+
+type writeCounter struct {
+	*net.TCPConn
+	writes atomic.Int64
+}
+
+func (c *writeCounter) Write(p []byte) (int, error) {
+	c.writes.Add(1)
+	return c.TCPConn.Write(p)
 }

@@ -19,15 +19,20 @@ import (
 //   - at most MaxConnsPerHost connections per destination, busy, idle or being
 //     dialed; a caller beyond that waits in line for the next free one;
 //   - keep-alive, with idle connections closed after idleTimeout;
-//   - a connection the server closed while it was idle is found when it is
-//     reused, and the request is sent again once on a new connection (see
-//     Client.Post);
+//   - a connection the server closed while it was idle is found before it is
+//     reused (peerClosed, on Linux), or when it is used, and then the request
+//     is sent again once on a new connection (see Client.Post);
 //   - 1xx answers before the final one are skipped; the response head is
 //     bounded; a connection is reused only when its answer was read to the
 //     end and nothing else came after it.
 
 // idleTimeout is how long a connection may stay idle in the pool.
 const idleTimeout = 90 * time.Second
+
+// probeAfter is how long a connection must have been idle for its socket to
+// be looked at before it is reused (see peerClosed). A connection busy a
+// moment ago is not worth the system call.
+const probeAfter = time.Second
 
 // maxHeadBytes bounds the status line and header fields of one answer.
 const maxHeadBytes = 64 << 10
@@ -171,13 +176,13 @@ func (p *hostPool) put(pc *pconn, keep bool) {
 	p.mu.Lock()
 	if keep {
 		pc.reused = true
+		pc.idleSince = p.c.now()
 		if len(p.waiters) > 0 {
 			w := p.popWaiter()
 			p.mu.Unlock()
 			w <- pc
 			return
 		}
-		pc.idleSince = p.c.now()
 		p.idle = append(p.idle, pc)
 		if p.sweep == nil {
 			p.sweep = time.AfterFunc(idleTimeout, p.sweepIdle)
