@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/vibejobs/vibejobs"
 )
 
@@ -378,5 +380,44 @@ func TestDueJobsStartsAtItsPosition(t *testing.T) {
 	last := jobs[n-6]
 	if hits := sharedHits(t, s.pool, dueJobsSQL, t0, *last.NextRunAt, last.ID, 5); hits > 10 {
 		t.Errorf("listing 5 due jobs after %d others read %d buffers; want 10 at most", n-5, hits)
+	}
+}
+
+// TestRecordFindsQueueRowsByKey: recording a batch of outcomes reads the
+// queue row of each run it moves by the row's whole key, however many
+// runs are in flight. Joined to the moved runs directly, the generic plan
+// of the record statement, made with statistics from a queue of waiting
+// runs (autovacuum's analyze, taken while few runs were in flight),
+// walked every leased row for each batch, and each moved run for each of
+// those rows.
+func TestRecordFindsQueueRowsByKey(t *testing.T) {
+	ctx := context.Background()
+	s, job, id := queueTestJob(t)
+	const n, inFlight, recorded = 3000, 2000, 10
+	var runs []*vibejobs.Run
+	for i := range n {
+		runs = append(runs, vibejobs.NewRun(id("run_"), job, vibejobs.TriggerManual, t0.Add(time.Duration(i-n)*time.Second), t0))
+	}
+	createRuns(t, s, runs)
+	if _, err := s.pool.Exec(ctx, `ANALYZE run_queue`); err != nil {
+		t.Fatal(err)
+	}
+	claims, err := s.ClaimDueRuns(ctx, "w1", t0, inFlight, time.Minute)
+	if err != nil || len(claims) != inFlight {
+		t.Fatalf("ClaimDueRuns = %d, %v", len(claims), err)
+	}
+	err = pgx.BeginFunc(ctx, s.queue, func(tx pgx.Tx) error {
+		if err := s.recordOutcomes(ctx, tx, "w1", succeededAt(claims[:recorded], t0), vibejobs.RunsEnded{}); err != nil {
+			return err
+		}
+		var read int
+		err := tx.QueryRow(ctx, `SELECT pg_stat_get_xact_tuples_returned('run_queue_pkey'::regclass)`).Scan(&read)
+		if err == nil && read > 4*recorded {
+			t.Errorf("recording %d outcomes with %d runs in flight read %d entries of run_queue's index; want one a run", recorded, inFlight, read)
+		}
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
 	}
 }

@@ -344,14 +344,27 @@ func enqueueSQL(rows string) string {
 // and together with the run, so a run locked with its expected lease or
 // state has kept its queue row. A run whose due time changed after the
 // snapshot needs a later statement (see tx.dequeue).
+//
+// Each moved run's queue row is found by its whole key, one probe of
+// run_queue_pkey per run (the LIMIT keeps the lateral subquery a nested
+// loop driven by rows), and then deleted or moved by that ctid (see
+// applyPlansSQL). Joined to rows directly, the generic plan of the
+// record statement, which the statistics gave one leased queue row and
+// one moved run, walked every leased row of the queue and, for each,
+// every moved run: a batch of outcomes cost in proportion to the runs in
+// flight, and in a burst that was most of the database's work.
 func requeueSQL(rows, id, due string, wasLeased bool) string {
-	key := `q.leased = ` + strconv.FormatBool(wasLeased) + ` AND q.due_at = m.old_due AND q.run_id = m.` + id
-	return `, dequeued AS (
-	DELETE FROM run_queue q USING ` + rows + ` m
-	WHERE m.` + due + ` IS NULL AND ` + key + `
+	return `, queue_keys AS (
+	SELECT k.tid, m.` + due + ` AS due FROM ` + rows + ` m CROSS JOIN LATERAL (
+		SELECT q.ctid AS tid FROM run_queue q
+		WHERE q.leased = ` + strconv.FormatBool(wasLeased) + ` AND q.due_at = m.old_due AND q.run_id = m.` + id + `
+		LIMIT 1) k
+), dequeued AS (
+	DELETE FROM run_queue q WHERE q.ctid = ANY(ARRAY(SELECT tid FROM queue_keys WHERE due IS NULL))
 ), requeued AS (
-	UPDATE run_queue q SET due_at = m.` + due + `, leased = false FROM ` + rows + ` m
-	WHERE m.` + due + ` IS NOT NULL AND ` + key + `
+	UPDATE run_queue q SET due_at = k.due, leased = false FROM queue_keys k
+	WHERE k.due IS NOT NULL AND q.ctid = k.tid
+		AND q.ctid = ANY(ARRAY(SELECT tid FROM queue_keys WHERE due IS NOT NULL))
 )`
 }
 
