@@ -407,11 +407,9 @@ func TestRecordFindsQueueRowsByKey(t *testing.T) {
 		t.Fatalf("ClaimDueRuns = %d, %v", len(claims), err)
 	}
 	err = pgx.BeginFunc(ctx, s.queue, func(tx pgx.Tx) error {
-		if err := s.recordOutcomes(ctx, tx, "w1", succeededAt(claims[:recorded], t0), vibejobs.RunsEnded{}); err != nil {
-			return err
-		}
-		var read int
-		err := tx.QueryRow(ctx, `SELECT pg_stat_get_xact_tuples_returned('run_queue_pkey'::regclass)`).Scan(&read)
+		read, err := queueEntriesRead(ctx, tx, func() error {
+			return s.recordOutcomes(ctx, tx, "w1", succeededAt(claims[:recorded], t0), vibejobs.RunsEnded{})
+		})
 		if err == nil && read > 4*recorded {
 			t.Errorf("recording %d outcomes with %d runs in flight read %d entries of run_queue's index; want one a run", recorded, inFlight, read)
 		}
@@ -420,4 +418,71 @@ func TestRecordFindsQueueRowsByKey(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+}
+
+// TestClaimFindsQueueRowsByKey: a claim moves the queue row of each run it
+// leases by the row's whole key, whatever share of the queue the
+// statistics saw leased (an analyze taken during a burst sees nearly
+// every run in flight).
+func TestClaimFindsQueueRowsByKey(t *testing.T) {
+	ctx := context.Background()
+	s, job, id := queueTestJob(t)
+	const n, claimed = 3000, 10
+	newRuns := func(at time.Time) {
+		var runs []*vibejobs.Run
+		for i := range n {
+			runs = append(runs, vibejobs.NewRun(id("run_"), job, vibejobs.TriggerManual, at.Add(time.Duration(i-n)*time.Millisecond), t0))
+		}
+		createRuns(t, s, runs)
+	}
+	newRuns(t0)
+	claims, err := s.ClaimDueRuns(ctx, "w1", t0, n, time.Minute)
+	if err != nil || len(claims) != n {
+		t.Fatalf("ClaimDueRuns = %d, %v", len(claims), err)
+	}
+	if _, err := s.pool.Exec(ctx, `ANALYZE run_queue`); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.RecordOutcomes(ctx, "w1", succeededAt(claims, t0)); err != nil {
+		t.Fatal(err)
+	}
+	// Due before the first runs were: the walk meets them before the
+	// entries the first runs left, which only a vacuum removes.
+	newRuns(t0.Add(-time.Minute))
+	err = pgx.BeginFunc(ctx, s.queue, func(tx pgx.Tx) error {
+		read, err := queueEntriesRead(ctx, tx, func() error {
+			rows, err := tx.Query(ctx, claimSQL, t0, "w2", claimed, int64(time.Second))
+			if err != nil {
+				return err
+			}
+			rows.Close()
+			return rows.Err()
+		})
+		if err == nil && read > 4*claimed {
+			t.Errorf("claiming %d runs of %d due read %d entries of run_queue's index; want one or two a run", claimed, n, read)
+		}
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// queueEntriesRead returns the entries of run_queue's index that index
+// scans returned to statements of tx while do ran. The counters are the
+// backend's own, not yet reported: a backend reports them at most once a
+// second, and only between transactions, so they are read within tx.
+func queueEntriesRead(ctx context.Context, tx pgx.Tx, do func() error) (int, error) {
+	const read = `SELECT pg_stat_get_xact_tuples_returned('run_queue_pkey'::regclass)`
+	var before, after int
+	if err := tx.QueryRow(ctx, read).Scan(&before); err != nil {
+		return 0, err
+	}
+	if err := do(); err != nil {
+		return 0, err
+	}
+	if err := tx.QueryRow(ctx, read).Scan(&after); err != nil {
+		return 0, err
+	}
+	return after - before, nil
 }

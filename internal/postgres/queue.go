@@ -244,11 +244,20 @@ WHERE r.ctid = due.tid AND r.ctid = ANY(ARRAY(SELECT tid FROM due)) AND j.id = r
 RETURNING ` + runColumns + `, due.next_attempt_at,
 	j.url, j.secret_key_id, j.secret_ciphertext, j.timeout_ns, j.max_attempts, j.min_backoff_ns, j.max_backoff_ns,
 	r.lease_expires_at AS lease_key, r.attempt_started_at, due.late_decided AS decided_before
+), queue_keys AS (
+	-- Each claimed run's queue row, probed by its whole key (see
+	-- requeueSQL): joined to claimed directly, the generic plan, made with
+	-- statistics that saw few waiting runs (an analyze during a burst),
+	-- walked every waiting row of the queue for each claim.
+	SELECT k.tid, c.lease_key FROM claimed c CROSS JOIN LATERAL (
+		SELECT q.ctid AS tid FROM run_queue q
+		WHERE q.leased = false AND q.due_at = c.next_attempt_at AND q.run_id = c.id
+		LIMIT 1) k
 ), leased AS (
 	-- The queue row moves to the lease expiry: walks for due runs pass no
 	-- run in flight, and lease recovery finds the expired leases first.
-	UPDATE run_queue q SET due_at = c.lease_key, leased = true FROM claimed c
-	WHERE q.leased = false AND q.due_at = c.next_attempt_at AND q.run_id = c.id
+	UPDATE run_queue q SET due_at = k.lease_key, leased = true FROM queue_keys k
+	WHERE q.ctid = k.tid AND q.ctid = ANY(ARRAY(SELECT tid FROM queue_keys))
 )
 SELECT * FROM claimed`
 
