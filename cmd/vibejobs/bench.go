@@ -528,5 +528,12 @@ func planBurst(ctx context.Context, m *Main, n int, url string) (time.Time, erro
 			return time.Time{}, err
 		}
 	}
+	// On a running server autovacuum's analyze has seen the queue; a bench
+	// schema is new, and on a server with autovacuum off never analyzed.
+	if a, ok := m.store.(interface{ Analyze(context.Context) error }); ok {
+		if err := a.Analyze(ctx); err != nil {
+			return time.Time{}, err
+		}
+	}
 	return due, nil
 }

@@ -927,6 +927,20 @@ func splitByKey[T any](items []T, key func(T) string) [][]T {
 	return batches
 }
 
+// Analyze refreshes the planner's statistics of the tables that claims and
+// records read, as autovacuum's analyze does on a running server, and so
+// replaces the plans made before. Benchmarks call it so that their
+// statements run with the plans a running server's would get, not with
+// those of tables never analyzed (the statistics of a queue of waiting
+// runs once picked plans whose cost grew with the runs in flight; see
+// requeueSQL).
+func (s *Store) Analyze(ctx context.Context) error {
+	if _, err := s.pool.Exec(ctx, `ANALYZE jobs, runs, run_queue`, pgx.QueryExecModeSimpleProtocol); err != nil {
+		return mapError(err, "analyzing the queue tables")
+	}
+	return nil
+}
+
 // VacuumQueue vacuums run_queue, and jobs as well when the server's
 // autovacuum is off. Every claim, due-time read and scheduler scan walks
 // run_queue or jobs_due_idx from its start, where each delivered run and
