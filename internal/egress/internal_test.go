@@ -196,23 +196,11 @@ func TestIdleConnectionsExpire(t *testing.T) {
 		clock = clock.Add(d)
 		mu.Unlock()
 	}
-	policy, _ := NewPolicy([]string{"127.0.0.0/8"})
-	c, err := NewClient(Config{Policy: policy, DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
-		if !netip.MustParseAddrPort(addr).Addr().IsLoopback() {
-			t.Fatalf("dial of %s", addr)
-		}
-		var d net.Dialer
-		conn, err := d.DialContext(ctx, network, addr)
-		if err == nil {
-			dials.Add(1)
-			open.Add(1)
-			conn = &closeCounter{Conn: conn, open: &open}
-		}
-		return conn, err
-	}})
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := loopbackClient(t, func(conn *net.TCPConn) net.Conn {
+		dials.Add(1)
+		open.Add(1)
+		return &closeCounter{Conn: conn, open: &open}
+	})
 	c.now = func() time.Time {
 		mu.Lock()
 		defer mu.Unlock()
@@ -352,26 +340,13 @@ func TestClosedIdleConnectionIsNotWritten(t *testing.T) {
 	var mu sync.Mutex
 	var conns []*writeCounter
 	clock := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
-	policy, _ := NewPolicy([]string{"127.0.0.0/8"})
-	c, err := NewClient(Config{Policy: policy, DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
-		if !netip.MustParseAddrPort(addr).Addr().IsLoopback() {
-			t.Fatalf("dial of %s", addr)
-		}
-		var d net.Dialer
-		conn, err := d.DialContext(ctx, network, addr)
-		if err != nil {
-			return nil, err
-		}
-		wc := &writeCounter{TCPConn: conn.(*net.TCPConn)}
+	c := loopbackClient(t, func(conn *net.TCPConn) net.Conn {
+		wc := &writeCounter{TCPConn: conn}
 		mu.Lock()
 		conns = append(conns, wc)
 		mu.Unlock()
-		return wc, nil
-	}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.CloseIdleConnections()
+		return wc
+	})
 	c.now = func() time.Time { mu.Lock(); defer mu.Unlock(); return clock }
 	if res := c.Post(context.Background(), srv.URL, nil, nil, 5*time.Second); res.ErrorCode != "" {
 		t.Fatalf("first: %+v", res)
@@ -404,4 +379,28 @@ type writeCounter struct {
 func (c *writeCounter) Write(p []byte) (int, error) {
 	c.writes.Add(1)
 	return c.TCPConn.Write(p)
+}
+
+// loopbackClient is a client with loopback opened whose every connection,
+// to a loopback address only, passes through wrap.
+func loopbackClient(t *testing.T, wrap func(*net.TCPConn) net.Conn) *Client {
+	t.Helper()
+	policy, _ := NewPolicy([]string{"127.0.0.0/8"})
+	c, err := NewClient(Config{Policy: policy, DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
+		if !netip.MustParseAddrPort(addr).Addr().IsLoopback() {
+			t.Errorf("test dialer: refused to dial non-loopback %s", addr)
+			return nil, errors.New("test dialer: non-loopback dial refused")
+		}
+		var d net.Dialer
+		conn, err := d.DialContext(ctx, network, addr)
+		if err != nil {
+			return nil, err
+		}
+		return wrap(conn.(*net.TCPConn)), nil
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.CloseIdleConnections)
+	return c
 }
