@@ -169,6 +169,9 @@ func TestSettingsErrorsNameTheFlag(t *testing.T) {
 	}{
 		{[]string{"--concurrency", "10001"}, "--concurrency (VIBEJOBS_CONCURRENCY) must be an integer from 1 to 10000"},
 		{[]string{"--log-level", "trace"}, "--log-level (VIBEJOBS_LOG_LEVEL) must be debug, info, warn or error"},
+		{[]string{"--log-level", "INFO+2"}, "--log-level (VIBEJOBS_LOG_LEVEL) must be debug, info, warn or error"},
+		{[]string{"--log-level", "debug-4"}, "--log-level (VIBEJOBS_LOG_LEVEL) must be debug, info, warn or error"},
+		{[]string{"--log-level", ""}, "--log-level (VIBEJOBS_LOG_LEVEL) must be debug, info, warn or error"},
 		{[]string{"--log-format", "xml"}, "--log-format (VIBEJOBS_LOG_FORMAT) must be text or json"},
 		{[]string{"--database", "mysql://db/x"}, `--database (VIBEJOBS_DATABASE): "mysql" URLs are not supported`},
 		{[]string{"--trusted-proxies", "10.0.0.0/8,proxy.example"}, `--trusted-proxies (VIBEJOBS_TRUSTED_PROXIES): trusted proxies: "proxy.example" is neither`},

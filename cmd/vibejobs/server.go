@@ -230,11 +230,27 @@ func (c *Config) validate() error {
 	if _, err := ratelimit.ParseProxies(c.TrustedProxies); err != nil {
 		return fmt.Errorf("--trusted-proxies (VIBEJOBS_TRUSTED_PROXIES): %w", err)
 	}
-	var lvl slog.Level
-	if err := lvl.UnmarshalText([]byte(c.LogLevel)); err != nil {
+	if _, ok := logLevel(c.LogLevel); !ok {
 		return fmt.Errorf("--log-level (VIBEJOBS_LOG_LEVEL) must be debug, info, warn or error, not %q", c.LogLevel)
 	}
 	return nil
+}
+
+// logLevel reads one of the four levels the flag documents, in any case.
+// slog's own parser also takes offsets ("INFO+2", "debug-4"), levels no
+// operator can look up.
+func logLevel(s string) (slog.Level, bool) {
+	switch strings.ToLower(s) {
+	case "debug":
+		return slog.LevelDebug, true
+	case "info":
+		return slog.LevelInfo, true
+	case "warn":
+		return slog.LevelWarn, true
+	case "error":
+		return slog.LevelError, true
+	}
+	return 0, false
 }
 
 // ParseFlags reads the serve flags and their environment equivalents.
@@ -256,8 +272,7 @@ func (c *Config) masterKeyPath() string {
 }
 
 func (c *Config) newLogger(w io.Writer) *slog.Logger {
-	var lvl slog.Level
-	_ = lvl.UnmarshalText([]byte(c.LogLevel))
+	lvl, _ := logLevel(c.LogLevel)
 	opts := &slog.HandlerOptions{Level: lvl}
 	if c.LogFormat == "json" {
 		return slog.New(slog.NewJSONHandler(w, opts))
