@@ -556,6 +556,12 @@ func TestTLS(t *testing.T) {
 				t.Errorf("status %d, error %q, want it to say %q", res.StatusCode, res.Err, tc.errText)
 			}
 			checkNoDestination(t, res, tc.url, "localhost", "wrong.test", "127.0.0.1", port)
+			if tc.code == "" {
+				// The TLS connection is kept and carries the next attempt.
+				if again := c.Post(context.Background(), tc.url, nil, nil, 5*time.Second); again.ErrorCode != "" || string(again.Snippet) != tc.snippet {
+					t.Errorf("second attempt: %+v", again)
+				}
+			}
 			if len(g.Dialed()) != 1 {
 				t.Errorf("dialed %v", g.Dialed())
 			}
