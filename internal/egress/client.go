@@ -161,8 +161,6 @@ var phaseText = [...]string{
 	phaseTLS:        "in the TLS handshake",
 }
 
-func setPhase(att *attempt, p int32) { att.phase = p }
-
 // Post sends body to rawURL with the given header in one attempt. The whole
 // attempt — waiting for a connection, resolution, connect, TLS, sending and the
 // response headers — is bounded by timeout (DefaultTimeout if ≤ 0), and so is
@@ -504,14 +502,14 @@ func (c *Client) dialConn(ctx context.Context, att *attempt, t *target) (*pconn,
 		cfg := c.tlsConfig.Clone()
 		cfg.ServerName = t.serverName
 		tc := tls.Client(conn, cfg)
-		setPhase(att, phaseTLS)
+		att.phase = phaseTLS
 		if err := tc.HandshakeContext(ctx); err != nil {
 			conn.Close()
 			return nil, tlsError(ctx, err)
 		}
 		conn = tc
 	}
-	setPhase(att, phaseWaiting)
+	att.phase = phaseWaiting
 	return newPconn(conn), nil
 }
 
@@ -526,7 +524,7 @@ func (c *Client) connect(ctx context.Context, att *attempt, network, addr string
 	if err != nil {
 		return nil, &dialError{CodeBlocked, "egress: malformed destination port"}
 	}
-	setPhase(att, phaseResolving)
+	att.phase = phaseResolving
 	addrs, err := c.resolve(ctx, host)
 	if err != nil {
 		return nil, err
@@ -536,14 +534,14 @@ func (c *Client) connect(ctx context.Context, att *attempt, network, addr string
 			return nil, errBlockedAddress
 		}
 	}
-	setPhase(att, phaseConnecting)
+	att.phase = phaseConnecting
 	var firstErr error
 	for i, a := range addrs {
 		dctx, cancel := context.WithDeadline(ctx, partialDeadline(ctx, len(addrs)-i))
 		conn, err := c.dial(dctx, network, netip.AddrPortFrom(a, uint16(port)).String())
 		cancel()
 		if err == nil {
-			setPhase(att, phaseWaiting)
+			att.phase = phaseWaiting
 			return conn, nil
 		}
 		if firstErr == nil {

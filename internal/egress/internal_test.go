@@ -189,23 +189,12 @@ func TestIdleConnectionsExpire(t *testing.T) {
 	}))
 	defer srv.Close()
 	var dials, open atomic.Int64
-	var mu sync.Mutex
-	clock := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
-	advance := func(d time.Duration) {
-		mu.Lock()
-		clock = clock.Add(d)
-		mu.Unlock()
-	}
 	c := loopbackClient(t, func(conn *net.TCPConn) net.Conn {
 		dials.Add(1)
 		open.Add(1)
 		return &closeCounter{Conn: conn, open: &open}
 	})
-	c.now = func() time.Time {
-		mu.Lock()
-		defer mu.Unlock()
-		return clock
-	}
+	clock := newFakeClock(c)
 	post := func() {
 		t.Helper()
 		if res := c.Post(context.Background(), srv.URL, nil, nil, 5*time.Second); res.ErrorCode != "" {
@@ -213,12 +202,12 @@ func TestIdleConnectionsExpire(t *testing.T) {
 		}
 	}
 	post()
-	advance(idleTimeout - time.Second)
+	clock.advance(idleTimeout - time.Second)
 	post()
 	if n := dials.Load(); n != 1 {
 		t.Fatalf("%d dials before the timeout, want 1", n)
 	}
-	advance(idleTimeout)
+	clock.advance(idleTimeout)
 	post()
 	if n, o := dials.Load(), open.Load(); n != 2 || o != 1 {
 		t.Fatalf("after the timeout: %d dials, %d open; want 2 and 1", n, o)
@@ -234,7 +223,7 @@ func TestIdleConnectionsExpire(t *testing.T) {
 	if o := open.Load(); o != 1 {
 		t.Fatalf("an early sweep closed a connection: %d open", o)
 	}
-	advance(idleTimeout)
+	clock.advance(idleTimeout)
 	p.sweepIdle()
 	if o := open.Load(); o != 0 {
 		t.Errorf("%d connections open after the sweep", o)
@@ -339,7 +328,6 @@ func TestClosedIdleConnectionIsNotWritten(t *testing.T) {
 	defer srv.Close()
 	var mu sync.Mutex
 	var conns []*writeCounter
-	clock := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
 	c := loopbackClient(t, func(conn *net.TCPConn) net.Conn {
 		wc := &writeCounter{TCPConn: conn}
 		mu.Lock()
@@ -347,7 +335,7 @@ func TestClosedIdleConnectionIsNotWritten(t *testing.T) {
 		mu.Unlock()
 		return wc
 	})
-	c.now = func() time.Time { mu.Lock(); defer mu.Unlock(); return clock }
+	clock := newFakeClock(c)
 	if res := c.Post(context.Background(), srv.URL, nil, nil, 5*time.Second); res.ErrorCode != "" {
 		t.Fatalf("first: %+v", res)
 	}
@@ -357,9 +345,7 @@ func TestClosedIdleConnectionIsNotWritten(t *testing.T) {
 			t.Fatal("the client never saw the close")
 		}
 	}
-	mu.Lock()
-	clock = clock.Add(probeAfter)
-	mu.Unlock()
+	clock.advance(probeAfter)
 	if res := c.Post(context.Background(), srv.URL, nil, nil, 5*time.Second); res.ErrorCode != "" {
 		t.Fatalf("second: %+v", res)
 	}
@@ -403,4 +389,26 @@ func loopbackClient(t *testing.T, wrap func(*net.TCPConn) net.Conn) *Client {
 	}
 	t.Cleanup(c.CloseIdleConnections)
 	return c
+}
+
+// fakeClock is the clock of a client's idle expiry; it moves only when told.
+type fakeClock struct {
+	mu  sync.Mutex
+	now time.Time
+}
+
+func newFakeClock(c *Client) *fakeClock {
+	f := &fakeClock{now: time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)}
+	c.now = func() time.Time {
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		return f.now
+	}
+	return f
+}
+
+func (f *fakeClock) advance(d time.Duration) {
+	f.mu.Lock()
+	f.now = f.now.Add(d)
+	f.mu.Unlock()
 }

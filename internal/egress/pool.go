@@ -121,22 +121,12 @@ func (c *Client) pool(key string) *hostPool {
 // will receive a connection or (nil) a place.
 func (c *Client) take(key string) (p *hostPool, pc *pconn, wait chan *pconn) {
 	p = c.pool(key)
-	var expired []*pconn
-	now := c.now()
-	for n := len(p.idle); n > 0; n = len(p.idle) {
+	expired := p.expire(c.now())
+	switch n := len(p.idle); {
+	case n > 0: // the most recently used: the likeliest to be alive
 		pc = p.idle[n-1]
 		p.idle[n-1] = nil
 		p.idle = p.idle[:n-1]
-		if now.Sub(pc.idleSince) < idleTimeout {
-			break
-		}
-		// The newest is expired, and so is every older one.
-		expired = append(expired, pc)
-		p.open--
-		pc = nil
-	}
-	switch {
-	case pc != nil:
 	case p.open < c.maxPerHost:
 		p.open++
 	default:
@@ -248,8 +238,13 @@ func (p *hostPool) expire(now time.Time) []*pconn {
 	for n < len(p.idle) && now.Sub(p.idle[n].idleSince) >= idleTimeout {
 		n++
 	}
+	if n == 0 {
+		return nil // the common case, on every take
+	}
 	closing := append([]*pconn(nil), p.idle[:n]...)
-	p.idle = append(p.idle[:0], p.idle[n:]...)
+	kept := copy(p.idle, p.idle[n:])
+	clear(p.idle[kept:]) // no stale pointers past the end
+	p.idle = p.idle[:kept]
 	p.open -= n
 	return closing
 }
