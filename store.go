@@ -366,8 +366,12 @@ type DispatchStore interface {
 	// recorded). A run of a deleted job is cancelled instead, finished at
 	// now, with its run.cancelled event occurring at now: now is the time of
 	// the release, due only when the run may go out again (a run given back
-	// to wait, as for a secret this process cannot open). A run never sent
-	// that DeleteFutureRuns marked withdrawn is deleted.
+	// to wait, as for a secret this process cannot open). A run whose
+	// attempt number is beyond its job's MaxAttempts as it is at the
+	// release (lowered since the run's last attempt) fails instead
+	// (attempts_exhausted), finished at now with its run.failed event, its
+	// Attempt back to the last attempt recorded. A run never sent that
+	// DeleteFutureRuns marked withdrawn is deleted.
 	ReleaseClaims(ctx context.Context, owner string, claims []*Claim, now, due time.Time) error
 }
 

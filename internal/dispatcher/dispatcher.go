@@ -762,6 +762,15 @@ func (d *Dispatcher) deliver(c *vibejobs.Claim, host string, h *heldClaim) {
 		}
 	}
 	r := c.Run
+	if r.Attempt > c.Retry.MaxAttempts {
+		// The job's maxAttempts was lowered after the run's last attempt:
+		// its attempts are used up, and none more goes out. Given back,
+		// the run fails attempts_exhausted (see ReleaseClaims), unless the
+		// limit was raised again since the claim read it.
+		now := d.cfg.Now()
+		d.release(context.Background(), []*vibejobs.Claim{c}, now, now)
+		return
+	}
 	secret, err := d.cfg.Opener.Open(c.Secret, r.JobID)
 	if err != nil {
 		d.secretUnavailable(c, err)

@@ -273,6 +273,35 @@ func TestDeliversSignedRequestAndRetries(t *testing.T) {
 	}
 }
 
+// TestLoweredMaxAttemptsSendsNoMore: a job's maxAttempts lowered while its
+// run waits to retry ends the run at its next turn, attempts_exhausted,
+// without another attempt going out (SEMANTICS §2: attempts used up).
+func TestLoweredMaxAttemptsSendsNoMore(t *testing.T) {
+	e := newEnv(t)
+	j := e.job(t, "job_a", "https://a.example/hook")
+	e.sender.answer[j.URL] = []egress.Result{
+		{StatusCode: 503, ErrorCode: egress.CodeHTTP5xx}, {StatusCode: 503, ErrorCode: egress.CodeHTTP5xx}}
+	r := e.run(t, j, "run_a", e.clock.Now())
+	e.start(t, 8)
+
+	e.sender.next(t)
+	e.waitRun(t, r.ID, func(r *vibejobs.Run) bool { return r.State == vibejobs.RunRetrying })
+	e.clock.Add(30 * time.Second)
+	e.sender.next(t)
+	e.waitRun(t, r.ID, func(r *vibejobs.Run) bool { return r.State == vibejobs.RunRetrying && r.Attempt == 2 })
+	j.Retry.MaxAttempts = 2
+	e.update(t, func(tx vibejobs.Tx) error { return tx.UpdateJob(context.Background(), j) })
+
+	e.clock.Add(5 * time.Minute)
+	got := e.waitRun(t, r.ID, func(r *vibejobs.Run) bool { return r.State.Finished() })
+	if got.State != vibejobs.RunFailed || got.FailureReason != vibejobs.ReasonAttemptsExhausted ||
+		got.Attempt != 2 || len(got.Attempts) != 2 {
+		t.Fatalf("run after its limit went down: %s %q attempt %d, %d attempts; want failed attempts_exhausted at attempt 2",
+			got.State, got.FailureReason, got.Attempt, len(got.Attempts))
+	}
+	e.wantNothingSent(t, "attempt beyond the lowered limit")
+}
+
 func TestOnTimeRunIsNotLate(t *testing.T) {
 	e := newEnv(t)
 	j := e.job(t, "job_a", "https://a.example/hook")

@@ -578,9 +578,11 @@ func recordArgs(owner string, outcomes []vibejobs.Outcome) ([]any, error) {
 // since none was sent, and a first attempt never sent before (no attempt
 // recorded, not even an interrupted one) decides Late again. A released run
 // of a deleted job is cancelled (job_deleted) at now instead, whatever due
-// says, its job read under a share lock (see tx.DeleteJob). A run never sent
-// whose occurrence was withdrawn while it was held is deleted (see
-// tx.DeleteFutureRuns).
+// says, its job read under a share lock (see tx.DeleteJob). A released run
+// whose attempt number is beyond its job's maxAttempts, lowered since its
+// last attempt, fails (attempts_exhausted) at now, its number back to its
+// last attempt recorded. A run never sent whose occurrence was withdrawn
+// while it was held is deleted (see tx.DeleteFutureRuns).
 func (s *Store) ReleaseClaims(ctx context.Context, owner string, claims []*vibejobs.Claim, now, due time.Time) error {
 	if len(claims) == 0 {
 		return nil
@@ -601,16 +603,17 @@ func (s *Store) ReleaseClaims(ctx context.Context, owner string, claims []*vibej
 		-- that a pause held while the pause waited for the run, a
 		-- deadlock. The run's lateral subquery names the job's, so it is
 		-- evaluated after it.
-		SELECT r.id, r.old_due, j.deleted_at AS job_deleted_at, r.unsent, r.withdrawn
+		SELECT r.id, r.old_due, j.deleted_at AS job_deleted_at, r.unsent, r.withdrawn,
+			CASE WHEN j.deleted_at IS NOT NULL THEN 'cancelled' WHEN r.used_up THEN 'failed' END AS end_state
 		FROM unnest($2::text[], $7::timestamptz[]) AS c(run_id, claimed_at)
 		CROSS JOIN LATERAL (
-			SELECT j.id, j.deleted_at FROM jobs j
+			SELECT j.id, j.deleted_at, j.max_attempts FROM jobs j
 			WHERE j.id = (SELECT job_id FROM runs WHERE id = c.run_id)
 			FOR SHARE) j
 		CROSS JOIN LATERAL (
 			SELECT r.id, r.lease_expires_at AS old_due,
 				r.attempt <= 1 AND NOT EXISTS (SELECT 1 FROM attempts a WHERE a.run_id = r.id) AS unsent,
-				r.withdrawn
+				r.withdrawn, r.attempt > j.max_attempts AS used_up
 			FROM runs r
 			WHERE r.id = c.run_id AND r.job_id = j.id AND r.lease_owner = $1 AND r.attempt_started_at = c.claimed_at
 			FOR UPDATE) r
@@ -632,14 +635,19 @@ func (s *Store) ReleaseClaims(ctx context.Context, owner string, claims []*vibej
 	), kept AS (
 		SELECT * FROM held WHERE NOT (withdrawn AND unsent AND job_deleted_at IS NULL)
 	), released AS (
+		-- A run of a deleted job is cancelled; one whose attempt number is
+		-- beyond its job's maxAttempts, lowered since its last attempt,
+		-- fails, its number back to the last attempt recorded.
 		UPDATE runs r SET
-			state = CASE WHEN kept.job_deleted_at IS NOT NULL THEN 'cancelled'
-				WHEN r.attempt <= 1 THEN 'scheduled' ELSE 'retrying' END,
-			failure_reason = CASE WHEN kept.job_deleted_at IS NOT NULL THEN $4 ELSE r.failure_reason END,
-			finished_at = CASE WHEN kept.job_deleted_at IS NOT NULL THEN $3::timestamptz END,
-			next_attempt_at = CASE WHEN kept.job_deleted_at IS NULL
+			state = COALESCE(kept.end_state, CASE WHEN r.attempt <= 1 THEN 'scheduled' ELSE 'retrying' END),
+			failure_reason = CASE kept.end_state WHEN 'cancelled' THEN $4 WHEN 'failed' THEN $9
+				ELSE r.failure_reason END,
+			attempt = CASE WHEN kept.end_state = 'failed'
+				THEN (SELECT COALESCE(max(a.number), 0) FROM attempts a WHERE a.run_id = r.id) ELSE r.attempt END,
+			finished_at = CASE WHEN kept.end_state IS NOT NULL THEN $3::timestamptz END,
+			next_attempt_at = CASE WHEN kept.end_state IS NULL
 				THEN GREATEST($3::timestamptz, LEAST($8::timestamptz, r.deadline_at)) END,
-			redeliver = kept.job_deleted_at IS NULL,
+			redeliver = kept.end_state IS NULL,
 			late = CASE WHEN kept.unsent THEN false ELSE r.late END,
 			late_decided = CASE WHEN kept.unsent THEN false ELSE r.late_decided END,
 			attempt_started_at = NULL,
@@ -647,16 +655,17 @@ func (s *Store) ReleaseClaims(ctx context.Context, owner string, claims []*vibej
 			lease_expires_at = NULL
 		FROM kept
 		WHERE r.id = kept.id AND r.id = ANY(ARRAY(SELECT id FROM kept))
-		RETURNING kept.job_deleted_at IS NULL AS claimable, r.id, r.project_id, r.job_id, r.state, r.failure_reason,
+		RETURNING kept.end_state IS NULL AS claimable, r.id, r.project_id, r.job_id, r.state, r.failure_reason,
 			r.attempt, kept.old_due, r.next_attempt_at
 	)`+requeueSQL("released", "id", "next_attempt_at", true)+`, ev AS (
 		SELECT project_id, id AS ord, `+runEventType+` AS type, $3::timestamptz AS occurred_at, job_id,
 			id AS run_id, state, failure_reason AS reason, attempt, '' AS error_code, 0 AS status_code,
 			NULL::timestamptz AS next_at
-		FROM released WHERE state = 'cancelled'
+		FROM released WHERE NOT claimable
 	)`+appendEventsTail+`
 	SELECT CASE WHEN bool_or(claimable) THEN pg_notify($5, $6) END, `+endedSQL+` FROM released`,
-		owner, runIDs, now, vibejobs.ReasonJobDeleted, NotifyChannel, s.schema, claimedAts, due).Scan(nil, &value)
+		owner, runIDs, now, vibejobs.ReasonJobDeleted, NotifyChannel, s.schema, claimedAts, due,
+		vibejobs.ReasonAttemptsExhausted).Scan(nil, &value)
 	if err != nil {
 		return mapError(err, "releasing claims")
 	}

@@ -554,12 +554,15 @@ const recordCancelSQL = `UPDATE runs SET state = 'cancelled', failure_reason = ?
 // of the claim ?2 names (owner and claim time, as recordMoveSQL tells them).
 // A deleted job's run is cancelled at ?1.
 const releaseSQL = `UPDATE runs SET
-				state = CASE WHEN ` + jobDeleted + ` THEN 'cancelled'
+				state = CASE WHEN ` + jobDeleted + ` THEN 'cancelled' WHEN ` + attemptsUsedUp + ` THEN 'failed'
 					WHEN attempt <= 1 THEN 'scheduled' ELSE 'retrying' END,
-				failure_reason = CASE WHEN ` + jobDeleted + ` THEN ?4 ELSE '' END,
-				finished_at = CASE WHEN ` + jobDeleted + ` THEN ?1 ELSE NULL END,
-				next_attempt_at = CASE WHEN ` + jobDeleted + ` THEN NULL ELSE max(?1, min(?5, deadline_at)) END,
-				redeliver = CASE WHEN ` + jobDeleted + ` THEN 0 ELSE 1 END,
+				failure_reason = CASE WHEN ` + jobDeleted + ` THEN ?4 WHEN ` + attemptsUsedUp + ` THEN ?6 ELSE '' END,
+				attempt = CASE WHEN NOT ` + jobDeleted + ` AND ` + attemptsUsedUp + `
+					THEN (SELECT coalesce(max(a.number), 0) FROM attempts a WHERE a.run_seq = runs.seq)
+					ELSE attempt END,
+				finished_at = CASE WHEN ` + releaseEnds + ` THEN ?1 ELSE NULL END,
+				next_attempt_at = CASE WHEN ` + releaseEnds + ` THEN NULL ELSE max(?1, min(?5, deadline_at)) END,
+				redeliver = CASE WHEN ` + releaseEnds + ` THEN 0 ELSE 1 END,
 				late = CASE WHEN attempt <= 1 AND NOT EXISTS (SELECT 1 FROM attempts a WHERE a.run_seq = runs.seq)
 					THEN NULL ELSE late END,
 				attempt_started_at = NULL, lease_owner = NULL, lease_expires_at = NULL
@@ -579,6 +582,14 @@ const releaseWithdrawnSQL = `DELETE FROM runs
 
 // jobDeleted is true for a run (in a statement on runs) whose job is deleted.
 const jobDeleted = `EXISTS (SELECT 1 FROM jobs j WHERE j.id = runs.job_id AND j.deleted_at IS NOT NULL)`
+
+// attemptsUsedUp is true for a claimed run (in a statement on runs) whose
+// attempt number, the one its claim was to send, is beyond its job's
+// maxAttempts as it is now: lowered after the run's last attempt.
+const attemptsUsedUp = `EXISTS (SELECT 1 FROM jobs j WHERE j.id = runs.job_id AND runs.attempt > j.max_attempts)`
+
+// releaseEnds is true for a released run that ends instead of going back.
+const releaseEnds = `(` + jobDeleted + ` OR ` + attemptsUsedUp + `)`
 
 // writeStatements are prepared once on the write connection.
 var writeStatements = []string{applyAdvanceSQL, applyInsertSQL, applyWantedSQL, claimPickSQL, claimSQL, claimJobsSQL,
@@ -618,9 +629,11 @@ func snippet(s string) string {
 // recorded, not even an interrupted one) gets its late flag decided again;
 // one the app has seen keeps it. A run whose job was deleted meanwhile has
 // no attempt in flight any more: it is cancelled (job_deleted) at now, as
-// DeleteJob would have done, whatever due says. A run never sent whose
-// occurrence was withdrawn while it was held is deleted (see
-// tx.DeleteFutureRuns).
+// DeleteJob would have done, whatever due says. A run whose attempt number
+// is beyond its job's maxAttempts, lowered since its last attempt, fails
+// (attempts_exhausted) at now, its number back to its last attempt
+// recorded. A run never sent whose occurrence was withdrawn while it was
+// held is deleted (see tx.DeleteFutureRuns).
 func (s *Store) ReleaseClaims(ctx context.Context, owner string, claims []*vibejobs.Claim, now, due time.Time) error {
 	if len(claims) == 0 {
 		return nil
@@ -637,7 +650,7 @@ func (s *Store) ReleaseClaims(ctx context.Context, owner string, claims []*vibej
 			return err
 		}
 		rows, err := t.QueryContext(ctx, releaseSQL, ms(now), jsonArray(held), owner, vibejobs.ReasonJobDeleted,
-			ms(due))
+			ms(due), vibejobs.ReasonAttemptsExhausted)
 		if err != nil {
 			return err
 		}
@@ -645,14 +658,14 @@ func (s *Store) ReleaseClaims(ctx context.Context, owner string, claims []*vibej
 		if err != nil {
 			return err
 		}
-		cancelled := released[:0]
+		ended := released[:0]
 		for _, e := range released {
-			if e.Type == vibejobs.EventRunCancelled {
+			if e.Type == vibejobs.EventRunCancelled || e.Type == vibejobs.EventRunFailed {
 				e.NextAt = nil
-				cancelled = append(cancelled, e)
+				ended = append(ended, e)
 			}
 		}
-		return appendEvents(ctx, t, cancelled)
+		return appendEvents(ctx, t, ended)
 	})
 	if err != nil {
 		return fmt.Errorf("releasing claims: %w", err)

@@ -1257,3 +1257,90 @@ func tally[M ~map[K]int, K comparable](t *testing.T) (add func(M), want func(wha
 	}
 	return add, want
 }
+
+// testReleaseWhenAttemptsAreUsedUp: a job's maxAttempts lowered while its
+// run retries leaves the run's next claim beyond the limit, and the
+// dispatcher gives such a claim back unsent. Released, the run fails
+// attempts_exhausted at the release with its run.failed event, shows the
+// last attempt it sent (a recovered attempt too), and is claimed no more.
+// A limit raised again before the release lets the claim go back to be
+// sent under its number.
+func testReleaseWhenAttemptsAreUsedUp(t *testing.T, f *fixture) {
+	f.projects()
+	j := f.job(projectA)
+	setMax := func(n int) {
+		u := *f.getJob(projectA, j.ID)
+		u.Retry.MaxAttempts = n
+		f.update(func(tx vibejobs.Tx) error { return tx.UpdateJob(f.ctx, &u) })
+	}
+	// retryAt has claim c's attempt fail at at, to be tried again a minute on.
+	retryAt := func(c *vibejobs.Claim, at time.Time) time.Time {
+		next := at.Add(time.Minute)
+		f.record("w1", retrying(c, at, at.Add(time.Second), next))
+		return next
+	}
+
+	// Sent twice, then the limit goes down to 2.
+	r := f.run(j, T0)
+	at := retryAt(f.claimIDs("w1", T0, 1, r)[0], T0)
+	at = retryAt(f.claimIDs("w1", at, 1, r)[0], at)
+	setMax(2)
+	c := f.claimIDs("w1", at, 1, r)[0]
+	if c.Run.Attempt != 3 || c.Retry.MaxAttempts != 2 {
+		t.Fatalf("claim after the limit went down: attempt %d of %d, want 3 of 2", c.Run.Attempt, c.Retry.MaxAttempts)
+	}
+	head := f.head(projectA)
+	rel := at.Add(time.Second)
+	if err := f.s.ReleaseClaims(f.ctx, "w1", []*vibejobs.Claim{c}, rel, rel); err != nil {
+		t.Fatalf("ReleaseClaims: %v", err)
+	}
+	got := f.wantRun("run released with its attempts used up", r.ID, vibejobs.RunFailed, 2, nil)
+	if got.FailureReason != vibejobs.ReasonAttemptsExhausted || got.FinishedAt == nil || !got.FinishedAt.Equal(rel) ||
+		got.NextAttemptAt != nil {
+		t.Errorf("run released with its attempts used up: reason %q finished %v next %v; want attempts_exhausted at %s, none next",
+			got.FailureReason, got.FinishedAt, got.NextAttemptAt, rel)
+	}
+	f.wantAttempts("run released with its attempts used up", got, "1:http_5xx 2:http_5xx")
+	events := f.events(projectA, head)
+	wantEqual(t, "events of the release", eventLines(events), []string{"run.failed " + r.ID + " 2 failed attempts_exhausted"})
+	if len(events) == 1 && !events[0].OccurredAt.Equal(rel) {
+		t.Errorf("run.failed at %s, want %s", events[0].OccurredAt, rel)
+	}
+	f.claimIDs("w2", rel.Add(time.Hour), 10)
+
+	// A recovered attempt counts: interrupted at attempt 2, claimed again
+	// under that number once the limit is 1, the run ends at attempt 2.
+	setMax(4)
+	s := f.run(j, T0.Add(time.Hour))
+	at = retryAt(f.claimIDs("w1", T0.Add(time.Hour), 1, s)[0], T0.Add(time.Hour))
+	f.claimIDs("w1", at, 1, s)
+	if n, err := f.s.RecoverExpiredLeases(f.ctx, at.Add(time.Minute), 10); err != nil || n != 1 {
+		t.Fatalf("RecoverExpiredLeases = %d, %v; want 1", n, err)
+	}
+	setMax(1)
+	c = f.claimIDs("w1", at.Add(time.Minute), 1, s)[0]
+	if c.Run.Attempt != 2 {
+		t.Fatalf("recovered run claimed again as attempt %d, want 2", c.Run.Attempt)
+	}
+	rel = at.Add(time.Minute + time.Second)
+	if err := f.s.ReleaseClaims(f.ctx, "w1", []*vibejobs.Claim{c}, rel, rel); err != nil {
+		t.Fatalf("ReleaseClaims: %v", err)
+	}
+	got = f.wantRun("recovered run released with its attempts used up", s.ID, vibejobs.RunFailed, 2, nil)
+	f.wantAttempts("recovered run released with its attempts used up", got, "1:http_5xx 2:interrupted")
+
+	// Raised again before the release: the run goes back, to be sent as
+	// attempt 2.
+	u := f.run(j, T0.Add(2*time.Hour))
+	at = retryAt(f.claimIDs("w1", T0.Add(2*time.Hour), 1, u)[0], T0.Add(2*time.Hour))
+	c = f.claimIDs("w1", at, 1, u)[0]
+	setMax(4)
+	rel = at.Add(time.Second)
+	if err := f.s.ReleaseClaims(f.ctx, "w1", []*vibejobs.Claim{c}, rel, rel); err != nil {
+		t.Fatalf("ReleaseClaims: %v", err)
+	}
+	f.wantRun("run released under a limit raised again", u.ID, vibejobs.RunRetrying, 2, &rel)
+	if again := f.claimIDs("w2", rel, 1, u)[0]; again.Run.Attempt != 2 {
+		t.Errorf("claimed again as attempt %d, want 2", again.Run.Attempt)
+	}
+}

@@ -85,6 +85,7 @@ func Run(t *testing.T, open func(t *testing.T) vibejobs.Store) {
 		{"ReleaseDueAfterItsDeadline", testReleaseDueAfterItsDeadline},
 		{"ReleaseKeepsLateOfASentFirstAttempt", testReleaseKeepsLateOfASentFirstAttempt},
 		{"ReleaseOfARecoveredClaim", testReleaseOfARecoveredClaim},
+		{"ReleaseWhenAttemptsAreUsedUp", testReleaseWhenAttemptsAreUsedUp},
 		{"NextDueAt", testNextDueAt},
 		{"QueueStats", testQueueStats},
 		{"RunsEnded", testRunsEnded},
