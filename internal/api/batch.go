@@ -1,6 +1,7 @@
 package api
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -44,6 +45,9 @@ func (s *Server) createJobs(ctx context.Context, c *call, tx vibejobs.Tx) (*resp
 	}
 	inputs := make([]*jobInput, len(items))
 	for i, item := range items {
+		if t := bytes.TrimSpace(item); len(t) == 0 || t[0] != '{' {
+			return nil, invalid("invalid_json", "jobs["+strconv.Itoa(i)+"]", "must be a JSON object")
+		}
 		in, e := parseJobInput(item)
 		if e != nil {
 			return nil, prefixField(e, "jobs["+strconv.Itoa(i)+"]")

@@ -29,6 +29,16 @@ type object struct {
 // decodeObject parses data as exactly one JSON object (surrounding whitespace
 // allowed, nothing else). field names the object in errors; "" for the body.
 func decodeObject(data []byte, field string) (*object, *vibejobs.Error) {
+	if field == "" {
+		// encoding/json would take both, each as U+FFFD: a URL with a
+		// stray byte stored as another URL.
+		if !utf8.Valid(data) {
+			return nil, invalid("invalid_json", "", "the request body is not UTF-8 text")
+		}
+		if loneSurrogate(data) {
+			return nil, invalid("invalid_json", "", `the request body holds a \u escape of half a surrogate pair, which names no character`)
+		}
+	}
 	dec := json.NewDecoder(bytes.NewReader(data))
 	dec.UseNumber()
 	notObject := func() *vibejobs.Error {
@@ -223,4 +233,39 @@ func fieldName(s string) string {
 		}
 	}
 	return s[:max] + "…"
+}
+
+// loneSurrogate reports whether JSON text data holds a \u escape of a
+// UTF-16 surrogate that is not one half of a pair (a high one followed by
+// a low one), which encoding/json decodes as U+FFFD.
+func loneSurrogate(data []byte) bool {
+	hex4 := func(i int) (rune, bool) {
+		if i+6 > len(data) || data[i] != '\\' || data[i+1] != 'u' {
+			return 0, false
+		}
+		n, err := strconv.ParseUint(string(data[i+2:i+6]), 16, 16)
+		return rune(n), err == nil
+	}
+	for i := 0; i < len(data); i++ {
+		if data[i] != '\\' {
+			continue
+		}
+		r, ok := hex4(i)
+		if !ok {
+			i++ // any other escape: skip the escaped byte, a backslash too
+			continue
+		}
+		switch {
+		case r >= 0xD800 && r <= 0xDBFF:
+			if lo, ok := hex4(i + 6); !ok || lo < 0xDC00 || lo > 0xDFFF {
+				return true
+			}
+			i += 11
+		case r >= 0xDC00 && r <= 0xDFFF:
+			return true
+		default:
+			i += 5
+		}
+	}
+	return false
 }

@@ -186,8 +186,11 @@ func checkName(name, field string) *vibejobs.Error {
 	}
 	for _, r := range name {
 		switch {
-		case unicode.IsControl(r) || r == utf8.RuneError:
+		case unicode.IsControl(r):
 			return invalid("invalid_name", field, "name must not contain control characters")
+		case r == utf8.RuneError:
+			// Sent as such: bytes that are not UTF-8 never get this far.
+			return invalid("invalid_name", field, "name must not contain U+FFFD, the replacement character")
 		case hiddenInName(r):
 			return invalid("invalid_name", field, "name must not contain invisible or bidirectional formatting characters")
 		}
