@@ -8,6 +8,7 @@ import (
 	"strings"
 
 	"github.com/vibejobs/vibejobs"
+	"github.com/vibejobs/vibejobs/contract"
 	"github.com/vibejobs/vibejobs/internal/feed"
 )
 
@@ -47,8 +48,9 @@ func (s *Server) listEvents(ctx context.Context, c *call) (*response, error) {
 	}
 	f.Types = types
 	if v, ok := q["jobId"]; ok {
-		if len(v) != 1 || v[0] == "" {
-			return nil, invalid("invalid_job_id", "jobId", "jobId must be one job id")
+		// Its shape only: a deleted job's events stay in the feed.
+		if len(v) != 1 || !contract.ValidID(v[0], "job_") {
+			return nil, invalid("invalid_job_id", "jobId", "jobId must be one job id (job_…)")
 		}
 		f.JobID = v[0]
 		c.info.job = v[0]

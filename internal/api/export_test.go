@@ -11,6 +11,17 @@ func (s *Server) Routes() []string {
 	return out
 }
 
+// RouteQuery is the query parameters the route of operation op ("METHOD
+// /path") takes.
+func (s *Server) RouteQuery(op string) []string {
+	for _, rt := range s.routes {
+		if rt.method+" "+rt.path == op {
+			return rt.query
+		}
+	}
+	return nil
+}
+
 // MuxPattern is the pattern the Server's mux picks for r ("" when none).
 func (s *Server) MuxPattern(r *http.Request) string {
 	_, p := s.mux.Handler(r)

@@ -113,6 +113,20 @@ func TestOpenAPIMatchesRoutes(t *testing.T) {
 				t.Errorf("%s: Idempotency-Key is not required", o)
 			}
 		}
+		// The query parameters documented are those the route takes (and
+		// refuses others).
+		var query []string
+		for _, p := range params {
+			if name, ok := strings.CutPrefix(p, "query:"); ok {
+				query = append(query, name)
+			}
+		}
+		taken := slices.Clone(e.server.RouteQuery(o))
+		slices.Sort(query)
+		slices.Sort(taken)
+		if !slices.Equal(query, taken) {
+			t.Errorf("%s documents query parameters %v; the route takes %v", o, query, taken)
+		}
 		if strings.Contains(path, "{id}") && !slices.Contains(params, "path:id") {
 			t.Errorf("%s does not declare its id", o)
 		}

@@ -17,6 +17,7 @@ import (
 	"net/http"
 	"net/url"
 	"runtime/debug"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -222,6 +223,11 @@ type route struct {
 	// rawInstallation is served instead of raw to the installation
 	// administrator's token.
 	rawInstallation http.Handler
+	// query names the query parameters the route reads. A /v1/ route that
+	// needs a token refuses any other (invalid_query), as a body refuses an unknown
+	// field: a misspelt filter would otherwise list everything, and a
+	// made-up option would be ignored.
+	query []string
 }
 
 func (s *Server) routeTable() []route {
@@ -232,7 +238,7 @@ func (s *Server) routeTable() []route {
 
 		{method: "POST", path: "/v1/jobs", access: accessWrite, effect: s.createJob},
 		{method: "POST", path: "/v1/jobs/batch", access: accessWrite, effect: s.createJobs, maxBody: MaxBatchBodyBytes},
-		{method: "GET", path: "/v1/jobs", access: accessRead, serve: s.listJobs},
+		{method: "GET", path: "/v1/jobs", access: accessRead, serve: s.listJobs, query: []string{"limit", "cursor"}},
 		{method: "GET", path: "/v1/jobs/{id}", access: accessRead, serve: s.getJob},
 		{method: "PATCH", path: "/v1/jobs/{id}", access: accessWrite, serve: s.patchJob},
 		{method: "DELETE", path: "/v1/jobs/{id}", access: accessWrite, serve: s.deleteJob},
@@ -240,12 +246,15 @@ func (s *Server) routeTable() []route {
 		{method: "POST", path: "/v1/jobs/{id}/resume", access: accessWrite, effect: s.resumeJob},
 		{method: "POST", path: "/v1/jobs/{id}/rotate-secret", access: accessWrite, effect: s.rotateSecret},
 		{method: "POST", path: "/v1/jobs/{id}/runs", access: accessWrite, effect: s.triggerRun},
-		{method: "GET", path: "/v1/jobs/{id}/runs", access: accessRead, serve: s.listJobRuns},
-		{method: "GET", path: "/v1/jobs/{id}/next", access: accessRead, serve: s.nextFireTimes},
-		{method: "GET", path: "/v1/runs", access: accessRead, serve: s.listRuns},
+		{method: "GET", path: "/v1/jobs/{id}/runs", access: accessRead, serve: s.listJobRuns,
+			query: []string{"state", "limit", "cursor"}},
+		{method: "GET", path: "/v1/jobs/{id}/next", access: accessRead, serve: s.nextFireTimes, query: []string{"count"}},
+		{method: "GET", path: "/v1/runs", access: accessRead, serve: s.listRuns,
+			query: []string{"jobId", "state", "limit", "cursor"}},
 		{method: "GET", path: "/v1/runs/{id}", access: accessRead, serve: s.getRun},
 
-		{method: "GET", path: "/v1/events", access: accessRead, serve: s.listEvents},
+		{method: "GET", path: "/v1/events", access: accessRead, serve: s.listEvents,
+			query: []string{"after", "limit", "type", "jobId"}},
 		{method: "POST", path: "/v1/subscriptions", access: accessWrite, effect: s.createSubscription},
 		{method: "GET", path: "/v1/subscriptions", access: accessRead, serve: s.listSubscriptions},
 		{method: "GET", path: "/v1/subscriptions/{id}", access: accessRead, serve: s.getSubscription},
@@ -427,7 +436,14 @@ func checkText(r *http.Request, rt route) *vibejobs.Error {
 	if field, ok := malformedQuery(r.URL.RawQuery); ok {
 		return invalid("invalid_query", field, "the query must be well-formed: & between parameters, %XX escapes only")
 	}
-	for name, values := range r.URL.Query() {
+	query, err := url.ParseQuery(r.URL.RawQuery)
+	if err != nil {
+		// Well-formed pairs, but more than url.ParseQuery takes (Go's
+		// urlmaxqueryparams): URL.Query would come back empty, every
+		// filter dropped.
+		return invalid("invalid_query", "", "the query has too many parameters")
+	}
+	for name, values := range query {
 		field := name
 		if badText(name) {
 			field = ""
@@ -436,6 +452,13 @@ func checkText(r *http.Request, rt route) *vibejobs.Error {
 			if field == "" || badText(v) {
 				return invalid("invalid_query", field, "query parameters must be UTF-8 text without NUL bytes")
 			}
+		}
+		if rt.access != accessPublic && strings.HasPrefix(rt.path, "/v1/") && !slices.Contains(rt.query, name) {
+			if len(rt.query) == 0 {
+				return invalid("invalid_query", field, fmt.Sprintf("unknown query parameter %q: this operation takes none", name))
+			}
+			return invalid("invalid_query", field, fmt.Sprintf("unknown query parameter %q: this operation takes %s",
+				name, strings.Join(rt.query, ", ")))
 		}
 	}
 	return nil
