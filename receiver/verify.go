@@ -88,10 +88,19 @@ func (s Secrets) validate() error {
 
 // Verifier verifies delivery signatures. It is safe for concurrent use; the
 // secrets can be replaced at any time with [Verifier.SetSecrets] or
-// [Verifier.Rotate] while requests are being verified.
+// [Verifier.Rotate] while requests are being verified. The zero Verifier
+// holds no secret, so it refuses every signature, and uses time.Now as its
+// clock; give it its secrets with SetSecrets.
 type Verifier struct {
-	now     func() time.Time
+	clock   func() time.Time // nil: time.Now
 	secrets atomic.Pointer[Secrets]
+}
+
+func (v *Verifier) now() time.Time {
+	if v.clock == nil {
+		return time.Now()
+	}
+	return v.clock()
 }
 
 // NewVerifier returns a Verifier for s. now is the clock used for freshness and
@@ -99,10 +108,7 @@ type Verifier struct {
 // the job secret format (for example with a trailing newline from a file) are
 // rejected with ErrInvalidSecret.
 func NewVerifier(s Secrets, now func() time.Time) (*Verifier, error) {
-	if now == nil {
-		now = time.Now
-	}
-	v := &Verifier{now: now}
+	v := &Verifier{clock: now}
 	if err := v.SetSecrets(s); err != nil {
 		return nil, err
 	}
@@ -118,8 +124,13 @@ func (v *Verifier) SetSecrets(s Secrets) error {
 	return nil
 }
 
-// Secrets returns the secrets in force.
-func (v *Verifier) Secrets() Secrets { return *v.secrets.Load() }
+// Secrets returns the secrets in force (none for a zero Verifier).
+func (v *Verifier) Secrets() Secrets {
+	if s := v.secrets.Load(); s != nil {
+		return *s
+	}
+	return Secrets{}
+}
 
 // Rotate makes next the current secret and keeps accepting the one it replaces
 // for window (DefaultRotationWindow when window ≤ 0) from now. Rotations at
@@ -133,10 +144,13 @@ func (v *Verifier) Rotate(next string, window time.Duration) error {
 	}
 	for {
 		old := v.secrets.Load()
-		if next == old.Current {
-			return nil
+		s := Secrets{Current: next}
+		if old != nil { // nil: a zero Verifier, with no secret to keep
+			if next == old.Current {
+				return nil
+			}
+			s.Previous, s.PreviousExpiresAt = old.Current, v.now().Add(window)
 		}
-		s := Secrets{Current: next, Previous: old.Current, PreviousExpiresAt: v.now().Add(window)}
 		if err := s.validate(); err != nil {
 			return err
 		}
@@ -153,6 +167,9 @@ func (v *Verifier) Rotate(next string, window time.Duration) error {
 func (v *Verifier) Verify(signature string, body []byte) error {
 	now := v.now()
 	s := v.secrets.Load()
+	if s == nil {
+		s = &Secrets{} // a zero Verifier: no key, every signature refused
+	}
 	keys := [2]string{s.Current}
 	if s.Previous != "" && now.Before(s.PreviousExpiresAt) {
 		keys[1] = s.Previous

@@ -2,7 +2,9 @@ package receiver_test
 
 import (
 	"errors"
+	"log/slog"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -302,6 +304,52 @@ func BenchmarkVerifyDuringRotation(b *testing.B) {
 	for b.Loop() {
 		if err := v.Verify(vectorHeader, body); err != nil {
 			b.Fatal(err)
+		}
+	}
+}
+
+// TestZeroVerifier: a Verifier declared as a value works. With no secret it
+// refuses every signature; given its secrets (SetSecrets or Rotate) it
+// verifies against time.Now, and a handler built on it answers. Its clock
+// was a nil func: every delivery panicked, and the platform saw a reset
+// connection on every attempt.
+func TestZeroVerifier(t *testing.T) {
+	body := []byte(vectorBody)
+	var empty receiver.Verifier
+	if err := empty.Verify(contract.Sign(vectorSecret, time.Now().Unix(), body), body); !errors.Is(err, contract.ErrBadSignature) {
+		t.Errorf("zero Verifier, no secret: Verify = %v, want ErrBadSignature", err)
+	}
+	if got := empty.Secrets(); got != (receiver.Secrets{}) {
+		t.Errorf("zero Verifier's secrets: %+v, want none", got)
+	}
+
+	var rotated receiver.Verifier
+	if err := rotated.Rotate(otherSecret, 0); err != nil {
+		t.Fatalf("Rotate on a zero Verifier: %v", err)
+	}
+	if got := rotated.Secrets(); got.Current != otherSecret || got.Previous != "" {
+		t.Errorf("after Rotate on a zero Verifier: current=%t previous=%q", got.Current == otherSecret, got.Previous)
+	}
+
+	var v receiver.Verifier
+	if err := v.SetSecrets(receiver.Secrets{Current: vectorSecret}); err != nil {
+		t.Fatalf("SetSecrets: %v", err)
+	}
+	h, err := receiver.NewHandler(receiver.Config{Verifier: &v, Logger: slog.New(slog.DiscardHandler)}, &memStore{})
+	if err != nil {
+		t.Fatalf("NewHandler: %v", err)
+	}
+	for _, c := range []struct {
+		ts   int64
+		want int
+	}{{time.Now().Unix(), http.StatusAccepted}, {time.Now().Unix() - 3600, http.StatusUnauthorized}} {
+		r := httptest.NewRequest(http.MethodPost, "/", strings.NewReader(vectorBody))
+		r.Header.Set("X-Vibe-Caller-Kind", "schedule")
+		r.Header.Set("Vibe-Signature", contract.Sign(vectorSecret, c.ts, body))
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, r)
+		if w.Code != c.want {
+			t.Errorf("signed at %d: status %d, want %d", c.ts, w.Code, c.want)
 		}
 	}
 }
