@@ -307,7 +307,8 @@ func (s *Store) CompleteOutbox(ctx context.Context, runID string, at time.Time) 
 func (s *Store) FailOutbox(ctx context.Context, runID, worker string, retryAt time.Time, reason string) error {
 	_, err := s.execReadCommitted(ctx, `UPDATE job_outbox
 		SET locked_by = NULL, locked_until = NULL, next_attempt_at = $3, last_error = $4
-		WHERE run_id = $1 AND locked_by = $2 AND processed_at IS NULL`, runID, worker, retryAt, reason)
+		WHERE run_id = $1 AND locked_by = $2 AND processed_at IS NULL`, runID, worker,
+		lease.Until(retryAt, time.Microsecond), reason)
 	if err != nil {
 		return fmt.Errorf("pgstore: recording outbox failure: %w", err)
 	}

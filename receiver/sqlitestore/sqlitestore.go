@@ -258,7 +258,8 @@ func (s *Store) FailOutbox(ctx context.Context, runID, worker string, retryAt ti
 	err := s.inTx(ctx, func(tx *sql.Tx) error {
 		_, err := tx.ExecContext(ctx, `UPDATE job_outbox
 			SET locked_by = NULL, locked_until = NULL, next_attempt_at = ?3, last_error = ?4
-			WHERE run_id = ?1 AND locked_by = ?2 AND processed_at IS NULL`, runID, worker, ts(retryAt), reason)
+			WHERE run_id = ?1 AND locked_by = ?2 AND processed_at IS NULL`, runID, worker,
+			ts(lease.Until(retryAt, time.Millisecond)), reason)
 		return err
 	})
 	if err != nil {

@@ -50,6 +50,7 @@ func Run(t *testing.T, h Harness) {
 	t.Run("RedeliveryAfterProcessing", func(t *testing.T) { testRedeliveryAfterProcessing(t, h) })
 	t.Run("ClaimLeaseCompleteFail", func(t *testing.T) { testClaimLease(t, h) })
 	t.Run("LeaseEndsNoEarlier", func(t *testing.T) { testLeaseEndsNoEarlier(t, h) })
+	t.Run("RetryComesNoEarlier", func(t *testing.T) { testRetryComesNoEarlier(t, h) })
 	t.Run("LateCompletionStands", func(t *testing.T) { testLateCompletionStands(t, h) })
 	t.Run("WorkerRetriesWithBackoff", func(t *testing.T) { testWorkerRetries(t, h) })
 	t.Run("ConcurrentWorkers", func(t *testing.T) { testConcurrentWorkers(t, h) })
@@ -319,6 +320,32 @@ func testLeaseEndsNoEarlier(t *testing.T, h Harness) {
 	}
 	if got, err := s.ClaimOutbox(ctx, "b", t0.Add(time.Minute+time.Millisecond), t0.Add(2*time.Minute), 1); err != nil || len(got) != 1 {
 		t.Fatalf("claim after the lease ended: %d items, %v", len(got), err)
+	}
+}
+
+// testRetryComesNoEarlier: an item failed with a retry time is not handed
+// out again before that time, whatever precision the store keeps times in
+// (it was, up to a millisecond early on SQLite and a microsecond on
+// PostgreSQL, each time truncated).
+func testRetryComesNoEarlier(t *testing.T, h Harness) {
+	s, _ := h.New(t)
+	ctx := context.Background()
+	mustAccept(t, s, "run_1")
+	t0 := time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
+	if got, err := s.ClaimOutbox(ctx, "a", t0, t0.Add(time.Second), 1); err != nil || len(got) != 1 {
+		t.Fatalf("first claim: %v, %v", got, err)
+	}
+	retryAt := t0.Add(time.Minute + 900*time.Microsecond + 900*time.Nanosecond)
+	if err := s.FailOutbox(ctx, "run_1", "a", retryAt, "boom"); err != nil {
+		t.Fatal(err)
+	}
+	for _, at := range []time.Time{t0.Add(time.Minute + 100*time.Microsecond), retryAt.Add(-100 * time.Nanosecond)} {
+		if got, err := s.ClaimOutbox(ctx, "b", at, at.Add(time.Minute), 1); err != nil || len(got) != 0 {
+			t.Fatalf("claim at %s, before the retry at %s: %d items, %v", at.Format(time.StampNano), retryAt.Format(time.StampNano), len(got), err)
+		}
+	}
+	if got, err := s.ClaimOutbox(ctx, "b", t0.Add(time.Minute+time.Millisecond), t0.Add(2*time.Minute), 1); err != nil || len(got) != 1 {
+		t.Fatalf("claim once the retry is due: %d items, %v", len(got), err)
 	}
 }
 
