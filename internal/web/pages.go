@@ -156,14 +156,36 @@ type jobsData struct {
 	FirstPage string // "" on the first page
 }
 
-// pageCursor reads the cursor of a list; a link cannot need more than this.
-func pageCursor(r *http.Request) (string, bool) {
-	c := r.URL.Query().Get("cursor")
+// pageQuery parses the query of a page's address, and reports false when
+// url.ParseQuery would drop part of it (a bad %-escape, a ';' or more than
+// 10,000 parameters): read as missing, a dropped filter or cursor would
+// show another list than the one asked for. The API refuses such a query
+// too (invalid_query).
+func pageQuery(r *http.Request) (url.Values, bool) {
+	q, err := url.ParseQuery(r.URL.RawQuery)
+	return q, err == nil
+}
+
+// badQuery answers a page whose query pageQuery refused.
+func (d *dashboard) badQuery(w http.ResponseWriter, r *http.Request, v *viewer) {
+	d.renderError(w, r, v, http.StatusBadRequest, "Bad request",
+		"The query of this address could not be read: parameters go between &, escapes are %XX, and there may be at most 10,000 of them.")
+}
+
+// pageCursor reads the cursor of a list from its page's query; a link
+// cannot need more than this.
+func pageCursor(q url.Values) (string, bool) {
+	c := q.Get("cursor")
 	return c, len(c) <= 512
 }
 
 func (d *dashboard) jobsPage(w http.ResponseWriter, r *http.Request, v *viewer) {
-	cursor, ok := pageCursor(r)
+	query, ok := pageQuery(r)
+	if !ok {
+		d.badQuery(w, r, v)
+		return
+	}
+	cursor, ok := pageCursor(query)
 	if !ok {
 		d.fail(w, r, v, "", vibejobs.FieldError("invalid_cursor", "cursor", "cursor too long"))
 		return
@@ -262,17 +284,22 @@ func (d *dashboard) jobPage(w http.ResponseWriter, r *http.Request, v *viewer) {
 		d.notFound(w, r, v, "job")
 		return
 	}
+	query, ok := pageQuery(r)
+	if !ok {
+		d.badQuery(w, r, v)
+		return
+	}
 	j, err := d.store.GetJob(ctx, v.projectID(), id)
 	if err != nil {
 		d.fail(w, r, v, "job", err)
 		return
 	}
-	state := r.URL.Query().Get("state")
+	state := query.Get("state")
 	if state != "" && !vibejobs.ValidRunState(state) {
 		d.renderError(w, r, v, http.StatusBadRequest, "Bad request", "There is no run state of this name.")
 		return
 	}
-	cursor, ok := pageCursor(r)
+	cursor, ok := pageCursor(query)
 	if !ok {
 		d.fail(w, r, v, "", vibejobs.FieldError("invalid_cursor", "cursor", "cursor too long"))
 		return

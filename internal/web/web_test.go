@@ -522,6 +522,33 @@ func TestJobsPaginate(t *testing.T) {
 	}
 }
 
+// TestMalformedQueryRefused: a query url.ParseQuery would drop part of (a
+// bad %-escape, a ';', more than 10,000 parameters) is refused with the
+// error page, as the API refuses it, rather than read as if the filter or
+// cursor were missing, which would show the unfiltered list or first page.
+func TestMalformedQueryRefused(t *testing.T) {
+	e := newEnv(t)
+	j := e.job(e.projectA)
+	run := e.deliver(j, t0, 200, "ok", vibejobs.Step{State: vibejobs.RunSucceeded})
+	b := e.browser()
+	b.login(tokenA)
+	listed := `<td><a href="/runs/` + run.ID + `">`
+	tooMany := strings.Repeat("x=1&", 10000) + "state=failed"
+	for _, p := range []string{
+		"/jobs/" + j.ID + "?state=failed%2", "/jobs/" + j.ID + "?state=failed;x", "/jobs/" + j.ID + "?" + tooMany,
+		"/?cursor=%zz", "/?" + tooMany,
+	} {
+		a := b.get(p)
+		if a.status != http.StatusBadRequest || !strings.Contains(a.body, "The query of this address could not be read") {
+			t.Errorf("GET %.60s: %d, want 400 with the error page (succeeded run listed: %v)", p, a.status, strings.Contains(a.body, listed))
+		}
+	}
+	// 10,000 parameters are still read, the filter with them.
+	if a := b.get("/jobs/" + j.ID + "?state=failed" + strings.Repeat("&x=1", 9999)); a.status != http.StatusOK || strings.Contains(a.body, listed) {
+		t.Errorf("10,000 parameters: %d (succeeded run listed: %v), want 200 listing failed runs only", a.status, strings.Contains(a.body, listed))
+	}
+}
+
 func TestSecretNeverShown(t *testing.T) {
 	e := newEnv(t)
 	j := e.job(e.projectA)
