@@ -476,9 +476,7 @@ func (d *dashboard) renderLogin(w http.ResponseWriter, r *http.Request, status i
 // token itself reads the same, so the page tells nothing about tokens, and
 // a client past its LoginLimit is answered 429 before its token is looked at.
 func (d *dashboard) login(w http.ResponseWriter, r *http.Request) {
-	r.Body = http.MaxBytesReader(w, r.Body, maxFormBytes)
-	if err := r.ParseForm(); err != nil {
-		d.renderError(w, r, nil, http.StatusBadRequest, "Bad request", "The form could not be read.")
+	if !d.parseForm(w, r) {
 		return
 	}
 	next := r.PostForm.Get("next")
@@ -551,6 +549,25 @@ func (d *dashboard) login(w http.ResponseWriter, r *http.Request) {
 	http.Redirect(w, r, cmp.Or(next, "/"), http.StatusSeeOther)
 }
 
+// parseForm reads the body of a login or logout form, of maxFormBytes at
+// most, into r.PostForm. When it cannot, it answers the request and returns
+// false: 413 for a body over the limit, 400 for one that is no form.
+func (d *dashboard) parseForm(w http.ResponseWriter, r *http.Request) bool {
+	r.Body = http.MaxBytesReader(w, r.Body, maxFormBytes)
+	err := r.ParseForm()
+	var tooLarge *http.MaxBytesError
+	switch {
+	case errors.As(err, &tooLarge):
+		d.renderError(w, r, nil, http.StatusRequestEntityTooLarge, "Form too large",
+			fmt.Sprintf("The form is larger than the %d KiB the dashboard accepts: check what was pasted into it.", maxFormBytes>>10))
+		return false
+	case err != nil:
+		d.renderError(w, r, nil, http.StatusBadRequest, "Bad request", "The form could not be read.")
+		return false
+	}
+	return true
+}
+
 // retryText says how long d is, for a person.
 func retryText(d time.Duration) string {
 	if d < time.Minute {
@@ -561,9 +578,7 @@ func retryText(d time.Duration) string {
 
 // logout ends the session, when the form carries the session's secret.
 func (d *dashboard) logout(w http.ResponseWriter, r *http.Request) {
-	r.Body = http.MaxBytesReader(w, r.Body, maxFormBytes)
-	if err := r.ParseForm(); err != nil {
-		d.renderError(w, r, nil, http.StatusBadRequest, "Bad request", "The form could not be read.")
+	if !d.parseForm(w, r) {
 		return
 	}
 	c, err := r.Cookie(cookieName(r, SessionCookie))

@@ -184,6 +184,31 @@ func TestBadTokenRefused(t *testing.T) {
 	}
 }
 
+// TestOversizedFormRefused: a login or logout form over the dashboard's
+// 8 KiB is answered 413 with a page that says so, not 400 "could not be
+// read", and starts or ends no session.
+func TestOversizedFormRefused(t *testing.T) {
+	e := newEnv(t)
+	b := e.browser()
+	check := func(what string, a *answer) {
+		t.Helper()
+		if a.status != http.StatusRequestEntityTooLarge || !strings.Contains(a.body, "larger than the 8 KiB the dashboard accepts") {
+			t.Errorf("%s: %d, want 413 saying the form is too large:\n%s", what, a.status, a.body)
+		}
+	}
+	form := b.get("/login")
+	check("9 KB login form", b.post("/login", url.Values{"csrf": {b.csrf(form)}, "token": {tokenA + strings.Repeat(" ", 9000)}}))
+	if b.sessionID() != "" {
+		t.Error("the oversized login form started a session")
+	}
+
+	b.login(tokenA)
+	check("9 KB logout form", b.post("/logout", url.Values{"csrf": {b.csrf(b.get("/"))}, "pad": {strings.Repeat("x", 9000)}}))
+	if a := b.get("/"); a.status != http.StatusOK {
+		t.Errorf("the oversized logout form ended the session (%d)", a.status)
+	}
+}
+
 func TestNoSessionRedirectsToLogin(t *testing.T) {
 	e := newEnv(t)
 	j := e.job(e.projectA)
