@@ -164,6 +164,10 @@ func (e *env) runCommand(ctx context.Context, name string, cmd command, args []s
 	}
 	c := &call{env: e, ctx: ctx, json: g.json, key: g.key, pos: pos, set: map[string]bool{}}
 	fs.Visit(func(f *flag.Flag) { c.set[f.Name] = true })
+	if c.set["idempotency-key"] && !validIdempotencyKey(c.key) {
+		usage()
+		return usagef("--idempotency-key must be 1 to 255 printable ASCII characters, without spaces or control characters")
+	}
 	if c.key == "" {
 		c.key = newIdempotencyKey()
 	}
@@ -174,6 +178,10 @@ func (e *env) runCommand(ctx context.Context, name string, cmd command, args []s
 	}
 	token, err := e.resolveToken(g)
 	if err != nil {
+		var ue *UsageError
+		if errors.As(err, &ue) {
+			usage()
+		}
 		return err
 	}
 	c.client = &client{base: base, token: token, retries: 3, sleep: sleepCtx, http: &http.Client{
@@ -239,12 +247,41 @@ func (e *env) serverURL(flagValue string) (string, error) {
 	return strings.TrimRight(s, "/"), nil
 }
 
-// resolveToken takes --token, else VIBEJOBS_TOKEN, else the token file.
+// validIdempotencyKey reports whether the API takes key as an
+// Idempotency-Key: 1 to 255 printable ASCII characters.
+func validIdempotencyKey(key string) bool {
+	if len(key) < 1 || len(key) > 255 {
+		return false
+	}
+	for i := 0; i < len(key); i++ {
+		if key[i] < 0x21 || key[i] > 0x7e {
+			return false
+		}
+	}
+	return true
+}
+
+// hasControl reports whether s holds a C0 control character or DEL (a
+// newline pasted with a token, say): net/http refuses to send all but a
+// tab in a header, and no token holds one.
+func hasControl(s string) bool {
+	return strings.ContainsFunc(s, func(r rune) bool { return r < 0x20 || r == 0x7f })
+}
+
+// resolveToken takes --token, else VIBEJOBS_TOKEN, else the token file. A
+// token holding a control character cannot be sent: it is refused before
+// any request, naming where it came from (for --token, a *UsageError).
 func (e *env) resolveToken(g globalFlags) (string, error) {
 	if g.token != "" {
+		if hasControl(g.token) {
+			return "", usagef("--token holds a control character (a newline pasted with it?): give the token alone")
+		}
 		return g.token, nil
 	}
 	if t := strings.TrimSpace(e.getenv("VIBEJOBS_TOKEN")); t != "" {
+		if hasControl(t) {
+			return "", errors.New("VIBEJOBS_TOKEN holds a control character: it must hold the token alone")
+		}
 		return t, nil
 	}
 	path := g.tokenFile
@@ -262,6 +299,9 @@ func (e *env) resolveToken(g globalFlags) (string, error) {
 	t := strings.TrimSpace(string(b))
 	if t == "" {
 		return "", fmt.Errorf("no API token: %s is empty", path)
+	}
+	if hasControl(t) {
+		return "", fmt.Errorf("%s holds a control character: it must hold the token alone", path)
 	}
 	return t, nil
 }

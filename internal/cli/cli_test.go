@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -305,6 +306,71 @@ func TestTokenResolution(t *testing.T) {
 	}
 	if strings.Contains(err.Error(), a.token) {
 		t.Error("an error shows the token")
+	}
+}
+
+// TestUnsendableHeaderValuesAreRefused: a token or an Idempotency-Key that
+// cannot be sent (a control character, a newline pasted with the value) or
+// that the API would refuse is an error naming where it came from, before
+// any request. net/http refused to send it, and the command retried three
+// times and said it could not reach the server.
+func TestUnsendableHeaderValuesAreRefused(t *testing.T) {
+	var requests atomic.Int64
+	a := startAPI(t, func(h http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			requests.Add(1)
+			h.ServeHTTP(w, r)
+		})
+	})
+	dir := t.TempDir()
+	tokenFile := filepath.Join(dir, "admin.token")
+	if err := os.WriteFile(tokenFile, []byte(a.token[:10]+"\x1b"+a.token[10:]+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		args  []string
+		env   map[string]string
+		names string // where the value came from
+		usage bool   // a usage error: the value is on the command line
+	}{
+		{[]string{"jobs", "list", "--token", a.token + "\n"}, nil, "--token", true},
+		{[]string{"jobs", "list", "--token", "\x7f" + a.token}, nil, "--token", true},
+		{[]string{"jobs", "list"}, map[string]string{"VIBEJOBS_TOKEN": a.token[:8] + "\r\n" + a.token[8:]}, "VIBEJOBS_TOKEN", false},
+		{[]string{"jobs", "list", "--token-file", tokenFile}, nil, tokenFile, false},
+		{[]string{"jobs", "trigger", "job_x", "--idempotency-key", "a\nb"}, map[string]string{"VIBEJOBS_TOKEN": a.token}, "--idempotency-key", true},
+		{[]string{"jobs", "trigger", "job_x", "--idempotency-key", "a b"}, map[string]string{"VIBEJOBS_TOKEN": a.token}, "--idempotency-key", true},
+		{[]string{"jobs", "trigger", "job_x", "--idempotency-key", "é"}, map[string]string{"VIBEJOBS_TOKEN": a.token}, "--idempotency-key", true},
+		{[]string{"jobs", "trigger", "job_x", "--idempotency-key", strings.Repeat("k", 256)}, map[string]string{"VIBEJOBS_TOKEN": a.token}, "--idempotency-key", true},
+		// Given empty (an unset shell variable), it was replaced by a fresh key.
+		{[]string{"jobs", "trigger", "job_x", "--idempotency-key", ""}, map[string]string{"VIBEJOBS_TOKEN": a.token}, "--idempotency-key", true},
+	} {
+		sleeps := 0
+		var errOut strings.Builder
+		err := run(context.Background(), c.args, func(k string) string {
+			if k == "VIBEJOBS_SERVER" {
+				return a.url
+			}
+			return c.env[k]
+		}, io.Discard, &errOut, func(cl *client) {
+			cl.sleep = func(context.Context, time.Duration) error { sleeps++; return nil }
+		})
+		var ue *UsageError
+		if err == nil || !strings.Contains(err.Error(), c.names) || errors.As(err, &ue) != c.usage ||
+			strings.Contains(errOut.String(), "Usage") != c.usage {
+			t.Errorf("%q: %v; want an error naming %s (a usage error: %v)", c.args, err, c.names, c.usage)
+		}
+		if err != nil && strings.Contains(err.Error(), a.token[4:]) {
+			t.Errorf("%q: the error shows the token: %v", c.args, err)
+		}
+		if n := requests.Load(); n != 0 || sleeps != 0 {
+			t.Fatalf("%q: %d requests, %d retries; want none", c.args, n, sleeps)
+		}
+	}
+	// A key the API takes is sent as given.
+	id := a.okJSON(t, "jobs", "create", "--name", "n", "--schedule", "@daily", "--url", "https://example.com/",
+		"--idempotency-key", strings.Repeat("~", 255))["id"]
+	if id == nil {
+		t.Error("a 255-character key was not taken")
 	}
 }
 
