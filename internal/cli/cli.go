@@ -108,7 +108,10 @@ type command struct {
 	args    string // positional arguments, for the usage line
 	summary string
 	npos    int // number of positional arguments
-	flags   func(fs *flag.FlagSet) func(c *call) error
+	// post is set on the commands that send a POST, which carries
+	// --idempotency-key (or a fresh key); the others refuse that flag.
+	post  bool
+	flags func(fs *flag.FlagSet) func(c *call) error
 }
 
 // call is one parsed command on its way to the API.
@@ -122,25 +125,33 @@ type call struct {
 	set    map[string]bool // flags given on the command line
 }
 
-// globalFlags are accepted by every command, before or after its arguments.
+// globalFlags are accepted by every command, before or after its
+// arguments; --idempotency-key only by the commands that POST.
 type globalFlags struct {
 	server, token, tokenFile, key string
 	json                          bool
 }
 
-func (g *globalFlags) register(fs *flag.FlagSet) {
+// register defines the flags on fs. A command that sends no POST parses
+// --idempotency-key too, to refuse it by name, but does not list it (see
+// printFlags): it would send the key nowhere.
+func (g *globalFlags) register(fs *flag.FlagSet, post bool) {
 	fs.StringVar(&g.server, "server", "", "API server `URL` (env VIBEJOBS_SERVER, default "+DefaultServer+")")
 	fs.StringVar(&g.token, "token", "", "API `token` (else env VIBEJOBS_TOKEN, else the token file)")
 	fs.StringVar(&g.tokenFile, "token-file", "", "`file` holding the token (default $VIBEJOBS_DATA_DIR/admin.token or ./vibejobs-data/admin.token)")
 	fs.BoolVar(&g.json, "json", false, "print the API's JSON instead of a table")
-	fs.StringVar(&g.key, "idempotency-key", "", "Idempotency-Key of a POST (default: a fresh random one)")
+	keyUsage := ""
+	if post {
+		keyUsage = "Idempotency-Key of the POST, sent again on its retries (default: a fresh random one)"
+	}
+	fs.StringVar(&g.key, "idempotency-key", "", keyUsage)
 }
 
 func (e *env) runCommand(ctx context.Context, name string, cmd command, args []string) error {
 	fs := flag.NewFlagSet("vibejobs "+name, flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
 	var g globalFlags
-	g.register(fs)
+	g.register(fs, cmd.post)
 	exec := cmd.flags(fs)
 	usage := func() {
 		fmt.Fprintf(e.stderr, "Usage: vibejobs %s %s[flags]\n\n%s\n\nFlags:\n", name, cmd.args, cmd.summary)
@@ -164,6 +175,10 @@ func (e *env) runCommand(ctx context.Context, name string, cmd command, args []s
 	}
 	c := &call{env: e, ctx: ctx, json: g.json, key: g.key, pos: pos, set: map[string]bool{}}
 	fs.Visit(func(f *flag.Flag) { c.set[f.Name] = true })
+	if c.set["idempotency-key"] && !cmd.post {
+		usage()
+		return usagef("vibejobs %s sends no POST, so it takes no --idempotency-key (only the commands that POST send one)", name)
+	}
 	if c.set["idempotency-key"] && !validIdempotencyKey(c.key) {
 		usage()
 		return usagef("--idempotency-key must be 1 to 255 printable ASCII characters, without spaces or control characters")
@@ -315,7 +330,8 @@ const topUsage = `Usage: vibejobs <resource> <verb> [arguments] [flags]
   projects       create|list
   tokens         create|list|revoke
 
-Every command takes --server, --token, --token-file and --json.
+Every command takes --server, --token, --token-file and --json; those that
+POST take --idempotency-key too.
 "vibejobs <resource> <verb> -h" describes a command.
 `
 
@@ -336,9 +352,13 @@ func resourceUsage(resource string, verbs map[string]command) string {
 	return b.String()
 }
 
-// printFlags lists the flags of fs in the "--name" form the usage lines use.
+// printFlags lists the flags of fs in the "--name" form the usage lines
+// use, but for those without a usage text: flags parsed only to be refused.
 func printFlags(w io.Writer, fs *flag.FlagSet) {
 	fs.VisitAll(func(f *flag.Flag) {
+		if f.Usage == "" {
+			return
+		}
 		arg, usage := flag.UnquoteUsage(f)
 		line := "  --" + f.Name
 		if arg != "" {

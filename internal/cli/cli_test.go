@@ -11,6 +11,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -371,6 +372,98 @@ func TestUnsendableHeaderValuesAreRefused(t *testing.T) {
 		"--idempotency-key", strings.Repeat("~", 255))["id"]
 	if id == nil {
 		t.Error("a 255-character key was not taken")
+	}
+}
+
+// TestIdempotencyKeyOnlyOnPosts: --idempotency-key is taken by the
+// commands that send a POST, which carries it, and refused by the others,
+// which sent it nowhere ("jobs update --idempotency-key k" sent a PATCH
+// without it, and a retry of it by hand had no protection). Every command
+// is run first without the flag, to see whether it POSTs.
+func TestIdempotencyKeyOnlyOnPosts(t *testing.T) {
+	type request struct{ method, key string }
+	var mu sync.Mutex
+	var sent []request
+	a := startAPI(t, func(h http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			mu.Lock()
+			sent = append(sent, request{r.Method, r.Header.Get("Idempotency-Key")})
+			mu.Unlock()
+			h.ServeHTTP(w, r)
+		})
+	})
+	taken := func() []request {
+		mu.Lock()
+		defer mu.Unlock()
+		s := sent
+		sent = nil
+		return s
+	}
+	job := a.okJSON(t, "jobs", "create", "--name", "n", "--schedule", "@daily", "--url", "https://example.com/")["id"].(string)
+	sub := a.okJSON(t, "subscriptions", "create", "--url", "https://example.com/feed")["id"].(string)
+	tok := a.okJSON(t, "tokens", "create", "--name", "t", "--role", "read")["id"].(string)
+	// Arguments that get each command past its own checks to the API.
+	args := map[string][]string{
+		"jobs create":                 {"--name", "n", "--schedule", "@daily", "--url", "https://example.com/"},
+		"jobs list":                   nil,
+		"jobs get":                    {job},
+		"jobs update":                 {job, "--name", "z"},
+		"jobs pause":                  {job},
+		"jobs resume":                 {job},
+		"jobs delete":                 {"job_01a11fad1800000000000000000"},
+		"jobs trigger":                {job},
+		"jobs rotate-secret":          {job},
+		"jobs next":                   {job},
+		"runs list":                   nil,
+		"runs get":                    {"run_01a11fad1800000000000000000"},
+		"events tail":                 {"--after", "0", "--follow=false"},
+		"subscriptions create":        {"--url", "https://example.com/feed2"},
+		"subscriptions list":          nil,
+		"subscriptions get":           {sub},
+		"subscriptions update":        {sub, "--types", "run.failed"},
+		"subscriptions delete":        {"sub_01a11fad1800000000000000000"},
+		"subscriptions rotate-secret": {sub},
+		"subscriptions reset":         {sub},
+		"projects create":             {"--name", "p"},
+		"projects list":               nil,
+		"tokens create":               {"--name", "t2", "--role", "read"},
+		"tokens list":                 nil,
+		"tokens revoke":               {tok},
+	}
+	for resource, verbs := range resources {
+		for verb, cmd := range verbs {
+			name := resource + " " + verb
+			rest, ok := args[name]
+			if !ok {
+				t.Errorf("%s: no arguments for this test", name)
+				continue
+			}
+			line := append([]string{resource, verb}, rest...)
+			taken()
+			a.cli(t, line...)
+			posts := slices.ContainsFunc(taken(), func(r request) bool { return r.method == "POST" })
+			if posts != cmd.post {
+				t.Errorf("%s: sends a POST: %v, but command.post is %v", name, posts, cmd.post)
+			}
+
+			key := "key-" + strings.ReplaceAll(name, " ", "-")
+			_, _, err := a.cli(t, append(line, "--idempotency-key", key)...)
+			got := taken()
+			var ue *UsageError
+			switch {
+			case posts && errors.As(err, &ue):
+				t.Errorf("%s --idempotency-key: %v", name, err)
+			case posts && !slices.Contains(got, request{"POST", key}):
+				t.Errorf("%s --idempotency-key %s: sent %v, want a POST with the key", name, key, got)
+			case !posts && (!errors.As(err, &ue) || !strings.Contains(err.Error(), "--idempotency-key") || len(got) > 0):
+				t.Errorf("%s --idempotency-key: error %v after %d requests; want a usage error naming the flag, before any", name, err, len(got))
+			}
+			// -h lists the flag where it is taken.
+			_, errOut, _ := a.cli(t, resource, verb, "-h")
+			if strings.Contains(errOut, "--idempotency-key") != posts {
+				t.Errorf("%s -h lists --idempotency-key: %v, want %v", name, !posts, posts)
+			}
+		}
 	}
 }
 

@@ -16,17 +16,17 @@ import (
 // "tokens" to their verbs.
 var resources = map[string]map[string]command{
 	"jobs": {
-		"create": {summary: "Create a job; prints its signing secret, shown only this once.", flags: jobCreate},
+		"create": {summary: "Create a job; prints its signing secret, shown only this once.", post: true, flags: jobCreate},
 		"list":   {summary: "List the project's jobs.", flags: jobList},
 		"get":    {args: "<job-id> ", npos: 1, summary: "Show a job.", flags: jobGet},
 		"update": {args: "<job-id> ", npos: 1, summary: "Change a job: only the flags given change.", flags: jobUpdate},
-		"pause":  {args: "<job-id> ", npos: 1, summary: "Pause a job: occurrences while paused are skipped.", flags: jobAction("pause")},
-		"resume": {args: "<job-id> ", npos: 1, summary: "Resume a paused job from its next occurrence.", flags: jobAction("resume")},
+		"pause":  {args: "<job-id> ", npos: 1, summary: "Pause a job: occurrences while paused are skipped.", post: true, flags: jobAction("pause")},
+		"resume": {args: "<job-id> ", npos: 1, summary: "Resume a paused job from its next occurrence.", post: true, flags: jobAction("resume")},
 		"delete": {args: "<job-id> ", npos: 1, summary: "Delete a job and cancel its waiting runs.", flags: jobDelete},
 		"trigger": {args: "<job-id> ", npos: 1, summary: "Run a job now (a manual run).",
-			flags: jobTrigger},
+			post: true, flags: jobTrigger},
 		"rotate-secret": {args: "<job-id> ", npos: 1, summary: "Give a job a new signing secret; prints it, shown only this once.",
-			flags: jobAction("rotate-secret")},
+			post: true, flags: jobAction("rotate-secret")},
 		"next": {args: "<job-id> ", npos: 1, summary: "Preview a job's next fire times.", flags: jobNext},
 	},
 	"runs": {
@@ -34,25 +34,25 @@ var resources = map[string]map[string]command{
 		"get":  {args: "<run-id> ", npos: 1, summary: "Show a run with its attempts.", flags: runGet},
 	},
 	"projects": {
-		"create": {summary: "Create a project (installation token only).", flags: projectCreate},
+		"create": {summary: "Create a project (installation token only).", post: true, flags: projectCreate},
 		"list":   {summary: "List projects (installation token only).", flags: projectList},
 	},
 	"events": {
 		"tail": {summary: "Print the project's event feed as it grows (--follow=false: up to now).", flags: eventsTail},
 	},
 	"subscriptions": {
-		"create": {summary: "Send the feed to a URL from now on; prints its signing secret, shown only this once.", flags: subscriptionCreate},
+		"create": {summary: "Send the feed to a URL from now on; prints its signing secret, shown only this once.", post: true, flags: subscriptionCreate},
 		"list":   {summary: "List the project's subscriptions and their delivery state.", flags: subscriptionList},
 		"get":    {args: "<subscription-id> ", npos: 1, summary: "Show a subscription.", flags: subscriptionGet},
 		"update": {args: "<subscription-id> ", npos: 1, summary: "Change a subscription's URL or filters.", flags: subscriptionUpdate},
 		"delete": {args: "<subscription-id> ", npos: 1, summary: "Delete a subscription.", flags: subscriptionDelete},
 		"rotate-secret": {args: "<subscription-id> ", npos: 1, summary: "Give a subscription a new secret; the old one also signs for the grace window (24 h).",
-			flags: subscriptionAction("rotate-secret")},
+			post: true, flags: subscriptionAction("rotate-secret")},
 		"reset": {args: "<subscription-id> ", npos: 1, summary: "Jump a subscription's cursor to the head: the events in between are never sent.",
-			flags: subscriptionAction("reset")},
+			post: true, flags: subscriptionAction("reset")},
 	},
 	"tokens": {
-		"create": {summary: "Mint an API token for the project (the token's own unless --project); prints it, shown only this once.", flags: tokenCreate},
+		"create": {summary: "Mint an API token for the project (the token's own unless --project); prints it, shown only this once.", post: true, flags: tokenCreate},
 		"list":   {summary: "List the tokens of the project (the token's own unless --project).", flags: tokenList},
 		"revoke": {args: "<token-id> ", npos: 1, summary: "Revoke a token, at once.", flags: tokenRevoke},
 	},
