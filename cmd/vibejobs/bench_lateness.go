@@ -28,7 +28,7 @@ import (
 // scheduledFor, counts duplicates (one occurrence delivered as two runs, or a
 // run delivered twice) and missed occurrences.
 func benchLateness(ctx context.Context, out io.Writer, n int, d time.Duration, database string, replicas int) error {
-	if replicas > 1 && !strings.HasPrefix(database, "postgres") {
+	if replicas > 1 && !isPostgresURL(database) {
 		return fmt.Errorf("%w: several replicas need --database postgres://…", errUsage)
 	}
 	type key struct {

@@ -10,6 +10,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/vibejobs/vibejobs/internal/postgres"
 )
 
 // TestClaimAheadSetting: --claim-ahead and VIBEJOBS_CLAIM_AHEAD take a window
@@ -184,6 +186,40 @@ func TestSettingsErrorsNameTheFlag(t *testing.T) {
 	m := NewMain(io.Discard, io.Discard)
 	if err := m.ParseFlags([]string{"--log-format", "JSON", "--log-level", "DEBUG"}, func(string) string { return "" }); err != nil || m.Config.LogFormat != "json" {
 		t.Fatalf("--log-format JSON: %v (%q)", err, m.Config.LogFormat)
+	}
+}
+
+// TestPostgresSchemeInAnyCase: URL schemes are case-insensitive, so
+// --database takes postgres:// and postgresql:// in any case, and opens
+// PostgreSQL with it (pgx reads a URL only with a lower-case scheme). An
+// upper-case scheme was refused as "not supported".
+func TestPostgresSchemeInAnyCase(t *testing.T) {
+	for _, scheme := range []string{"POSTGRES", "PostgreSQL", "postgresql"} {
+		m := NewMain(io.Discard, io.Discard)
+		if err := m.ParseFlags([]string{"--database", scheme + "://db.example/x"}, func(string) string { return "" }); err != nil {
+			t.Errorf("--database %s://…: %v", scheme, err)
+		}
+	}
+
+	base, _ := pgReplicaURL(t, "")
+	_, rest, _ := strings.Cut(base, "://")
+	dir := t.TempDir()
+	m := NewMain(io.Discard, io.Discard)
+	if err := m.ParseFlags([]string{"--data-dir", dir, "--database", "POSTGRESQL://" + rest}, func(string) string { return "" }); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	st, err := m.Config.openStore(ctx, m.Config.newLogger(io.Discard), time.Now)
+	if err != nil {
+		t.Fatalf("opening POSTGRESQL://…: %v", err)
+	}
+	defer st.Close()
+	if _, ok := st.(*postgres.Store); !ok {
+		t.Errorf("POSTGRESQL://… opened a %T, want a *postgres.Store", st)
+	}
+	if entries, _ := os.ReadDir(dir); len(entries) > 0 {
+		t.Errorf("POSTGRESQL://… created %s in the data directory", entries[0].Name())
 	}
 }
 

@@ -42,7 +42,7 @@ import (
 type Config struct {
 	Listen            string
 	DataDir           string
-	Database          string // "" → SQLite in DataDir; postgres://… → PostgreSQL; else a SQLite path
+	Database          string // "" → SQLite in DataDir; postgres:// or postgresql://, in any case → PostgreSQL; else a SQLite path
 	MasterKeyFile     string
 	AllowPrivate      string
 	TrustedProxies    string
@@ -221,7 +221,7 @@ func (c *Config) validate() error {
 	case c.RotationGrace != 0 && (c.RotationGrace < time.Minute || c.RotationGrace > 720*time.Hour):
 		return errors.New("--subscription-rotation-grace (VIBEJOBS_SUBSCRIPTION_ROTATION_GRACE) must be a duration from 1m to 720h")
 	}
-	if scheme, _, ok := strings.Cut(c.Database, "://"); ok && scheme != "postgres" && scheme != "postgresql" {
+	if scheme, _, ok := strings.Cut(c.Database, "://"); ok && !isPostgresURL(c.Database) {
 		return fmt.Errorf("--database (VIBEJOBS_DATABASE): %q URLs are not supported: give postgres://… or a SQLite file path", scheme)
 	}
 	if _, err := egress.ParseAllowList(c.AllowPrivate); err != nil {
@@ -280,10 +280,30 @@ func (c *Config) newLogger(w io.Writer) *slog.Logger {
 	return slog.New(slog.NewTextHandler(w, opts))
 }
 
+// postgresURL returns database with its scheme in lower case, and whether
+// that scheme is postgres:// or postgresql://. Schemes are case-insensitive
+// (RFC 3986, section 3.1), but pgx reads a connection string as a URL only
+// when it starts with one of them in lower case.
+func postgresURL(database string) (string, bool) {
+	scheme, rest, ok := strings.Cut(database, "://")
+	scheme = strings.ToLower(scheme)
+	if !ok || scheme != "postgres" && scheme != "postgresql" {
+		return "", false
+	}
+	return scheme + "://" + rest, true
+}
+
+// isPostgresURL reports whether database names a PostgreSQL database (see
+// postgresURL) rather than a SQLite file.
+func isPostgresURL(database string) bool {
+	_, ok := postgresURL(database)
+	return ok
+}
+
 // openStore opens the configured database and runs its migrations.
 func (c *Config) openStore(ctx context.Context, logger *slog.Logger, now func() time.Time) (vibejobs.Store, error) {
-	if strings.HasPrefix(c.Database, "postgres://") || strings.HasPrefix(c.Database, "postgresql://") {
-		return postgres.Open(ctx, c.Database, postgres.Options{Logger: logger, Now: now})
+	if pgURL, ok := postgresURL(c.Database); ok {
+		return postgres.Open(ctx, pgURL, postgres.Options{Logger: logger, Now: now})
 	}
 	path := c.Database
 	if path == "" {
