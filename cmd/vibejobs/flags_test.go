@@ -162,8 +162,9 @@ func TestBenchRefusesExtraArgument(t *testing.T) {
 
 // TestSettingsErrorsNameTheFlag: a refused setting's message names the flag
 // and its variable, and what it takes; a database URL of another kind is
-// refused rather than opened as a SQLite file of that name; the log format
-// is read regardless of case, as the log level is.
+// refused rather than opened as a SQLite file of that name; an empty
+// --listen or --data-dir is refused rather than read as the default; the
+// log format is read regardless of case, as the log level is.
 func TestSettingsErrorsNameTheFlag(t *testing.T) {
 	for _, tc := range []struct {
 		args []string
@@ -176,6 +177,9 @@ func TestSettingsErrorsNameTheFlag(t *testing.T) {
 		{[]string{"--log-level", ""}, "--log-level (VIBEJOBS_LOG_LEVEL) must be debug, info, warn or error"},
 		{[]string{"--log-format", "xml"}, "--log-format (VIBEJOBS_LOG_FORMAT) must be text or json"},
 		{[]string{"--database", "mysql://db/x"}, `--database (VIBEJOBS_DATABASE): "mysql" URLs are not supported`},
+		// Given empty (an unset shell variable), it listened on the default.
+		{[]string{"--listen", ""}, "--listen (VIBEJOBS_LISTEN) must not be empty: give a host:port"},
+		{[]string{"--data-dir", ""}, "--data-dir (VIBEJOBS_DATA_DIR) must not be empty"},
 		{[]string{"--trusted-proxies", "10.0.0.0/8,proxy.example"}, `--trusted-proxies (VIBEJOBS_TRUSTED_PROXIES): trusted proxies: "proxy.example" is neither`},
 	} {
 		err := NewMain(io.Discard, io.Discard).ParseFlags(tc.args, func(string) string { return "" })

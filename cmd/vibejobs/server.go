@@ -216,6 +216,10 @@ func (c *Config) validate() error {
 		return errors.New("--max-jobs-per-project (VIBEJOBS_MAX_JOBS_PER_PROJECT) must be a positive integer")
 	case c.LogFormat != "text" && c.LogFormat != "json":
 		return errors.New("--log-format (VIBEJOBS_LOG_FORMAT) must be text or json")
+	case c.Listen == "":
+		// Left out, it is 127.0.0.1:8080; given empty, it is a mistake (an
+		// unset shell variable), not a request for the default.
+		return errors.New("--listen (VIBEJOBS_LISTEN) must not be empty: give a host:port such as 127.0.0.1:8080")
 	case c.DataDir == "":
 		return errors.New("--data-dir (VIBEJOBS_DATA_DIR) must not be empty")
 	case c.RotationGrace != 0 && (c.RotationGrace < time.Minute || c.RotationGrace > 720*time.Hour):
