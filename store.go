@@ -355,9 +355,12 @@ type DispatchStore interface {
 	// the same transaction; one call takes each project's feed counter once.
 	RecordOutcomes(ctx context.Context, owner string, outcomes []Outcome) error
 	// ReleaseClaims puts the runs of owner's claims, never sent, back to be
-	// claimed again from due (NextAttemptAt; a due before now is taken as
-	// now, and one after the run's deadline as the deadline, or now if that
-	// passed), keeping their attempt number, only while the run is still
+	// claimed again from due (NextAttemptAt; one after the run's deadline is
+	// taken as the deadline, or now if that passed). A due at or before now
+	// makes a run claimable at once in its place in line: due at its
+	// claim's DueAt, or now if that is later, so that runs due after it do
+	// not overtake it (caught-up occurrences go out in order). Runs keep
+	// their attempt number, only while the run is still
 	// delivering under the lease of that claim (owner and ClaimedAt): a
 	// claim whose lease expired and was recovered is left alone with the
 	// run, even when the same owner has claimed the run again since

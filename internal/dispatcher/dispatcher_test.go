@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net/http"
 	"path/filepath"
@@ -1569,5 +1570,71 @@ func TestHeldRetryIsDueAtItsOwnTime(t *testing.T) {
 	rc.waitReleased(t, "the withdrawn retry did not go back at its next attempt time (held to the claim window's end?)")
 	if x := e.sender.next(t); x.payload["attempt"] != 2.0 {
 		t.Fatalf("sent attempt %v after the release, want 2", x.payload["attempt"])
+	}
+}
+
+// TestGivenBackClaimsKeepScheduledForOrder: SEMANTICS.md §4 "Caught-up
+// runs go out in scheduledFor order". Twelve occurrences missed while the
+// platform was down (due 12 … 1 minutes ago) are planned as the scheduler
+// does; the app's host takes one attempt at a time and the first one is
+// slow. The claims waiting for the host are given back after LeaseMargin/2
+// (ReleaseClaims made them due "now", and the next claim took the later
+// occurrences, still due at their own older times, ahead of them); given
+// back in their place in line, they go out first.
+func TestGivenBackClaimsKeepScheduledForOrder(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	j := e.job(t, "job_a", "https://a.example/hook")
+	now := e.clock.Now()
+	from := now.Add(-12 * time.Minute)
+	j.NextRunAt = &from
+	e.update(t, func(tx vibejobs.Tx) error { return tx.UpdateJob(ctx, j) })
+	var runs []*vibejobs.Run
+	for i := 12; i >= 1; i-- {
+		at := now.Add(-time.Duration(i) * time.Minute)
+		runs = append(runs, vibejobs.NewRun(fmt.Sprintf("run_%02d", 13-i), j, vibejobs.TriggerSchedule, at, now))
+	}
+	next := now.Add(time.Hour)
+	if n, _, err := e.store.ApplyRunPlans(ctx, []vibejobs.RunPlan{{JobID: j.ID, From: from, Anchor: j.ScheduleAnchor,
+		Next: &next, Runs: runs}}, now); err != nil || n != len(runs) {
+		t.Fatalf("ApplyRunPlans = %d, %v", n, err)
+	}
+	unblock := e.blockHost(j.URL)
+	_, rc, _, _ := e.startWith(t, 1, 0)
+	var order []string
+	x := e.sender.next(t) // the oldest occurrence, held up by the app
+	order = append(order, x.payload["scheduledFor"].(string))
+	// The claims waiting for the host pass their time + LeaseMargin/2.
+	e.clock.Add(dispatcher.DefaultLeaseMargin/2 + time.Second)
+	rc.waitReleased(t, "the waiting claims were not given back")
+	// Wait until the dispatcher holds eight claims again (one sending,
+	// seven waiting for the host), whichever runs they are.
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) {
+		n := 0
+		for _, r := range runs {
+			got, err := e.store.GetRun(ctx, e.project, r.ID)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got.State == vibejobs.RunDelivering {
+				n++
+			}
+		}
+		if n == 8 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d runs delivering", n)
+		}
+	}
+	unblock()
+	for len(order) < len(runs) {
+		x := e.sender.next(t)
+		order = append(order, x.payload["scheduledFor"].(string))
+	}
+	for i := 1; i < len(order); i++ {
+		if order[i] < order[i-1] {
+			t.Fatalf("caught-up runs went out in this scheduledFor order:\n%v", order)
+		}
 	}
 }

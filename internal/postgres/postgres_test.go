@@ -256,8 +256,9 @@ func TestReleaseClaimsKeepsNumberAndRedecidesLate(t *testing.T) {
 	if err := s.ReleaseClaims(ctx, "a", claims, later, later); err != nil {
 		t.Fatal(err)
 	}
+	// Due at once, in its place in line: at the due time of its claim.
 	r, _ := s.GetRun(ctx, prj, claims[0].Run.ID)
-	if r.State != vibejobs.RunScheduled || !r.NextAttemptAt.Equal(later) || len(r.Attempts) != 0 {
+	if r.State != vibejobs.RunScheduled || !r.NextAttemptAt.Equal(t0) || len(r.Attempts) != 0 {
 		t.Fatalf("released run = %+v", r)
 	}
 	claims, err = s.ClaimDueRuns(ctx, "b", later, 1, time.Second)

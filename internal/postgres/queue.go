@@ -572,9 +572,10 @@ func recordArgs(owner string, outcomes []vibejobs.Outcome) ([]any, error) {
 // ReleaseClaims puts the runs of owner's claims, while each is still
 // delivering under that claim's lease (owner and claim time: a lease
 // recovered and taken again by the same owner is another claim's), back to
-// be claimed from due (or now, if later), but no later than the run's
+// be claimed from due when that is after now, but no later than the run's
 // deadline (now, if that passed), so that FailExpiredRuns finds it once the
-// deadline passes. They keep their attempt number: no attempt is recorded
+// deadline passes; otherwise at once, in its place in line (from the due
+// time its claim took it at, Claim.DueAt, or now if that is later). They keep their attempt number: no attempt is recorded
 // since none was sent, and a first attempt never sent before (no attempt
 // recorded, not even an interrupted one) decides Late again. A released run
 // of a deleted job is cancelled (job_deleted) at now instead, whatever due
@@ -592,8 +593,9 @@ func (s *Store) ReleaseClaims(ctx context.Context, owner string, claims []*vibej
 	}
 	runIDs := make([]string, len(claims))
 	claimedAts := make([]time.Time, len(claims))
+	claimDues := make([]time.Time, len(claims))
 	for i, c := range claims {
-		runIDs[i], claimedAts[i] = c.Run.ID, c.ClaimedAt
+		runIDs[i], claimedAts[i], claimDues[i] = c.Run.ID, c.ClaimedAt, c.DueAt
 	}
 	var value []byte
 	err := s.pool.QueryRow(ctx, `WITH held AS (
@@ -603,9 +605,9 @@ func (s *Store) ReleaseClaims(ctx context.Context, owner string, claims []*vibej
 		-- that a pause held while the pause waited for the run, a
 		-- deadlock. The run's lateral subquery names the job's, so it is
 		-- evaluated after it.
-		SELECT r.id, r.old_due, j.deleted_at AS job_deleted_at, r.unsent, r.withdrawn,
+		SELECT r.id, r.old_due, c.claim_due, j.deleted_at AS job_deleted_at, r.unsent, r.withdrawn,
 			CASE WHEN j.deleted_at IS NOT NULL THEN 'cancelled' WHEN r.used_up THEN 'failed' END AS end_state
-		FROM unnest($2::text[], $7::timestamptz[]) AS c(run_id, claimed_at)
+		FROM unnest($2::text[], $7::timestamptz[], $10::timestamptz[]) AS c(run_id, claimed_at, claim_due)
 		CROSS JOIN LATERAL (
 			SELECT j.id, j.deleted_at, j.max_attempts FROM jobs j
 			WHERE j.id = (SELECT job_id FROM runs WHERE id = c.run_id)
@@ -645,8 +647,13 @@ func (s *Store) ReleaseClaims(ctx context.Context, owner string, claims []*vibej
 			attempt = CASE WHEN kept.end_state = 'failed'
 				THEN (SELECT COALESCE(max(a.number), 0) FROM attempts a WHERE a.run_id = r.id) ELSE r.attempt END,
 			finished_at = CASE WHEN kept.end_state IS NOT NULL THEN $3::timestamptz END,
-			next_attempt_at = CASE WHEN kept.end_state IS NULL
-				THEN GREATEST($3::timestamptz, LEAST($8::timestamptz, r.deadline_at)) END,
+			-- Due again now: in its place in line, at the due time the
+			-- claim took it at, so that a run given back is not overtaken
+			-- by the runs due after it (caught-up occurrences go out in
+			-- order).
+			next_attempt_at = CASE WHEN kept.end_state IS NOT NULL THEN NULL
+				WHEN $8::timestamptz > $3::timestamptz THEN GREATEST($3::timestamptz, LEAST($8::timestamptz, r.deadline_at))
+				ELSE LEAST(kept.claim_due, $3::timestamptz) END,
 			redeliver = kept.end_state IS NULL,
 			late = CASE WHEN kept.unsent THEN false ELSE r.late END,
 			late_decided = CASE WHEN kept.unsent THEN false ELSE r.late_decided END,
@@ -665,7 +672,7 @@ func (s *Store) ReleaseClaims(ctx context.Context, owner string, claims []*vibej
 	)`+appendEventsTail+`
 	SELECT CASE WHEN bool_or(claimable) THEN pg_notify($5, $6) END, `+endedSQL+` FROM released`,
 		owner, runIDs, now, vibejobs.ReasonJobDeleted, NotifyChannel, s.schema, claimedAts, due,
-		vibejobs.ReasonAttemptsExhausted).Scan(nil, &value)
+		vibejobs.ReasonAttemptsExhausted, claimDues).Scan(nil, &value)
 	if err != nil {
 		return mapError(err, "releasing claims")
 	}

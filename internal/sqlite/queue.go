@@ -561,7 +561,11 @@ const releaseSQL = `UPDATE runs SET
 					THEN (SELECT coalesce(max(a.number), 0) FROM attempts a WHERE a.run_seq = runs.seq)
 					ELSE attempt END,
 				finished_at = CASE WHEN ` + releaseEnds + ` THEN ?1 ELSE NULL END,
-				next_attempt_at = CASE WHEN ` + releaseEnds + ` THEN NULL ELSE max(?1, min(?5, deadline_at)) END,
+				next_attempt_at = CASE WHEN ` + releaseEnds + ` THEN NULL
+					WHEN ?5 > ?1 THEN max(?1, min(?5, deadline_at))
+					-- Due again now: in its place in line (see ReleaseClaims).
+					ELSE min(?1, (SELECT value ->> 2 FROM json_each(?2)
+						WHERE value ->> 0 = runs.id AND value ->> 1 = runs.attempt_started_at)) END,
 				redeliver = CASE WHEN ` + releaseEnds + ` THEN 0 ELSE 1 END,
 				late = CASE WHEN attempt <= 1 AND NOT EXISTS (SELECT 1 FROM attempts a WHERE a.run_seq = runs.seq)
 					THEN NULL ELSE late END,
@@ -623,9 +627,11 @@ func snippet(s string) string {
 // ReleaseClaims puts the runs of owner's claims back in the queue, to be
 // sent under the same attempt number, while each is still delivering under
 // its claim's lease (a lease recovered and taken again, by this owner too, is
-// another claim's). Each is due at due, or now if later, but no later than
-// its deadline (now, if that passed), so that FailExpiredRuns finds it once
-// the deadline passes. A first attempt never sent before (no attempt
+// another claim's). Each is due at due when that is after now, but no later
+// than its deadline (now, if that passed), so that FailExpiredRuns finds it
+// once the deadline passes; otherwise it is due at once, in its place in
+// line: at the due time its claim took it at (Claim.DueAt), now if that is
+// later, so that the runs due after it do not overtake it. A first attempt never sent before (no attempt
 // recorded, not even an interrupted one) gets its late flag decided again;
 // one the app has seen keeps it. A run whose job was deleted meanwhile has
 // no attempt in flight any more: it is cancelled (job_deleted) at now, as
@@ -641,9 +647,9 @@ func (s *Store) ReleaseClaims(ctx context.Context, owner string, claims []*vibej
 	if due.Before(now) {
 		due = now
 	}
-	held := make([][2]any, len(claims))
+	held := make([][3]any, len(claims))
 	for i, c := range claims {
-		held[i] = [2]any{c.Run.ID, ms(c.ClaimedAt)}
+		held[i] = [3]any{c.Run.ID, ms(c.ClaimedAt), ms(c.DueAt)}
 	}
 	err := s.write(ctx, func(t wtx) error {
 		if _, err := t.ExecContext(ctx, releaseWithdrawnSQL, jsonArray(held), owner); err != nil {

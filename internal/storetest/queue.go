@@ -574,8 +574,10 @@ func testReleaseClaims(t *testing.T, f *fixture) {
 	if err := f.s.ReleaseClaims(f.ctx, "w1", cs[:2], rel, rel); err != nil {
 		t.Fatalf("ReleaseClaims: %v", err)
 	}
+	// Due again at once, in their place in line: at the due times the
+	// claims took them at.
 	for _, r := range []*vibejobs.Run{a, b} {
-		got := f.wantRun("released run", r.ID, vibejobs.RunScheduled, 1, &rel)
+		got := f.wantRun("released run", r.ID, vibejobs.RunScheduled, 1, r.NextAttemptAt)
 		f.wantAttempts("released run", got, "")
 	}
 	// Another owner's release, or a release of a run no longer held, changes nothing.
@@ -586,13 +588,13 @@ func testReleaseClaims(t *testing.T, f *fixture) {
 	if err := f.s.ReleaseClaims(f.ctx, "w1", cs[:1], T0.Add(5*time.Second), T0.Add(5*time.Second)); err != nil {
 		t.Fatalf("ReleaseClaims: %v", err)
 	}
-	f.wantRun("run released twice", a.ID, vibejobs.RunScheduled, 1, &rel)
+	f.wantRun("run released twice", a.ID, vibejobs.RunScheduled, 1, a.NextAttemptAt)
 	if err := f.s.ReleaseClaims(f.ctx, "w1", nil, rel, rel); err != nil {
 		t.Fatalf("ReleaseClaims of nothing: %v", err)
 	}
 	// The released claim cannot record an outcome.
 	f.record("w1", succeeded(cs[0], T0, T0.Add(time.Second)))
-	f.wantRun("outcome of a released claim", a.ID, vibejobs.RunScheduled, 1, &rel)
+	f.wantRun("outcome of a released claim", a.ID, vibejobs.RunScheduled, 1, a.NextAttemptAt)
 
 	// Claimed again under the same number; late is decided by this first send.
 	again := f.claim("w3", T0.Add(2*time.Minute), 10)
@@ -617,7 +619,7 @@ func testReleaseClaims(t *testing.T, f *fixture) {
 	if err := f.s.ReleaseClaims(f.ctx, "w1", []*vibejobs.Claim{cd}, rel, rel); err != nil {
 		t.Fatalf("ReleaseClaims: %v", err)
 	}
-	got := f.wantRun("released retry", d.ID, vibejobs.RunRetrying, 2, &rel)
+	got := f.wantRun("released retry", d.ID, vibejobs.RunRetrying, 2, ptr(T0.Add(time.Hour+time.Minute)))
 	f.wantAttempts("released retry", got, "1:http_5xx")
 	cd = f.claimIDs("w2", rel, 1, d)[0]
 	if cd.Run.Attempt != 2 || cd.Run.Late {
@@ -1339,8 +1341,28 @@ func testReleaseWhenAttemptsAreUsedUp(t *testing.T, f *fixture) {
 	if err := f.s.ReleaseClaims(f.ctx, "w1", []*vibejobs.Claim{c}, rel, rel); err != nil {
 		t.Fatalf("ReleaseClaims: %v", err)
 	}
-	f.wantRun("run released under a limit raised again", u.ID, vibejobs.RunRetrying, 2, &rel)
+	f.wantRun("run released under a limit raised again", u.ID, vibejobs.RunRetrying, 2, &at)
 	if again := f.claimIDs("w2", rel, 1, u)[0]; again.Run.Attempt != 2 {
 		t.Errorf("claimed again as attempt %d, want 2", again.Run.Attempt)
 	}
+}
+
+// testReleaseKeepsItsPlaceInLine: a claim given back to be due at once
+// keeps its place in line: it is due at the time its claim took it at, so
+// the runs due after that do not overtake it. Released as due at the
+// release's time, claims waiting for a slow app's host were overtaken by
+// the later occurrences still waiting, and caught-up runs went out of
+// scheduledFor order.
+func testReleaseKeepsItsPlaceInLine(t *testing.T, f *fixture) {
+	f.projects()
+	j := f.job(projectA)
+	a := f.run(j, T0.Add(-3*time.Minute), dueAt(T0.Add(-3*time.Minute)))
+	b := f.run(j, T0.Add(-2*time.Minute), dueAt(T0.Add(-2*time.Minute)))
+	c := f.run(j, T0.Add(-time.Minute), dueAt(T0.Add(-time.Minute)))
+	cs := f.claimIDs("w1", T0, 2, a, b)
+	rel := T0.Add(30 * time.Second)
+	if err := f.s.ReleaseClaims(f.ctx, "w1", cs, rel, rel); err != nil {
+		t.Fatalf("ReleaseClaims: %v", err)
+	}
+	f.claimIDs("w2", rel, 10, a, b, c)
 }

@@ -86,6 +86,7 @@ func Run(t *testing.T, open func(t *testing.T) vibejobs.Store) {
 		{"ReleaseKeepsLateOfASentFirstAttempt", testReleaseKeepsLateOfASentFirstAttempt},
 		{"ReleaseOfARecoveredClaim", testReleaseOfARecoveredClaim},
 		{"ReleaseWhenAttemptsAreUsedUp", testReleaseWhenAttemptsAreUsedUp},
+		{"ReleaseKeepsItsPlaceInLine", testReleaseKeepsItsPlaceInLine},
 		{"NextDueAt", testNextDueAt},
 		{"QueueStats", testQueueStats},
 		{"RunsEnded", testRunsEnded},
