@@ -250,8 +250,13 @@ func (s *Scheduler) runOnce(ctx context.Context, c *scanCursor) (created int, fu
 			continue
 		}
 		s.forgetPlannable(j.ID)
+		// A run's id carries its occurrence's time, not the planning
+		// time: ids of one job then sort as its occurrences do, and runs
+		// due at the same instant (given back, or recovered after a
+		// crash) are claimed oldest occurrence first (on PostgreSQL,
+		// which breaks a tie of due times by id).
 		p := Plan(j, sch, now, s.cfg.Lookahead, s.cfg.CatchUpGrace, func(at time.Time) string {
-			return vibejobs.NewID("run_", now, s.cfg.Rand)
+			return vibejobs.NewID("run_", at, s.cfg.Rand)
 		})
 		plans = append(plans, p)
 	}
