@@ -256,9 +256,10 @@ type IdempotencyRecord struct {
 	ExpiresAt       time.Time
 }
 
-// NewID returns an id with prefix (for example "job_") followed by the
-// creation time in milliseconds (12 hex digits, so ids sort by creation) and 16
-// random hex digits. It uses only [a-z0-9_].
+// NewID returns an id with prefix (for example "job_") followed by the time
+// now in milliseconds (12 hex digits, so ids sort by it) and 16 random hex
+// digits. It uses only [a-z0-9_]. now is the creation time, except for a
+// scheduled run, whose id carries its occurrence's time (see the scheduler).
 func NewID(prefix string, now time.Time, r io.Reader) string {
 	if r == nil {
 		r = rand.Reader
