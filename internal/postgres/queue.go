@@ -575,15 +575,16 @@ func recordArgs(owner string, outcomes []vibejobs.Outcome) ([]any, error) {
 // be claimed from due when that is after now, but no later than the run's
 // deadline (now, if that passed), so that FailExpiredRuns finds it once the
 // deadline passes; otherwise at once, in its place in line (from the due
-// time its claim took it at, Claim.DueAt, or now if that is later). They keep their attempt number: no attempt is recorded
-// since none was sent, and a first attempt never sent before (no attempt
-// recorded, not even an interrupted one) decides Late again. A released run
-// of a deleted job is cancelled (job_deleted) at now instead, whatever due
-// says, its job read under a share lock (see tx.DeleteJob). A released run
-// whose attempt number is beyond its job's maxAttempts, lowered since its
-// last attempt, fails (attempts_exhausted) at now, its number back to its
-// last attempt recorded. A run never sent whose occurrence was withdrawn
-// while it was held is deleted (see tx.DeleteFutureRuns).
+// time its claim took it at, Claim.DueAt, or now if that is later). They
+// keep their attempt number: no attempt is recorded since none was sent, and
+// a first attempt never sent before (no attempt recorded, not even an
+// interrupted one) decides Late again. A released run of a deleted job is
+// cancelled (job_deleted) at now instead, whatever due says, its job read
+// under a share lock (see tx.DeleteJob). A released run whose attempt number
+// is beyond its job's maxAttempts, lowered since its last attempt, fails
+// (attempts_exhausted) at now, its number back to its last attempt recorded.
+// A run never sent whose occurrence was withdrawn while it was held is
+// deleted (see tx.DeleteFutureRuns).
 func (s *Store) ReleaseClaims(ctx context.Context, owner string, claims []*vibejobs.Claim, now, due time.Time) error {
 	if len(claims) == 0 {
 		return nil

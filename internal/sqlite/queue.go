@@ -626,20 +626,21 @@ func snippet(s string) string {
 
 // ReleaseClaims puts the runs of owner's claims back in the queue, to be
 // sent under the same attempt number, while each is still delivering under
-// its claim's lease (a lease recovered and taken again, by this owner too, is
-// another claim's). Each is due at due when that is after now, but no later
-// than its deadline (now, if that passed), so that FailExpiredRuns finds it
-// once the deadline passes; otherwise it is due at once, in its place in
-// line: at the due time its claim took it at (Claim.DueAt), now if that is
-// later, so that the runs due after it do not overtake it. A first attempt never sent before (no attempt
-// recorded, not even an interrupted one) gets its late flag decided again;
-// one the app has seen keeps it. A run whose job was deleted meanwhile has
-// no attempt in flight any more: it is cancelled (job_deleted) at now, as
-// DeleteJob would have done, whatever due says. A run whose attempt number
-// is beyond its job's maxAttempts, lowered since its last attempt, fails
-// (attempts_exhausted) at now, its number back to its last attempt
-// recorded. A run never sent whose occurrence was withdrawn while it was
-// held is deleted (see tx.DeleteFutureRuns).
+// its claim's lease (a lease recovered and taken again, by this owner too,
+// is another claim's). Each is due at due when that is after now, but no
+// later than its deadline (now, if that passed), so that FailExpiredRuns
+// finds it once the deadline passes; otherwise it is due at once, in its
+// place in line: at the due time its claim took it at (Claim.DueAt), now if
+// that is later, so that the runs due after it do not overtake it. A first
+// attempt never sent before (no attempt recorded, not even an interrupted
+// one) gets its late flag decided again; one the app has seen keeps it. A
+// run whose job was deleted meanwhile has no attempt in flight any more: it
+// is cancelled (job_deleted) at now, as DeleteJob would have done, whatever
+// due says. A run whose attempt number is beyond its job's maxAttempts,
+// lowered since its last attempt, fails (attempts_exhausted) at now, its
+// number back to its last attempt recorded. A run never sent whose
+// occurrence was withdrawn while it was held is deleted (see
+// tx.DeleteFutureRuns).
 func (s *Store) ReleaseClaims(ctx context.Context, owner string, claims []*vibejobs.Claim, now, due time.Time) error {
 	if len(claims) == 0 {
 		return nil
