@@ -224,9 +224,9 @@ type route struct {
 	// administrator's token.
 	rawInstallation http.Handler
 	// query names the query parameters the route reads. A /v1/ route that
-	// needs a token refuses any other (invalid_query), as a body refuses an unknown
-	// field: a misspelt filter would otherwise list everything, and a
-	// made-up option would be ignored.
+	// needs a token refuses any other (invalid_query), as a body refuses
+	// an unknown field: a misspelt filter would otherwise list everything,
+	// and a made-up option would be ignored.
 	query []string
 }
 
