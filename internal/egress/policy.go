@@ -132,6 +132,12 @@ func parseAllowEntry(s string) (netip.Prefix, error) {
 		}
 		prefix = netip.PrefixFrom(a, a.BitLen())
 	}
+	if prefix.Addr().Is4In6() && prefix.Bits() < 96 {
+		// Below /96 an IPv4-mapped entry names no IPv4 range:
+		// ::ffff:10.0.0.0/8, meant as 10.0.0.0/8, masked to ::/8, which
+		// opened the IPv6 loopback instead.
+		return netip.Prefix{}, fmt.Errorf("egress allow list: %q is an IPv4-mapped address with a prefix shorter than /96: give the IPv4 CIDR instead", s)
+	}
 	return prefix.Masked(), nil
 }
 
