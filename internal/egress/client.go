@@ -494,7 +494,7 @@ var (
 // connect failure. ServerName is the URL's host: SNI for a name, IP SAN
 // verification for a literal.
 func (c *Client) dialConn(ctx context.Context, att *attempt, t *target) (*pconn, error) {
-	conn, err := c.connect(ctx, att, "tcp", t.addr)
+	conn, err := c.connect(ctx, att, "tcp", t.addr, t.serverName == "")
 	if err != nil {
 		return nil, err
 	}
@@ -513,9 +513,12 @@ func (c *Client) dialConn(ctx context.Context, att *attempt, t *target) (*pconn,
 	return newPconn(conn), nil
 }
 
-// connect resolves host once, refuses if any address is forbidden, and then
-// dials the checked addresses in order, never the name.
-func (c *Client) connect(ctx context.Context, att *attempt, network, addr string) (net.Conn, error) {
+// connect resolves host once, refuses if any address is forbidden, or for
+// cleartext (http) not opened by the allow list, and then dials the checked
+// addresses in order, never the name. ValidateURL lets http through to the
+// name localhost when loopback is opened; a resolver answering it with
+// another address must not get a cleartext request there.
+func (c *Client) connect(ctx context.Context, att *attempt, network, addr string, cleartext bool) (net.Conn, error) {
 	host, portText, err := net.SplitHostPort(addr)
 	if err != nil {
 		return nil, &dialError{CodeBlocked, "egress: malformed destination"}
@@ -530,7 +533,7 @@ func (c *Client) connect(ctx context.Context, att *attempt, network, addr string
 		return nil, err
 	}
 	for _, a := range addrs {
-		if !c.policy.Allowed(a) {
+		if !c.policy.Allowed(a) || cleartext && !c.policy.opened(a) {
 			return nil, errBlockedAddress
 		}
 	}
