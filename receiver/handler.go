@@ -160,7 +160,10 @@ func PayloadFromContext(ctx context.Context) (contract.Payload, bool) {
 	return p, ok
 }
 
-var errBodyTooLarge = errors.New("receiver: body larger than 64 KiB")
+var (
+	errBodyTooLarge   = errors.New("receiver: body larger than 64 KiB")
+	errBodyConnection = errors.New("receiver: the connection failed or timed out while the body was read")
+)
 
 // ServeHTTP implements http.Handler.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -189,6 +192,11 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		status, code := http.StatusBadRequest, "body_unreadable"
 		if ne, ok := errors.AsType[net.Error](err); ok && ne.Timeout() {
 			status, code = http.StatusRequestTimeout, "body_timeout"
+		}
+		if _, ok := errors.AsType[*net.OpError](err); ok {
+			// Not its text, which names this receiver's address (the
+			// job URL's host and port) and the peer's.
+			err = errBodyConnection
 		}
 		h.reject(w, r, status, code, "", err)
 		return

@@ -770,3 +770,37 @@ func BenchmarkHandlerInMemory(b *testing.B) {
 		}
 	}
 }
+
+// TestRejectedBodyLogsNoAddress: a delivery whose body stalls past
+// Config.BodyReadTimeout is rejected and logged without the read error's
+// text, a *net.OpError naming the receiver's own address (the job URL's
+// host and port) and the peer's.
+func TestRejectedBodyLogsNoAddress(t *testing.T) {
+	var logs syncbuf.Buffer
+	logger := slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	store := &memStore{}
+	h := newTestHandler(t, store, func(c *receiver.Config) {
+		c.Logger = logger
+		c.BodyReadTimeout = 200 * time.Millisecond
+	})
+	ts := startServer(t, h, nil)
+	conn, err := net.Dial("tcp", ts.addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	conn.SetDeadline(time.Now().Add(10 * time.Second))
+	fmt.Fprintf(conn, "POST / HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n%s\r\n\r\n%s",
+		len(vectorBody), strings.Join(signedLines(vectorBody), "\r\n"), vectorBody[:50])
+	if resp, err := http.ReadResponse(bufio.NewReader(conn), nil); err == nil {
+		resp.Body.Close()
+	}
+	ts.waitReturn(t, 5*time.Second)
+	out := logs.String()
+	if !strings.Contains(out, "delivery rejected") {
+		t.Fatalf("no rejection logged:\n%s", out)
+	}
+	if strings.Contains(out, ts.addr()) {
+		t.Errorf("the log names the receiver's address %s (the job URL's host:port) in its error:\n%s", ts.addr(), out)
+	}
+}
