@@ -177,6 +177,10 @@ func TestSettingsErrorsNameTheFlag(t *testing.T) {
 		{[]string{"--log-level", ""}, "--log-level (VIBEJOBS_LOG_LEVEL) must be debug, info, warn or error"},
 		{[]string{"--log-format", "xml"}, "--log-format (VIBEJOBS_LOG_FORMAT) must be text or json"},
 		{[]string{"--database", "mysql://db/x"}, `--database (VIBEJOBS_DATABASE): "mysql" URLs are not supported`},
+		// Taken as a SQLite path, it was a file named after it, password
+		// and all, or an error that printed it whole.
+		{[]string{"--database", "host=db user=app password=hunter2 dbname=jobs"},
+			"--database (VIBEJOBS_DATABASE) is a key=value connection string: give a postgres://… URL"},
 		// Given empty (an unset shell variable), it listened on the default.
 		{[]string{"--listen", ""}, "--listen (VIBEJOBS_LISTEN) must not be empty: give a host:port"},
 		{[]string{"--data-dir", ""}, "--data-dir (VIBEJOBS_DATA_DIR) must not be empty"},
@@ -185,6 +189,9 @@ func TestSettingsErrorsNameTheFlag(t *testing.T) {
 		err := NewMain(io.Discard, io.Discard).ParseFlags(tc.args, func(string) string { return "" })
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%q: %v, want %q", tc.args, err, tc.want)
+		}
+		if err != nil && strings.Contains(err.Error(), "hunter2") {
+			t.Errorf("%q: the error quotes the password: %v", tc.args, err)
 		}
 	}
 	m := NewMain(io.Discard, io.Discard)

@@ -228,6 +228,11 @@ func (c *Config) validate() error {
 	if scheme, _, ok := strings.Cut(c.Database, "://"); ok && !isPostgresURL(c.Database) {
 		return fmt.Errorf("--database (VIBEJOBS_DATABASE): %q URLs are not supported: give postgres://… or a SQLite file path", scheme)
 	}
+	if keywordDSN(c.Database) {
+		// Not quoted: it may hold a password. Taken as a SQLite path, it
+		// was a file named after it, or an error that printed it whole.
+		return errors.New("--database (VIBEJOBS_DATABASE) is a key=value connection string: give a postgres://… URL, or a SQLite file path")
+	}
 	if _, err := egress.ParseAllowList(c.AllowPrivate); err != nil {
 		return fmt.Errorf("--allow-private (VIBEJOBS_ALLOW_PRIVATE): %w", err)
 	}
@@ -295,6 +300,22 @@ func postgresURL(database string) (string, bool) {
 		return "", false
 	}
 	return scheme + "://" + rest, true
+}
+
+// keywordDSN reports whether database reads as a PostgreSQL key=value
+// connection string ("host=db user=app password=…"): one of its words sets
+// a libpq connection keyword.
+func keywordDSN(database string) bool {
+	for _, word := range strings.Fields(database) {
+		key, _, ok := strings.Cut(word, "=")
+		switch strings.ToLower(key) {
+		case "host", "hostaddr", "port", "dbname", "user", "password", "passfile", "sslmode", "service", "connect_timeout":
+			if ok {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // isPostgresURL reports whether database names a PostgreSQL database (see
