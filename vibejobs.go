@@ -285,3 +285,17 @@ func NewID(prefix string, now time.Time, r io.Reader) string {
 // that fails it names nothing stored, so a lookup by it finds nothing on
 // every store.
 func StorableText(s string) bool { return utf8.ValidString(s) && strings.IndexByte(s, 0) < 0 }
+
+// ValidIdempotencyKey reports whether the management API takes key as an
+// Idempotency-Key: 1 to 255 printable ASCII characters, no space.
+func ValidIdempotencyKey(key string) bool {
+	if len(key) < 1 || len(key) > 255 {
+		return false
+	}
+	for i := 0; i < len(key); i++ {
+		if key[i] < 0x21 || key[i] > 0x7e {
+			return false
+		}
+	}
+	return true
+}

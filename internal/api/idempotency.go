@@ -20,7 +20,6 @@ const (
 	// Were that request only slow, its completion now fails, and its
 	// effect, which commits with it, rolls back.
 	abandonedAfter = 60 * time.Second
-	maxKeyLength   = 255
 	// sealedKeyHeader marks a stored answer whose body is sealed under the
 	// master key it names. It is never sent to a client.
 	sealedKeyHeader = "Vibejobs-Sealed-Key"
@@ -34,14 +33,8 @@ func checkIdempotencyKey(values []string) *vibejobs.Error {
 	if len(values) > 1 {
 		return invalid("invalid_idempotency_key", "Idempotency-Key", "send the Idempotency-Key header once")
 	}
-	k := values[0]
-	if len(k) < 1 || len(k) > maxKeyLength {
+	if !vibejobs.ValidIdempotencyKey(values[0]) {
 		return invalid("invalid_idempotency_key", "Idempotency-Key", "the Idempotency-Key must be 1 to 255 printable ASCII characters")
-	}
-	for i := 0; i < len(k); i++ {
-		if k[i] < 0x21 || k[i] > 0x7e {
-			return invalid("invalid_idempotency_key", "Idempotency-Key", "the Idempotency-Key must be 1 to 255 printable ASCII characters")
-		}
 	}
 	return nil
 }

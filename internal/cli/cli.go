@@ -19,6 +19,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/vibejobs/vibejobs"
 	"github.com/vibejobs/vibejobs/internal/display"
 )
 
@@ -179,7 +180,7 @@ func (e *env) runCommand(ctx context.Context, name string, cmd command, args []s
 		usage()
 		return usagef("vibejobs %s sends no POST, so it takes no --idempotency-key (only the commands that POST send one)", name)
 	}
-	if c.set["idempotency-key"] && !validIdempotencyKey(c.key) {
+	if c.set["idempotency-key"] && !vibejobs.ValidIdempotencyKey(c.key) {
 		usage()
 		return usagef("--idempotency-key must be 1 to 255 printable ASCII characters, without spaces or control characters")
 	}
@@ -260,20 +261,6 @@ func (e *env) serverURL(flagValue string) (string, error) {
 		return "", usagef("--server must be an http(s) URL such as %s, without a query or fragment", DefaultServer)
 	}
 	return strings.TrimRight(s, "/"), nil
-}
-
-// validIdempotencyKey reports whether the API takes key as an
-// Idempotency-Key: 1 to 255 printable ASCII characters.
-func validIdempotencyKey(key string) bool {
-	if len(key) < 1 || len(key) > 255 {
-		return false
-	}
-	for i := 0; i < len(key); i++ {
-		if key[i] < 0x21 || key[i] > 0x7e {
-			return false
-		}
-	}
-	return true
 }
 
 // hasControl reports whether s holds a C0 control character or DEL (a
