@@ -166,10 +166,7 @@ func (v *Verifier) Rotate(next string, window time.Duration) error {
 // one of the contract's errors.
 func (v *Verifier) Verify(signature string, body []byte) error {
 	now := v.now()
-	s := v.secrets.Load()
-	if s == nil {
-		s = &Secrets{} // a zero Verifier: no key, every signature refused
-	}
+	s := v.Secrets() // a zero Verifier's: no key, every signature refused
 	keys := [2]string{s.Current}
 	if s.Previous != "" && now.Before(s.PreviousExpiresAt) {
 		keys[1] = s.Previous
