@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/vibejobs/vibejobs"
 	"github.com/vibejobs/vibejobs/internal/postgres"
@@ -933,14 +934,24 @@ func TestConnectionLossIsUnavailable(t *testing.T) {
 	_, err := postgres.Open(ctx, "postgres://postgres@127.0.0.1:1/test?sslmode=disable&connect_timeout=2", postgres.Options{Logger: quiet})
 	wantKind(t, err, vibejobs.EUNAVAILABLE, "database_unavailable")
 
-	s := open(t, "")
+	// A pool of four sessions, every one held and cut from another
+	// connection: however the pool hands them out again, each fails the one
+	// statement that finds it dead, at most, and then the pool has none left
+	// to fail with.
+	const sessions = 4
+	s := postgres.MustOpenTestWith(t, postgres.Options{Logger: quiet, Now: func() time.Time { return t0 }, MaxConns: sessions})
 	prj := newProject(t, s)
-	// Cut every session of s's pool from another connection.
-	conns := s.Pool().AcquireAllIdle(ctx)
-	var pids []uint32
-	for _, c := range conns {
+	var (
+		held []*pgxpool.Conn
+		pids []uint32
+	)
+	for range sessions {
+		c, err := s.Pool().Acquire(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		held = append(held, c)
 		pids = append(pids, c.Conn().PgConn().PID())
-		c.Release()
 	}
 	killer, err := pgx.Connect(ctx, postgres.TestURL(t))
 	if err != nil {
@@ -950,7 +961,10 @@ func TestConnectionLossIsUnavailable(t *testing.T) {
 	if _, err := killer.Exec(ctx, `SELECT pg_terminate_backend(pid) FROM unnest($1::int[]) AS pid`, pids); err != nil {
 		t.Fatal(err)
 	}
-	for range 3 {
+	for _, c := range held {
+		c.Release()
+	}
+	for range sessions {
 		_, err := s.GetProject(ctx, prj)
 		if err != nil && vibejobs.ErrorKind(err) != vibejobs.EUNAVAILABLE {
 			t.Fatalf("after the connections were cut: %v (kind %s)", err, vibejobs.ErrorKind(err))
