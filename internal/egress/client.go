@@ -14,6 +14,7 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"net/textproto"
 	"net/url"
 	"os"
 	"strconv"
@@ -171,8 +172,8 @@ var phaseText = [...]string{
 //
 // Post reads header and never changes it; the caller must not change it
 // during the call. Host, Content-Length, Transfer-Encoding and Trailer in
-// header are ignored (Post writes its own); a User-Agent is added unless header
-// has one. A header name or value that cannot be sent (a control character, a
+// header, in any case, are ignored (Post writes its own); a User-Agent is
+// added unless header has one (in any case). A header name or value that cannot be sent (a control character, a
 // line break) ends the attempt with CodeNetwork before anything is sent.
 //
 // rawURL is validated again (ValidateURL); a URL the policy refuses ends with
@@ -324,7 +325,7 @@ func (c *Client) exchange(ctx context.Context, pc *pconn, t *target, header http
 // the body with its length.
 func (c *Client) writeRequest(bw *bufio.Writer, t *target, header http.Header, body []byte) error {
 	bw.Write(t.head)
-	if _, ok := header["User-Agent"]; !ok {
+	if !hasField(header, "User-Agent") {
 		bw.WriteString("User-Agent: ")
 		bw.WriteString(c.userAgent)
 		bw.WriteString("\r\n")
@@ -349,11 +350,26 @@ func (c *Client) writeRequest(bw *bufio.Writer, t *target, header http.Header, b
 }
 
 // ownField reports whether Post writes the header field itself, ignoring the
-// caller's, as net/http does.
+// caller's, as net/http does. Field names are case-insensitive, and header
+// may be a map built by hand, not through Header.Set.
 func ownField(name string) bool {
-	switch name {
+	switch textproto.CanonicalMIMEHeaderKey(name) {
 	case "Host", "Content-Length", "Transfer-Encoding", "Trailer":
 		return true
+	}
+	return false
+}
+
+// hasField reports whether header has a field named name (canonical), in
+// any case.
+func hasField(header http.Header, name string) bool {
+	if _, ok := header[name]; ok {
+		return true
+	}
+	for k := range header {
+		if strings.EqualFold(k, name) {
+			return true
+		}
 	}
 	return false
 }

@@ -277,6 +277,26 @@ func TestHeaderIsSentSafely(t *testing.T) {
 		req.Method != http.MethodPost || req.UserAgent() != egress.DefaultUserAgent {
 		t.Errorf("server saw %s %s host %q length %d TE %v header %v", req.Method, req.RequestURI, req.Host, req.ContentLength, req.TransferEncoding, req.Header)
 	}
+
+	// Field names are case-insensitive: a header map built by hand, not
+	// through Header.Set, neither overrides Post's fields nor doubles them.
+	h = http.Header{
+		"host":              {"evil.test"},
+		"content-length":    {"1"},
+		"transfer-encoding": {"chunked"},
+		"TRAILER":           {"X-Late"},
+		"user-agent":        {"app/1"},
+	}
+	if res := c.Post(context.Background(), srv.url, h, []byte("body"), 5*time.Second); res.ErrorCode != "" {
+		t.Fatalf("lower-case names: result %+v", res)
+	}
+	mu.Lock()
+	req = seen[len(seen)-1]
+	mu.Unlock()
+	if len(seen) != 2 || req.Host != strings.TrimPrefix(srv.url, "http://") || req.ContentLength != 4 ||
+		len(req.TransferEncoding) != 0 || len(req.Header["Trailer"]) != 0 || strings.Join(req.Header["User-Agent"], ",") != "app/1" {
+		t.Errorf("lower-case names: server saw host %q length %d TE %v header %v", req.Host, req.ContentLength, req.TransferEncoding, req.Header)
+	}
 }
 
 // Beyond MaxConnsPerHost a caller waits for a connection within its budget;
