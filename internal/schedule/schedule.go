@@ -55,6 +55,7 @@ import (
 	"sync"
 	"time"
 	_ "time/tzdata" // zones must resolve even on hosts without /usr/share/zoneinfo
+	"unicode/utf8"
 
 	"github.com/robfig/cron/v3"
 )
@@ -232,18 +233,45 @@ func cronFieldError(six []string, whole error) *Error {
 				// as Sunday: refused, with the numbering this one uses.
 				hint = " (days are 0–6 or SUN–SAT; Sunday is 0)"
 			}
-			return scheduleError("%s field %q: %v%s", fieldNames[i], clip(six[i]), err, hint)
+			return scheduleError("%s field %q: %s%s", fieldNames[i], clip(six[i]), fieldReason(err), hint)
 		}
 	}
-	return scheduleError("%v", whole)
+	return scheduleError("%s", clip(whole.Error()))
 }
 
+// fieldReason is robfig's reason for refusing a field, with the part of the
+// field it names clipped: robfig echoes it whole, and the field may be most
+// of the 256 bytes of a schedule. robfig's messages end with ": " and that
+// part (which holds no space), except its failure to read a number, which
+// ends with strconv's wording and is said in words instead.
+func fieldReason(err error) string {
+	msg := err.Error()
+	if rest, ok := strings.CutPrefix(msg, "failed to parse int from "); ok {
+		expr, _, _ := strings.Cut(rest, ": ")
+		if expr == "" {
+			return "a number or a name is missing" // "1-", "*/", "-1"
+		}
+		return fmt.Sprintf("%q is not a number or a name", clip(expr))
+	}
+	if i := strings.LastIndex(msg, ": "); i >= 0 {
+		return msg[:i+2] + clip(msg[i+2:])
+	}
+	return clip(msg)
+}
+
+// clip returns at most the first 32 bytes of s, cut between characters, with
+// "…" when it cut: a message then never quotes more than a fragment of the
+// input, nor half a character (which %q would show as \xc3).
 func clip(s string) string {
 	const n = 32
-	if len(s) > n {
-		return s[:n] + "…"
+	if len(s) <= n {
+		return s
 	}
-	return s
+	i := n
+	for i > 0 && !utf8.RuneStart(s[i]) {
+		i--
+	}
+	return s[:i] + "…"
 }
 
 func parseEvery(fields []string, loc *time.Location, anchor time.Time) (Schedule, error) {

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/robfig/cron/v3"
 
@@ -538,5 +539,40 @@ func BenchmarkNext(b *testing.B) {
 				}
 			}
 		})
+	}
+}
+
+// TestParseErrorMessagesQuoteAFragment: an error message quotes at most a
+// clipped fragment of the input (see Error), cut between characters, and
+// says what is wrong in words rather than in strconv's.
+func TestParseErrorMessagesQuoteAFragment(t *testing.T) {
+	long := strings.Repeat("é", 100) // 200 bytes, 2 per character
+	cases := []struct{ spec, tz, wantIn string }{
+		{"0 9 * * " + long, "", "is not a number or a name"},
+		{"0 9 * * 1-" + long, "", "is not a number or a name"},
+		{"0 9 * * 1," + long, "", "is not a number or a name"},
+		{"0 9 * * fun", "", `"fun" is not a number or a name`},
+		{"0 9 * * 1-", "", "a number or a name is missing"},
+		{"0 9 * * 1-2-" + long, "", "too many hyphens"},
+		{"0 9 * * 1/2/" + long, "", "too many slashes"},
+		{"@" + long, "", "unknown macro"},
+		{"0 9 * * *", "Europe/" + long, "unknown time zone"},
+	}
+	for _, tc := range cases {
+		_, err := schedule.Parse(tc.spec, tc.tz, anchor)
+		var e *schedule.Error
+		if !errors.As(err, &e) {
+			t.Fatalf("Parse(%.20q…): %v, want a *schedule.Error", tc.spec, err)
+		}
+		msg := e.Message
+		if !utf8.ValidString(msg) || strings.Contains(msg, `\x`) || strings.ContainsRune(msg, utf8.RuneError) {
+			t.Errorf("Parse(%.20q…): message %q cuts a character in two", tc.spec, msg)
+		}
+		if strings.Contains(msg, strings.Repeat("é", 33)) {
+			t.Errorf("Parse(%.20q…): message %q quotes more than a fragment of the input", tc.spec, msg)
+		}
+		if !strings.Contains(msg, tc.wantIn) {
+			t.Errorf("Parse(%.20q…): message %q, want it to contain %q", tc.spec, msg, tc.wantIn)
+		}
 	}
 }
