@@ -506,20 +506,47 @@ func (s *cronSchedule) Next(t time.Time) time.Time {
 	}
 }
 
-// Count implements Schedule. It walks the fire times with Next, and counts
-// a plain day (see plainDay) without walking it: if it matches, it fires
-// once at each matching hour, minute and second.
+// Count implements Schedule. It walks the fire times with Next only on
+// days that are not plain (see plainDay). A plain day, if it matches, fires
+// once at each matching hour, minute and second, at its midnight plus that
+// time of day: a whole one is counted by multiplying, the part of one in
+// (after, until] by counting the matching times of day in a range.
 func (s *cronSchedule) Count(after, until time.Time) int64 {
 	var n int64
 	t := after
-	perDay := int64(bits.OnesCount64(s.hour) * bits.OnesCount64(s.minute) * bits.OnesCount64(s.second))
+	perDay := s.timesBefore(86400)
 	// day counts civil days on, so the loop moves on whatever instant
 	// time.Date picks for a midnight that does not exist or exists twice.
 	y, m, d := t.In(s.loc).Date()
 	day := time.Date(y, m, d, 0, 0, 0, 0, time.UTC)
 	for {
+		prev := day
 		day = day.AddDate(0, 0, 1)
 		midnight := time.Date(day.Year(), day.Month(), day.Day(), 0, 0, 0, 0, s.loc)
+		// The rest of the day before midnight, after t: counted if the day
+		// is plain, walked otherwise. t is in the day, or before it with no
+		// fire time in (t, its start).
+		start := time.Date(prev.Year(), prev.Month(), prev.Day(), 0, 0, 0, 0, s.loc)
+		if end, ok := s.plainDay(start); ok && end.Equal(midnight) {
+			last := end.Add(-time.Nanosecond)
+			if until.Before(last) {
+				last = until
+			}
+			if s.dayMatches(prev) && !last.Before(start) {
+				// The fire times start + k s with t < start + k s ≤ last.
+				from := 0
+				if !t.Before(start) {
+					from = int(t.Sub(start)/time.Second) + 1
+				}
+				if to := int(last.Sub(start)/time.Second) + 1; to > from {
+					n += s.timesBefore(to) - s.timesBefore(from)
+				}
+			}
+			if !until.After(end.Add(-time.Nanosecond)) {
+				return n
+			}
+			t = end.Add(-time.Nanosecond)
+		}
 		for {
 			next := s.Next(t)
 			if next.IsZero() || next.After(until) {
@@ -537,7 +564,7 @@ func (s *cronSchedule) Count(after, until time.Time) int64 {
 			if !ok || end.After(until) {
 				break
 			}
-			if s.month&(1<<int(day.Month())) != 0 && s.nextDay(day.Year(), int(day.Month()), day.Day()) == day.Day() {
+			if s.dayMatches(day) {
 				n += perDay
 			}
 			t = end.Add(-time.Nanosecond)
@@ -545,6 +572,27 @@ func (s *cronSchedule) Count(after, until time.Time) int64 {
 			midnight = end
 		}
 	}
+}
+
+// dayMatches reports whether the civil day of day (its date, read in UTC)
+// matches the month and day fields.
+func (s *cronSchedule) dayMatches(day time.Time) bool {
+	return s.month&(1<<int(day.Month())) != 0 && s.nextDay(day.Year(), int(day.Month()), day.Day()) == day.Day()
+}
+
+// timesBefore returns the number of matching times of day (hour, minute,
+// second) earlier than sod seconds after midnight, 0 ≤ sod ≤ 86400.
+func (s *cronSchedule) timesBefore(sod int) int64 {
+	h, m, sec := sod/3600, sod/60%60, sod%60
+	perHour := int64(bits.OnesCount64(s.minute) * bits.OnesCount64(s.second))
+	n := int64(bits.OnesCount64(s.hour&(1<<h-1))) * perHour
+	if h < 24 && s.hour&(1<<h) != 0 {
+		n += int64(bits.OnesCount64(s.minute&(1<<m-1)) * bits.OnesCount64(s.second))
+		if s.minute&(1<<m) != 0 {
+			n += int64(bits.OnesCount64(s.second & (1<<sec - 1)))
+		}
+	}
+	return n
 }
 
 // plainDay reports whether the civil day starting at start, a midnight of
