@@ -162,3 +162,101 @@ func TestPlanCountsEverySkippedOccurrenceOfLongDowntime(t *testing.T) {
 		}
 	}
 }
+
+// TestPlanCatchUpMatchesAWalk: Plan, which counts the older missed
+// occurrences instead of walking them, plans the runs and counts the skipped
+// occurrences that walking every occurrence with Next gives, for dense and
+// sparse schedules, across DST changes, and for downtimes on either side of
+// the catch-up cap and of the delivery lifetime.
+func TestPlanCatchUpMatchesAWalk(t *testing.T) {
+	specs := []string{"* * * * * *", "@every 1s", "@every 1290ms", "@every 2570ms", "*/7 * * * * *", "* * * * *", "*/3 2 * * *", "0 * * * *", "0 0 * * *", "0,30 * 0-3 * * *"}
+	nows := []time.Time{
+		t0, // UTC noon; Paris away from any change
+		time.Date(2026, 10, 25, 3, 17, 41, 5e8, time.UTC),   // Paris went back at 01:00 UTC
+		time.Date(2026, 4, 5, 16, 2, 0, 0, time.UTC),        // Lord Howe, the half hour repeated at 15:00 UTC
+		time.Date(2026, 10, 4, 15, 59, 59, 999e6, time.UTC), // Lord Howe, the half hour skipped at 15:30 UTC
+	}
+	for _, tz := range []string{"UTC", "Europe/Paris", "Australia/Lord_Howe"} {
+		for _, spec := range specs {
+			for _, now := range nows {
+				for _, down := range []time.Duration{3 * time.Second, 90 * time.Second, 101 * time.Second, 3 * time.Hour} {
+					checkPlanAgainstWalk(t, spec, tz, now, down)
+				}
+			}
+		}
+	}
+	// Dense schedules down for most of the lifetime, and past it, with the
+	// change of October 25 inside.
+	for _, spec := range []string{"* * * * * *", "@every 1s"} {
+		for _, down := range []time.Duration{95 * time.Hour, 100 * time.Hour} {
+			checkPlanAgainstWalk(t, spec, "Europe/Paris", time.Date(2026, 10, 27, 0, 0, 0, 0, time.UTC), down)
+		}
+	}
+}
+
+// checkPlanAgainstWalk compares Plan, for a job down since now − down, with
+// the runs and skipped count that walking its occurrences gives, for the
+// catch-up rules all and latest.
+func checkPlanAgainstWalk(t *testing.T, spec, tz string, now time.Time, down time.Duration) {
+	t.Helper()
+	const lookahead, grace = 2 * time.Second, 5 * time.Second
+	j := &vibejobs.Job{ID: "job_x", ProjectID: "prj_x", Schedule: spec, Timezone: tz,
+		ScheduleAnchor: now.Add(-200 * time.Hour).Add(-300 * time.Millisecond), Enabled: true, State: vibejobs.JobActive}
+	sch := mustSchedule(t, j)
+	from := sch.Next(now.Add(-down))
+	j.NextRunAt = &from
+
+	// The walk: every occurrence up to the horizon.
+	var expired int64
+	var missed, upcoming []time.Time
+	for at := from; !at.IsZero() && !at.After(now.Add(lookahead)); at = sch.Next(at) {
+		switch {
+		case at.Before(now.Add(-vibejobs.DeliveryLifetime)):
+			expired++
+		case at.Before(now.Add(-grace)):
+			missed = append(missed, at)
+		default:
+			upcoming = append(upcoming, at)
+		}
+	}
+	for _, catchUp := range []vibejobs.CatchUp{vibejobs.CatchUpAll, vibejobs.CatchUpLatest} {
+		j.CatchUp = catchUp
+		p := scheduler.Plan(j, sch, now, lookahead, grace, ids())
+		keep := min(len(missed), vibejobs.MaxCatchUpRuns)
+		if catchUp == vibejobs.CatchUpLatest {
+			keep = min(len(missed), 1)
+		}
+		want := append(append([]time.Time(nil), missed[len(missed)-keep:]...), upcoming...)
+		skipped := expired + int64(len(missed)-keep)
+		got := times(p)
+		same := len(got) == len(want)
+		for i := 0; same && i < len(got); i++ {
+			same = got[i].Equal(want[i].UTC().Truncate(time.Millisecond))
+		}
+		if !same || p.Skipped != skipped {
+			t.Errorf("%q in %s, %s at %s after %v down: %d runs (%v…), %d skipped; walking gives %d runs (%v…), %d skipped",
+				spec, tz, catchUp, now.Format(time.RFC3339Nano), down, len(got), head(got), p.Skipped, len(want), head(want), skipped)
+		}
+	}
+}
+
+func head(ts []time.Time) []time.Time { return ts[:min(len(ts), 2)] }
+
+// BenchmarkPlanAfterLongOutage plans a job down for 95 h: 342,000 missed
+// occurrences of a per-second schedule, of which the newest 100 run.
+func BenchmarkPlanAfterLongOutage(b *testing.B) {
+	for _, spec := range []string{"* * * * * *", "@every 1s", "* * * * *"} {
+		b.Run(spec, func(b *testing.B) {
+			from := t0.Add(-95 * time.Hour)
+			j := &vibejobs.Job{ID: "job_x", ProjectID: "prj_x", Schedule: spec, Timezone: "Europe/Paris", CatchUp: vibejobs.CatchUpAll,
+				NextRunAt: &from, ScheduleAnchor: from.Add(-time.Second), Enabled: true, State: vibejobs.JobActive}
+			sch, err := scheduler.JobSchedule(j)
+			if err != nil {
+				b.Fatal(err)
+			}
+			for b.Loop() {
+				scheduler.Plan(j, sch, t0, 2*time.Second, 5*time.Second, ids())
+			}
+		})
+	}
+}
