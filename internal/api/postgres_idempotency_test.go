@@ -1,0 +1,266 @@
+package api_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/vibejobs/vibejobs"
+	"github.com/vibejobs/vibejobs/internal/api"
+	"github.com/vibejobs/vibejobs/internal/postgres"
+)
+
+// pgAPI is the API on a fresh PostgreSQL schema behind a loopback listener,
+// with a fake clock and the bootstrap token.
+type pgAPI struct {
+	t      *testing.T
+	url    string
+	token  string
+	store  *postgres.Store
+	clock  *clock
+	mu     sync.Mutex
+	bodies []string // every answer, for the secret scans
+}
+
+func newPGAPI(t *testing.T) *pgAPI {
+	t.Helper()
+	clk := &clock{t: t0}
+	h, tok, st := postgresAPI(t, func(c *api.Config) { c.Now = clk.Now })
+	srv := httptest.NewServer(h)
+	t.Cleanup(srv.Close)
+	return &pgAPI{t: t, url: srv.URL, token: tok, store: st, clock: clk}
+}
+
+func (p *pgAPI) send(method, path, key string, body []byte) *result {
+	p.t.Helper()
+	hr, err := http.NewRequest(method, p.url+path, bytes.NewReader(body))
+	if err != nil {
+		p.t.Fatal(err)
+	}
+	hr.Header.Set("Authorization", "Bearer "+p.token)
+	if key != "" {
+		hr.Header.Set("Idempotency-Key", key)
+	}
+	resp, err := http.DefaultClient.Do(hr)
+	if err != nil {
+		p.t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		p.t.Fatal(err)
+	}
+	p.mu.Lock()
+	p.bodies = append(p.bodies, string(b))
+	p.mu.Unlock()
+	return &result{status: resp.StatusCode, header: resp.Header, body: b}
+}
+
+func (p *pgAPI) project() string {
+	p.t.Helper()
+	ps, err := p.store.ListProjects(context.Background())
+	if err != nil || len(ps) != 1 {
+		p.t.Fatalf("projects: %v, %v", ps, err)
+	}
+	return ps[0].ID
+}
+
+func (p *pgAPI) jobs() int {
+	p.t.Helper()
+	n, err := p.store.CountJobs(context.Background(), p.project())
+	if err != nil {
+		p.t.Fatal(err)
+	}
+	return n
+}
+
+// concurrently sends n copies of one POST at once and checks that every
+// answer is the same 201 or a 409 idempotency_key_in_progress with
+// Retry-After; it returns the 201's body (nil if none).
+func (p *pgAPI) concurrently(n int, path, key string, body []byte) []byte {
+	p.t.Helper()
+	results := make([]*result, n)
+	var wg sync.WaitGroup
+	start := make(chan struct{})
+	for i := range n {
+		wg.Go(func() {
+			<-start
+			results[i] = p.send("POST", path, key, body)
+		})
+	}
+	close(start)
+	wg.Wait()
+	var created []byte
+	for _, res := range results {
+		switch res.status {
+		case http.StatusCreated:
+			if created == nil {
+				created = res.body
+			} else if !bytes.Equal(created, res.body) {
+				p.t.Errorf("two different 201 answers to one key:\n%s\n%s", created, res.body)
+			}
+		case http.StatusConflict:
+			if code, _ := res.errorCode(p.t); code != "idempotency_key_in_progress" || res.header.Get("Retry-After") == "" {
+				p.t.Errorf("409 answer: %s (Retry-After %q)", res, res.header.Get("Retry-After"))
+			}
+		default:
+			p.t.Errorf("answer to one of %d requests with one key: %s", n, res)
+		}
+	}
+	return created
+}
+
+// TestIdempotencyOnPostgres runs the Idempotency-Key promises of
+// SEMANTICS.md section 5 through the HTTP handlers on PostgreSQL, whose
+// concurrent transactions (unlike SQLite's single writer) really race: many
+// requests with one key, at once, do the work once; a retry gets the stored
+// status, headers and body; another request with the key is 422; a refusal
+// is stored; an abandoned claim is taken over by exactly one of many
+// retries.
+func TestIdempotencyOnPostgres(t *testing.T) {
+	p := newPGAPI(t)
+	body, _ := json.Marshal(jobBody(nil))
+
+	created := p.concurrently(30, "/v1/jobs", "pg-one-key", body)
+	if n := p.jobs(); n != 1 {
+		t.Fatalf("%d jobs after 30 creates with one key, want 1", n)
+	}
+	replay := p.send("POST", "/v1/jobs", "pg-one-key", body)
+	if replay.status != http.StatusCreated || replay.header.Get("Idempotent-Replayed") != "true" ||
+		replay.header.Get("Location") == "" || replay.header.Get("Content-Type") != "application/json" {
+		t.Fatalf("replay: %s %v", replay, replay.header)
+	}
+	if created != nil && !bytes.Equal(replay.body, created) {
+		t.Errorf("replay differs from the first answer:\n%s\n%s", replay.body, created)
+	}
+
+	other, _ := json.Marshal(jobBody(map[string]any{"name": "other"}))
+	res := p.send("POST", "/v1/jobs", "pg-one-key", other)
+	if code, _ := res.errorCode(t); res.status != http.StatusUnprocessableEntity || code != "idempotency_key_reuse_conflict" {
+		t.Errorf("same key, another body: %s", res)
+	}
+	if res := p.send("POST", "/v1/jobs/"+replay.json(t)["id"].(string)+"/pause", "pg-one-key", nil); res.status != http.StatusUnprocessableEntity {
+		t.Errorf("same key, another path: %s", res)
+	}
+
+	bad := []byte(`{"name":1}`)
+	first := p.send("POST", "/v1/jobs", "pg-bad", bad)
+	if first.status != http.StatusBadRequest {
+		t.Fatalf("invalid body: %s", first)
+	}
+	if res := p.send("POST", "/v1/jobs", "pg-bad", bad); res.status != http.StatusBadRequest ||
+		!bytes.Equal(res.body, first.body) || res.header.Get("Idempotent-Replayed") != "true" {
+		t.Errorf("replayed refusal: %s", res)
+	}
+
+	// A claim whose request died with its process: after 60 s, many
+	// retries at once take it over, and exactly one does the work.
+	tokens, err := p.store.ListTokens(context.Background(), p.project())
+	if err != nil || len(tokens) != 1 {
+		t.Fatalf("the bootstrap token: %v, %v", tokens, err)
+	}
+	hr, _ := http.NewRequest("POST", "/v1/jobs", nil)
+	rec := &vibejobs.IdempotencyRecord{ProjectID: p.project(), Key: "pg-abandoned", RequestHash: api.RequestHash(hr, tokens[0].ID, body),
+		CreatedAt: p.clock.Now(), ExpiresAt: p.clock.Now().Add(24 * time.Hour)}
+	ctx := context.Background()
+	if err := p.store.Update(ctx, func(tx vibejobs.Tx) error { return tx.InsertIdempotencyKey(ctx, rec) }); err != nil {
+		t.Fatal(err)
+	}
+	if res := p.send("POST", "/v1/jobs", "pg-abandoned", body); res.status != http.StatusConflict {
+		t.Fatalf("while the claim is fresh: %s", res)
+	}
+	p.clock.Advance(60 * time.Second)
+	before := p.jobs()
+	p.concurrently(20, "/v1/jobs", "pg-abandoned", body)
+	if n := p.jobs(); n != before+1 {
+		t.Errorf("%d jobs made by 20 retries taking one abandoned claim over, want 1", n-before)
+	}
+}
+
+// TestNoSecretAtRestOnPostgres: on PostgreSQL too, no job or subscription
+// secret and no API token rests in any table in clear (the stored
+// Idempotency-Key answers that hold them included), and only the answers
+// that create or rotate a secret show it.
+func TestNoSecretAtRestOnPostgres(t *testing.T) {
+	p := newPGAPI(t)
+	var secrets []string
+	var allowed []string
+	keep := func(res *result, want int) map[string]any {
+		t.Helper()
+		if res.status != want {
+			t.Fatalf("got %s, want %d", res, want)
+		}
+		m := res.json(t)
+		secrets = append(secrets, m["secret"].(string))
+		allowed = append(allowed, string(res.body))
+		return m
+	}
+	body, _ := json.Marshal(jobBody(nil))
+	job := keep(p.send("POST", "/v1/jobs", "create-job", body), http.StatusCreated)
+	jobID := job["id"].(string)
+	keep(p.send("POST", "/v1/jobs/"+jobID+"/rotate-secret", "rotate-job", nil), http.StatusOK)
+	sub := keep(p.send("POST", "/v1/subscriptions", "create-sub", []byte(`{"url":"https://example.com/feed"}`)), http.StatusCreated)
+	subID := sub["id"].(string)
+	keep(p.send("POST", "/v1/subscriptions/"+subID+"/rotate-secret", "rotate-sub", nil), http.StatusOK)
+	tok := p.send("POST", "/v1/projects/"+p.project()+"/tokens", "mint", []byte(`{"name":"t","role":"read"}`))
+	if tok.status != http.StatusCreated {
+		t.Fatalf("minting a token: %s", tok)
+	}
+	allowed = append(allowed, string(tok.body))
+	tokens := []string{p.token, tok.json(t)["token"].(string)}
+	// Replays are read back from the database.
+	p.send("POST", "/v1/jobs", "create-job", body)
+	p.send("POST", "/v1/subscriptions/"+subID+"/rotate-secret", "rotate-sub", nil)
+	for _, path := range []string{"/v1/jobs", "/v1/jobs/" + jobID, "/v1/jobs/" + jobID + "/runs", "/v1/subscriptions",
+		"/v1/subscriptions/" + subID, "/v1/events", "/v1/projects/" + p.project() + "/tokens"} {
+		if res := p.send("GET", path, "", nil); res.status != http.StatusOK {
+			t.Errorf("GET %s: %s", path, res)
+		}
+	}
+	p.mu.Lock()
+	bodies := append([]string(nil), p.bodies...)
+	p.mu.Unlock()
+	for _, b := range bodies {
+		if strings.Contains(b, "vjs_") && !slices.Contains(allowed, b) {
+			t.Errorf("an answer other than create or rotate holds a secret: %s", b)
+		}
+	}
+
+	ctx := context.Background()
+	rows, err := p.store.Pool().Query(ctx, `SELECT table_name FROM information_schema.tables WHERE table_schema = current_schema()`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var tables []string
+	for rows.Next() {
+		var name string
+		if err := rows.Scan(&name); err != nil {
+			t.Fatal(err)
+		}
+		tables = append(tables, name)
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil || len(tables) == 0 {
+		t.Fatalf("tables: %v, %v", tables, err)
+	}
+	for _, table := range tables {
+		var dump string
+		q := `SELECT coalesce(string_agg(t::text, E'\n'), '') FROM "` + table + `" t`
+		if err := p.store.Pool().QueryRow(ctx, q).Scan(&dump); err != nil {
+			t.Fatal(err)
+		}
+		for _, s := range append(append([]string{"vjs_"}, secrets...), tokens...) {
+			if strings.Contains(dump, s) {
+				t.Errorf("table %s holds a secret or token in clear", table)
+			}
+		}
+	}
+}
