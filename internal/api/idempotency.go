@@ -34,7 +34,7 @@ func checkIdempotencyKey(values []string) *vibejobs.Error {
 		return invalid("invalid_idempotency_key", "Idempotency-Key", "send the Idempotency-Key header once")
 	}
 	if !vibejobs.ValidIdempotencyKey(values[0]) {
-		return invalid("invalid_idempotency_key", "Idempotency-Key", "the Idempotency-Key must be 1 to 255 printable ASCII characters")
+		return invalid("invalid_idempotency_key", "Idempotency-Key", "the Idempotency-Key must be 1 to 255 printable ASCII characters, without spaces")
 	}
 	return nil
 }

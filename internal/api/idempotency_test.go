@@ -3,8 +3,11 @@ package api_test
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"net/http"
+	"regexp"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -286,5 +289,45 @@ func TestIdempotencyOnEveryPost(t *testing.T) {
 	runs := e.must(200, "GET", "/v1/jobs/"+id+"/runs", e.admin, nil)["runs"].([]any)
 	if len(runs) != 1 {
 		t.Errorf("%d manual runs after a replayed trigger", len(runs))
+	}
+}
+
+// TestIdempotencyKeyRuleIsStated: a key with a space is refused, and the
+// refusal and the OpenAPI document both say so: a space is printable ASCII,
+// so "1 to 255 printable ASCII characters" alone told a client whose key
+// was refused that it was fine.
+func TestIdempotencyKeyRuleIsStated(t *testing.T) {
+	e := newEnv(t)
+	res := e.send(req{method: "POST", path: "/v1/jobs", token: e.admin, key: "order 42", body: jobBody(nil)})
+	if code, _ := res.errorCode(t); res.status != 400 || code != "invalid_idempotency_key" {
+		t.Fatalf("a key with a space: %s", res)
+	}
+	msg, _ := res.json(t)["error"].(map[string]any)["message"].(string)
+	if !strings.Contains(msg, "space") {
+		t.Errorf("the refusal of a key with a space does not mention spaces: %q", msg)
+	}
+
+	var doc struct {
+		Components struct {
+			Parameters map[string]struct {
+				Schema struct {
+					Pattern string `json:"pattern"`
+				} `json:"schema"`
+			} `json:"parameters"`
+		} `json:"components"`
+	}
+	if err := json.Unmarshal(e.do("GET", "/v1/openapi.json", "", nil).body, &doc); err != nil {
+		t.Fatal(err)
+	}
+	pattern := doc.Components.Parameters["IdempotencyKey"].Schema.Pattern
+	re, err := regexp.Compile(pattern)
+	if pattern == "" || err != nil {
+		t.Fatalf("the IdempotencyKey parameter's pattern %q: %v", pattern, err)
+	}
+	for _, key := range []string{"k", "7a3c2d1e-9b8f-4a7e-8c5d-2e1f4a6b8c0d", "a~!#", strings.Repeat("k", 255),
+		"", "order 42", "clé", "tab\there", strings.Repeat("k", 256)} {
+		if got, want := re.MatchString(key), vibejobs.ValidIdempotencyKey(key); got != want {
+			t.Errorf("pattern %q matches %q: %v; the server takes it: %v", pattern, key, got, want)
+		}
 	}
 }
