@@ -195,8 +195,8 @@ func TestPlanCatchUpMatchesAWalk(t *testing.T) {
 }
 
 // checkPlanAgainstWalk compares Plan, for a job down since now − down, with
-// the runs and skipped count that walking its occurrences gives, for the
-// catch-up rules all and latest.
+// the runs and skipped count that walking its occurrences gives, under each
+// catch-up rule.
 func checkPlanAgainstWalk(t *testing.T, spec, tz string, now time.Time, down time.Duration) {
 	t.Helper()
 	const lookahead, grace = 2 * time.Second, 5 * time.Second
@@ -219,12 +219,15 @@ func checkPlanAgainstWalk(t *testing.T, spec, tz string, now time.Time, down tim
 			upcoming = append(upcoming, at)
 		}
 	}
-	for _, catchUp := range []vibejobs.CatchUp{vibejobs.CatchUpAll, vibejobs.CatchUpLatest} {
+	for _, catchUp := range []vibejobs.CatchUp{vibejobs.CatchUpAll, vibejobs.CatchUpLatest, vibejobs.CatchUpNone} {
 		j.CatchUp = catchUp
 		p := scheduler.Plan(j, sch, now, lookahead, grace, ids())
 		keep := min(len(missed), vibejobs.MaxCatchUpRuns)
-		if catchUp == vibejobs.CatchUpLatest {
+		switch catchUp {
+		case vibejobs.CatchUpLatest:
 			keep = min(len(missed), 1)
+		case vibejobs.CatchUpNone:
+			keep = 0
 		}
 		want := append(append([]time.Time(nil), missed[len(missed)-keep:]...), upcoming...)
 		skipped := expired + int64(len(missed)-keep)
