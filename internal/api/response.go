@@ -70,11 +70,15 @@ func (r *response) with(name, value string) *response {
 	return r
 }
 
+// write writes r. Every answer says Cache-Control: no-store: a job's
+// creation and a secret's rotation show the secret once, and every other
+// answer holds a tenant's data, which no browser or proxy should keep.
 func (r *response) write(w http.ResponseWriter) {
 	h := w.Header()
 	for k, v := range r.header {
 		h.Set(k, v)
 	}
+	h.Set("Cache-Control", "no-store")
 	if r.body != nil {
 		h.Set("Content-Length", strconv.Itoa(len(r.body)))
 	}
