@@ -2,14 +2,10 @@ package postgres
 
 import (
 	"context"
-	"io/fs"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/jackc/pgx/v5/stdlib"
-	"github.com/pressly/goose/v3"
 )
 
 // TestRunQueueMigrationKeepsTheQueue: a database at version 7, whose queue
@@ -17,35 +13,8 @@ import (
 // recoverable once 00008 moves the queue into run_queue.
 func TestRunQueueMigrationKeepsTheQueue(t *testing.T) {
 	ctx := context.Background()
-	schema := NewTestSchema(t)
-	cfg, err := pgxpool.ParseConfig(TestURL(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := createSchema(ctx, cfg.ConnConfig, schema); err != nil {
-		t.Fatal(err)
-	}
-	cfg.ConnConfig.RuntimeParams["search_path"] = pgx.Identifier{schema}.Sanitize()
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
-	fsys, err := fs.Sub(migrations, "migrations")
-	if err != nil {
-		t.Fatal(err)
-	}
-	db := stdlib.OpenDBFromPool(pool)
-	defer db.Close()
-	p, err := goose.NewProvider(goose.DialectPostgres, db, fsys, goose.WithDisableGlobalRegistry(true))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := p.UpTo(ctx, 7); err != nil {
-		t.Fatalf("migrating to version 7: %v", err)
-	}
-
-	_, err = pool.Exec(ctx, `
+	schema, pool := migrateTestSchemaTo(t, 7)
+	_, err := pool.Exec(ctx, `
 		INSERT INTO projects (id, name, created_at) VALUES ('prj_1', 'p', $1);
 		INSERT INTO jobs (id, project_id, name, schedule, timezone, url, enabled, state, max_attempts,
 			min_backoff_ns, max_backoff_ns, timeout_ns, catch_up, schedule_anchor, secret_key_id,
