@@ -215,18 +215,27 @@ func (e *env) send(r req) *result {
 	for k, v := range r.header {
 		hr.Header.Set(k, v)
 	}
+	return roundTrip(e.t, hr, func(body string) {
+		e.mu.Lock()
+		e.bodies = append(e.bodies, body)
+		e.mu.Unlock()
+	})
+}
+
+// roundTrip sends hr and returns the answer, its body passed to record
+// first (for the secret scans).
+func roundTrip(t testing.TB, hr *http.Request, record func(body string)) *result {
+	t.Helper()
 	resp, err := http.DefaultClient.Do(hr)
 	if err != nil {
-		e.t.Fatal(err)
+		t.Fatal(err)
 	}
 	defer resp.Body.Close()
 	b, err := io.ReadAll(resp.Body)
 	if err != nil {
-		e.t.Fatal(err)
+		t.Fatal(err)
 	}
-	e.mu.Lock()
-	e.bodies = append(e.bodies, string(b))
-	e.mu.Unlock()
+	record(string(b))
 	return &result{status: resp.StatusCode, header: resp.Header, body: b}
 }
 

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"io"
 	"net/http"
 	"net/http/httptest"
 	"slices"
@@ -49,19 +48,11 @@ func (p *pgAPI) send(method, path, key string, body []byte) *result {
 	if key != "" {
 		hr.Header.Set("Idempotency-Key", key)
 	}
-	resp, err := http.DefaultClient.Do(hr)
-	if err != nil {
-		p.t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	if err != nil {
-		p.t.Fatal(err)
-	}
-	p.mu.Lock()
-	p.bodies = append(p.bodies, string(b))
-	p.mu.Unlock()
-	return &result{status: resp.StatusCode, header: resp.Header, body: b}
+	return roundTrip(p.t, hr, func(body string) {
+		p.mu.Lock()
+		p.bodies = append(p.bodies, body)
+		p.mu.Unlock()
+	})
 }
 
 func (p *pgAPI) project() string {
