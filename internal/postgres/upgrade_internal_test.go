@@ -26,7 +26,8 @@ import (
 // in place) and 00008 (the queue moves to run_queue) change how a waiting
 // or leased run is stored; the versions before and after each are covered.
 func TestUpgrade(t *testing.T) {
-	for v := int64(2); v < latestVersion(t); v++ {
+	latest := latestVersion(t)
+	for v := int64(2); v < latest; v++ {
 		t.Run(fmt.Sprintf("from%05d", v), func(t *testing.T) {
 			schema, pool := migrateTestSchemaTo(t, v)
 			u := storetest.UpgradeData()
@@ -46,15 +47,7 @@ func latestVersion(t *testing.T) int64 {
 	if err != nil {
 		t.Fatal(err)
 	}
-	names, err := fs.Glob(fsys, "*.sql")
-	if err != nil || len(names) == 0 {
-		t.Fatalf("listing migrations: %v", err)
-	}
-	var v int64
-	if _, err := fmt.Sscanf(names[len(names)-1], "%05d_", &v); err != nil {
-		t.Fatalf("migration %s: %v", names[len(names)-1], err)
-	}
-	return v
+	return storetest.LatestMigration(t, fsys)
 }
 
 // migrateTestSchemaTo creates a fresh schema (dropped when t ends),

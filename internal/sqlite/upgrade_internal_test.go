@@ -26,14 +26,7 @@ func TestUpgrade(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	names, err := fs.Glob(sub, "*.sql")
-	if err != nil || len(names) == 0 {
-		t.Fatalf("listing migrations: %v", err)
-	}
-	var latest int64
-	if _, err := fmt.Sscanf(names[len(names)-1], "%05d_", &latest); err != nil {
-		t.Fatalf("migration %s: %v", names[len(names)-1], err)
-	}
+	latest := storetest.LatestMigration(t, sub)
 	for v := int64(2); v < latest; v++ {
 		t.Run(fmt.Sprintf("from%05d", v), func(t *testing.T) {
 			ctx := context.Background()

@@ -3,12 +3,28 @@ package storetest
 import (
 	"context"
 	"fmt"
+	"io/fs"
 	"slices"
 	"testing"
 	"time"
 
 	"github.com/vibejobs/vibejobs"
 )
+
+// LatestMigration returns the version of the last migration in dir, a
+// directory of goose migrations named NNNNN_name.sql.
+func LatestMigration(t testing.TB, dir fs.FS) int64 {
+	t.Helper()
+	names, err := fs.Glob(dir, "*.sql")
+	if err != nil || len(names) == 0 {
+		t.Fatalf("listing migrations: %v", err)
+	}
+	var v int64
+	if _, err := fmt.Sscanf(names[len(names)-1], "%05d_", &v); err != nil {
+		t.Fatalf("migration %s: %v", names[len(names)-1], err)
+	}
+	return v
+}
 
 // Upgrade is the data of a database that an older vibejobs left behind when
 // it was stopped at T0: a job with runs in every state (waiting, waiting
