@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -935,9 +936,10 @@ func TestConnectionLossIsUnavailable(t *testing.T) {
 	wantKind(t, err, vibejobs.EUNAVAILABLE, "database_unavailable")
 
 	// A pool of four sessions, every one held and cut from another
-	// connection: however the pool hands them out again, each fails the one
-	// statement that finds it dead, at most, and then the pool has none left
-	// to fail with.
+	// connection, which waits until each server process has ended. Once all
+	// four are back in the pool, each next statement takes one of them, which
+	// fails that statement (or, idle over a second, fails the pool's ping and
+	// is replaced): after four the pool has none left to fail with.
 	const sessions = 4
 	s := postgres.MustOpenTestWith(t, postgres.Options{Logger: quiet, Now: func() time.Time { return t0 }, MaxConns: sessions})
 	prj := newProject(t, s)
@@ -958,17 +960,39 @@ func TestConnectionLossIsUnavailable(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer killer.Close(ctx)
-	if _, err := killer.Exec(ctx, `SELECT pg_terminate_backend(pid) FROM unnest($1::int[]) AS pid`, pids); err != nil {
+	var ended int
+	if err := killer.QueryRow(ctx, `SELECT count(*) FILTER (WHERE pg_terminate_backend(pid, 10000))
+		FROM unnest($1::int[]) AS pid`, pids).Scan(&ended); err != nil {
 		t.Fatal(err)
+	}
+	if ended != sessions {
+		t.Fatalf("%d of the %d server processes ended within 10 s", ended, sessions)
 	}
 	for _, c := range held {
 		c.Release()
 	}
+	// The pool's AfterRelease hook puts each session back from a goroutine
+	// of its own, and nothing signals when it has: until then a statement
+	// could open a fifth session and leave a dead one for later.
+	for deadline := time.Now().Add(10 * time.Second); s.Pool().Stat().IdleConns() != sessions; {
+		if time.Now().After(deadline) {
+			t.Fatalf("the pool holds %d idle sessions, not %d", s.Pool().Stat().IdleConns(), sessions)
+		}
+		runtime.Gosched()
+	}
+	failed := 0
 	for range sessions {
 		_, err := s.GetProject(ctx, prj)
-		if err != nil && vibejobs.ErrorKind(err) != vibejobs.EUNAVAILABLE {
+		if err == nil {
+			continue
+		}
+		if vibejobs.ErrorKind(err) != vibejobs.EUNAVAILABLE {
 			t.Fatalf("after the connections were cut: %v (kind %s)", err, vibejobs.ErrorKind(err))
 		}
+		failed++
+	}
+	if failed == 0 {
+		t.Fatal("no statement met a cut session")
 	}
 	if _, err := s.GetProject(ctx, prj); err != nil {
 		t.Fatalf("the pool did not recover: %v", err)
