@@ -103,7 +103,9 @@ func newHandler(cfg Config) (*Handler, error) {
 //     connection rather than reading the rest;
 //  2. requires exactly one physical X-Vibe-Caller-Kind line with the value
 //     "schedule" and exactly one physical Vibe-Signature line, and verifies the
-//     signature: 401 otherwise;
+//     signature: 401 otherwise; but 503 while the Verifier holds no secret
+//     yet (a zero Verifier before SetSecrets), since the platform takes 401
+//     as a refusal for good and would fail the run;
 //  3. validates the body with [ValidatePayload] and the job id against
 //     Config.JobIDs: 400 otherwise;
 //  4. calls store.Accept with the run id and the raw body and answers with the
@@ -163,6 +165,7 @@ func PayloadFromContext(ctx context.Context) (contract.Payload, bool) {
 var (
 	errBodyTooLarge   = errors.New("receiver: body larger than 64 KiB")
 	errBodyConnection = errors.New("receiver: the connection failed or timed out while the body was read")
+	errNoSecret       = errors.New("receiver: no secret configured: the Verifier has none yet (SetSecrets)")
 )
 
 // ServeHTTP implements http.Handler.
@@ -199,6 +202,12 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			err = errBodyConnection
 		}
 		h.reject(w, r, status, code, "", err)
+		return
+	}
+	if !h.verifier.hasSecret() {
+		// Nothing to verify against: not a refusal of this delivery, which
+		// the platform would take as final, but a receiver not ready yet.
+		h.reject(w, r, http.StatusServiceUnavailable, "unavailable", "", errNoSecret)
 		return
 	}
 	if err := h.verifier.VerifyHeaders(r.Header, body); err != nil {

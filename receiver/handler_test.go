@@ -782,3 +782,43 @@ func BenchmarkHandlerInMemory(b *testing.B) {
 		}
 	}
 }
+
+// TestHandlerWithoutSecretAnswersUnavailable: a handler whose Verifier holds
+// no secret yet (a zero Verifier that the app gives its secret with
+// SetSecrets once it has loaded it) cannot judge any signature. Its answer
+// must let the platform retry: 401 would fail the run for good, app_rejected,
+// for want of a secret the app was about to load. The same delivery is
+// accepted once the secret is in.
+func TestHandlerWithoutSecretAnswersUnavailable(t *testing.T) {
+	var v receiver.Verifier
+	store := &memStore{}
+	var logs syncbuf.Buffer
+	h, err := receiver.NewHandler(receiver.Config{Verifier: &v, Logger: slog.New(slog.NewJSONHandler(&logs, nil))}, store)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body := []byte(vectorBody)
+	deliver := func() *httptest.ResponseRecorder {
+		r := httptest.NewRequest(http.MethodPost, "/", bytes.NewReader(body))
+		r.Header.Set(contract.HeaderCallerKind, contract.CallerKindSchedule)
+		r.Header.Set(contract.HeaderSignature, contract.Sign(vectorSecret, time.Now().Unix(), body))
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, r)
+		return w
+	}
+	if w := deliver(); w.Code != http.StatusServiceUnavailable || w.Body.String() != `{"error":"unavailable"}` {
+		t.Fatalf("no secret loaded: %d %s, want 503 {\"error\":\"unavailable\"}", w.Code, w.Body)
+	}
+	if n := store.calls.Load(); n != 0 {
+		t.Fatalf("store called %d times without a verified delivery", n)
+	}
+	if out := logs.String(); !strings.Contains(out, "no secret") || strings.Contains(out, vectorBody) {
+		t.Fatalf("log of the unverifiable delivery:\n%s", out)
+	}
+	if err := v.SetSecrets(receiver.Secrets{Current: vectorSecret}); err != nil {
+		t.Fatal(err)
+	}
+	if w := deliver(); w.Code != http.StatusAccepted {
+		t.Fatalf("after SetSecrets: %d %s, want 202", w.Code, w.Body)
+	}
+}

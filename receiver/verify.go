@@ -90,7 +90,8 @@ func (s Secrets) validate() error {
 // secrets can be replaced at any time with [Verifier.SetSecrets] or
 // [Verifier.Rotate] while requests are being verified. The zero Verifier
 // holds no secret, so it refuses every signature, and uses time.Now as its
-// clock; give it its secrets with SetSecrets.
+// clock; give it its secrets with SetSecrets. Until then a [Handler] built on
+// it answers deliveries 503, which the platform retries, rather than 401.
 type Verifier struct {
 	clock   func() time.Time // nil: time.Now
 	secrets atomic.Pointer[Secrets]
@@ -123,6 +124,10 @@ func (v *Verifier) SetSecrets(s Secrets) error {
 	v.secrets.Store(&s)
 	return nil
 }
+
+// hasSecret reports whether v holds a secret: SetSecrets and Rotate store
+// only secrets with a Current one.
+func (v *Verifier) hasSecret() bool { return v.secrets.Load() != nil }
 
 // Secrets returns the secrets in force (none for a zero Verifier).
 func (v *Verifier) Secrets() Secrets {
