@@ -90,6 +90,43 @@ func TestPostNormalisesLiteralHosts(t *testing.T) {
 	}
 }
 
+// TestMappedLiteralWithZoneIsDelivered: an IPv4-mapped literal with a zone
+// ("[::ffff:127.0.0.1%25eth0]") passed ValidateURL, so the API stored it,
+// but the kernel dials it over IPv4, the socket-level check then saw
+// "127.0.0.1%eth0:port", which is no address, and every attempt ended
+// "blocked". The zone means nothing over IPv4: the normal form drops it.
+// The real dialer is used (the test guard skips the socket check); the
+// address is loopback.
+func TestMappedLiteralWithZoneIsDelivered(t *testing.T) {
+	srv, hits := okServer(t)
+	_, port, _ := net.SplitHostPort(strings.TrimPrefix(srv.URL, "http://"))
+	policy := mustPolicy(t, "127.0.0.0/8")
+	c, err := egress.NewClient(egress.Config{Policy: policy})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.CloseIdleConnections()
+	raw := "http://[::ffff:127.0.0.1%25eth0]:" + port + "/hook"
+	u, err := policy.ValidateURL(raw)
+	if err != nil {
+		t.Fatalf("ValidateURL: %v", err)
+	}
+	if want := "[::ffff:127.0.0.1]:" + port; u.Host != want {
+		t.Errorf("normal form host %q, want %q", u.Host, want)
+	}
+	if k, want := egress.HostKey(raw), egress.HostKey("http://[::ffff:127.0.0.1]:"+port+"/"); k != want {
+		t.Errorf("HostKey = %q, want %q as without the zone", k, want)
+	}
+	for _, target := range []string{raw, u.String()} {
+		if res := c.Post(context.Background(), target, nil, nil, 5*time.Second); res.ErrorCode != "" {
+			t.Errorf("accepted URL, delivery: %+v", res)
+		}
+	}
+	if hits.Load() != 2 {
+		t.Errorf("server saw %d requests, want 2", hits.Load())
+	}
+}
+
 // A final 1xx hands over the raw connection; it must not hold the caller.
 func TestSwitchingProtocolsIsNotRead(t *testing.T) {
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

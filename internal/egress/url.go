@@ -44,7 +44,8 @@ func urlNotAllowed(msg string) *URLError {
 // MaxURLLength bytes. A host whose last label is a number is an IPv4 address
 // however it is spelled (2130706433, 0177.0.0.1, 0x7f.1, 127.1 — as browsers
 // and inet_aton read them), and so is checked by the policy; bracketed IPv6
-// literals may carry a zone (ignored by the check) and IPv4 forms (checked both
+// literals may carry a zone (ignored by the check, and dropped from an
+// IPv4-mapped address, which is dialed over IPv4) and IPv4 forms (checked both
 // ways, see Policy.Allowed).
 //
 // A malformed URL is a *URLError with CodeInvalidURL; a URL that can never be
@@ -239,6 +240,11 @@ func parseHost(host string, bracketed bool) (ip netip.Addr, name string, msg str
 		a, err := netip.ParseAddr(host)
 		if err != nil || !a.Is6() {
 			return netip.Addr{}, "", "url host is not a valid IPv6 address"
+		}
+		if a.Is4In6() {
+			// Dialed over IPv4, where a zone means nothing; kept, it
+			// reached the socket check as "a.b.c.d%zone", no address.
+			a = a.WithZone("")
 		}
 		return a, "", ""
 	}
