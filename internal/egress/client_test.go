@@ -298,7 +298,8 @@ func TestForbiddenURLIsBlockedBeforeResolving(t *testing.T) {
 
 // The name resolves once per connection, and the connection goes to the
 // address that was checked, whatever the resolver says afterwards. 127.0.0.2
-// stands for an internal address: only 127.0.0.1 is opened.
+// stands for an internal address: only 127.0.0.1 is opened (and ::1, which
+// the name localhost needs; the resolver never answers it).
 func TestAnswerChangeCannotRedirectConnection(t *testing.T) {
 	checked, checkedHits := okServer(t)
 	checkedAddr := strings.TrimPrefix(checked.URL, "http://")
@@ -323,7 +324,7 @@ func TestAnswerChangeCannotRedirectConnection(t *testing.T) {
 		}
 		return []netip.Addr{netip.MustParseAddr("127.0.0.2")}, nil
 	})
-	c, g := mustClient(t, egress.Config{Policy: mustPolicy(t, "127.0.0.1"), Resolver: resolver})
+	c, g := mustClient(t, egress.Config{Policy: mustPolicy(t, "127.0.0.1", "::1"), Resolver: resolver})
 	url := "http://localhost:" + port + "/"
 
 	for i := range 3 { // the first opens a connection, the others reuse it

@@ -207,9 +207,12 @@ func (p *Policy) opened(ip netip.Addr) bool {
 }
 
 // loopbackOpened reports whether a name that can only mean loopback
-// ("localhost") may be used.
+// ("localhost") may be used: both loopback addresses must be opened, since
+// such a name usually resolves to both (/etc/hosts) and an attempt is
+// refused when any address of its name is forbidden. With one opened, the
+// name would pass here and every delivery to it end blocked.
 func (p *Policy) loopbackOpened() bool {
-	return p.Allowed(ipv4Loopback) || p.Allowed(ipv6Loopback)
+	return p.Allowed(ipv4Loopback) && p.Allowed(ipv6Loopback)
 }
 
 func forbiddenByDefault(ip netip.Addr) bool {

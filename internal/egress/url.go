@@ -39,7 +39,8 @@ func urlNotAllowed(msg string) *URLError {
 // what they resolve to whenever it opens a connection.
 //
 // Accepted: an absolute https URL, or http to a host the allow list opens (an IP
-// literal inside an allowed CIDR, or "localhost" when loopback is opened); a
+// literal inside an allowed CIDR, or "localhost" when both 127.0.0.1 and ::1
+// are opened); a
 // host; no user information; no fragment; a port in 1–65535; at most
 // MaxURLLength bytes. A host whose last label is a number is an IPv4 address
 // however it is spelled (2130706433, 0177.0.0.1, 0x7f.1, 127.1 — as browsers
@@ -108,7 +109,7 @@ func (p *Policy) ValidateURL(raw string) (*url.URL, error) {
 		return normalForm(u)
 	}
 	if isLoopbackName(name) && !p.loopbackOpened() {
-		return nil, urlNotAllowed("url points to localhost, which the egress policy forbids")
+		return nil, urlNotAllowed("url points to localhost, which the egress policy forbids unless it opens both 127.0.0.1 and ::1 (localhost usually resolves to both); use a loopback address instead")
 	}
 	if u.Scheme == "http" && strings.TrimSuffix(name, ".") != "localhost" {
 		return nil, urlNotAllowed("url must use https: http is allowed only to localhost and to addresses the allow list opens")

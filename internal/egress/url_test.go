@@ -197,6 +197,27 @@ func TestValidateURLLoopbackOpened(t *testing.T) {
 	})
 }
 
+// TestValidateURLOneLoopbackOpened: localhost usually resolves to both
+// 127.0.0.1 and ::1, and an attempt is refused when any address of its name
+// is forbidden; with only one opened, the API accepted the name and every
+// delivery to it ended blocked. The name is refused up front instead, and the
+// opened address itself still taken.
+func TestValidateURLOneLoopbackOpened(t *testing.T) {
+	for _, allow := range []string{"127.0.0.0/8", "127.0.0.1/32", "::1/128"} {
+		p := mustPolicy(t, allow)
+		runURLCases(t, p, []urlCase{
+			{"http://localhost:3000/", notAllowed, ""},
+			{"https://localhost/", notAllowed, ""},
+			{"https://api.localhost/", notAllowed, ""},
+		})
+		if _, err := p.ValidateURL("http://localhost:3000/"); err == nil || !strings.Contains(err.Error(), "127.0.0.1 and ::1") {
+			t.Errorf("allow %s: refusal of localhost: %v, want one naming both loopback addresses", allow, err)
+		}
+	}
+	runURLCases(t, mustPolicy(t, "127.0.0.0/8"), []urlCase{{"http://127.0.0.1:3000/", ok, "127.0.0.1:3000"}})
+	runURLCases(t, mustPolicy(t, "::1/128"), []urlCase{{"http://[::1]:3000/", ok, "[::1]:3000"}})
+}
+
 func TestValidateURLPrivateOpened(t *testing.T) {
 	p := mustPolicy(t, "10.0.0.0/8", "fd00::/8")
 	runURLCases(t, p, []urlCase{
