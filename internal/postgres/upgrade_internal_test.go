@@ -19,15 +19,16 @@ import (
 )
 
 // TestUpgrade: a database an older vibejobs left behind, at every schema
-// version since the event feed (00002), with runs in every state (one in
-// flight under the stopped process's lease), attempts, events, a
-// subscription and an idempotency key, keeps every promise once the new
-// version migrates it at start: see storetest.CheckUpgrade. 00005 (claims
-// in place) and 00008 (the queue moves to run_queue) change how a waiting
-// or leased run is stored; the versions before and after each are covered.
+// version since the first, with runs in every state (one in flight under
+// the stopped process's lease), attempts, an idempotency key and, from the
+// event feed (00002) on, events and a subscription, keeps every promise
+// once the new version migrates it at start: see storetest.CheckUpgrade.
+// 00005 (claims in place) and 00008 (the queue moves to run_queue) change
+// how a waiting or leased run is stored; the versions before and after
+// each are covered.
 func TestUpgrade(t *testing.T) {
 	latest := latestVersion(t)
-	for v := int64(2); v < latest; v++ {
+	for v := int64(1); v < latest; v++ {
 		t.Run(fmt.Sprintf("from%05d", v), func(t *testing.T) {
 			schema, pool := migrateTestSchemaTo(t, v)
 			u := storetest.UpgradeData()
@@ -90,8 +91,12 @@ func migrateTestSchemaTo(t *testing.T, version int64) (string, *pgxpool.Pool) {
 // would have left: before 00005 a claimed run is in delivering with no due
 // time; from 00005 it keeps its waiting state and the due time its claim
 // took it at; from 00008 every waiting or leased run has its run_queue row.
+// Before 00002 there is no feed: u loses its events and subscription.
 func seedUpgrade(t *testing.T, pool *pgxpool.Pool, v int64, u *storetest.Upgrade) {
 	t.Helper()
+	if v < 2 {
+		u.DropFeed()
+	}
 	ctx := context.Background()
 	exec := func(sql string, args ...any) {
 		t.Helper()
@@ -158,24 +163,26 @@ func seedUpgrade(t *testing.T, pool *pgxpool.Pool, v int64, u *storetest.Upgrade
 				[]byte(a.ResponseSnippet))
 		}
 	}
-	for _, e := range u.Events {
-		exec(`INSERT INTO events (project_id, sequence, type, occurred_at, job_id, run_id, state, reason, attempt,
-				error_code, status_code, next_at)
-			VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)`,
-			e.ProjectID, e.Sequence, string(e.Type), e.OccurredAt, e.JobID, e.RunID, e.State, e.Reason, e.Attempt,
-			e.ErrorCode, e.StatusCode, e.NextAt)
+	if v >= 2 {
+		for _, e := range u.Events {
+			exec(`INSERT INTO events (project_id, sequence, type, occurred_at, job_id, run_id, state, reason, attempt,
+					error_code, status_code, next_at)
+				VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)`,
+				e.ProjectID, e.Sequence, string(e.Type), e.OccurredAt, e.JobID, e.RunID, e.State, e.Reason, e.Attempt,
+				e.ErrorCode, e.StatusCode, e.NextAt)
+		}
+		exec(`INSERT INTO event_heads (project_id, head) VALUES ($1, $2)`, p.ID, int64(len(u.Events)))
+		sub := u.Subscription
+		types := make([]string, len(sub.Types))
+		for i, ty := range sub.Types {
+			types[i] = string(ty)
+		}
+		exec(`INSERT INTO subscriptions (id, project_id, url, types, job_ids, secret_key_id, secret_ciphertext,
+				cursor_seq, created_at, updated_at)
+			VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)`,
+			sub.ID, sub.ProjectID, sub.URL, types, sub.JobIDs, sub.Secret.KeyID, sub.Secret.Ciphertext, sub.Cursor,
+			sub.CreatedAt, sub.UpdatedAt)
 	}
-	exec(`INSERT INTO event_heads (project_id, head) VALUES ($1, $2)`, p.ID, int64(len(u.Events)))
-	sub := u.Subscription
-	types := make([]string, len(sub.Types))
-	for i, ty := range sub.Types {
-		types[i] = string(ty)
-	}
-	exec(`INSERT INTO subscriptions (id, project_id, url, types, job_ids, secret_key_id, secret_ciphertext,
-			cursor_seq, created_at, updated_at)
-		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)`,
-		sub.ID, sub.ProjectID, sub.URL, types, sub.JobIDs, sub.Secret.KeyID, sub.Secret.Ciphertext, sub.Cursor,
-		sub.CreatedAt, sub.UpdatedAt)
 	rec := u.Idempotency
 	headers, err := json.Marshal(rec.ResponseHeaders)
 	if err != nil {

@@ -17,17 +17,17 @@ import (
 )
 
 // TestUpgrade: a database an older vibejobs left behind, at every schema
-// version since the event feed (00002), with runs in every state (one in
-// flight under the stopped process's lease), attempts, events, a
-// subscription and an idempotency key, keeps every promise once the new
-// version migrates it at start: see storetest.CheckUpgrade.
+// version since the first, with runs in every state (one in flight under
+// the stopped process's lease), attempts, an idempotency key and, from the
+// event feed (00002) on, events and a subscription, keeps every promise
+// once the new version migrates it at start: see storetest.CheckUpgrade.
 func TestUpgrade(t *testing.T) {
 	sub, err := fs.Sub(migrations, "migrations")
 	if err != nil {
 		t.Fatal(err)
 	}
 	latest := storetest.LatestMigration(t, sub)
-	for v := int64(2); v < latest; v++ {
+	for v := int64(1); v < latest; v++ {
 		t.Run(fmt.Sprintf("from%05d", v), func(t *testing.T) {
 			ctx := context.Background()
 			path := filepath.Join(t.TempDir(), "vibejobs.db")
@@ -64,9 +64,13 @@ func TestUpgrade(t *testing.T) {
 }
 
 // seedUpgrade writes u with the statements a vibejobs at schema version v
-// would have left (the shape of a run has not changed since 00001).
+// would have left (the shape of a run has not changed since 00001). Before
+// 00002 there is no feed: u loses its events and subscription.
 func seedUpgrade(t *testing.T, db *sql.DB, v int64, u *storetest.Upgrade) {
 	t.Helper()
+	if v < 2 {
+		u.DropFeed()
+	}
 	ctx := context.Background()
 	exec := func(q string, args ...any) sql.Result {
 		t.Helper()
@@ -132,28 +136,30 @@ func seedUpgrade(t *testing.T, db *sql.DB, v int64, u *storetest.Upgrade) {
 				a.ResponseSnippet)
 		}
 	}
-	for _, e := range u.Events {
-		exec(`INSERT INTO events (project_id, sequence, type, occurred_at, job_id, run_id, state, reason, attempt,
-				error_code, status_code, next_at)
-			VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
-			e.ProjectID, e.Sequence, string(e.Type), ms(e.OccurredAt), e.JobID, e.RunID, e.State, e.Reason,
-			e.Attempt, e.ErrorCode, e.StatusCode, msPtr(e.NextAt))
+	if v >= 2 {
+		for _, e := range u.Events {
+			exec(`INSERT INTO events (project_id, sequence, type, occurred_at, job_id, run_id, state, reason, attempt,
+					error_code, status_code, next_at)
+				VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+				e.ProjectID, e.Sequence, string(e.Type), ms(e.OccurredAt), e.JobID, e.RunID, e.State, e.Reason,
+				e.Attempt, e.ErrorCode, e.StatusCode, msPtr(e.NextAt))
+		}
+		exec(`INSERT INTO event_heads (project_id, head) VALUES (?, ?)`, p.ID, int64(len(u.Events)))
+		sub := u.Subscription
+		types, err := json.Marshal(sub.Types)
+		if err != nil {
+			t.Fatal(err)
+		}
+		jobIDs, err := json.Marshal(sub.JobIDs)
+		if err != nil {
+			t.Fatal(err)
+		}
+		exec(`INSERT INTO subscriptions (id, project_id, url, types, job_ids, secret_key_id, secret_ciphertext,
+				cursor_seq, created_at, updated_at)
+			VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+			sub.ID, sub.ProjectID, sub.URL, string(types), string(jobIDs), sub.Secret.KeyID, sub.Secret.Ciphertext,
+			sub.Cursor, ms(sub.CreatedAt), ms(sub.UpdatedAt))
 	}
-	exec(`INSERT INTO event_heads (project_id, head) VALUES (?, ?)`, p.ID, int64(len(u.Events)))
-	sub := u.Subscription
-	types, err := json.Marshal(sub.Types)
-	if err != nil {
-		t.Fatal(err)
-	}
-	jobIDs, err := json.Marshal(sub.JobIDs)
-	if err != nil {
-		t.Fatal(err)
-	}
-	exec(`INSERT INTO subscriptions (id, project_id, url, types, job_ids, secret_key_id, secret_ciphertext,
-			cursor_seq, created_at, updated_at)
-		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
-		sub.ID, sub.ProjectID, sub.URL, string(types), string(jobIDs), sub.Secret.KeyID, sub.Secret.Ciphertext,
-		sub.Cursor, ms(sub.CreatedAt), ms(sub.UpdatedAt))
 	rec := u.Idempotency
 	headers, err := json.Marshal(rec.ResponseHeaders)
 	if err != nil {
