@@ -22,24 +22,12 @@ import (
 // event feed (00002) on, events and a subscription, keeps every promise
 // once the new version migrates it at start: see storetest.CheckUpgrade.
 func TestUpgrade(t *testing.T) {
-	sub, err := fs.Sub(migrations, "migrations")
-	if err != nil {
-		t.Fatal(err)
-	}
-	latest := storetest.LatestMigration(t, sub)
+	latest := storetest.LatestMigration(t, migrationsFS(t))
 	for v := int64(1); v < latest; v++ {
 		t.Run(fmt.Sprintf("from%05d", v), func(t *testing.T) {
 			ctx := context.Background()
 			path := filepath.Join(t.TempDir(), "vibejobs.db")
-			db, err := sql.Open("sqlite", writerDSN(path))
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer db.Close()
-			p, err := goose.NewProvider(goose.DialectSQLite3, db, sub, goose.WithDisableGlobalRegistry(true))
-			if err != nil {
-				t.Fatal(err)
-			}
+			db, p := gooseOn(t, path)
 			if _, err := p.UpTo(ctx, v); err != nil {
 				t.Fatalf("migrating to version %d: %v", v, err)
 			}
@@ -49,18 +37,54 @@ func TestUpgrade(t *testing.T) {
 				t.Fatal(err)
 			}
 
-			s, err := Open(ctx, path, Options{Logger: slog.New(slog.DiscardHandler), Now: func() time.Time { return storetest.T0 }})
-			if err != nil {
-				t.Fatalf("opening the database of version %d: %v", v, err)
-			}
-			t.Cleanup(func() {
-				if err := s.Close(); err != nil {
-					t.Errorf("Close: %v", err)
-				}
-			})
+			s := openAtT0(t, path)
 			storetest.CheckUpgrade(t, s, u)
 		})
 	}
+}
+
+// migrationsFS returns the embedded migrations as goose reads them.
+func migrationsFS(t *testing.T) fs.FS {
+	t.Helper()
+	sub, err := fs.Sub(migrations, "migrations")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return sub
+}
+
+// gooseOn opens the database at path as Migrate does and returns it with
+// a goose provider of the embedded migrations on it. The handle is closed
+// when t ends, if the test has not closed it before.
+func gooseOn(t *testing.T, path string) (*sql.DB, *goose.Provider) {
+	t.Helper()
+	db, err := sql.Open("sqlite", writerDSN(path))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	p, err := goose.NewProvider(goose.DialectSQLite3, db, migrationsFS(t), goose.WithDisableGlobalRegistry(true))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return db, p
+}
+
+// openAtT0 opens the Store on path, migrating it, with its clock at
+// storetest.T0; it is closed when t ends.
+func openAtT0(t *testing.T, path string) *Store {
+	t.Helper()
+	s, err := Open(context.Background(), path, Options{Logger: slog.New(slog.DiscardHandler),
+		Now: func() time.Time { return storetest.T0 }})
+	if err != nil {
+		t.Fatalf("opening the database: %v", err)
+	}
+	t.Cleanup(func() {
+		if err := s.Close(); err != nil {
+			t.Errorf("Close: %v", err)
+		}
+	})
+	return s
 }
 
 // seedUpgrade writes u with the statements a vibejobs at schema version v
