@@ -56,6 +56,18 @@ func latestVersion(t *testing.T) int64 {
 // use it.
 func migrateTestSchemaTo(t *testing.T, version int64) (string, *pgxpool.Pool) {
 	t.Helper()
+	schema, pool, p := gooseTestSchema(t)
+	if _, err := p.UpTo(context.Background(), version); err != nil {
+		t.Fatalf("migrating to version %d: %v", version, err)
+	}
+	return schema, pool
+}
+
+// gooseTestSchema creates a fresh schema (dropped when t ends) and returns
+// it with a pool whose connections use it and a goose provider of the
+// embedded migrations on that pool.
+func gooseTestSchema(t *testing.T) (string, *pgxpool.Pool, *goose.Provider) {
+	t.Helper()
 	ctx := context.Background()
 	schema := NewTestSchema(t)
 	cfg, err := pgxpool.ParseConfig(TestURL(t))
@@ -81,10 +93,7 @@ func migrateTestSchemaTo(t *testing.T, version int64) (string, *pgxpool.Pool) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := p.UpTo(ctx, version); err != nil {
-		t.Fatalf("migrating to version %d: %v", version, err)
-	}
-	return schema, pool
+	return schema, pool, p
 }
 
 // seedUpgrade writes u with the statements a vibejobs at schema version v
