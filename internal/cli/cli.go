@@ -187,6 +187,18 @@ func (e *env) runCommand(ctx context.Context, name string, cmd command, args []s
 	if c.key == "" {
 		c.key = newIdempotencyKey()
 	}
+	// Given empty (an unset shell variable), they would fall back to the
+	// environment, the token file or the default server: another token,
+	// the installation's own in the data directory, or another server
+	// than the one the command line meant.
+	for _, f := range []struct {
+		name, value string
+	}{{"server", g.server}, {"token", g.token}, {"token-file", g.tokenFile}} {
+		if c.set[f.name] && f.value == "" {
+			usage()
+			return usagef("--%s is empty (an unset shell variable?): give it a value, or leave it out", f.name)
+		}
+	}
 	base, err := e.serverURL(g.server)
 	if err != nil {
 		usage()
@@ -246,19 +258,20 @@ func parseInterleaved(fs *flag.FlagSet, args []string) ([]string, error) {
 }
 
 func (e *env) serverURL(flagValue string) (string, error) {
-	s := flagValue
+	s, from := flagValue, "--server"
 	if s == "" {
-		s = e.getenv("VIBEJOBS_SERVER")
+		s, from = e.getenv("VIBEJOBS_SERVER"), "VIBEJOBS_SERVER"
 	}
 	if s == "" {
 		s = DefaultServer
 	}
 	// Paths are appended to the URL: after a query or a fragment they
 	// would name no API route, and every command would ask for "/".
+	// Not quoted: it may hold a password.
 	u, err := url.Parse(s)
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || u.User != nil ||
 		strings.ContainsAny(s, "?#") {
-		return "", usagef("--server must be an http(s) URL such as %s, without a query or fragment", DefaultServer)
+		return "", usagef("%s must be an http(s) URL such as %s, without a user, query or fragment", from, DefaultServer)
 	}
 	return strings.TrimRight(s, "/"), nil
 }

@@ -310,6 +310,52 @@ func TestTokenResolution(t *testing.T) {
 	}
 }
 
+// TestEmptyConnectionFlagsAreRefused: --token, --token-file and --server
+// given empty (an unset shell variable) are refused before any request.
+// They fell back to VIBEJOBS_TOKEN, the token file of the data directory
+// (the installation's admin token) or VIBEJOBS_SERVER, so the command ran
+// with another token, or against another server, than the one it named.
+func TestEmptyConnectionFlagsAreRefused(t *testing.T) {
+	var requests atomic.Int64
+	a := startAPI(t, func(h http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			requests.Add(1)
+			h.ServeHTTP(w, r)
+		})
+	})
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "admin.token"), []byte(a.token+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		flag string
+		env  map[string]string
+	}{
+		{"--token", map[string]string{"VIBEJOBS_SERVER": a.url, "VIBEJOBS_TOKEN": a.token}},
+		{"--token", map[string]string{"VIBEJOBS_SERVER": a.url, "VIBEJOBS_DATA_DIR": dir}},
+		{"--token-file", map[string]string{"VIBEJOBS_SERVER": a.url, "VIBEJOBS_DATA_DIR": dir}},
+		{"--server", map[string]string{"VIBEJOBS_SERVER": a.url, "VIBEJOBS_TOKEN": a.token}},
+	} {
+		args := []string{"jobs", "list", c.flag, ""}
+		var out, errOut strings.Builder
+		err := run(context.Background(), args, func(k string) string { return c.env[k] }, &out, &errOut, nil)
+		var ue *UsageError
+		if !errors.As(err, &ue) || !strings.Contains(err.Error(), c.flag+" is empty") {
+			t.Errorf("%q with %v: %v, stdout %q; want a usage error naming %s", args, c.env, err, out.String(), c.flag)
+		}
+		if n := requests.Swap(0); n != 0 {
+			t.Errorf("%q with %v: %d requests; want none", args, c.env, n)
+		}
+	}
+	// A bad VIBEJOBS_SERVER is named as such, not as --server.
+	err := run(context.Background(), []string{"jobs", "list"}, func(k string) string {
+		return map[string]string{"VIBEJOBS_SERVER": "ftp://example.com", "VIBEJOBS_TOKEN": a.token}[k]
+	}, io.Discard, io.Discard, nil)
+	if err == nil || !strings.Contains(err.Error(), "VIBEJOBS_SERVER") {
+		t.Errorf("bad VIBEJOBS_SERVER: %v; want an error naming it", err)
+	}
+}
+
 // TestUnsendableHeaderValuesAreRefused: a token or an Idempotency-Key that
 // cannot be sent (a control character, a newline pasted with the value) or
 // that the API would refuse is an error naming where it came from, before
