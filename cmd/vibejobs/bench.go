@@ -37,6 +37,10 @@ import (
 // (and its raw loop) --receiver-delay makes it answer after that long, the
 // time a slower app takes to do its work.
 func bench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	if len(args) > 0 && isHelp(args[0]) {
+		fmt.Fprintln(stdout, "Usage: vibejobs bench burst|lateness|scale|events [flags]; \"vibejobs bench burst -h\" lists the flags.")
+		return nil
+	}
 	if len(args) == 0 {
 		return fmt.Errorf("%w: bench burst|lateness|scale|events [flags]", errUsage)
 	}

@@ -48,7 +48,12 @@ func migrate(ctx context.Context, args []string, getenv func(string) string, std
 // re-sealed keep working), then every secret is re-sealed under it in small
 // transactions. Servers pick the new key up when they next read the file.
 func masterKey(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
+	if len(args) > 0 && isHelp(args[0]) {
+		fmt.Fprint(stdout, masterKeyUsage)
+		return nil
+	}
 	if len(args) == 0 || args[0] != "rotate" {
+		fmt.Fprint(stderr, masterKeyUsage)
 		return fmt.Errorf("%w: master-key rotate [flags]", errUsage)
 	}
 	c, err := storeFlags("vibejobs master-key rotate", args[1:], getenv, stderr)
@@ -121,6 +126,17 @@ func masterKey(ctx context.Context, args []string, getenv func(string) string, s
 		keys.CurrentID(), secrets, answers, path)
 	return nil
 }
+
+const masterKeyUsage = `Usage: vibejobs master-key rotate [flags]
+
+  rotate   put a new master key first in the key file and re-seal every
+           secret under it, while servers keep running
+
+"vibejobs master-key rotate -h" lists its flags.
+`
+
+// isHelp reports whether arg asks for a command's usage.
+func isHelp(arg string) bool { return arg == "-h" || arg == "--help" || arg == "help" }
 
 // resealSettle is how long "master-key rotate" waits for requests that
 // sealed a secret under the old key just before the key file changed.

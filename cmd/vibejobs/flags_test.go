@@ -131,7 +131,9 @@ func TestIntegerSettingsBounds(t *testing.T) {
 // top-level usage ("see vibejobs serve -h") invites; serve, migrate and
 // master-key rotate reported it as a usage error (exit 2).
 func TestHelpIsNotAnError(t *testing.T) {
-	for _, args := range [][]string{{"serve", "-h"}, {"migrate", "-h"}, {"master-key", "rotate", "-h"}, {"bench", "burst", "-h"}, {"jobs", "create", "-h"}} {
+	for _, args := range [][]string{{"serve", "-h"}, {"migrate", "-h"}, {"master-key", "rotate", "-h"}, {"bench", "burst", "-h"}, {"jobs", "create", "-h"},
+		// These answered with a usage error, exit 2.
+		{"master-key", "-h"}, {"master-key", "--help"}, {"bench", "--help"}} {
 		var out, errb bytes.Buffer
 		code := run(context.Background(), args, func(string) string { return "" }, &out, &errb)
 		if code != 0 || strings.Contains(errb.String(), "error:") || !strings.Contains(out.String()+errb.String(), "-") {
