@@ -183,6 +183,10 @@ func TestSettingsErrorsNameTheFlag(t *testing.T) {
 		// and all, or an error that printed it whole.
 		{[]string{"--database", "host=db user=app password=hunter2 dbname=jobs"},
 			"--database (VIBEJOBS_DATABASE) is a key=value connection string: give a postgres://… URL"},
+		{[]string{"--database", "postgres:/app:hunter2@db.example/jobs"},
+			"--database (VIBEJOBS_DATABASE) starts with a PostgreSQL scheme but is no postgres://… URL"},
+		{[]string{"--database", "PostgreSQL:app:hunter2@db.example"},
+			"--database (VIBEJOBS_DATABASE) starts with a PostgreSQL scheme but is no postgres://… URL"},
 		// Given empty (an unset shell variable), it listened on the default.
 		{[]string{"--listen", ""}, "--listen (VIBEJOBS_LISTEN) must not be empty: give a host:port"},
 		{[]string{"--data-dir", ""}, "--data-dir (VIBEJOBS_DATA_DIR) must not be empty"},

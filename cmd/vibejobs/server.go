@@ -228,6 +228,13 @@ func (c *Config) validate() error {
 	if scheme, _, ok := strings.Cut(c.Database, "://"); ok && !isPostgresURL(c.Database) {
 		return fmt.Errorf("--database (VIBEJOBS_DATABASE): %q URLs are not supported: give postgres://… or a SQLite file path", scheme)
 	}
+	if scheme, _, ok := strings.Cut(c.Database, ":"); ok && !isPostgresURL(c.Database) &&
+		(strings.EqualFold(scheme, "postgres") || strings.EqualFold(scheme, "postgresql")) {
+		// A slash short of a URL ("postgres:/app:pw@db/jobs"): taken as a
+		// SQLite path, it was a file named after it, password and all, or
+		// an error that printed it whole. Not quoted, for the same reason.
+		return errors.New("--database (VIBEJOBS_DATABASE) starts with a PostgreSQL scheme but is no postgres://… URL: check the \"://\" after it")
+	}
 	if keywordDSN(c.Database) {
 		// Not quoted: it may hold a password. Taken as a SQLite path, it
 		// was a file named after it, or an error that printed it whole.
