@@ -446,7 +446,9 @@ func TestMetricsExposed(t *testing.T) {
 	_, run := api.do("POST", "/v1/jobs/"+job["id"].(string)+"/runs", nil)
 	waitRunState(t, api, run["id"].(string), "succeeded")
 	// The store tells the metrics of the run it ended right after the
-	// commit the API read: the scrape may come in between.
+	// commit the API read: the scrape may come in between. (The series
+	// are there from the start, at 0: wait for the counts.)
+	counted := []string{`vibejobs_runs_finished_total{reason="",state="succeeded"} 1`, `vibejobs_attempts_total{error_code="",outcome="succeeded"} 1`}
 	var text string
 	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
 		resp, err := http.Get("http://" + m.Addr() + "/metrics")
@@ -456,7 +458,7 @@ func TestMetricsExposed(t *testing.T) {
 		body, _ := io.ReadAll(resp.Body)
 		resp.Body.Close()
 		text = string(body)
-		if strings.Contains(text, "vibejobs_runs_finished_total") || time.Now().After(deadline) {
+		if strings.Contains(text, counted[0]) && strings.Contains(text, counted[1]) || time.Now().After(deadline) {
 			break
 		}
 	}

@@ -72,10 +72,42 @@ func New() *Metrics {
 			ch <- prometheus.MustNewConstMetric(unplannableDesc, prometheus.GaugeValue, float64(n))
 		}, unplannableDesc),
 	}
+	m.knownSeries()
 	m.reg.MustRegister(m.runsCreated, m.runsFinished, m.attempts, m.duration, m.lateness,
 		m.queue, m.leases, m.skipped, m.secrets, m.unplannable,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
+}
+
+// attemptErrorCodes are the error codes of an attempt sent whose outcome
+// is recorded (egress's codes, but interrupted: a process that shuts down
+// records no outcome for the attempts it cut short, and the attempts a
+// lease recovery records as interrupted are not counted).
+var attemptErrorCodes = []string{"blocked", "dns", "timeout", "network", "tls", "redirect", "http_4xx", "http_5xx"}
+
+// knownSeries creates, at 0, every series of the labelled counters whose
+// label values are known in advance. A series that first appears at 1
+// hides that increment from rate() and increase(): an alert on runs
+// failing, or attempts blocked, would miss the first one after a start.
+func (m *Metrics) knownSeries() {
+	for _, t := range []string{vibejobs.TriggerSchedule, vibejobs.TriggerManual} {
+		m.runsCreated.WithLabelValues(t)
+	}
+	for _, e := range []vibejobs.RunEnd{
+		{State: vibejobs.RunSucceeded},
+		{State: vibejobs.RunFailed, Reason: vibejobs.ReasonAppRejected},
+		{State: vibejobs.RunFailed, Reason: vibejobs.ReasonAttemptsExhausted},
+		{State: vibejobs.RunFailed, Reason: vibejobs.ReasonDeadlineExceeded},
+		{State: vibejobs.RunCancelled, Reason: vibejobs.ReasonJobDeleted},
+	} {
+		m.runsFinished.WithLabelValues(string(e.State), e.Reason)
+	}
+	m.attempts.WithLabelValues(string(vibejobs.RunSucceeded), "")
+	for _, state := range []vibejobs.RunState{vibejobs.RunRetrying, vibejobs.RunFailed, vibejobs.RunCancelled} {
+		for _, code := range attemptErrorCodes {
+			m.attempts.WithLabelValues(string(state), code)
+		}
+	}
 }
 
 // Handler serves, in the Prometheus text format, the metrics that name no

@@ -5,11 +5,13 @@ import (
 	"errors"
 	"io"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/vibejobs/vibejobs"
+	"github.com/vibejobs/vibejobs/internal/egress"
 	"github.com/vibejobs/vibejobs/internal/metrics"
 )
 
@@ -81,8 +83,8 @@ func TestAttemptsCountWhatTheStoreRecorded(t *testing.T) {
 	m.AttemptFinished("", vibejobs.Step{State: vibejobs.RunSucceeded}, time.Second, true, 10*time.Millisecond)
 	m.AttemptFinished("http_5xx", vibejobs.Step{State: vibejobs.RunRetrying, NextAttemptAt: &next}, 0, false, 10*time.Millisecond)
 	out := scrape(t, m)
-	if strings.Contains(out, "vibejobs_attempts_total{") {
-		t.Errorf("attempts counted before the store recorded them:\n%s", out)
+	if counted := nonZero(out, "vibejobs_attempts_total{"); len(counted) > 0 {
+		t.Errorf("attempts counted before the store recorded them: %q", counted)
 	}
 	if !strings.Contains(out, "vibejobs_delivery_duration_seconds_count 2") {
 		t.Errorf("every attempt sent is measured:\n%s", out)
@@ -100,8 +102,60 @@ func TestAttemptsCountWhatTheStoreRecorded(t *testing.T) {
 			t.Errorf("no %s in\n%s", want, out)
 		}
 	}
-	if strings.Contains(out, `outcome="retrying"`) {
-		t.Errorf("the outcome decided is counted:\n%s", out)
+	for _, line := range nonZero(out, "vibejobs_attempts_total{") {
+		if strings.Contains(line, `outcome="retrying"`) {
+			t.Errorf("the outcome decided is counted: %s", line)
+		}
+	}
+}
+
+// nonZero returns the lines of the scrape out that start with prefix and
+// give a value other than 0.
+func nonZero(out, prefix string) []string {
+	var lines []string
+	for _, line := range strings.Split(out, "\n") {
+		if strings.HasPrefix(line, prefix) && !strings.HasSuffix(line, " 0") {
+			lines = append(lines, line)
+		}
+	}
+	return lines
+}
+
+// TestKnownSeriesStartAtZero: every series of the labelled counters whose
+// labels are known in advance is there from the start, at 0. They
+// appeared at their first increment, which rate() and increase() cannot
+// see: an alert on the first run failed, or the first attempt blocked,
+// after a start never fired. No series holds a label value beyond the
+// documented states, reasons and error codes.
+func TestKnownSeriesStartAtZero(t *testing.T) {
+	out := scrape(t, metrics.New())
+	want := []string{
+		`vibejobs_runs_created_total{trigger="schedule"} 0`,
+		`vibejobs_runs_created_total{trigger="manual"} 0`,
+		`vibejobs_runs_finished_total{reason="",state="succeeded"} 0`,
+		`vibejobs_runs_finished_total{reason="app_rejected",state="failed"} 0`,
+		`vibejobs_runs_finished_total{reason="attempts_exhausted",state="failed"} 0`,
+		`vibejobs_runs_finished_total{reason="deadline_exceeded",state="failed"} 0`,
+		`vibejobs_runs_finished_total{reason="job_deleted",state="cancelled"} 0`,
+		`vibejobs_attempts_total{error_code="",outcome="succeeded"} 0`,
+	}
+	for _, code := range []string{egress.CodeBlocked, egress.CodeDNS, egress.CodeTimeout, egress.CodeNetwork,
+		egress.CodeTLS, egress.CodeRedirect, egress.CodeHTTP4xx, egress.CodeHTTP5xx} {
+		for _, outcome := range []string{"retrying", "failed", "cancelled"} {
+			want = append(want, `vibejobs_attempts_total{error_code="`+code+`",outcome="`+outcome+`"} 0`)
+		}
+	}
+	for _, w := range want {
+		if !strings.Contains(out, "\n"+w+"\n") {
+			t.Errorf("no %s in a fresh scrape", w)
+		}
+	}
+	for _, prefix := range []string{"vibejobs_runs_created_total{", "vibejobs_runs_finished_total{", "vibejobs_attempts_total{"} {
+		for _, line := range strings.Split(out, "\n") {
+			if strings.HasPrefix(line, prefix) && !slices.Contains(want, line) {
+				t.Errorf("unexpected series %s", line)
+			}
+		}
 	}
 }
 
