@@ -681,6 +681,13 @@ func (d *dashboard) renderError(w http.ResponseWriter, r *http.Request, v *viewe
 func (d *dashboard) internalError(w http.ResponseWriter, r *http.Request, v *viewer, err error) {
 	// The route pattern, not the URL: a URL may hold ids and cursors.
 	d.log.Error("web.internal_error", "route", r.Pattern, "error", err)
+	if vibejobs.ErrorKind(err) == vibejobs.EUNAVAILABLE {
+		// The database does not answer, or takes no writes (a failover):
+		// 503, as the API answers, not a fault of the dashboard's.
+		d.renderError(w, r, v, http.StatusServiceUnavailable, "Database unavailable",
+			"The dashboard cannot reach its database for now. Try again in a moment.")
+		return
+	}
 	d.renderError(w, r, v, http.StatusInternalServerError, "Something went wrong",
 		"The dashboard could not answer. Try again in a moment.")
 }
