@@ -260,6 +260,11 @@ func TestUsageErrors(t *testing.T) {
 			t.Errorf("%q: wrote to stdout: %q", args, out)
 		}
 	}
+	// Both given, the error said one of them was needed.
+	if _, _, err := a.cli(t, "jobs", "create", "--name", "x", "--url", "https://example.com/", "--schedule", "@daily", "--at", "2026-10-10T00:00:00Z"); err == nil ||
+		!strings.Contains(err.Error(), "not both") {
+		t.Errorf("--schedule and --at: %v, want an error saying not both", err)
+	}
 	// -h is not an error.
 	if _, errOut, err := a.cli(t, "jobs", "create", "-h"); err != nil || !strings.Contains(errOut, "--schedule") ||
 		!strings.Contains(errOut, "(default 4)") {

@@ -125,7 +125,10 @@ func jobCreate(fs *flag.FlagSet) func(*call) error {
 		if !c.set["name"] || !c.set["url"] {
 			return usagef("jobs create needs --name and --url")
 		}
-		if c.set["schedule"] == c.set["at"] {
+		switch {
+		case c.set["schedule"] && c.set["at"]:
+			return usagef("jobs create takes --schedule or --at, not both: --at is a one-off job's instant")
+		case !c.set["schedule"] && !c.set["at"]:
 			return usagef("jobs create needs one of --schedule and --at")
 		}
 		b := f.body(c.set)
