@@ -172,6 +172,24 @@ func (d *dashboard) badQuery(w http.ResponseWriter, r *http.Request, v *viewer) 
 		"The query of this address could not be read: parameters go between &, escapes are %XX, and there may be at most 10,000 of them.")
 }
 
+// repeated returns the first of names that q holds more than once. The
+// page would read the first value and drop the others, showing another
+// list than one of those asked for; the API refuses it too.
+func repeated(q url.Values, names ...string) string {
+	for _, n := range names {
+		if len(q[n]) > 1 {
+			return n
+		}
+	}
+	return ""
+}
+
+// badRepeat answers a page whose query gives the parameter name twice.
+func (d *dashboard) badRepeat(w http.ResponseWriter, r *http.Request, v *viewer, name string) {
+	d.renderError(w, r, v, http.StatusBadRequest, "Bad request",
+		"The parameter "+name+" is given more than once in the address of this page: give it once.")
+}
+
 // pageCursor reads the cursor of a list from its page's query; a link
 // cannot need more than this.
 func pageCursor(q url.Values) (string, bool) {
@@ -183,6 +201,10 @@ func (d *dashboard) jobsPage(w http.ResponseWriter, r *http.Request, v *viewer) 
 	query, ok := pageQuery(r)
 	if !ok {
 		d.badQuery(w, r, v)
+		return
+	}
+	if name := repeated(query, "cursor"); name != "" {
+		d.badRepeat(w, r, v, name)
 		return
 	}
 	cursor, ok := pageCursor(query)
@@ -292,6 +314,10 @@ func (d *dashboard) jobPage(w http.ResponseWriter, r *http.Request, v *viewer) {
 	j, err := d.store.GetJob(ctx, v.projectID(), id)
 	if err != nil {
 		d.fail(w, r, v, "job", err)
+		return
+	}
+	if name := repeated(query, "state", "cursor"); name != "" {
+		d.badRepeat(w, r, v, name)
 		return
 	}
 	state := query.Get("state")

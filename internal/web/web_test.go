@@ -569,6 +569,13 @@ func TestMalformedQueryRefused(t *testing.T) {
 			t.Errorf("GET %.60s: %d, want 400 with the error page (succeeded run listed: %v)", p, a.status, strings.Contains(a.body, listed))
 		}
 	}
+	// A filter or cursor given twice: the first was read, the other
+	// dropped.
+	for _, p := range []string{"/jobs/" + j.ID + "?state=failed&state=succeeded", "/jobs/" + j.ID + "?cursor=&cursor=x", "/?cursor=&cursor=x"} {
+		if a := b.get(p); a.status != http.StatusBadRequest || !strings.Contains(a.body, "is given more than once") {
+			t.Errorf("GET %s: %d (succeeded run listed: %v), want 400 naming the repeated parameter", p, a.status, strings.Contains(a.body, listed))
+		}
+	}
 	// 10,000 parameters are still read, the filter with them.
 	if a := b.get("/jobs/" + j.ID + "?state=failed" + strings.Repeat("&x=1", 9999)); a.status != http.StatusOK || strings.Contains(a.body, listed) {
 		t.Errorf("10,000 parameters: %d (succeeded run listed: %v), want 200 listing failed runs only", a.status, strings.Contains(a.body, listed))
