@@ -17,6 +17,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/vibejobs/vibejobs"
+	"github.com/vibejobs/vibejobs/internal/egress"
 )
 
 // Metrics implements the observers of the scheduler, dispatcher and
@@ -83,7 +84,8 @@ func New() *Metrics {
 // is recorded (egress's codes, but interrupted: a process that shuts down
 // records no outcome for the attempts it cut short, and the attempts a
 // lease recovery records as interrupted are not counted).
-var attemptErrorCodes = []string{"blocked", "dns", "timeout", "network", "tls", "redirect", "http_4xx", "http_5xx"}
+var attemptErrorCodes = []string{egress.CodeBlocked, egress.CodeDNS, egress.CodeTimeout, egress.CodeNetwork,
+	egress.CodeTLS, egress.CodeRedirect, egress.CodeHTTP4xx, egress.CodeHTTP5xx}
 
 // knownSeries creates, at 0, every series of the labelled counters whose
 // label values are known in advance. A series that first appears at 1
