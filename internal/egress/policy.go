@@ -97,7 +97,8 @@ func mustPrefixes(s ...string) []netip.Prefix {
 // block. A bare address stands for a /32 or /128. IPv4 destinations are opened
 // with IPv4 CIDRs: an IPv4-mapped prefix such as ::ffff:10.0.0.0/104 opens only
 // the mapped spellings, and those only where the IPv4 address is open too. More
-// than MaxAllowedCIDRs entries, a zone or an unparsable entry is an error.
+// than MaxAllowedCIDRs entries, a zone, a CIDR with address bits set past its
+// prefix length (10.1.2.3/8) or an unparsable entry is an error.
 func NewPolicy(allow []string) (*Policy, error) {
 	if len(allow) > MaxAllowedCIDRs {
 		return nil, fmt.Errorf("egress allow list: %d entries, at most %d", len(allow), MaxAllowedCIDRs)
@@ -138,7 +139,14 @@ func parseAllowEntry(s string) (netip.Prefix, error) {
 		// opened the IPv6 loopback instead.
 		return netip.Prefix{}, fmt.Errorf("egress allow list: %q is an IPv4-mapped address with a prefix shorter than /96: give the IPv4 CIDR instead", s)
 	}
-	return prefix.Masked(), nil
+	if m := prefix.Masked(); m != prefix {
+		// 10.1.2.3/8 opened all of 10.0.0.0/8, a range 2^24 times wider
+		// than the address the entry seems to name: which was meant is the
+		// operator's to say.
+		return netip.Prefix{}, fmt.Errorf("egress allow list: %q has address bits set past its /%d: give %s for the whole range, or %s alone for the one address",
+			s, prefix.Bits(), m, prefix.Addr())
+	}
+	return prefix, nil
 }
 
 // ParseAllowList splits the value of VIBEJOBS_ALLOW_PRIVATE: CIDRs or bare IP

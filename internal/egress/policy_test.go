@@ -212,6 +212,31 @@ func TestNewPolicyRejects(t *testing.T) {
 	}
 }
 
+// TestNewPolicyRefusesHostBits: 10.1.2.3/8 was masked to 10.0.0.0/8,
+// opening 16 million addresses for an entry that reads as one; it is
+// refused, the message offering both readings.
+func TestNewPolicyRefusesHostBits(t *testing.T) {
+	for in, want := range map[string]string{
+		"10.1.2.3/8":          "give 10.0.0.0/8 for the whole range, or 10.1.2.3 alone",
+		"192.168.1.1/24":      "give 192.168.1.0/24",
+		"fd00::1/8":           "give fd00::/8",
+		"::ffff:10.1.0.0/104": "give ::ffff:10.0.0.0/104",
+	} {
+		_, err := egress.NewPolicy([]string{in})
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("NewPolicy(%q): %v, want an error saying %q", in, err, want)
+		}
+		if _, err := egress.ParseAllowList(in); err == nil {
+			t.Errorf("ParseAllowList(%q): no error", in)
+		}
+	}
+	for _, in := range []string{"10.0.0.0/8", "10.1.2.3/32", "10.1.2.3", "fd00::/8", "::1/128", "0.0.0.0/0"} {
+		if _, err := egress.NewPolicy([]string{in}); err != nil {
+			t.Errorf("NewPolicy(%q): %v", in, err)
+		}
+	}
+}
+
 func TestParseAllowList(t *testing.T) {
 	cases := []struct {
 		in   string
