@@ -5,7 +5,7 @@ import "testing"
 // TestAnswersAreNotStored: every answer says Cache-Control: no-store. A job's
 // creation and a secret's rotation show the secret once, and a browser or a
 // proxy keeping the page would show it again; the other answers hold a
-// tenant's data.
+// tenant's data. And nosniff: no browser reads an answer as another type.
 func TestAnswersAreNotStored(t *testing.T) {
 	e := newEnv(t)
 	created := e.send(req{method: "POST", path: "/v1/jobs", token: e.admin, key: "k1", body: jobBody(nil)})
@@ -26,6 +26,9 @@ func TestAnswersAreNotStored(t *testing.T) {
 	} {
 		if got := res.header.Get("Cache-Control"); got != "no-store" {
 			t.Errorf("%s (%d): Cache-Control %q, want no-store", name, res.status, got)
+		}
+		if got := res.header.Get("X-Content-Type-Options"); got != "nosniff" {
+			t.Errorf("%s (%d): X-Content-Type-Options %q, want nosniff", name, res.status, got)
 		}
 	}
 }

@@ -72,13 +72,16 @@ func (r *response) with(name, value string) *response {
 
 // write writes r. Every answer says Cache-Control: no-store: a job's
 // creation and a secret's rotation show the secret once, and every other
-// answer holds a tenant's data, which no browser or proxy should keep.
+// answer holds a tenant's data, which no browser or proxy should keep. And
+// X-Content-Type-Options: nosniff: a browser led to an answer holding
+// text a user chose (a job's name) renders it only as its declared type.
 func (r *response) write(w http.ResponseWriter) {
 	h := w.Header()
 	for k, v := range r.header {
 		h.Set(k, v)
 	}
 	h.Set("Cache-Control", "no-store")
+	h.Set("X-Content-Type-Options", "nosniff")
 	if r.body != nil {
 		h.Set("Content-Length", strconv.Itoa(len(r.body)))
 	}
