@@ -55,8 +55,10 @@ type WorkerConfig struct {
 	Outbox Outbox
 	// Process is the app's work. Required.
 	Process ProcessFunc
-	// ID names this worker in lease columns; unique per process. Default:
-	// host name, process id and random bytes.
+	// ID names this worker in lease columns: it must be unique among every
+	// Worker sharing the outbox, in this process or another, since a lease
+	// is checked by its holder's ID and two Workers with one ID could end
+	// each other's leases. Default: host name, process id and random bytes.
 	ID string
 	// Lease is how long a claimed item stays reserved for this worker; after it
 	// any worker may claim the item again. Process must finish within it.
@@ -132,7 +134,8 @@ func (w *Worker) ID() string { return w.id }
 // records each outcome: processed on success, a retry after Backoff on failure,
 // an immediate retry when ctx ended during the run. It returns how many items
 // it claimed and the errors of claiming or recording (not the app's errors,
-// which are recorded on the item and logged).
+// which are recorded on the item and logged). Calls must not overlap (Run
+// makes them one after another): their leases carry the same ID.
 func (w *Worker) ProcessBatch(ctx context.Context) (int, error) {
 	now := w.now()
 	leaseUntil := now.Add(w.lease)
@@ -198,7 +201,8 @@ func (w *Worker) call(ctx context.Context, runID string, payload []byte) (err er
 
 // Run processes batches until ctx ends, then waits for the items in flight,
 // whose contexts end too, and returns nil. Errors of the store are logged and
-// retried after PollInterval.
+// retried after PollInterval. One Run per Worker, and no ProcessBatch
+// beside it: for more parallelism raise Concurrency, or start more Workers.
 func (w *Worker) Run(ctx context.Context) error {
 	timer := time.NewTimer(0)
 	defer timer.Stop()
