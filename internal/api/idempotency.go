@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"sync"
 	"time"
 
 	"github.com/vibejobs/vibejobs"
@@ -69,7 +70,9 @@ func requestHash(r *http.Request, tokenID string, body []byte) []byte {
 //   - the effect and the key's completed record (status, headers, body)
 //     commit in one transaction; an error a user can act on rolls the effect
 //     back and is stored as the answer, so a retry gets the same answer;
-//   - an internal failure deletes the key so a retry may proceed;
+//   - an internal failure deletes the key so a retry may proceed (when
+//     the database is down for that too, the next request with the key to
+//     this process deletes it first);
 //   - the same key with another request is 422, while in progress 409 with
 //     Retry-After (a claim older than abandonedAfter is taken over), and
 //     after completion the stored answer byte for byte with
@@ -81,6 +84,15 @@ func (s *Server) idempotent(ctx context.Context, c *call, effect func(context.Co
 	}
 	key, project := values[0], c.projectID()
 	hash := requestHash(c.r, c.token.ID, c.body)
+	if claimedAt, ok := s.unreleased.get(project, key, c.now); ok {
+		// A request of this process failed with this key and could not
+		// free it then: free it now, or this retry, and every other for a
+		// minute, would be told the first is still in progress.
+		if err := s.deleteClaim(ctx, project, key, claimedAt); err != nil {
+			return s.fail(c, err)
+		}
+		s.unreleased.remove(project, key, claimedAt)
+	}
 
 	rec, err := s.store.GetIdempotencyKey(ctx, project, key, c.now)
 	switch {
@@ -201,11 +213,72 @@ func (s *Server) idempotent(ctx context.Context, c *call, effect func(context.Co
 func (s *Server) releaseKey(project, key string, claimedAt time.Time) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
+	if err := s.deleteClaim(ctx, project, key, claimedAt); err != nil {
+		s.log.Error("api: releasing an idempotency key after a failure", "project", project, "error", err.Error())
+		s.unreleased.add(project, key, claimedAt, s.now())
+	}
+}
+
+// deleteClaim deletes the claim of key made at claimedAt if it is still
+// there and not completed.
+func (s *Server) deleteClaim(ctx context.Context, project, key string, claimedAt time.Time) error {
 	err := s.update(ctx, func(tx vibejobs.Tx) error {
 		return tx.DeleteIdempotencyKey(ctx, project, key, claimedAt)
 	})
-	if err != nil && vibejobs.ErrorKind(err) != vibejobs.ENOTFOUND {
-		s.log.Error("api: releasing an idempotency key after a failure", "project", project, "error", err.Error())
+	if vibejobs.ErrorKind(err) == vibejobs.ENOTFOUND {
+		return nil
+	}
+	return err
+}
+
+// unreleasedKeys remembers, up to maxUnreleased, the claims whose release
+// failed, so that the next request with the key, once the database
+// answers, frees it rather than waiting out abandonedAfter. Forgotten (over
+// the cap, or in a restart), a claim is still taken over after that wait.
+type unreleasedKeys struct {
+	mu sync.Mutex
+	m  map[[2]string]time.Time
+}
+
+const maxUnreleased = 10000
+
+func (u *unreleasedKeys) add(project, key string, claimedAt, now time.Time) {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	if u.m == nil {
+		u.m = make(map[[2]string]time.Time)
+	}
+	if len(u.m) >= maxUnreleased {
+		for k, at := range u.m {
+			if now.Sub(at) >= abandonedAfter {
+				delete(u.m, k)
+			}
+		}
+	}
+	if len(u.m) < maxUnreleased {
+		u.m[[2]string{project, key}] = claimedAt
+	}
+}
+
+// get returns the claim of key to free, if one is remembered and not yet
+// old enough to be taken over anyway.
+func (u *unreleasedKeys) get(project, key string, now time.Time) (time.Time, bool) {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	at, ok := u.m[[2]string{project, key}]
+	if ok && now.Sub(at) >= abandonedAfter {
+		delete(u.m, [2]string{project, key})
+		return time.Time{}, false
+	}
+	return at, ok
+}
+
+// remove forgets the claim made at claimedAt; a later one is kept.
+func (u *unreleasedKeys) remove(project, key string, claimedAt time.Time) {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	if at, ok := u.m[[2]string{project, key}]; ok && at.Equal(claimedAt) {
+		delete(u.m, [2]string{project, key})
 	}
 }
 

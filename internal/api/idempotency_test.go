@@ -181,11 +181,29 @@ func TestIdempotencyStoresRefusals(t *testing.T) {
 	}
 }
 
-// failingStore fails CreateJob with an internal error while fail is set.
+// failingStore fails CreateJob with an internal error while fail is set,
+// and frees no idempotency key while down is.
 type failingStore struct {
 	vibejobs.Store
 	mu   sync.Mutex
 	fail bool
+	down bool
+}
+
+func (f *failingStore) set(fail, down bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.fail, f.down = fail, down
+}
+
+func (t *failingTx) DeleteIdempotencyKey(ctx context.Context, projectID, key string, createdAt time.Time) error {
+	t.s.mu.Lock()
+	down := t.s.down
+	t.s.mu.Unlock()
+	if down {
+		return &vibejobs.Error{Kind: vibejobs.EUNAVAILABLE, Code: "database_unavailable", Message: "the database does not answer"}
+	}
+	return t.Tx.DeleteIdempotencyKey(ctx, projectID, key, createdAt)
 }
 
 func (f *failingStore) failing() bool {
@@ -261,6 +279,37 @@ func TestIdempotencyInternalFailureFreesKey(t *testing.T) {
 	}
 	// The server still serves.
 	e.must(http.StatusOK, "GET", "/v1/jobs/"+id, e.admin, nil)
+}
+
+// TestIdempotencyKeyFreedAfterAnOutage: a request that failed while the
+// database was down could not free its key either; the next request with
+// the key, once the database answers again, frees it and proceeds, rather
+// than being told for a minute that the first is still in progress.
+func TestIdempotencyKeyFreedAfterAnOutage(t *testing.T) {
+	var fs *failingStore
+	e := newEnv(t, func(c *api.Config) {
+		fs = &failingStore{Store: c.Store}
+		c.Store = fs
+	})
+	r := req{method: "POST", path: "/v1/jobs", token: e.admin, key: "outage", body: jobBody(nil)}
+	fs.set(true, true)
+	if res := e.send(r); res.status != 500 {
+		t.Fatalf("during the outage: %s", res)
+	}
+	// Still down for the release: the retry fails, and the key stays
+	// remembered.
+	fs.set(false, true)
+	if res := e.send(r); res.status < 500 {
+		t.Fatalf("retry while the key cannot be freed: %s", res)
+	}
+	fs.set(false, false)
+	res := e.send(r)
+	if res.status != 201 || res.header.Get("Idempotent-Replayed") != "" {
+		t.Fatalf("retry after the outage: %s", res)
+	}
+	if res := e.send(r); res.status != 201 || res.header.Get("Idempotent-Replayed") != "true" {
+		t.Errorf("replay: %s", res)
+	}
 }
 
 // Every creating POST takes the key: a replay of each returns its first answer.

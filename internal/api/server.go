@@ -138,6 +138,9 @@ type Server struct {
 	mux           *http.ServeMux
 	routes        []route
 	openapi       []byte
+	// unreleased holds the claims of failed requests whose release failed
+	// too (the database was down); see idempotent.
+	unreleased unreleasedKeys
 	// noIdempotency runs creating POSTs without Idempotency-Key handling;
 	// set only by benchmarks (export_test.go) to measure the layer's cost.
 	noIdempotency bool
