@@ -2,16 +2,14 @@ package api
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/base64"
 	"net/http"
 	"net/url"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/vibejobs/vibejobs"
 	"github.com/vibejobs/vibejobs/contract"
+	"github.com/vibejobs/vibejobs/internal/listcursor"
 	"github.com/vibejobs/vibejobs/internal/schedule"
 )
 
@@ -237,7 +235,7 @@ func (s *Server) listJobs(ctx context.Context, c *call) (*response, error) {
 	if e != nil {
 		return nil, e
 	}
-	sc := listScope{kind: "jobs", projectID: c.projectID()}
+	sc := listcursor.Scope{Kind: listcursor.Jobs, ProjectID: c.projectID()}
 	if err := s.openCursor(ctx, &p, sc); err != nil {
 		return nil, err
 	}
@@ -470,33 +468,13 @@ func errInvalidCursor() *vibejobs.Error {
 		"cursor is not one this list returned: a cursor continues only the list (project, filters) it came from")
 }
 
-// listScope is the list a cursor continues: its kind, its project and its
-// filters; not the page size, which may change from page to page.
-type listScope struct {
-	kind      string // "jobs" or "runs"
-	projectID string
-	jobID     string // runs: of this job only ("" for every job)
-	state     string // runs: in this state only ("" for every state)
-}
-
-// tag is the digest of sc that the cursors of its list carry. It needs no
-// key: it keeps a client from continuing one list with another's cursor by
-// mistake, and a made-up cursor can still read only the caller's own
-// project, which every store query is confined to.
-func (sc listScope) tag() string {
-	h := sha256.Sum256([]byte("vibejobs list cursor\x00" + sc.kind + "\x00" + sc.projectID + "\x00" +
-		sc.jobID + "\x00" + sc.state))
-	return base64.RawURLEncoding.EncodeToString(h[:9])
-}
-
 // boundCursor is the API's cursor for the store's next cursor of list sc
-// (nil when there is no next page): the store's position, a dot (which
-// store cursors, base64url, never hold) and sc's tag.
-func boundCursor(next string, sc listScope) *string {
+// (nil when there is no next page).
+func boundCursor(next string, sc listcursor.Scope) *string {
 	if next == "" {
 		return nil
 	}
-	c := next + "." + sc.tag()
+	c := sc.Bind(next)
 	return &c
 }
 
@@ -504,51 +482,17 @@ func boundCursor(next string, sc listScope) *string {
 // the store's position; a cursor of another project's list, of another
 // kind of list or of other filters is refused (invalid_cursor) rather
 // than answered with a page that starts somewhere else.
-func (s *Server) openCursor(ctx context.Context, p *vibejobs.Page, sc listScope) error {
+func (s *Server) openCursor(ctx context.Context, p *vibejobs.Page, sc listcursor.Scope) error {
 	if p.Cursor == "" {
 		return nil
 	}
-	pos, tag, bound := strings.Cut(p.Cursor, ".")
-	if !bound {
-		return s.checkUnboundCursor(ctx, pos, sc)
+	pos, ok, err := sc.Open(ctx, s.store, p.Cursor)
+	if err != nil {
+		return err
 	}
-	if pos == "" || tag != sc.tag() {
+	if !ok {
 		return errInvalidCursor()
 	}
 	p.Cursor = pos
 	return nil
-}
-
-// checkUnboundCursor accepts a cursor minted before cursors carried their
-// list's tag (the store's bare position: the base64url of the last id
-// listed), so that a client paging across the upgrade is not cut off,
-// provided that position is a live job of the project for a jobs list, or
-// a run of the project (and of the filtered job) for a runs list. A state
-// filter cannot be checked, nor a job deleted since. It can go once no
-// such cursor can be in use.
-func (s *Server) checkUnboundCursor(ctx context.Context, c string, sc listScope) error {
-	b, err := base64.RawURLEncoding.Strict().DecodeString(c)
-	if err != nil {
-		return errInvalidCursor()
-	}
-	id := string(b)
-	switch sc.kind {
-	case "jobs":
-		if !contract.ValidID(id, "job_") {
-			return errInvalidCursor()
-		}
-		_, err = s.store.GetJob(ctx, sc.projectID, id)
-	default:
-		if !contract.ValidID(id, "run_") {
-			return errInvalidCursor()
-		}
-		var r *vibejobs.Run
-		if r, err = s.store.GetRun(ctx, sc.projectID, id); err == nil && sc.jobID != "" && r.JobID != sc.jobID {
-			return errInvalidCursor()
-		}
-	}
-	if vibejobs.ErrorKind(err) == vibejobs.ENOTFOUND {
-		return errInvalidCursor()
-	}
-	return err
 }

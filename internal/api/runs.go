@@ -5,6 +5,7 @@ import (
 	"net/http"
 
 	"github.com/vibejobs/vibejobs"
+	"github.com/vibejobs/vibejobs/internal/listcursor"
 )
 
 // runJSON is the wire form of a run in lists and in the trigger answer.
@@ -165,7 +166,7 @@ func (s *Server) runList(ctx context.Context, c *call, jobID string) (*response,
 	}
 	// After the job's check: another project's job answers 404, whatever
 	// the cursor, as a job that does not exist.
-	sc := listScope{kind: "runs", projectID: c.projectID(), jobID: jobID, state: string(f.State)}
+	sc := listcursor.Scope{Kind: listcursor.Runs, ProjectID: c.projectID(), JobID: jobID, State: string(f.State)}
 	if err := s.openCursor(ctx, &p, sc); err != nil {
 		return nil, err
 	}
