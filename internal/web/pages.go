@@ -10,6 +10,7 @@ import (
 
 	"github.com/vibejobs/vibejobs"
 	"github.com/vibejobs/vibejobs/internal/display"
+	"github.com/vibejobs/vibejobs/internal/listcursor"
 )
 
 // The view types below copy from the domain only what a page shows, so a
@@ -190,11 +191,37 @@ func (d *dashboard) badRepeat(w http.ResponseWriter, r *http.Request, v *viewer,
 		"The parameter "+name+" is given more than once in the address of this page: give it once.")
 }
 
-// pageCursor reads the cursor of a list from its page's query; a link
-// cannot need more than this.
-func pageCursor(q url.Values) (string, bool) {
+// openCursor returns the store's position from which the page's cursor
+// continues list sc ("" for the first page), or answers the request and
+// returns false: a cursor of another list (the jobs list or another job's
+// runs, another state filter, another project's) or one changed by hand
+// would show a page that starts somewhere else, often an empty one.
+func (d *dashboard) openCursor(w http.ResponseWriter, r *http.Request, v *viewer, q url.Values, sc listcursor.Scope) (string, bool) {
 	c := q.Get("cursor")
-	return c, len(c) <= 512
+	if c == "" {
+		return "", true
+	}
+	// A link cannot need more than this.
+	if len(c) > 512 {
+		d.badCursor(w, r, v)
+		return "", false
+	}
+	pos, ok, err := sc.Open(r.Context(), d.store, c)
+	if err != nil {
+		d.internalError(w, r, v, err)
+		return "", false
+	}
+	if !ok {
+		d.badCursor(w, r, v)
+		return "", false
+	}
+	return pos, true
+}
+
+// badCursor answers a page whose cursor openCursor refused.
+func (d *dashboard) badCursor(w http.ResponseWriter, r *http.Request, v *viewer) {
+	d.renderError(w, r, v, http.StatusBadRequest, "Bad request",
+		"The page position (cursor) in this address is not one of this list: it comes from another job's runs, another state filter, the jobs list or another project, or was changed. A cursor continues only the list it came from; start again from the first page.")
 }
 
 func (d *dashboard) jobsPage(w http.ResponseWriter, r *http.Request, v *viewer) {
@@ -207,13 +234,13 @@ func (d *dashboard) jobsPage(w http.ResponseWriter, r *http.Request, v *viewer) 
 		d.badRepeat(w, r, v, name)
 		return
 	}
-	cursor, ok := pageCursor(query)
+	sc := listcursor.Scope{Kind: listcursor.Jobs, ProjectID: v.projectID()}
+	pos, ok := d.openCursor(w, r, v, query, sc)
 	if !ok {
-		d.fail(w, r, v, "", vibejobs.FieldError("invalid_cursor", "cursor", "cursor too long"))
 		return
 	}
 	ctx := r.Context()
-	jobs, next, err := d.store.ListJobs(ctx, v.projectID(), vibejobs.Page{Limit: pageSize, Cursor: cursor})
+	jobs, next, err := d.store.ListJobs(ctx, v.projectID(), vibejobs.Page{Limit: pageSize, Cursor: pos})
 	if err != nil {
 		d.fail(w, r, v, "", err)
 		return
@@ -228,9 +255,9 @@ func (d *dashboard) jobsPage(w http.ResponseWriter, r *http.Request, v *viewer) 
 		data.Jobs = append(data.Jobs, jobRowOf(j, v.now))
 	}
 	if next != "" {
-		data.NextPage = "/?cursor=" + url.QueryEscape(next)
+		data.NextPage = "/?cursor=" + url.QueryEscape(sc.Bind(next))
 	}
-	if cursor != "" {
+	if pos != "" {
 		data.FirstPage = "/"
 	}
 	d.render(w, r, http.StatusOK, "jobs", page{Title: "Jobs", Viewer: viewerOf(v), Refresh: true, Body: data})
@@ -325,14 +352,16 @@ func (d *dashboard) jobPage(w http.ResponseWriter, r *http.Request, v *viewer) {
 		d.renderError(w, r, v, http.StatusBadRequest, "Bad request", "There is no run state of this name.")
 		return
 	}
-	cursor, ok := pageCursor(query)
+	// After the job's check: another project's job reads as a missing
+	// one, whatever the cursor.
+	sc := listcursor.Scope{Kind: listcursor.Runs, ProjectID: v.projectID(), JobID: j.ID, State: state}
+	pos, ok := d.openCursor(w, r, v, query, sc)
 	if !ok {
-		d.fail(w, r, v, "", vibejobs.FieldError("invalid_cursor", "cursor", "cursor too long"))
 		return
 	}
 	runs, next, err := d.store.ListRuns(ctx, v.projectID(),
 		vibejobs.RunFilter{JobID: j.ID, State: vibejobs.RunState(state)},
-		vibejobs.Page{Limit: pageSize, Cursor: cursor})
+		vibejobs.Page{Limit: pageSize, Cursor: pos})
 	if err != nil {
 		d.fail(w, r, v, "", err)
 		return
@@ -373,9 +402,9 @@ func (d *dashboard) jobPage(w http.ResponseWriter, r *http.Request, v *viewer) {
 		data.Runs = append(data.Runs, runRowOf(run, v.now, j.Timezone))
 	}
 	if next != "" {
-		data.NextPage = link(state, next)
+		data.NextPage = link(state, sc.Bind(next))
 	}
-	if cursor != "" {
+	if pos != "" {
 		data.FirstPage = link(state, "")
 	}
 	d.render(w, r, http.StatusOK, "job", page{Title: data.Name, Viewer: viewerOf(v), Refresh: true, Body: data})
