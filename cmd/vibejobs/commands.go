@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/vibejobs/vibejobs"
@@ -14,24 +15,42 @@ import (
 	"github.com/vibejobs/vibejobs/internal/secretbox"
 )
 
-// storeFlags parses the flags that locate the database and the master key.
-func storeFlags(name string, args []string, getenv func(string) string, stderr io.Writer) (*Config, error) {
+// storeFlags parses the flags of a command that opens the database and
+// does nothing else with the server's settings: where the database is, how
+// to log and, with masterKey, the master key file. Their environment
+// variables are read; serve's other variables, which an environment shared
+// with serve holds, are neither read nor checked. A serve flag the command
+// would ignore is refused.
+func storeFlags(name string, args []string, getenv func(string) string, stderr io.Writer, masterKey bool) (*Config, error) {
 	var c Config
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	c.flagSet(fs, getenv)
+	c.storeFlagSet(fs, getenv)
+	if masterKey {
+		c.masterKeyFlagSet(fs, getenv)
+	}
 	if err := fs.Parse(args); err != nil {
+		if f, ok := strings.CutPrefix(err.Error(), "flag provided but not defined: -"); ok && isServeFlag(f) {
+			return nil, fmt.Errorf("%w: %s does not use --%s: it is a setting of vibejobs serve", errUsage, name, f)
+		}
 		return nil, fmt.Errorf("%w: %w", errUsage, err)
 	}
 	if fs.NArg() > 0 {
 		return nil, fmt.Errorf("%w: unexpected argument %q", errUsage, fs.Arg(0))
 	}
-	return &c, c.validate()
+	return &c, c.validateStore()
+}
+
+// isServeFlag reports whether name is a flag of vibejobs serve.
+func isServeFlag(name string) bool {
+	fs := flag.NewFlagSet("", flag.ContinueOnError)
+	new(Config).flagSet(fs, func(string) string { return "" })
+	return fs.Lookup(name) != nil
 }
 
 // migrate runs the migrations of the configured database and exits.
 func migrate(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
-	c, err := storeFlags("vibejobs migrate", args, getenv, stderr)
+	c, err := storeFlags("vibejobs migrate", args, getenv, stderr, false)
 	if err != nil {
 		return err
 	}
@@ -56,7 +75,7 @@ func masterKey(ctx context.Context, args []string, getenv func(string) string, s
 		fmt.Fprint(stderr, masterKeyUsage)
 		return fmt.Errorf("%w: master-key rotate [flags]", errUsage)
 	}
-	c, err := storeFlags("vibejobs master-key rotate", args[1:], getenv, stderr)
+	c, err := storeFlags("vibejobs master-key rotate", args[1:], getenv, stderr, true)
 	if err != nil {
 		return err
 	}

@@ -108,18 +108,35 @@ func NewMain(stdout, stderr io.Writer) *Main {
 	return &Main{Stdout: stdout, Stderr: stderr}
 }
 
-// flagSet declares the server flags on fs, with environment defaults.
+// envOr returns the value of the environment variable VIBEJOBS_<name>,
+// or def when it is unset or empty.
+func envOr(getenv func(string) string, name, def string) string {
+	return cmp.Or(getenv("VIBEJOBS_"+name), def)
+}
+
+// storeFlagSet declares on fs, with environment defaults, the flags of
+// every command that opens the database: where it is, and how to log.
+func (c *Config) storeFlagSet(fs *flag.FlagSet, getenv func(string) string) {
+	fs.StringVar(&c.DataDir, "data-dir", envOr(getenv, "DATA_DIR", "./vibejobs-data"), "data directory: SQLite database, master key, admin token (VIBEJOBS_DATA_DIR)")
+	fs.StringVar(&c.Database, "database", envOr(getenv, "DATABASE", ""), "postgres://… URL or SQLite file path; default <data-dir>/vibejobs.db (VIBEJOBS_DATABASE)")
+	fs.StringVar(&c.LogFormat, "log-format", envOr(getenv, "LOG_FORMAT", "text"), "text or json (VIBEJOBS_LOG_FORMAT)")
+	fs.StringVar(&c.LogLevel, "log-level", envOr(getenv, "LOG_LEVEL", "info"), "debug, info, warn or error (VIBEJOBS_LOG_LEVEL)")
+}
+
+// masterKeyFlagSet declares the master key file's flag on fs.
+func (c *Config) masterKeyFlagSet(fs *flag.FlagSet, getenv func(string) string) {
+	fs.StringVar(&c.MasterKeyFile, "master-key-file", envOr(getenv, "MASTER_KEY_FILE", ""), "master key file; default <data-dir>/master.key, created on first start (VIBEJOBS_MASTER_KEY_FILE)")
+}
+
+// flagSet declares every serve flag on fs, with environment defaults.
 func (c *Config) flagSet(fs *flag.FlagSet, getenv func(string) string) {
-	env := func(name, def string) string { return cmp.Or(getenv("VIBEJOBS_"+name), def) }
+	c.storeFlagSet(fs, getenv)
+	c.masterKeyFlagSet(fs, getenv)
+	env := func(name, def string) string { return envOr(getenv, name, def) }
 	fs.StringVar(&c.Listen, "listen", env("LISTEN", "127.0.0.1:8080"), "HTTP listen address (VIBEJOBS_LISTEN)")
-	fs.StringVar(&c.DataDir, "data-dir", env("DATA_DIR", "./vibejobs-data"), "data directory: SQLite database, master key, admin token (VIBEJOBS_DATA_DIR)")
-	fs.StringVar(&c.Database, "database", env("DATABASE", ""), "postgres://… URL or SQLite file path; default <data-dir>/vibejobs.db (VIBEJOBS_DATABASE)")
-	fs.StringVar(&c.MasterKeyFile, "master-key-file", env("MASTER_KEY_FILE", ""), "master key file; default <data-dir>/master.key, created on first start (VIBEJOBS_MASTER_KEY_FILE)")
 	fs.StringVar(&c.AllowPrivate, "allow-private", env("ALLOW_PRIVATE", ""), "comma-separated CIDRs deliveries may reach despite the egress policy, at most 32 (VIBEJOBS_ALLOW_PRIVATE)")
 	fs.StringVar(&c.TrustedProxies, "trusted-proxies", env("TRUSTED_PROXIES", ""), "comma-separated addresses or CIDRs of reverse proxies whose X-Forwarded-For names the client for the failed-login limits, at most 32 (VIBEJOBS_TRUSTED_PROXIES)")
 	fs.StringVar(&c.CAFile, "ca-file", env("CA_FILE", ""), "PEM bundle added to the system roots for deliveries (VIBEJOBS_CA_FILE)")
-	fs.StringVar(&c.LogFormat, "log-format", env("LOG_FORMAT", "text"), "text or json (VIBEJOBS_LOG_FORMAT)")
-	fs.StringVar(&c.LogLevel, "log-level", env("LOG_LEVEL", "info"), "debug, info, warn or error (VIBEJOBS_LOG_LEVEL)")
 	intFlag := func(p *int, name, envName string, def int, usage string) {
 		fs.Func(name, fmt.Sprintf("%s (VIBEJOBS_%s, default %d)", usage, envName, def), func(s string) error {
 			n, err := strconv.Atoi(s)
@@ -199,8 +216,11 @@ const (
 	maxRateLimit   = 1_000_000
 )
 
+// validate checks every serve setting.
 func (c *Config) validate() error {
-	c.LogFormat = strings.ToLower(c.LogFormat) // as log levels are read, JSON is json
+	if err := c.validateStore(); err != nil {
+		return err
+	}
 	switch {
 	case c.ClaimAhead == badDuration:
 		return errors.New("--claim-ahead (VIBEJOBS_CLAIM_AHEAD) must be a duration from 0 to 1s, such as 200ms")
@@ -214,16 +234,31 @@ func (c *Config) validate() error {
 		return fmt.Errorf("--rate-limit (VIBEJOBS_RATE_LIMIT) must be an integer from 1 to %d", maxRateLimit)
 	case c.MaxJobsPerProject < 1:
 		return errors.New("--max-jobs-per-project (VIBEJOBS_MAX_JOBS_PER_PROJECT) must be a positive integer")
-	case c.LogFormat != "text" && c.LogFormat != "json":
-		return errors.New("--log-format (VIBEJOBS_LOG_FORMAT) must be text or json")
 	case c.Listen == "":
 		// Left out, it is 127.0.0.1:8080; given empty, it is a mistake (an
 		// unset shell variable), not a request for the default.
 		return errors.New("--listen (VIBEJOBS_LISTEN) must not be empty: give a host:port such as 127.0.0.1:8080")
-	case c.DataDir == "":
-		return errors.New("--data-dir (VIBEJOBS_DATA_DIR) must not be empty")
 	case c.RotationGrace != 0 && (c.RotationGrace < time.Minute || c.RotationGrace > 720*time.Hour):
 		return errors.New("--subscription-rotation-grace (VIBEJOBS_SUBSCRIPTION_ROTATION_GRACE) must be a duration from 1m to 720h")
+	}
+	if _, err := egress.ParseAllowList(c.AllowPrivate); err != nil {
+		return fmt.Errorf("--allow-private (VIBEJOBS_ALLOW_PRIVATE): %w", err)
+	}
+	if _, err := ratelimit.ParseProxies(c.TrustedProxies); err != nil {
+		return fmt.Errorf("--trusted-proxies (VIBEJOBS_TRUSTED_PROXIES): %w", err)
+	}
+	return nil
+}
+
+// validateStore checks the settings of storeFlagSet, which every command
+// that opens the database reads.
+func (c *Config) validateStore() error {
+	c.LogFormat = strings.ToLower(c.LogFormat) // as log levels are read, JSON is json
+	switch {
+	case c.LogFormat != "text" && c.LogFormat != "json":
+		return errors.New("--log-format (VIBEJOBS_LOG_FORMAT) must be text or json")
+	case c.DataDir == "":
+		return errors.New("--data-dir (VIBEJOBS_DATA_DIR) must not be empty")
 	}
 	if scheme, _, ok := strings.Cut(c.Database, "://"); ok && !isPostgresURL(c.Database) {
 		return fmt.Errorf("--database (VIBEJOBS_DATABASE): %q URLs are not supported: give postgres://… or a SQLite file path", scheme)
@@ -239,12 +274,6 @@ func (c *Config) validate() error {
 		// Not quoted: it may hold a password. Taken as a SQLite path, it
 		// was a file named after it, or an error that printed it whole.
 		return errors.New("--database (VIBEJOBS_DATABASE) is a key=value connection string: give a postgres://… URL, or a SQLite file path")
-	}
-	if _, err := egress.ParseAllowList(c.AllowPrivate); err != nil {
-		return fmt.Errorf("--allow-private (VIBEJOBS_ALLOW_PRIVATE): %w", err)
-	}
-	if _, err := ratelimit.ParseProxies(c.TrustedProxies); err != nil {
-		return fmt.Errorf("--trusted-proxies (VIBEJOBS_TRUSTED_PROXIES): %w", err)
 	}
 	if _, ok := logLevel(c.LogLevel); !ok {
 		return fmt.Errorf("--log-level (VIBEJOBS_LOG_LEVEL) must be debug, info, warn or error, not %q", c.LogLevel)
