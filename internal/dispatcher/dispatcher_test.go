@@ -47,6 +47,7 @@ type sent struct {
 	header  http.Header
 	payload map[string]any
 	body    []byte
+	timeout time.Duration
 }
 
 // sender answers from a script and reports every request; a host listed in
@@ -62,10 +63,10 @@ func newSender() *sender {
 	return &sender{got: make(chan sent, 100), answer: map[string][]egress.Result{}, block: map[string]chan struct{}{}}
 }
 
-func (s *sender) Post(_ context.Context, url string, h http.Header, body []byte, _ time.Duration) egress.Result {
+func (s *sender) Post(_ context.Context, url string, h http.Header, body []byte, timeout time.Duration) egress.Result {
 	var p map[string]any
 	_ = json.Unmarshal(body, &p)
-	s.got <- sent{url: url, header: h, payload: p, body: body}
+	s.got <- sent{url: url, header: h, payload: p, body: body, timeout: timeout}
 	s.mu.Lock()
 	b := s.block[url]
 	res := egress.Result{StatusCode: 200}
