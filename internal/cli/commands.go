@@ -23,7 +23,7 @@ var resources = map[string]map[string]command{
 		"pause":  {args: "<job-id> ", npos: 1, summary: "Pause a job: occurrences while paused are skipped.", post: true, flags: jobAction("pause")},
 		"resume": {args: "<job-id> ", npos: 1, summary: "Resume a paused job from its next occurrence.", post: true, flags: jobAction("resume")},
 		"delete": {args: "<job-id> ", npos: 1, summary: "Delete a job and cancel its waiting runs.", flags: jobDelete},
-		"trigger": {args: "<job-id> ", npos: 1, summary: "Run a job now (a manual run).",
+		"trigger": {args: "<job-id> ", npos: 1, summary: "Run a job now (a manual run), even a paused one.",
 			post: true, flags: jobTrigger},
 		"rotate-secret": {args: "<job-id> ", npos: 1, summary: "Give a job a new signing secret; prints it, shown only this once.",
 			post: true, flags: jobAction("rotate-secret")},
