@@ -315,12 +315,8 @@ func TestTokenResolution(t *testing.T) {
 	}
 }
 
-// TestEmptyConnectionFlagsAreRefused: --token, --token-file and --server
-// given empty (an unset shell variable) are refused before any request.
-// They fell back to VIBEJOBS_TOKEN, the token file of the data directory
-// (the installation's admin token) or VIBEJOBS_SERVER, so the command ran
-// with another token, or against another server, than the one it named.
-func TestEmptyConnectionFlagsAreRefused(t *testing.T) {
+// startCountingAPI is startAPI with a count of the requests it served.
+func startCountingAPI(t *testing.T) (*testAPI, *atomic.Int64) {
 	var requests atomic.Int64
 	a := startAPI(t, func(h http.Handler) http.Handler {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -328,6 +324,16 @@ func TestEmptyConnectionFlagsAreRefused(t *testing.T) {
 			h.ServeHTTP(w, r)
 		})
 	})
+	return a, &requests
+}
+
+// TestEmptyConnectionFlagsAreRefused: --token, --token-file and --server
+// given empty (an unset shell variable) are refused before any request.
+// They fell back to VIBEJOBS_TOKEN, the token file of the data directory
+// (the installation's admin token) or VIBEJOBS_SERVER, so the command ran
+// with another token, or against another server, than the one it named.
+func TestEmptyConnectionFlagsAreRefused(t *testing.T) {
+	a, requests := startCountingAPI(t)
 	dir := t.TempDir()
 	if err := os.WriteFile(filepath.Join(dir, "admin.token"), []byte(a.token+"\n"), 0o600); err != nil {
 		t.Fatal(err)
@@ -367,13 +373,7 @@ func TestEmptyConnectionFlagsAreRefused(t *testing.T) {
 // any request. net/http refused to send it, and the command retried three
 // times and said it could not reach the server.
 func TestUnsendableHeaderValuesAreRefused(t *testing.T) {
-	var requests atomic.Int64
-	a := startAPI(t, func(h http.Handler) http.Handler {
-		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			requests.Add(1)
-			h.ServeHTTP(w, r)
-		})
-	})
+	a, requests := startCountingAPI(t)
 	dir := t.TempDir()
 	tokenFile := filepath.Join(dir, "admin.token")
 	if err := os.WriteFile(tokenFile, []byte(a.token[:10]+"\x1b"+a.token[10:]+"\n"), 0o600); err != nil {
