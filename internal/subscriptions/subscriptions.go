@@ -17,8 +17,10 @@
 // secret that does not open) is too, and marks the subscription failing.
 //
 // Replicas share the work through a lease on the subscription row: one
-// replica at a time works a subscription, and a lease left by a dead
-// process expires.
+// session at a time works a subscription, and a lease left by a dead
+// process expires. Each claim leases under a name of its own, so a session
+// whose lease was taken over, even by its own process, stops at its next
+// step.
 package subscriptions
 
 import (
@@ -27,8 +29,10 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"net/http"
+	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/vibejobs/vibejobs"
@@ -98,7 +102,10 @@ type Config struct {
 	Store  Store
 	Sender Sender
 	Opener SecretOpener
-	// Owner names this process's leases; unique per process.
+	// Owner names this process's leases; unique per process. Each claim
+	// leases under Owner and a number of its own, so that a subscription
+	// claimed again, by this process too, is no longer the former
+	// session's to write.
 	Owner     string
 	UserAgent string
 	Logger    *slog.Logger
@@ -124,6 +131,7 @@ type Deliverer struct {
 	mu       sync.Mutex
 	active   int
 	sessions sync.WaitGroup
+	claims   atomic.Uint64 // numbers each claim's lease owner
 
 	failing health.Streak // of Run's claim passes (see FailingSince)
 }
@@ -232,7 +240,12 @@ func (d *Deliverer) claim(ctx context.Context, wg *sync.WaitGroup) error {
 	if free <= 0 {
 		return nil // a session that ends wakes us
 	}
-	subs, err := d.cfg.Store.ClaimSubscriptions(ctx, d.cfg.Owner, d.cfg.Now(), free, d.cfg.Lease)
+	// A lease owner of this claim alone: a session whose lease expired
+	// (its database calls were slow) while it still worked finds, at its
+	// next step, that the lease is no longer its own, and stops, though
+	// the new claim was this process's.
+	owner := d.cfg.Owner + "/" + strconv.FormatUint(d.claims.Add(1), 10)
+	subs, err := d.cfg.Store.ClaimSubscriptions(ctx, owner, d.cfg.Now(), free, d.cfg.Lease)
 	if err != nil {
 		return err
 	}
@@ -255,7 +268,7 @@ func (d *Deliverer) claim(ctx context.Context, wg *sync.WaitGroup) error {
 					wg.Done()
 				}
 			}()
-			d.work(ctx, sub)
+			d.work(ctx, sub, owner)
 		}()
 	}
 	return nil
@@ -265,8 +278,8 @@ func (d *Deliverer) claim(ctx context.Context, wg *sync.WaitGroup) error {
 // caught up, a request fails, it loses the lease or ctx ends. The store
 // calls and the request in flight do not end with ctx: a shutdown lets them
 // finish, so the lease is left released and the cursor where it belongs.
-func (d *Deliverer) work(ctx context.Context, sub *vibejobs.Subscription) {
-	ss := &session{d: d, ctx: context.WithoutCancel(ctx), sub: sub, cursor: sub.Cursor, written: sub.Cursor,
+func (d *Deliverer) work(ctx context.Context, sub *vibejobs.Subscription, owner string) {
+	ss := &session{d: d, ctx: context.WithoutCancel(ctx), owner: owner, sub: sub, cursor: sub.Cursor, written: sub.Cursor,
 		lastWrite: d.cfg.Now()}
 	for {
 		if ctx.Err() != nil {
@@ -329,6 +342,7 @@ const cursorWriteEvery = 100 * time.Millisecond
 type session struct {
 	d         *Deliverer
 	ctx       context.Context
+	owner     string                 // the lease owner of the claim
 	sub       *vibejobs.Subscription // as last read or written
 	cursor    int64                  // the last event handled: accepted, or passed over by the filters
 	written   int64                  // the cursor as last written
@@ -368,7 +382,7 @@ func (ss *session) deliver(e *vibejobs.Event) bool {
 			attempts = ss.sub.Attempts + 1
 		}
 		retryAt := now.Add(vibejobs.Jitter(vibejobs.SubscriptionBackoff(attempts), d.cfg.Rand()))
-		_, err := d.cfg.Store.RecordSubscriptionStep(ss.ctx, d.cfg.Owner, vibejobs.SubscriptionStep{
+		_, err := d.cfg.Store.RecordSubscriptionStep(ss.ctx, ss.owner, vibejobs.SubscriptionStep{
 			ID: ss.sub.ID, At: now, Cursor: ss.cursor, Delivered: ss.delivered,
 			ErrorCode: res.ErrorCode, NextAttemptAt: retryAt, Seen: ss.sub.UpdatedAt,
 		})
@@ -389,7 +403,7 @@ func (ss *session) flush() bool {
 	d := ss.d
 	now := d.cfg.Now()
 	wasFailing := ss.sub.Failing()
-	next, err := d.cfg.Store.RecordSubscriptionStep(ss.ctx, d.cfg.Owner, vibejobs.SubscriptionStep{
+	next, err := d.cfg.Store.RecordSubscriptionStep(ss.ctx, ss.owner, vibejobs.SubscriptionStep{
 		ID: ss.sub.ID, At: now, Cursor: ss.cursor, Delivered: ss.delivered, LeaseUntil: now.Add(d.cfg.Lease),
 	})
 	if err != nil {
@@ -399,7 +413,7 @@ func (ss *session) flush() bool {
 		return false
 	}
 	if next == nil {
-		return false // deleted, or the lease went to another replica
+		return false // deleted, or the lease went to another claim
 	}
 	if next.Cursor > ss.cursor {
 		// Reset while we worked: the events up to the head it chose are
@@ -417,7 +431,7 @@ func (ss *session) flush() bool {
 // release writes the cursor and gives the lease back.
 func (ss *session) release() {
 	d := ss.d
-	_, err := d.cfg.Store.RecordSubscriptionStep(ss.ctx, d.cfg.Owner, vibejobs.SubscriptionStep{
+	_, err := d.cfg.Store.RecordSubscriptionStep(ss.ctx, ss.owner, vibejobs.SubscriptionStep{
 		ID: ss.sub.ID, At: d.cfg.Now(), Cursor: ss.cursor, Delivered: ss.delivered,
 	})
 	if err != nil {
@@ -432,7 +446,7 @@ func (ss *session) ownFailure(err error) {
 	d := ss.d
 	d.logStepFailed(ss.sub, ss.cursor+1, errorCodeOf(err), 0, ss.sub.Attempts, nil, err)
 	now := d.cfg.Now()
-	_, _ = d.cfg.Store.RecordSubscriptionStep(ss.ctx, d.cfg.Owner, vibejobs.SubscriptionStep{
+	_, _ = d.cfg.Store.RecordSubscriptionStep(ss.ctx, ss.owner, vibejobs.SubscriptionStep{
 		ID: ss.sub.ID, At: now, Cursor: ss.cursor, Delivered: ss.delivered, LeaseUntil: now.Add(ErrorPause),
 	})
 }
@@ -451,7 +465,7 @@ func (ss *session) secretUnavailable(seq int64, err error) {
 			"sequence", seq, "error", err.Error())
 	}
 	now := d.cfg.Now()
-	_, err = d.cfg.Store.RecordSubscriptionStep(ss.ctx, d.cfg.Owner, vibejobs.SubscriptionStep{
+	_, err = d.cfg.Store.RecordSubscriptionStep(ss.ctx, ss.owner, vibejobs.SubscriptionStep{
 		ID: ss.sub.ID, At: now, Cursor: ss.cursor, Delivered: ss.delivered,
 		ErrorCode: CodeSecretUnavailable, Unsent: true, NextAttemptAt: now.Add(ErrorPause), Seen: ss.sub.UpdatedAt,
 	})
