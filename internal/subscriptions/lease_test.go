@@ -77,3 +77,58 @@ func TestReclaimedSubscriptionEndsTheFormerSession(t *testing.T) {
 		t.Errorf("received %v, want %v (event 1 again, as its cursor write came too late)", all, want)
 	}
 }
+
+// slowCalls is a database that takes 9 s of the clock to answer each claim,
+// read of the feed and read of a subscription: slow, yet within
+// DefaultStoreTimeout.
+type slowCalls struct {
+	subscriptions.Store
+	e *env
+}
+
+func (s slowCalls) ClaimSubscriptions(ctx context.Context, owner string, now time.Time, limit int, lease time.Duration) ([]*vibejobs.Subscription, error) {
+	defer s.e.clock.Add(9 * time.Second)
+	return s.Store.ClaimSubscriptions(ctx, owner, now, limit, lease)
+}
+
+func (s slowCalls) ListEvents(ctx context.Context, projectID string, f vibejobs.EventFilter) (vibejobs.EventPage, error) {
+	defer s.e.clock.Add(9 * time.Second)
+	return s.Store.ListEvents(ctx, projectID, f)
+}
+
+func (s slowCalls) GetSubscription(ctx context.Context, projectID, id string) (*vibejobs.Subscription, error) {
+	defer s.e.clock.Add(9 * time.Second)
+	return s.Store.GetSubscription(ctx, projectID, id)
+}
+
+// TestLeaseCoversEveryRequest: a request is sent only while the session's
+// lease covers its whole budget. Here slow database calls used 27 s of the
+// 30 s lease before the first request: sent as it was, the request could
+// still be in flight when the lease ended, and another replica, claiming
+// the subscription then, would send the same event alongside it.
+func TestLeaseCoversEveryRequest(t *testing.T) {
+	e := newEnv(t)
+	r := newRecv(t)
+	sub, _ := e.subscribe(r.srv.URL)
+	e.emit(e.job, vibejobs.EventJobUpdated)
+	a := e.deliverer("a", slowCalls{Store: e.store, e: e})
+
+	x, finish := r.inFlight(t, func() { runOnce(t, a) })
+	if x.seq() != 1 {
+		t.Fatalf("in flight: %d", x.seq())
+	}
+	// 4 s later, within the request's 10 s budget, replica b looks.
+	e.clock.Add(4 * time.Second)
+	b := make(chan struct{})
+	go func() { runOnce(t, e.deliverer("b", nil)); close(b) }()
+	select {
+	case y := <-r.got:
+		t.Errorf("replica b sent event %d while replica a's request for event 1 was in flight", y.seq())
+	case <-b:
+	}
+	finish()
+	<-b
+	if s := e.get(sub.ID); s.Cursor != 1 || s.Failing() {
+		t.Errorf("after the request: cursor %d, error %q", s.Cursor, s.ErrorCode)
+	}
+}

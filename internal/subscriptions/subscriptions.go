@@ -245,7 +245,8 @@ func (d *Deliverer) claim(ctx context.Context, wg *sync.WaitGroup) error {
 	// next step, that the lease is no longer its own, and stops, though
 	// the new claim was this process's.
 	owner := d.cfg.Owner + "/" + strconv.FormatUint(d.claims.Add(1), 10)
-	subs, err := d.cfg.Store.ClaimSubscriptions(ctx, owner, d.cfg.Now(), free, d.cfg.Lease)
+	now := d.cfg.Now()
+	subs, err := d.cfg.Store.ClaimSubscriptions(ctx, owner, now, free, d.cfg.Lease)
 	if err != nil {
 		return err
 	}
@@ -268,7 +269,7 @@ func (d *Deliverer) claim(ctx context.Context, wg *sync.WaitGroup) error {
 					wg.Done()
 				}
 			}()
-			d.work(ctx, sub, owner)
+			d.work(ctx, sub, owner, now.Add(d.cfg.Lease))
 		}()
 	}
 	return nil
@@ -278,9 +279,9 @@ func (d *Deliverer) claim(ctx context.Context, wg *sync.WaitGroup) error {
 // caught up, a request fails, it loses the lease or ctx ends. The store
 // calls and the request in flight do not end with ctx: a shutdown lets them
 // finish, so the lease is left released and the cursor where it belongs.
-func (d *Deliverer) work(ctx context.Context, sub *vibejobs.Subscription, owner string) {
-	ss := &session{d: d, ctx: context.WithoutCancel(ctx), owner: owner, sub: sub, cursor: sub.Cursor, written: sub.Cursor,
-		lastWrite: d.cfg.Now()}
+func (d *Deliverer) work(ctx context.Context, sub *vibejobs.Subscription, owner string, leaseUntil time.Time) {
+	ss := &session{d: d, ctx: context.WithoutCancel(ctx), owner: owner, leaseUntil: leaseUntil, sub: sub,
+		cursor: sub.Cursor, written: sub.Cursor, lastWrite: d.cfg.Now()}
 	for {
 		if ctx.Err() != nil {
 			ss.release()
@@ -340,14 +341,15 @@ const cursorWriteEvery = 100 * time.Millisecond
 // session is one claim of a subscription: the events handled (cursor) run
 // ahead of what is written (written) by at most a page or cursorWriteEvery.
 type session struct {
-	d         *Deliverer
-	ctx       context.Context
-	owner     string                 // the lease owner of the claim
-	sub       *vibejobs.Subscription // as last read or written
-	cursor    int64                  // the last event handled: accepted, or passed over by the filters
-	written   int64                  // the cursor as last written
-	delivered bool                   // an event was accepted since the last write
-	lastWrite time.Time
+	d          *Deliverer
+	ctx        context.Context
+	owner      string                 // the lease owner of the claim
+	leaseUntil time.Time              // the end of the lease as last written
+	sub        *vibejobs.Subscription // as last read or written
+	cursor     int64                  // the last event handled: accepted, or passed over by the filters
+	written    int64                  // the cursor as last written
+	delivered  bool                   // an event was accepted since the last write
+	lastWrite  time.Time
 }
 
 // deliver sends e; after a 2xx it moves the cursor (and writes it when due)
@@ -365,6 +367,20 @@ func (ss *session) deliver(e *vibejobs.Event) bool {
 			ss.ownFailure(err)
 		}
 		return false
+	}
+	if d.cfg.Now().Add(d.cfg.Timeout).After(ss.leaseUntil) {
+		// The lease could end while the request is in flight, and another
+		// replica, claiming the subscription then, send the same events
+		// alongside: renew it first (slow database calls used it up). A
+		// change that lands meanwhile ends the session, as above.
+		seen := ss.sub.UpdatedAt
+		if !ss.flush() {
+			return false
+		}
+		if !ss.sub.UpdatedAt.Equal(seen) {
+			ss.release()
+			return false
+		}
 	}
 	body := feed.Body(e)
 	header, err := d.sign(ss.sub, e, body, d.cfg.Now())
@@ -425,6 +441,7 @@ func (ss *session) flush() bool {
 			"sequence", ss.cursor, "failed_attempts", ss.sub.Attempts)
 	}
 	ss.sub, ss.written, ss.delivered, ss.lastWrite = next, ss.cursor, false, now
+	ss.leaseUntil = now.Add(d.cfg.Lease)
 	return true
 }
 
