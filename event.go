@@ -185,6 +185,16 @@ const (
 	DefaultRotationGrace = 24 * time.Hour
 )
 
+// SubscriptionRetryPause is the pause after n (1-based) failed attempts at
+// one event, jittered by u in [0, 1): SubscriptionBackoff(n) ±20 %, but
+// never under SubscriptionMinBackoff, so that a subscription has at most 5
+// failed attempts a minute. A success restarts the count at the next
+// event, so a receiver refusing every second event would otherwise fail
+// every 9.6 s at the lowest jitter, 7 times a minute.
+func SubscriptionRetryPause(n int, u float64) time.Duration {
+	return max(Jitter(SubscriptionBackoff(n), u), SubscriptionMinBackoff)
+}
+
 // SubscriptionBackoff is the pause after n (1-based) failed attempts at one
 // event, before jitter: 12 s doubling up to 1 h.
 func SubscriptionBackoff(n int) time.Duration {

@@ -10,7 +10,8 @@
 // the subscription over (a streaming session writes its cursor at least
 // every 100 ms and after each page of 100 events, not after every event).
 // A receiver that keeps refusing one event holds its subscription there,
-// retried after 12 s doubling up to 1 h (±20 %), while every other
+// retried after 12 s doubling up to 1 h (±20 %, but never under 12 s: at
+// most 5 failed attempts a minute), while every other
 // subscription goes on: each is worked in its own goroutine, and a failing
 // one waits in the database, not in a worker. A failure of ours (the
 // database) is retried after ErrorPause; one that needs an operator (a
@@ -397,7 +398,7 @@ func (ss *session) deliver(e *vibejobs.Event) bool {
 		if ss.cursor <= ss.sub.Cursor {
 			attempts = ss.sub.Attempts + 1
 		}
-		retryAt := now.Add(vibejobs.Jitter(vibejobs.SubscriptionBackoff(attempts), d.cfg.Rand()))
+		retryAt := now.Add(vibejobs.SubscriptionRetryPause(attempts, d.cfg.Rand()))
 		_, err := d.cfg.Store.RecordSubscriptionStep(ss.ctx, ss.owner, vibejobs.SubscriptionStep{
 			ID: ss.sub.ID, At: now, Cursor: ss.cursor, Delivered: ss.delivered,
 			ErrorCode: res.ErrorCode, NextAttemptAt: retryAt, Seen: ss.sub.UpdatedAt,

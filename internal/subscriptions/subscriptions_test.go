@@ -1115,3 +1115,51 @@ func TestOperatorFixWakesDelivery(t *testing.T) {
 		})
 	}
 }
+
+// TestAtMostFiveFailedAttemptsAMinute: a receiver that refuses every event
+// once and takes it on the retry restarts the failure count at each event,
+// so each failure is a first one. At the lowest jitter (−20 %) it was
+// retried after 9.6 s, 7 failed attempts in the first minute; the pause
+// never goes under 12 s, so there are at most 5.
+func TestAtMostFiveFailedAttemptsAMinute(t *testing.T) {
+	e := newEnv(t)
+	r := newRecv(t)
+	sub, _ := e.subscribe(r.srv.URL + "/hook")
+	d := subscriptions.New(subscriptions.Config{
+		Store: e.store, Sender: e.client, Opener: e.keys, Owner: "w1", UserAgent: "vibejobs/test",
+		Logger: slog.New(slog.DiscardHandler), Now: e.clock.Now,
+		Rand:         func() float64 { return 0 }, // the lowest jitter
+		PollInterval: 10 * time.Millisecond,
+	})
+	e.emit(e.job, e.updates(20)...)
+	var failures []time.Time
+	for e.clock.Now().Before(t0.Add(2 * time.Minute)) {
+		r.answer(500, 200)
+		runOnce(t, d)
+		r.drain()
+		s := e.get(sub.ID)
+		if s.NextAttemptAt == nil {
+			t.Fatalf("no retry pending after a refusal: %+v", s)
+		}
+		failures = append(failures, e.clock.Now())
+		e.clock.Add(s.NextAttemptAt.Sub(e.clock.Now()))
+	}
+	for i := range failures {
+		n := 0
+		for _, f := range failures[i:] {
+			if f.Sub(failures[i]) < time.Minute {
+				n++
+			}
+		}
+		if n > 5 {
+			t.Fatalf("%d failed attempts in the minute from %s (failures at %v)", n, failures[i].Sub(t0), failures)
+		}
+	}
+	// Later pauses keep their ±20 %.
+	if got := vibejobs.SubscriptionRetryPause(2, 0); got != 19200*time.Millisecond {
+		t.Errorf("pause after 2 failures at the lowest jitter = %v, want 19.2s", got)
+	}
+	if got := vibejobs.SubscriptionRetryPause(1, 0.999); got <= 14*time.Second || got > 14400*time.Millisecond {
+		t.Errorf("pause after 1 failure at the highest jitter = %v, want just under 14.4s", got)
+	}
+}
