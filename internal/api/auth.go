@@ -90,7 +90,8 @@ func (s *Server) authenticate(ctx context.Context, r *http.Request) (*vibejobs.T
 }
 
 // refuseAuth answers a request authenticate refused: 429 with Retry-After
-// for a client past its limit, else the error with a Bearer challenge.
+// for a client past its limit, else the error, with a Bearer challenge when
+// it is a 401.
 func (s *Server) refuseAuth(c *call, err error) *response {
 	var limited *authLimitedError
 	if errors.As(err, &limited) {
@@ -98,7 +99,13 @@ func (s *Server) refuseAuth(c *call, err error) *response {
 			Message: "too many failed authentications from this address; retry later"}).
 			with("Retry-After", strconv.Itoa(int(limited.retryAfter/time.Second)))
 	}
-	return s.fail(c, err).with("WWW-Authenticate", `Bearer realm="vibejobs"`)
+	resp := s.fail(c, err)
+	if resp.status == http.StatusUnauthorized {
+		// A challenge only where the token is at fault: not on a 503
+		// while the database cannot look it up.
+		resp.with("WWW-Authenticate", `Bearer realm="vibejobs"`)
+	}
+	return resp
 }
 
 // authorize checks the token's role against what the route asks. It depends

@@ -69,6 +69,13 @@ var internalResponse = func() *response {
 	return jsonResponse(http.StatusInternalServerError, errorBody{errorDetail{Code: "internal", Message: "internal error"}})
 }
 
+// unavailableResponse answers a request the database could not serve for
+// now: a passing fault, which the client may retry (the CLI does).
+func unavailableResponse() *response {
+	return jsonResponse(http.StatusServiceUnavailable, errorBody{errorDetail{Code: "database_unavailable",
+		Message: "the database is unavailable for now; retry later"}})
+}
+
 func invalid(code, field, msg string) *vibejobs.Error {
 	return &vibejobs.Error{Kind: vibejobs.EINVALID, Code: code, Field: field, Message: msg}
 }

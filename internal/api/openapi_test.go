@@ -144,6 +144,10 @@ func TestOpenAPIMatchesRoutes(t *testing.T) {
 			if responses["401"] == nil || responses["429"] == nil {
 				t.Errorf("%s needs a token but documents no 401 or 429", o)
 			}
+			// Its token is looked up in the database, which may not answer.
+			if responses["503"] == nil {
+				t.Errorf("%s needs a token but documents no 503 (database_unavailable)", o)
+			}
 		}
 	}
 	// With Metrics configured, /metrics is served (outside the document).

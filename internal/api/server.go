@@ -561,12 +561,18 @@ func (s *Server) committed(c *call) {
 	}
 }
 
-// fail renders err: a user error as itself, anything else as a logged 500.
+// fail renders err: a user error as itself, a database that does not
+// answer or takes no writes (a failover) as a logged 503, anything else as
+// a logged 500. The 503 names no cause: the stores wrap theirs (a driver
+// message, a file path) under the unavailable error.
 func (s *Server) fail(c *call, err error) *response {
 	if e := userError(err); e != nil {
 		return errorResponse(e)
 	}
 	c.info.err = err
+	if vibejobs.ErrorKind(err) == vibejobs.EUNAVAILABLE {
+		return unavailableResponse()
+	}
 	return internalResponse()
 }
 
