@@ -2,7 +2,9 @@
 //
 //	vibejobs serve              run the platform (embedded SQLite by default)
 //	vibejobs migrate            run the database migrations and exit
+//	vibejobs master-key rotate  re-seal every stored secret under a new master key
 //	vibejobs jobs|runs|events|subscriptions|projects|tokens …   talk to a running server's API
+//	vibejobs bench …            benchmarks against loopback listeners it starts
 //	vibejobs version
 package main
 
@@ -34,13 +36,14 @@ const usage = `vibejobs — scheduled jobs delivered as signed HTTPS requests
 Usage:
   vibejobs serve [flags]        run the platform (see vibejobs serve -h)
   vibejobs migrate [flags]      run database migrations and exit
-  vibejobs master-key rotate    re-encrypt every job secret under a new master key
+  vibejobs master-key rotate    re-seal every stored secret under a new master key
   vibejobs jobs <verb> …        create|list|get|update|pause|resume|delete|trigger|rotate-secret|next
   vibejobs runs <verb> …        list|get
   vibejobs events tail          follow the project's event feed
   vibejobs subscriptions <verb> …  create|list|get|update|delete|rotate-secret|reset
   vibejobs projects <verb> …    create|list
   vibejobs tokens <verb> …      create|list|revoke
+  vibejobs bench <kind> …       burst|lateness|scale|events, against loopback listeners only
   vibejobs version
 `
 

@@ -125,7 +125,7 @@ func (c *Config) storeFlagSet(fs *flag.FlagSet, getenv func(string) string) {
 
 // masterKeyFlagSet declares the master key file's flag on fs.
 func (c *Config) masterKeyFlagSet(fs *flag.FlagSet, getenv func(string) string) {
-	fs.StringVar(&c.MasterKeyFile, "master-key-file", envOr(getenv, "MASTER_KEY_FILE", ""), "master key file; default <data-dir>/master.key, created on first start (VIBEJOBS_MASTER_KEY_FILE)")
+	fs.StringVar(&c.MasterKeyFile, "master-key-file", envOr(getenv, "MASTER_KEY_FILE", ""), "master key file; default <data-dir>/master.key, which serve creates on its first start (VIBEJOBS_MASTER_KEY_FILE)")
 }
 
 // flagSet declares every serve flag on fs, with environment defaults.
@@ -134,7 +134,7 @@ func (c *Config) flagSet(fs *flag.FlagSet, getenv func(string) string) {
 	c.masterKeyFlagSet(fs, getenv)
 	env := func(name, def string) string { return envOr(getenv, name, def) }
 	fs.StringVar(&c.Listen, "listen", env("LISTEN", "127.0.0.1:8080"), "HTTP listen address (VIBEJOBS_LISTEN)")
-	fs.StringVar(&c.AllowPrivate, "allow-private", env("ALLOW_PRIVATE", ""), "comma-separated CIDRs deliveries may reach despite the egress policy, at most 32 (VIBEJOBS_ALLOW_PRIVATE)")
+	fs.StringVar(&c.AllowPrivate, "allow-private", env("ALLOW_PRIVATE", ""), "comma-separated CIDRs or addresses deliveries may reach despite the egress policy, at most 32 (VIBEJOBS_ALLOW_PRIVATE)")
 	fs.StringVar(&c.TrustedProxies, "trusted-proxies", env("TRUSTED_PROXIES", ""), "comma-separated addresses or CIDRs of reverse proxies whose X-Forwarded-For names the client for the failed-login limits, at most 32 (VIBEJOBS_TRUSTED_PROXIES)")
 	fs.StringVar(&c.CAFile, "ca-file", env("CA_FILE", ""), "PEM bundle added to the system roots for deliveries (VIBEJOBS_CA_FILE)")
 	intFlag := func(p *int, name, envName string, def int, usage string) {

@@ -46,7 +46,7 @@ var resources = map[string]map[string]command{
 		"get":    {args: "<subscription-id> ", npos: 1, summary: "Show a subscription.", flags: subscriptionGet},
 		"update": {args: "<subscription-id> ", npos: 1, summary: "Change a subscription's URL or filters.", flags: subscriptionUpdate},
 		"delete": {args: "<subscription-id> ", npos: 1, summary: "Delete a subscription.", flags: subscriptionDelete},
-		"rotate-secret": {args: "<subscription-id> ", npos: 1, summary: "Give a subscription a new secret; the old one also signs for the grace window (24 h).",
+		"rotate-secret": {args: "<subscription-id> ", npos: 1, summary: "Give a subscription a new secret; the old one also signs for the grace window (24 h by default).",
 			post: true, flags: subscriptionAction("rotate-secret")},
 		"reset": {args: "<subscription-id> ", npos: 1, summary: "Jump a subscription's cursor to the head: the events in between are never sent.",
 			post: true, flags: subscriptionAction("reset")},
@@ -214,7 +214,7 @@ func jobTrigger(fs *flag.FlagSet) func(*call) error {
 }
 
 func jobNext(fs *flag.FlagSet) func(*call) error {
-	count := fs.Int("count", 5, "how many fire times, 1–100")
+	count := fs.Int("count", 5, "how many fire times, 1–100 (default 5)")
 	return func(c *call) error {
 		rep, err := c.client.do(c.ctx, "GET", "/v1/jobs/"+url.PathEscape(c.pos[0])+"/next?count="+strconv.Itoa(*count), nil, "")
 		if err != nil {

@@ -65,8 +65,8 @@ func eventsTail(fs *flag.FlagSet) func(*call) error {
 	after := fs.Int64("after", -1, "start after this `sequence` (0: the whole feed; left out: the head, new events only)")
 	types := fs.String("type", "", "only these event `types`, comma-separated (run.failed,job.paused,…)")
 	jobID := fs.String("job", "", "only the events of this `job-id`")
-	follow := fs.Bool("follow", true, "wait for new events; --follow=false stops at the head")
-	interval := fs.Duration("interval", time.Second, "how often to ask for new events while caught up")
+	follow := fs.Bool("follow", true, "wait for new events (default true); --follow=false stops at the head")
+	interval := fs.Duration("interval", time.Second, "how often to ask for new events while caught up (default 1s)")
 	return func(c *call) error {
 		if *interval < 100*time.Millisecond {
 			return usagef("--interval must be at least 100ms")
