@@ -111,16 +111,25 @@ func New(cfg Config) *Maintainer {
 	return &Maintainer{cfg: cfg}
 }
 
-// Run loops until ctx is done.
+// Run loops until ctx is done, and returns once every task has stopped.
+//
+// Pruning has a loop of its own: a pass over a large history (a retention
+// just lowered on a busy installation) takes thousands of batches, and
+// lease recovery, the deadline check, the gauges and the queue vacuum must
+// keep their intervals meanwhile.
 func (m *Maintainer) Run(ctx context.Context) {
+	pruned := make(chan struct{})
+	go func() {
+		defer close(pruned)
+		m.pruneLoop(ctx)
+	}()
+	defer func() { <-pruned }()
 	lease := time.NewTicker(m.cfg.LeaseInterval)
 	deadline := time.NewTicker(m.cfg.DeadlineInterval)
-	prune := time.NewTicker(m.cfg.PruneInterval)
 	stats := time.NewTicker(m.cfg.StatsInterval)
 	vacuum := time.NewTicker(m.cfg.VacuumInterval)
 	defer lease.Stop()
 	defer deadline.Stop()
-	defer prune.Stop()
 	defer stats.Stop()
 	defer vacuum.Stop()
 	m.RecoverOnce(ctx)
@@ -136,10 +145,22 @@ func (m *Maintainer) Run(ctx context.Context) {
 			m.ExpireOnce(ctx)
 		case <-stats.C:
 			m.StatsOnce(ctx)
-		case <-prune.C:
-			m.PruneOnce(ctx)
 		case <-vacuum.C:
 			m.VacuumOnce(ctx)
+		}
+	}
+}
+
+// pruneLoop prunes every PruneInterval until ctx is done.
+func (m *Maintainer) pruneLoop(ctx context.Context) {
+	prune := time.NewTicker(m.cfg.PruneInterval)
+	defer prune.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-prune.C:
+			m.PruneOnce(ctx)
 		}
 	}
 }

@@ -230,3 +230,76 @@ func TestDeadlinesCheckedOnTheirOwnInterval(t *testing.T) {
 		t.Errorf("lease every hour, deadlines every 1 ms: %d lease recoveries and %d deadline checks; want 1 and 10 or more", r, e)
 	}
 }
+
+// backlogStore has a history to prune that never ends: each PruneRuns
+// deletes a full batch, once pruning was signalled.
+type backlogStore struct {
+	*countingStore
+	pruning chan struct{}
+}
+
+func (b *backlogStore) ListProjects(context.Context) ([]*vibejobs.Project, error) {
+	return []*vibejobs.Project{{ID: "prj_busy", Name: "busy", CreatedAt: t0}}, nil
+}
+
+func (b *backlogStore) PruneRuns(ctx context.Context, projectID string, cutoff time.Time, limit int) (int, error) {
+	select {
+	case b.pruning <- struct{}{}:
+	default:
+	}
+	return limit, ctx.Err()
+}
+
+// TestLongPruneHoldsUpNoRecovery: pruning a large history (a retention
+// just lowered on a busy installation: millions of runs, thousands of
+// batches) goes on in its own time; lease recovery and the deadline check
+// keep their intervals meanwhile. On the same loop, runs of a crashed
+// replica waited until every replica had finished pruning, and runs past
+// their lifetime stayed unfailed.
+func TestLongPruneHoldsUpNoRecovery(t *testing.T) {
+	st, err := sqlite.Open(context.Background(), filepath.Join(t.TempDir(), "db"), sqlite.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	c := &countingStore{Store: st, recoveries: make(chan struct{}), expiries: make(chan struct{})}
+	b := &backlogStore{countingStore: c, pruning: make(chan struct{})}
+	m := maintenance.New(maintenance.Config{Store: b, Now: func() time.Time { return t0 },
+		LeaseInterval: time.Millisecond, DeadlineInterval: time.Millisecond, PruneInterval: time.Millisecond,
+		StatsInterval: time.Hour, VacuumInterval: time.Hour})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); m.Run(ctx) }()
+	defer func() {
+		cancel()
+		for {
+			select {
+			case <-done:
+				return
+			case <-c.recoveries:
+			case <-c.expiries:
+			case <-b.pruning:
+			}
+		}
+	}()
+	timeout := time.After(10 * time.Second)
+	wait := func(ch chan struct{}, what string) {
+		t.Helper()
+		for {
+			select {
+			case <-ch:
+				return
+			case <-c.recoveries: // the other tasks' signals, meanwhile
+			case <-c.expiries:
+			case <-timeout:
+				t.Fatalf("no %s within 10 s", what)
+			}
+		}
+	}
+	wait(b.pruning, "prune")
+	// Pruning goes on; both must still come, several times.
+	for range 3 {
+		wait(c.recoveries, "lease recovery while pruning")
+		wait(c.expiries, "deadline check while pruning")
+	}
+}
