@@ -27,24 +27,31 @@ import (
 type replica struct {
 	cmd *exec.Cmd
 	api apiClient
+	// exited is closed once the process ended, with its Wait's error in
+	// err.
+	exited chan struct{}
+	err    error
 }
 
 // startReplica starts a server process on database (SQLite path or
-// PostgreSQL URL) with the shared data directory (master key, admin token).
-func startReplica(t *testing.T, dataDir, database string) *replica {
+// PostgreSQL URL; empty for SQLite in the data directory) with the shared
+// data directory (master key, admin token), and env added to its
+// environment.
+func startReplica(t *testing.T, dataDir, database string, env ...string) *replica {
 	t.Helper()
-	r := spawnReplica(t, dataDir, database)
+	r := spawnReplica(t, dataDir, database, env...)
 	r.awaitReady(t, dataDir)
 	return r
 }
 
 // spawnReplica starts the process without waiting for it.
-func spawnReplica(t *testing.T, dataDir, database string) *replica {
+func spawnReplica(t *testing.T, dataDir, database string, env ...string) *replica {
 	t.Helper()
 	addr := freeAddr(t)
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(), "VIBEJOBS_E2E_CHILD=serve", "VIBEJOBS_LISTEN="+addr,
 		"VIBEJOBS_DATA_DIR="+dataDir, "VIBEJOBS_DATABASE="+database, "VIBEJOBS_ALLOW_PRIVATE=127.0.0.0/8")
+	cmd.Env = append(cmd.Env, env...)
 	cmd.Stdout, cmd.Stderr = io.Discard, io.Discard
 	if testing.Verbose() {
 		cmd.Stderr = os.Stderr
@@ -52,18 +59,18 @@ func spawnReplica(t *testing.T, dataDir, database string) *replica {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
+	r := &replica{cmd: cmd, api: apiClient{t: t, base: "http://" + addr}, exited: make(chan struct{})}
+	go func() { r.err = cmd.Wait(); close(r.exited) }()
 	t.Cleanup(func() {
 		_ = cmd.Process.Signal(syscall.SIGTERM)
-		done := make(chan struct{})
-		go func() { _ = cmd.Wait(); close(done) }()
 		select {
-		case <-done:
+		case <-r.exited:
 		case <-time.After(20 * time.Second):
 			_ = cmd.Process.Kill()
-			<-done
+			<-r.exited
 		}
 	})
-	return &replica{cmd: cmd, api: apiClient{t: t, base: "http://" + addr}}
+	return r
 }
 
 func (r *replica) awaitReady(t *testing.T, dataDir string) {

@@ -1,0 +1,213 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"net/http"
+	"os"
+	"path/filepath"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/vibejobs/vibejobs"
+	"github.com/vibejobs/vibejobs/internal/sqlite"
+)
+
+// holdingReceiver answers 200 at once, except the first delivery it
+// gets, which it answers only when release is called. It counts the
+// deliveries of each run.
+type holdingReceiver struct {
+	*receiver
+	held    chan struct{} // closed when the first delivery arrived
+	release func()
+}
+
+func newHoldingReceiver(t *testing.T) *holdingReceiver {
+	t.Helper()
+	h := &holdingReceiver{held: make(chan struct{})}
+	gate := make(chan struct{})
+	var first, released sync.Once
+	h.release = func() { released.Do(func() { close(gate) }) }
+	h.receiver = newReceiver(t, func(x received) int {
+		hold := false
+		first.Do(func() { hold = true })
+		if hold {
+			close(h.held)
+			<-gate
+		}
+		return 200
+	})
+	t.Cleanup(h.release) // before the server's Close, which waits for it
+	return h
+}
+
+// count returns how many deliveries of run id arrived.
+func (h *holdingReceiver) count(id string) int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	n := 0
+	for _, x := range h.reqs {
+		if runIDOf(x.Body) == id {
+			n++
+		}
+	}
+	return n
+}
+
+// waitHeld waits until the held delivery arrived.
+func (h *holdingReceiver) waitHeld(t *testing.T) {
+	t.Helper()
+	select {
+	case <-h.held:
+	case <-time.After(20 * time.Second):
+		t.Fatal("the held delivery never arrived")
+	}
+}
+
+// waitNotReady waits until r no longer answers /readyz with 200, or fails
+// the test if its process ended first.
+func (r *replica) waitNotReady(t *testing.T) {
+	t.Helper()
+	client := &http.Client{Timeout: time.Second}
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		select {
+		case <-r.exited:
+			t.Fatalf("the server exited (%v) with an attempt in flight", r.err)
+		default:
+		}
+		resp, err := client.Get(r.api.base + "/readyz")
+		if err != nil {
+			return
+		}
+		resp.Body.Close()
+		if resp.StatusCode != 200 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("/readyz still answers 200 10 s after SIGTERM")
+		}
+	}
+}
+
+// manualRun triggers a run of job and returns its id.
+func manualRun(t *testing.T, api apiClient, jobID string) string {
+	t.Helper()
+	code, run := api.do("POST", "/v1/jobs/"+jobID+"/runs", nil)
+	if code != 202 {
+		t.Fatalf("trigger: %d %v", code, run)
+	}
+	return run["id"].(string)
+}
+
+// TestSIGTERMFinishesAttemptsAndGivesBackTheRest: a server told to stop
+// (SIGTERM) with an attempt in flight and another run of the same host
+// claimed and waiting for its slot (--per-host 1) stops answering /readyz
+// at once, waits for the attempt's answer and records it, exits 0 and
+// leaves its database closed (SQLite: no write-ahead log left). The next
+// start opens it; every run is delivered once, as its first attempt.
+// (Which way the waiting run goes depends on when the answer comes: see
+// below. The dispatcher's tests pin each.) On both stores.
+func TestSIGTERMFinishesAttemptsAndGivesBackTheRest(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts server processes")
+	}
+	for _, store := range []string{"sqlite", "postgres"} {
+		t.Run(store, func(t *testing.T) {
+			dataDir := t.TempDir()
+			database := ""
+			var st vibejobs.Store
+			if store == "postgres" {
+				url, pg := pgReplicaURL(t, "")
+				database, st = url, pg
+			}
+			rc := newHoldingReceiver(t)
+			r := startReplica(t, dataDir, database, "VIBEJOBS_PER_HOST=1")
+			code, job := r.api.do("POST", "/v1/jobs", map[string]any{
+				"name": "stop", "schedule": "0 0 1 1 *", "url": rc.URL, "timeout": "30s",
+			})
+			if code != 201 {
+				t.Fatalf("create: %d %v", code, job)
+			}
+			jobID := job["id"].(string)
+			// The receiver holds the first run's attempt; the second run,
+			// for the same host, waits for its slot.
+			first := manualRun(t, r.api, jobID)
+			rc.waitHeld(t)
+			second := manualRun(t, r.api, jobID)
+			for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+				if _, got := r.api.do("GET", "/v1/runs/"+second, nil); got["state"] == "delivering" {
+					break // claimed, waiting for the host's one slot
+				}
+				if time.Now().After(deadline) {
+					t.Fatal("the second run was never claimed")
+				}
+			}
+			t.Cleanup(func() { _ = r.cmd.Process.Kill() }) // on failure: before the receiver's release
+			if err := r.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+				t.Fatal(err)
+			}
+			r.waitNotReady(t)
+			rc.release()
+			select {
+			case <-r.exited:
+				if r.err != nil {
+					t.Fatalf("the server exited with %v after SIGTERM; want 0", r.err)
+				}
+			case <-time.After(20 * time.Second):
+				t.Fatal("the server did not exit within 20 s of its last attempt's answer")
+			}
+			if store == "sqlite" {
+				for _, suffix := range []string{"-wal", "-shm"} {
+					if _, err := os.Stat(filepath.Join(dataDir, "vibejobs.db"+suffix)); !errors.Is(err, os.ErrNotExist) {
+						t.Errorf("vibejobs.db%s left behind (%v): the database was not closed", suffix, err)
+					}
+				}
+				s, err := sqlite.Open(context.Background(), filepath.Join(dataDir, "vibejobs.db"), sqlite.Options{Logger: discardLogger()})
+				if err != nil {
+					t.Fatalf("reopening the database: %v", err)
+				}
+				t.Cleanup(func() { s.Close() })
+				st = s
+			}
+			projectID := projectOf(t, st)
+			got1, err := st.GetRun(context.Background(), projectID, first)
+			if err != nil || got1.State != vibejobs.RunSucceeded || len(got1.Attempts) != 1 || got1.Attempts[0].StatusCode != 200 {
+				t.Fatalf("the run in flight at SIGTERM: %+v, %v; want succeeded with its one attempt", got1, err)
+			}
+			// The waiting run was given back unsent, or, when the first
+			// answer came before the dispatcher stopped (the HTTP server
+			// closes first), it had the slot and went out: either way
+			// once, and nothing is left in flight.
+			got2, err := st.GetRun(context.Background(), projectID, second)
+			switch {
+			case err != nil:
+				t.Fatal(err)
+			case got2.State == vibejobs.RunScheduled && len(got2.Attempts) == 0 && rc.count(second) == 0:
+				t.Log("the waiting run was given back unsent")
+			case got2.State == vibejobs.RunSucceeded && len(got2.Attempts) == 1 && rc.count(second) == 1:
+				t.Log("the waiting run took the slot before the dispatcher stopped")
+			default:
+				t.Fatalf("the run waiting for its host at SIGTERM: %s with %d attempts, %d deliveries; want scheduled and unsent, or succeeded and sent once",
+					got2.State, len(got2.Attempts), rc.count(second))
+			}
+
+			// The next start delivers the second run (if it was given
+			// back), once, as attempt 1.
+			r2 := startReplica(t, dataDir, database)
+			got := waitRunState(t, r2.api, second, "succeeded")
+			atts := got["attempts"].([]any)
+			if len(atts) != 1 || atts[0].(map[string]any)["number"].(float64) != 1 {
+				t.Fatalf("the run waiting at SIGTERM: attempts %v; want its first, once", atts)
+			}
+			if n, m := rc.count(first), rc.count(second); n != 1 || m != 1 {
+				t.Fatalf("deliveries: %d of the run in flight, %d of the one waiting; want 1 each", n, m)
+			}
+		})
+	}
+}
+
+func discardLogger() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
