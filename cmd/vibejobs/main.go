@@ -96,6 +96,26 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stdou
 	return m.Close()
 }
 
-func signalContext() (context.Context, context.CancelFunc) {
-	return signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+// signalContext returns a context that ends at the first SIGINT or SIGTERM
+// (a graceful stop: serve lets its attempts in flight finish), and stop to
+// release it. From that signal on, both signals have their default effect
+// again, before the context ends: a second one ends the process at once.
+// serve's stop waits up to a job's timeout for its attempts in flight,
+// longer while the database does not take their outcomes, and an operator
+// who would rather not wait must not need SIGKILL: the attempts cut off are
+// sent again, under the same number, once their lease ends, as after a
+// crash.
+func signalContext() (ctx context.Context, stop context.CancelFunc) {
+	ctx, cancel := context.WithCancel(context.Background())
+	ch := make(chan os.Signal, 1)
+	signal.Notify(ch, os.Interrupt, syscall.SIGTERM)
+	go func() {
+		select {
+		case <-ch:
+		case <-ctx.Done():
+		}
+		signal.Stop(ch)
+		cancel()
+	}()
+	return ctx, cancel
 }

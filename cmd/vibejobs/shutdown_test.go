@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"sync"
 	"syscall"
@@ -205,6 +206,59 @@ func TestSIGTERMFinishesAttemptsAndGivesBackTheRest(t *testing.T) {
 			}
 			if n, m := rc.count(first), rc.count(second); n != 1 || m != 1 {
 				t.Fatalf("deliveries: %d of the run in flight, %d of the one waiting; want 1 each", n, m)
+			}
+		})
+	}
+}
+
+// TestSecondSignalStopsAtOnce: a second SIGTERM or SIGINT, while the first
+// one's stop waits for an attempt in flight (up to its job's timeout), ends
+// the process at once; it was ignored, and only SIGKILL stopped a server
+// whose stop an operator did not want to wait for. The attempt cut off is
+// left in flight in the database, for lease recovery to send again under
+// the same number, as after a crash.
+func TestSecondSignalStopsAtOnce(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts server processes")
+	}
+	for _, sig := range []syscall.Signal{syscall.SIGTERM, syscall.SIGINT} {
+		t.Run(sig.String(), func(t *testing.T) {
+			dataDir := t.TempDir()
+			rc := newHoldingReceiver(t)
+			r := startReplica(t, dataDir, "")
+			code, job := r.api.do("POST", "/v1/jobs", map[string]any{
+				"name": "stuck", "schedule": "0 0 1 1 *", "url": rc.URL, "timeout": "30s",
+			})
+			if code != 201 {
+				t.Fatalf("create: %d %v", code, job)
+			}
+			run := manualRun(t, r.api, job["id"].(string))
+			rc.waitHeld(t)
+			t.Cleanup(func() { _ = r.cmd.Process.Kill() }) // on failure: before the receiver's release
+			if err := r.cmd.Process.Signal(sig); err != nil {
+				t.Fatal(err)
+			}
+			r.waitNotReady(t)
+			if err := r.cmd.Process.Signal(sig); err != nil {
+				t.Fatal(err)
+			}
+			select {
+			case <-r.exited:
+				var ee *exec.ExitError
+				if !errors.As(r.err, &ee) {
+					t.Fatalf("exit after a second %v: %v", sig, r.err)
+				}
+			case <-time.After(10 * time.Second):
+				t.Fatalf("still running 10 s after a second %v, its attempt in flight", sig)
+			}
+			s, err := sqlite.Open(context.Background(), filepath.Join(dataDir, "vibejobs.db"), sqlite.Options{Logger: discardLogger()})
+			if err != nil {
+				t.Fatalf("reopening the database: %v", err)
+			}
+			defer s.Close()
+			got, err := s.GetRun(context.Background(), projectOf(t, s), run)
+			if err != nil || got.State != vibejobs.RunDelivering || len(got.Attempts) != 0 {
+				t.Fatalf("the run cut off: %+v, %v; want delivering, for lease recovery", got, err)
 			}
 		})
 	}
