@@ -691,6 +691,33 @@ func TestShutdownReleasesWaitingClaims(t *testing.T) {
 	}
 }
 
+// TestShutdownSendsHeldClaimAtItsTime: a run claimed ahead of its time
+// and held for it when Run's context ends is neither lost nor left in
+// flight: it goes out at its time (at most ClaimAhead after the stop
+// began; TestClaimAheadHoldsUntilDue checks the hold itself), its outcome
+// is recorded, and only then does Run return.
+func TestShutdownSendsHeldClaimAtItsTime(t *testing.T) {
+	e := newEnv(t)
+	j := e.job(t, "job_a", "https://a.example/")
+	r := e.run(t, j, "run_a", e.clock.Now().Add(time.Second))
+	_, rc, cancel, done := e.startWith(t, 8, time.Second)
+	e.waitRun(t, r.ID, func(r *vibejobs.Run) bool { return r.State == vibejobs.RunDelivering })
+	cancel()
+	<-done
+	x := e.sender.next(t)
+	if x.payload["runId"] != r.ID || x.payload["attempt"] != 1.0 {
+		t.Fatalf("sent %v attempt %v", x.payload["runId"], x.payload["attempt"])
+	}
+	got, err := e.store.GetRun(context.Background(), e.project, r.ID)
+	if err != nil || got.State != vibejobs.RunSucceeded || len(got.Attempts) != 1 {
+		t.Fatalf("held run after Run returned: %+v, %v; want succeeded, its attempt recorded", got, err)
+	}
+	if n := rc.released.Load(); n != 0 {
+		t.Fatalf("%d claims given back", n)
+	}
+	e.wantNothingSent(t, "after Run returned")
+}
+
 // TestJobChangeWithdrawsHeldClaim: a job edited while its run is claimed
 // ahead and held has the run sent with the new settings, as the spec wants
 // ("every attempt uses the job's URL … as they are when that attempt
