@@ -67,7 +67,14 @@ type Config struct {
 	// keeps each loop's default (10 s, 30 s for maintenance). Not a flag:
 	// tests shorten it.
 	StoreTimeout time.Duration
+	// DrainTimeout is how long Close waits for the API requests in
+	// progress; zero is DefaultDrainTimeout. Not a flag: tests shorten it.
+	DrainTimeout time.Duration
 }
+
+// DefaultDrainTimeout is how long a stop waits for the API requests in
+// progress.
+const DefaultDrainTimeout = 10 * time.Second
 
 // badDuration marks a duration setting whose environment value did not
 // parse; validate reports it (as out of range where it checks one).
@@ -593,8 +600,16 @@ func (m *Main) Close() error {
 		errs = append(errs, m.ln.Close()) // Run failed before serving
 	}
 	if m.srv != nil {
-		sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		errs = append(errs, m.srv.Shutdown(sctx))
+		sctx, cancel := context.WithTimeout(context.Background(), cmp.Or(m.Config.DrainTimeout, DefaultDrainTimeout))
+		if err := m.srv.Shutdown(sctx); errors.Is(err, context.DeadlineExceeded) {
+			// A client holds a request open (a body that never comes):
+			// its connection is cut, which ends its handler's wait, and
+			// the stop is no failure for it.
+			m.logger.Warn("http.drain_timeout", "waited", cmp.Or(m.Config.DrainTimeout, DefaultDrainTimeout).String())
+			_ = m.srv.Close()
+		} else {
+			errs = append(errs, err)
+		}
 		cancel()
 	}
 	if m.cancel != nil {

@@ -1,14 +1,18 @@
 package main
 
 import (
+	"bufio"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -265,3 +269,37 @@ func TestSecondSignalStopsAtOnce(t *testing.T) {
 }
 
 func discardLogger() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
+
+// TestStopCutsARequestThatOutlastsTheDrain: a client that holds an API
+// request open (its body never comes) does not make the stop fail: once
+// the drain's time is up its connection is closed and Close reports no
+// error. It returned "context deadline exceeded", so serve printed that
+// and exited 1 after every SIGTERM such a client was around for (a unit
+// that systemd then lists as failed), with the request's handler still
+// running on a database being closed.
+func TestStopCutsARequestThatOutlastsTheDrain(t *testing.T) {
+	m, api := startMain(t, t.TempDir())
+	m.Config.DrainTimeout = 100 * time.Millisecond
+	conn, err := net.Dial("tcp", m.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	// Expect: 100-continue: the server's "100 Continue" says the handler
+	// is reading the body, which never comes.
+	fmt.Fprintf(conn, "POST /v1/jobs HTTP/1.1\r\nHost: vibejobs\r\nAuthorization: Bearer %s\r\nIdempotency-Key: held-open\r\n"+
+		"Content-Type: application/json\r\nContent-Length: 64\r\nExpect: 100-continue\r\n\r\n", api.token)
+	br := bufio.NewReader(conn)
+	line, err := br.ReadString('\n')
+	if err != nil || !strings.Contains(line, "100 Continue") {
+		t.Fatalf("the server did not start reading the request: %q, %v", line, err)
+	}
+	if err := m.Close(); err != nil {
+		t.Fatalf("Close with a request held open past the drain: %v", err)
+	}
+	// Its connection was closed, not left to the handler.
+	conn.SetReadDeadline(time.Now().Add(10 * time.Second))
+	if _, err := io.ReadAll(br); err != nil && !errors.Is(err, syscall.ECONNRESET) {
+		t.Fatalf("the held request's connection: %v; want it closed", err)
+	}
+}
