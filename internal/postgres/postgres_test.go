@@ -1460,3 +1460,43 @@ func TestRecordOutcomesOfOneRunTwiceDoesNotDeadlock(t *testing.T) {
 		}
 	}
 }
+
+// TestPruneRunsTakesTheirAttempts: attempts carry no foreign key to their
+// run (migration 00004), so PruneRuns deletes them itself: a pruned run
+// leaves no attempt row behind, and a run kept keeps its attempts.
+func TestPruneRunsTakesTheirAttempts(t *testing.T) {
+	ctx := context.Background()
+	s := open(t, "")
+	prj := newProject(t, s)
+	j := newJobs(t, s, prj, 1)[0]
+	plan := planFor(j, t0.Add(-time.Second), t0)
+	if n, _, err := s.ApplyRunPlans(ctx, []vibejobs.RunPlan{plan}, t0); err != nil || n != 2 {
+		t.Fatalf("ApplyRunPlans = %d, %v; want 2", n, err)
+	}
+	claims, err := s.ClaimDueRuns(ctx, "a", t0, 10, 5*time.Second)
+	if err != nil || len(claims) != 2 {
+		t.Fatalf("ClaimDueRuns = %d, %v", len(claims), err)
+	}
+	retryAt := t0.Add(time.Hour)
+	done, retrying := claims[0], claims[1]
+	if err := s.RecordOutcomes(ctx, "a", []vibejobs.Outcome{
+		{RunID: done.Run.ID, ClaimedAt: done.ClaimedAt, Attempt: vibejobs.Attempt{Number: 1, StartedAt: t0, FinishedAt: t0, StatusCode: 200},
+			Step: vibejobs.Step{State: vibejobs.RunSucceeded}},
+		{RunID: retrying.Run.ID, ClaimedAt: retrying.ClaimedAt, Attempt: vibejobs.Attempt{Number: 1, StartedAt: t0, FinishedAt: t0, StatusCode: 503, ErrorCode: "http_5xx"},
+			Step: vibejobs.Step{State: vibejobs.RunRetrying, NextAttemptAt: &retryAt}},
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := s.PruneRuns(ctx, prj, t0.Add(time.Minute), 10); err != nil || n != 1 {
+		t.Fatalf("PruneRuns = %d, %v; want the finished run", n, err)
+	}
+	for runID, want := range map[string]int{done.Run.ID: 0, retrying.Run.ID: 1} {
+		var n int
+		if err := s.Pool().QueryRow(ctx, `SELECT count(*) FROM attempts WHERE run_id = $1`, runID).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		if n != want {
+			t.Errorf("run %s: %d attempt rows after pruning, want %d", runID, n, want)
+		}
+	}
+}
