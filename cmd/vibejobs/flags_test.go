@@ -102,6 +102,10 @@ func TestIntegerSettingsBounds(t *testing.T) {
 		{"--retention-days", "VIBEJOBS_RETENTION_DAYS", "9223372036854775807", "from 7 to 3650"},
 		{"--retention-days", "VIBEJOBS_RETENTION_DAYS", "3651", "from 7 to 3650"},
 		{"--retention-days", "VIBEJOBS_RETENTION_DAYS", "6", "from 7 to 3650"},
+		// Refused from a flag as "a positive integer", which 1 … 6 are.
+		{"--retention-days", "VIBEJOBS_RETENTION_DAYS", "0", "from 7 to 3650"},
+		{"--retention-days", "VIBEJOBS_RETENTION_DAYS", "-30", "from 7 to 3650"},
+		{"--concurrency", "VIBEJOBS_CONCURRENCY", "0", "from 1 to 10000"},
 		{"--rate-limit", "VIBEJOBS_RATE_LIMIT", "4611686018427387904", "from 1 to 1000000"},
 	} {
 		fromEnv := func(k string) string {
@@ -124,6 +128,23 @@ func TestIntegerSettingsBounds(t *testing.T) {
 	m := NewMain(io.Discard, io.Discard)
 	if err := m.ParseFlags([]string{"--concurrency", "10000", "--retention-days", "3650", "--rate-limit", "1000000"}, func(string) string { return "" }); err != nil {
 		t.Fatalf("the bounds themselves: %v", err)
+	}
+	if err := NewMain(io.Discard, io.Discard).ParseFlags([]string{"--retention-days", "7"}, func(string) string { return "" }); err != nil {
+		t.Fatalf("--retention-days 7, the minimum: %v", err)
+	}
+	for _, v := range []string{"ninety", "90d", "7.5", " 30"} {
+		if err := NewMain(io.Discard, io.Discard).ParseFlags([]string{"--retention-days", v}, func(string) string { return "" }); err == nil {
+			t.Errorf("--retention-days %q accepted", v)
+		}
+		env := func(k string) string {
+			if k == "VIBEJOBS_RETENTION_DAYS" {
+				return v
+			}
+			return ""
+		}
+		if err := NewMain(io.Discard, io.Discard).ParseFlags(nil, env); err == nil {
+			t.Errorf("VIBEJOBS_RETENTION_DAYS=%q accepted", v)
+		}
 	}
 }
 

@@ -144,11 +144,15 @@ func (c *Config) flagSet(fs *flag.FlagSet, getenv func(string) string) {
 	fs.StringVar(&c.AllowPrivate, "allow-private", env("ALLOW_PRIVATE", ""), "comma-separated CIDRs or addresses deliveries may reach despite the egress policy, at most 32 (VIBEJOBS_ALLOW_PRIVATE)")
 	fs.StringVar(&c.TrustedProxies, "trusted-proxies", env("TRUSTED_PROXIES", ""), "comma-separated addresses or CIDRs of reverse proxies whose X-Forwarded-For names the client for the failed-login limits, at most 32 (VIBEJOBS_TRUSTED_PROXIES)")
 	fs.StringVar(&c.CAFile, "ca-file", env("CA_FILE", ""), "PEM bundle added to the system roots for deliveries (VIBEJOBS_CA_FILE)")
+	// intFlag declares an integer flag; validate checks its range, so
+	// that a value out of it, from the flag or the environment, is
+	// refused with the range named (retention's 0 was refused as "not a
+	// positive integer", and 1 then as below 7).
 	intFlag := func(p *int, name, envName string, def int, usage string) {
 		fs.Func(name, fmt.Sprintf("%s (VIBEJOBS_%s, default %d)", usage, envName, def), func(s string) error {
 			n, err := strconv.Atoi(s)
-			if err != nil || n < 1 {
-				return errors.New("must be a positive integer")
+			if err != nil {
+				return errors.New("must be an integer")
 			}
 			*p = n
 			return nil
