@@ -346,8 +346,9 @@ func (d *Dispatcher) claimOnce(ctx context.Context) (time.Duration, error) {
 		d.backlog = len(claims) == want
 		d.start(claims, now, time.Time{})
 	}
-	if len(claims) < want && d.cfg.ClaimAhead > 0 {
-		// Nothing else is due now: take what falls due within the window.
+	if len(claims) < want && d.cfg.ClaimAhead > 0 && ctx.Err() == nil {
+		// Nothing else is due now: take what falls due within the window
+		// (unless the stop began: a claim no longer ends with it).
 		// These are first attempts not yet due (late is false for them)
 		// or retries due by now+ahead; each is held until its time.
 		ahead := now.Add(d.cfg.ClaimAhead)
@@ -380,7 +381,12 @@ func (d *Dispatcher) claim(ctx context.Context, at time.Time, limit int) ([]*vib
 	d.mu.Lock()
 	d.claiming = true
 	d.mu.Unlock()
-	sctx, cancel := d.storeCtx(ctx)
+	// Not cut by a stop (ctx ending): a claim that committed while its
+	// answer was on the way would leave its runs leased to no one who knew
+	// of them, until the lease ended and another process recorded an
+	// interrupted attempt never sent. Claimed, they are sent and recorded
+	// before Run returns; the store's timeout still bounds the wait.
+	sctx, cancel := d.storeCtx(context.WithoutCancel(ctx))
 	claims, err := d.cfg.Store.ClaimDueRuns(sctx, d.cfg.Owner, at, limit, d.cfg.LeaseMargin)
 	cancel()
 	if err != nil {

@@ -1666,3 +1666,53 @@ func TestGivenBackClaimsKeepScheduledForOrder(t *testing.T) {
 		}
 	}
 }
+
+// stopDuringClaim is a store whose claims commit, after which the stop
+// begins (stop, once) before the claim's answer is read: the claim then
+// fails with the context's error, as a driver's read does when its context
+// ends, though the runs are leased.
+type stopDuringClaim struct {
+	vibejobs.DispatchStore
+	once sync.Once
+	stop func()
+}
+
+func (s *stopDuringClaim) ClaimDueRuns(ctx context.Context, owner string, now time.Time, limit int, margin time.Duration) ([]*vibejobs.Claim, error) {
+	claims, err := s.DispatchStore.ClaimDueRuns(context.WithoutCancel(ctx), owner, now, limit, margin)
+	if err != nil || len(claims) == 0 {
+		return claims, err
+	}
+	s.once.Do(s.stop)
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	return claims, nil
+}
+
+// TestStopDuringAClaimLosesNoClaim: a stop that began while a claim was in
+// the database cut the claim's wait for its answer, though the claim
+// committed: its runs stayed leased to a process that no longer knew of
+// them, until the lease ended and another recorded an interrupted attempt
+// that had never gone out. A claim now runs to its end whatever the stop,
+// and what it took is sent and recorded before Run returns.
+func TestStopDuringAClaimLosesNoClaim(t *testing.T) {
+	e := newEnv(t)
+	j := e.job(t, "job_a", "https://a.example/")
+	r := e.run(t, j, "run_a", e.clock.Now())
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	store := &stopDuringClaim{DispatchStore: e.store, stop: cancel}
+	d := dispatcher.New(dispatcher.Config{
+		Store: store, Sender: e.sender, Opener: plainOpener{}, Owner: "test-owner",
+		Now: e.clock.Now, Rand: func() float64 { return 0.5 }, Concurrency: 8,
+		PollInterval: 20 * time.Millisecond,
+	})
+	d.Run(ctx)
+	got, err := e.store.GetRun(context.Background(), e.project, r.ID)
+	if err != nil || got.State != vibejobs.RunSucceeded || len(got.Attempts) != 1 {
+		t.Fatalf("run claimed as the stop began, after Run returned: %+v, %v; want succeeded, its attempt recorded", got, err)
+	}
+	if x := e.sender.next(t); x.payload["runId"] != r.ID {
+		t.Fatalf("sent %v", x.payload["runId"])
+	}
+}
