@@ -604,6 +604,9 @@ func (m *Main) Close() error {
 		errs = append(errs, m.ln.Close()) // Run failed before serving
 	}
 	if m.srv != nil {
+		// Said at once: the stop can take a job's timeout and more, and an
+		// operator watching the log should see that it began.
+		m.logger.Info("server.stopping", "drain", cmp.Or(m.Config.DrainTimeout, DefaultDrainTimeout).String())
 		sctx, cancel := context.WithTimeout(context.Background(), cmp.Or(m.Config.DrainTimeout, DefaultDrainTimeout))
 		if err := m.srv.Shutdown(sctx); errors.Is(err, context.DeadlineExceeded) {
 			// A client holds a request open (a body that never comes):
