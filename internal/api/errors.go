@@ -70,10 +70,11 @@ var internalResponse = func() *response {
 }
 
 // unavailableResponse answers a request the database could not serve for
-// now: a passing fault, which the client may retry (the CLI does).
+// now: a passing fault, which the client may retry (the CLI does), after
+// the Retry-After it gives: a failover or a restart takes seconds.
 func unavailableResponse() *response {
 	return jsonResponse(http.StatusServiceUnavailable, errorBody{errorDetail{Code: "database_unavailable",
-		Message: "the database is unavailable for now; retry later"}})
+		Message: "the database is unavailable for now; retry later"}}).with("Retry-After", "2")
 }
 
 func invalid(code, field, msg string) *vibejobs.Error {

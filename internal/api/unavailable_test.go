@@ -88,6 +88,9 @@ func TestDatabaseUnavailableIs503(t *testing.T) {
 		if code, _ := res.errorCode(t); res.status != 503 || code != "database_unavailable" {
 			t.Errorf("%s while the database is down: %s, want 503 database_unavailable", tc.name, res)
 		}
+		if h := res.header.Get("Retry-After"); h != "2" {
+			t.Errorf("%s: a 503 with Retry-After %q, want 2", tc.name, h)
+		}
 		if strings.Contains(string(res.body), "/var/lib") || strings.Contains(string(res.body), "I/O") {
 			t.Errorf("%s: the answer shows the cause: %s", tc.name, res.body)
 		}
