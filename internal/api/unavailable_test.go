@@ -1,64 +1,12 @@
 package api_test
 
 import (
-	"context"
-	"fmt"
 	"strings"
-	"sync"
 	"testing"
 
-	"github.com/vibejobs/vibejobs"
 	"github.com/vibejobs/vibejobs/internal/api"
+	"github.com/vibejobs/vibejobs/internal/storetest"
 )
-
-// unavailableStore is a store whose database stops answering the calls
-// named in down, with the error the stores give for an outage.
-type unavailableStore struct {
-	vibejobs.Store
-	mu   sync.Mutex
-	down map[string]bool
-}
-
-func (s *unavailableStore) set(calls ...string) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.down = map[string]bool{}
-	for _, c := range calls {
-		s.down[c] = true
-	}
-}
-
-func (s *unavailableStore) fails(call string) error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if !s.down[call] {
-		return nil
-	}
-	// Wrapped, as the stores wrap theirs, with a cause that must not be shown.
-	return fmt.Errorf("sqlite: %s: %w: disk I/O error at /var/lib/vibejobs", call,
-		&vibejobs.Error{Kind: vibejobs.EUNAVAILABLE, Code: "database_unavailable", Message: "database unavailable"})
-}
-
-func (s *unavailableStore) TokenByHash(ctx context.Context, hash []byte) (*vibejobs.Token, error) {
-	if err := s.fails("TokenByHash"); err != nil {
-		return nil, err
-	}
-	return s.Store.TokenByHash(ctx, hash)
-}
-
-func (s *unavailableStore) ListJobs(ctx context.Context, projectID string, p vibejobs.Page) ([]*vibejobs.Job, string, error) {
-	if err := s.fails("ListJobs"); err != nil {
-		return nil, "", err
-	}
-	return s.Store.ListJobs(ctx, projectID, p)
-}
-
-func (s *unavailableStore) Update(ctx context.Context, fn func(tx vibejobs.Tx) error) error {
-	if err := s.fails("Update"); err != nil {
-		return err
-	}
-	return s.Store.Update(ctx, fn)
-}
 
 // TestDatabaseUnavailableIs503: while the database does not answer or takes
 // no writes (a failover), the API answers 503 database_unavailable, as the
@@ -67,9 +15,9 @@ func (s *unavailableStore) Update(ctx context.Context, fn func(tx vibejobs.Tx) e
 // names no cause; the log does. A POST refused so is not the answer to its
 // Idempotency-Key: sent again once the database answers, it does its work.
 func TestDatabaseUnavailableIs503(t *testing.T) {
-	var st *unavailableStore
+	var st *storetest.Outage
 	e := newEnv(t, func(c *api.Config) {
-		st = &unavailableStore{Store: c.Store}
+		st = &storetest.Outage{Store: c.Store}
 		c.Store = st
 	})
 	doc := loadOpenAPI(t, e)
@@ -83,7 +31,7 @@ func TestDatabaseUnavailableIs503(t *testing.T) {
 		{"read", "ListJobs", req{method: "GET", path: "/v1/jobs", token: e.admin}},
 		{"write", "Update", post},
 	} {
-		st.set(tc.down)
+		st.Set(tc.down)
 		res := e.send(tc.r)
 		if code, _ := res.errorCode(t); res.status != 503 || code != "database_unavailable" {
 			t.Errorf("%s while the database is down: %s, want 503 database_unavailable", tc.name, res)
@@ -105,7 +53,7 @@ func TestDatabaseUnavailableIs503(t *testing.T) {
 	if !strings.Contains(e.logs.String(), "disk I/O error") {
 		t.Error("the cause of a 503 is not logged")
 	}
-	st.set()
+	st.Set()
 	if res := e.send(post); res.status != 201 || res.header.Get("Idempotent-Replayed") != "" {
 		t.Errorf("the POST sent again once the database answers: %s", res)
 	}

@@ -13,13 +13,13 @@ import (
 	"net/url"
 	"regexp"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/vibejobs/vibejobs"
 	"github.com/vibejobs/vibejobs/internal/api"
 	"github.com/vibejobs/vibejobs/internal/secretbox"
+	"github.com/vibejobs/vibejobs/internal/storetest"
 	"github.com/vibejobs/vibejobs/internal/syncbuf"
 	"github.com/vibejobs/vibejobs/internal/web"
 )
@@ -849,59 +849,11 @@ func TestMountedUnderAPI(t *testing.T) {
 	}
 }
 
-// downStore is a store whose database stops answering the calls named in
-// down.
-type downStore struct {
-	vibejobs.Store
-	mu   sync.Mutex
-	down map[string]bool
-}
-
-func (s *downStore) fails(call string) error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.down[call] {
-		// Wrapped, as the stores wrap theirs.
-		return fmt.Errorf("sqlite: %s: %w", call, &vibejobs.Error{Kind: vibejobs.EUNAVAILABLE, Code: "database_unavailable", Message: "database unavailable"})
-	}
-	return nil
-}
-
-func (s *downStore) set(calls ...string) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.down = map[string]bool{}
-	for _, c := range calls {
-		s.down[c] = true
-	}
-}
-
-func (s *downStore) ListJobs(ctx context.Context, projectID string, p vibejobs.Page) ([]*vibejobs.Job, string, error) {
-	if err := s.fails("ListJobs"); err != nil {
-		return nil, "", err
-	}
-	return s.Store.ListJobs(ctx, projectID, p)
-}
-
-func (s *downStore) GetSession(ctx context.Context, key []byte, now time.Time) (*vibejobs.DashboardSession, error) {
-	if err := s.fails("GetSession"); err != nil {
-		return nil, err
-	}
-	return s.Store.GetSession(ctx, key, now)
-}
-
-func (s *downStore) TokenByHash(ctx context.Context, hash []byte) (*vibejobs.Token, error) {
-	if err := s.fails("TokenByHash"); err != nil {
-		return nil, err
-	}
-	return s.Store.TokenByHash(ctx, hash)
-}
-
 // TestDatabaseDownIsUnavailable: while the database does not answer (or
 // takes no writes, as in a failover), the dashboard answers 503, as the
 // API does, not 500, which says the dashboard itself is at fault.
 func TestDatabaseDownIsUnavailable(t *testing.T) {
-	st := &downStore{Store: mustOpenStore(t)}
+	st := &storetest.Outage{Store: mustOpenStore(t)}
 	e := newEnvOn(t, st)
 	b := e.browser()
 	b.login(tokenA)
@@ -917,12 +869,12 @@ func TestDatabaseDownIsUnavailable(t *testing.T) {
 			return other.post("/login", url.Values{"csrf": {other.csrf(form)}, "token": {tokenB}})
 		}},
 	} {
-		st.set(c.call)
+		st.Set(c.call)
 		if a := c.send(); a.status != http.StatusServiceUnavailable || !strings.Contains(a.body, "Database unavailable") {
 			t.Errorf("%s failing: %d\n%s", c.call, a.status, a.body)
 		}
 	}
-	st.set()
+	st.Set()
 	if a := b.get("/"); a.status != http.StatusOK {
 		t.Errorf("database back: %d", a.status)
 	}
