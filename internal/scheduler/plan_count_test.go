@@ -12,42 +12,54 @@ import (
 )
 
 // walkPlan is the reference for Plan's catch-up arithmetic: it walks every
-// occurrence from j.NextRunAt one Next at a time and sorts each into
-// expired (before now − 96 h), missed (before now − grace) or upcoming (up
-// to now + lookahead), then applies the catch-up rule. It returns the
-// times of the runs and the number skipped.
+// occurrence from j.NextRunAt (walkOccurrences) and applies j's catch-up
+// rule (applyCatchUp). It returns the times of the runs and the number
+// skipped.
 func walkPlan(j *vibejobs.Job, sch schedule.Schedule, now time.Time, lookahead, grace time.Duration) ([]time.Time, int64) {
-	var skipped int64
-	var missed, upcoming []time.Time
-	for t := *j.NextRunAt; !t.IsZero() && !t.After(now.Add(lookahead)); t = sch.Next(t) {
+	return applyCatchUp(j.CatchUp, walkOccurrences(*j.NextRunAt, sch, now, lookahead, grace))
+}
+
+// occurrences are a job's occurrences sorted by walkOccurrences.
+type occurrences struct {
+	expired          int64
+	missed, upcoming []time.Time
+}
+
+// walkOccurrences walks every occurrence from from, one Next at a time,
+// and sorts each into expired (before now − 96 h), missed (before now −
+// grace) or upcoming (up to now + lookahead).
+func walkOccurrences(from time.Time, sch schedule.Schedule, now time.Time, lookahead, grace time.Duration) occurrences {
+	var o occurrences
+	for t := from; !t.IsZero() && !t.After(now.Add(lookahead)); t = sch.Next(t) {
 		switch {
 		case t.Before(now.Add(-vibejobs.DeliveryLifetime)):
-			skipped++
+			o.expired++
 		case t.Before(now.Add(-grace)):
-			missed = append(missed, t)
+			o.missed = append(o.missed, t)
 		default:
-			upcoming = append(upcoming, t)
+			o.upcoming = append(o.upcoming, t)
 		}
 	}
-	if n := len(missed) - vibejobs.MaxCatchUpRuns; n > 0 {
-		skipped += int64(n)
-		missed = missed[n:]
-	}
-	switch j.CatchUp {
-	case vibejobs.CatchUpNone:
-		skipped += int64(len(missed))
-		missed = nil
+	return o
+}
+
+// applyCatchUp keeps, of o's missed occurrences, the newest
+// MaxCatchUpRuns under catchUp all, the newest under latest, none under
+// none. It returns the runs' times (UTC, in milliseconds) and the number
+// skipped: the expired and the missed not kept.
+func applyCatchUp(catchUp vibejobs.CatchUp, o occurrences) ([]time.Time, int64) {
+	keep := min(len(o.missed), vibejobs.MaxCatchUpRuns)
+	switch catchUp {
 	case vibejobs.CatchUpLatest:
-		if len(missed) > 1 {
-			skipped += int64(len(missed) - 1)
-			missed = missed[len(missed)-1:]
-		}
+		keep = min(keep, 1)
+	case vibejobs.CatchUpNone:
+		keep = 0
 	}
 	var runs []time.Time
-	for _, t := range append(missed, upcoming...) {
+	for _, t := range slices.Concat(o.missed[len(o.missed)-keep:], o.upcoming) {
 		runs = append(runs, t.UTC().Truncate(time.Millisecond))
 	}
-	return runs, skipped
+	return runs, o.expired + int64(len(o.missed)-keep)
 }
 
 // TestPlanLifetimeEdgeCountedOnce: an occurrence exactly 96 h before now

@@ -2,6 +2,7 @@ package scheduler_test
 
 import (
 	"fmt"
+	"slices"
 	"testing"
 	"time"
 
@@ -206,37 +207,14 @@ func checkPlanAgainstWalk(t *testing.T, spec, tz string, now time.Time, down tim
 	from := sch.Next(now.Add(-down))
 	j.NextRunAt = &from
 
-	// The walk: every occurrence up to the horizon.
-	var expired int64
-	var missed, upcoming []time.Time
-	for at := from; !at.IsZero() && !at.After(now.Add(lookahead)); at = sch.Next(at) {
-		switch {
-		case at.Before(now.Add(-vibejobs.DeliveryLifetime)):
-			expired++
-		case at.Before(now.Add(-grace)):
-			missed = append(missed, at)
-		default:
-			upcoming = append(upcoming, at)
-		}
-	}
+	// The walk: every occurrence up to the horizon, once for the three rules.
+	o := walkOccurrences(from, sch, now, lookahead, grace)
 	for _, catchUp := range []vibejobs.CatchUp{vibejobs.CatchUpAll, vibejobs.CatchUpLatest, vibejobs.CatchUpNone} {
 		j.CatchUp = catchUp
 		p := scheduler.Plan(j, sch, now, lookahead, grace, ids())
-		keep := min(len(missed), vibejobs.MaxCatchUpRuns)
-		switch catchUp {
-		case vibejobs.CatchUpLatest:
-			keep = min(len(missed), 1)
-		case vibejobs.CatchUpNone:
-			keep = 0
-		}
-		want := append(append([]time.Time(nil), missed[len(missed)-keep:]...), upcoming...)
-		skipped := expired + int64(len(missed)-keep)
+		want, skipped := applyCatchUp(catchUp, o)
 		got := times(p)
-		same := len(got) == len(want)
-		for i := 0; same && i < len(got); i++ {
-			same = got[i].Equal(want[i].UTC().Truncate(time.Millisecond))
-		}
-		if !same || p.Skipped != skipped {
+		if !slices.EqualFunc(got, want, time.Time.Equal) || p.Skipped != skipped {
 			t.Errorf("%q in %s, %s at %s after %v down: %d runs (%v…), %d skipped; walking gives %d runs (%v…), %d skipped",
 				spec, tz, catchUp, now.Format(time.RFC3339Nano), down, len(got), head(got), p.Skipped, len(want), head(want), skipped)
 		}
