@@ -606,13 +606,14 @@ func (m *Main) Close() error {
 	if m.srv != nil {
 		// Said at once: the stop can take a job's timeout and more, and an
 		// operator watching the log should see that it began.
-		m.logger.Info("server.stopping", "drain", cmp.Or(m.Config.DrainTimeout, DefaultDrainTimeout).String())
-		sctx, cancel := context.WithTimeout(context.Background(), cmp.Or(m.Config.DrainTimeout, DefaultDrainTimeout))
+		drain := cmp.Or(m.Config.DrainTimeout, DefaultDrainTimeout)
+		m.logger.Info("server.stopping", "drain", drain.String())
+		sctx, cancel := context.WithTimeout(context.Background(), drain)
 		if err := m.srv.Shutdown(sctx); errors.Is(err, context.DeadlineExceeded) {
 			// A client holds a request open (a body that never comes):
 			// its connection is cut, which ends its handler's wait, and
 			// the stop is no failure for it.
-			m.logger.Warn("http.drain_timeout", "waited", cmp.Or(m.Config.DrainTimeout, DefaultDrainTimeout).String())
+			m.logger.Warn("http.drain_timeout", "waited", drain.String())
 			_ = m.srv.Close()
 		} else {
 			errs = append(errs, err)
