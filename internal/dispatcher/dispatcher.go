@@ -407,6 +407,10 @@ func (d *Dispatcher) endClaim() {
 // (ahead is not zero) is held until it is due (Claim.DueAt, at most ahead),
 // and a first attempt until its scheduledFor too.
 func (d *Dispatcher) start(claims []*vibejobs.Claim, now, ahead time.Time) {
+	// The claims' leases and late were reckoned from now, before the
+	// claim's statement: a slow one (a database stalling on its commit)
+	// can have used up a claim's deadline already.
+	back := d.cfg.Now()
 	for _, c := range claims {
 		// Config.PerHost counts a destination as the egress client's pool
 		// does, so the claims let through never wait inside the client for
@@ -441,7 +445,7 @@ func (d *Dispatcher) start(claims []*vibejobs.Claim, now, ahead time.Time) {
 		if c.Run.Attempt == 1 && !c.Run.Late && now.Before(onTime) && onTime.Before(deadline) {
 			deadline = onTime
 		}
-		d.acquire(host, waiter{c: c, hold: hold, deadline: deadline})
+		d.acquire(host, waiter{c: c, hold: hold, deadline: deadline}, back)
 	}
 	d.endClaim()
 }
@@ -501,8 +505,9 @@ const (
 	claimWithdrawn
 )
 
-// acquire starts w on a slot of host, or queues it for the host's next one.
-func (d *Dispatcher) acquire(host string, w waiter) {
+// acquire starts w on a slot of host, or queues it for the host's next one;
+// a claim whose deadline is not after now goes back unsent instead.
+func (d *Dispatcher) acquire(host string, w waiter, now time.Time) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	for _, match := range d.missed {
@@ -512,6 +517,15 @@ func (d *Dispatcher) acquire(host string, w waiter) {
 			d.toRelease = append(d.toRelease, w)
 			return
 		}
+	}
+	if !w.deadline.After(now) {
+		// Its claim came back past the deadline, as a waiting claim
+		// can: sent now, its attempt could outlast its lease (and
+		// another replica send the run beside it), or a first attempt
+		// go out on time that started late. It goes back, and its next
+		// claim reckons both again.
+		d.toRelease = append(d.toRelease, w)
+		return
 	}
 	d.inflight++
 	if d.perHost[host] < d.cfg.PerHost {

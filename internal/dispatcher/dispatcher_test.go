@@ -1189,6 +1189,45 @@ func TestJobChangedWhileClaiming(t *testing.T) {
 	e.wantNothingSent(t, "after the pause")
 }
 
+// TestSlowClaimGoesBackUnsent: a claim's lease, and whether its first
+// attempt is late, are reckoned from the time the claim's statement was
+// sent. A claim that comes back past its deadline (a database slow to
+// commit) is given back unsent, not sent as it is: the lease could end
+// while its attempt is still in flight, and another replica send the run
+// beside it; or a first attempt found on time could start more than 60 s
+// after its scheduledFor and still say late=false (SEMANTICS.md sections 1
+// and 3). Claimed again, it goes out with both reckoned anew.
+func TestSlowClaimGoesBackUnsent(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		age      time.Duration // of the run's scheduledFor when claimed
+		stall    time.Duration // how long the claim's statement takes
+		wantLate bool
+	}{
+		{"past the lease margin", 0, dispatcher.DefaultLeaseMargin/2 + time.Second, false},
+		{"past the late threshold", 59500 * time.Millisecond, time.Second, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newEnv(t)
+			j := e.job(t, "job_a", "https://a.example/")
+			r := e.run(t, j, "run_a", e.clock.Now().Add(-tc.age))
+			var d *dispatcher.Dispatcher
+			rc := &releaseCounter{DispatchStore: e.store}
+			e.startHooked(t, &claimHook{releaseCounter: rc, after: func() { e.clock.Add(tc.stall) }}, &d)
+			x := e.sender.next(t)
+			if n := rc.released.Load(); n != 1 {
+				t.Fatalf("the claim that came back late was sent after %d releases, want 1", n)
+			}
+			if x.payload["runId"] != r.ID || x.payload["attempt"] != 1.0 || x.payload["late"] != tc.wantLate {
+				t.Fatalf("sent %v attempt %v late %v; want %s attempt 1 late %v",
+					x.payload["runId"], x.payload["attempt"], x.payload["late"], r.ID, tc.wantLate)
+			}
+			e.waitRun(t, r.ID, func(r *vibejobs.Run) bool { return r.State == vibejobs.RunSucceeded })
+			e.wantNothingSent(t, "after the run succeeded")
+		})
+	}
+}
+
 // failingStore fails NextDueAt and RecordOutcomes as a database that is
 // down does while their flags are set, and counts their calls.
 type failingStore struct {
