@@ -6,6 +6,7 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
+	"unicode/utf8"
 )
 
 // Codes of URLError.
@@ -257,6 +258,11 @@ func parseHost(host string, bracketed bool) (ip netip.Addr, name string, msg str
 		return a, "", ""
 	}
 	if !validHostName(host) {
+		if strings.ContainsFunc(host, func(r rune) bool { return r >= utf8.RuneSelf }) {
+			// An internationalized name: it has an ASCII spelling that
+			// resolves alike, which the owner can give instead.
+			return netip.Addr{}, "", "url host is not a valid host name: write an internationalized name in its ASCII (xn--) form"
+		}
 		return netip.Addr{}, "", "url host is not a valid host name"
 	}
 	return netip.Addr{}, host, ""

@@ -119,6 +119,24 @@ func TestValidateURLDefaultPolicy(t *testing.T) {
 	runURLCases(t, p, cases)
 }
 
+// TestValidateURLInternationalizedName: an internationalized host name is
+// refused (its ASCII form is accepted, above), with a message that says what
+// to write instead, however the URL spells it.
+func TestValidateURLInternationalizedName(t *testing.T) {
+	p := mustPolicy(t)
+	for _, raw := range []string{"https://exämple.com/", "https://ex%C3%A4mple.com/hook", "https://EXÄMPLE.com/"} {
+		_, err := p.ValidateURL(raw)
+		var ue *egress.URLError
+		if !errors.As(err, &ue) || ue.Code != egress.CodeInvalidURL || !strings.Contains(ue.Message, "xn--") {
+			t.Errorf("ValidateURL(%q) = %v; want invalid_url naming the xn-- form", raw, err)
+		}
+	}
+	_, err := p.ValidateURL("https://ex ample.com/")
+	if err == nil || strings.Contains(err.Error(), "xn--") {
+		t.Errorf("ValidateURL of an ASCII name with a space = %v; want a refusal without the xn-- advice", err)
+	}
+}
+
 func TestValidateURLLength(t *testing.T) {
 	p := mustPolicy(t)
 	base := "https://example.com/"
