@@ -222,7 +222,7 @@ func (s *Server) insertJob(ctx context.Context, c *call, tx vibejobs.Tx, in *job
 
 func (s *Server) getJob(ctx context.Context, c *call) (*response, error) {
 	id := c.r.PathValue("id")
-	c.info.job = id
+	c.info.job = loggedID(id, "job_")
 	j, err := s.store.GetJob(ctx, c.projectID(), id)
 	if err != nil {
 		return nil, err
@@ -257,7 +257,7 @@ func (s *Server) listJobs(ctx context.Context, c *call) (*response, error) {
 // answers the job as stored.
 func (s *Server) changeJob(ctx context.Context, c *call, tx vibejobs.Tx, change func(j *vibejobs.Job) (changed bool, e *vibejobs.Error)) (*vibejobs.Job, error) {
 	id := c.r.PathValue("id")
-	c.info.job = id
+	c.info.job = loggedID(id, "job_")
 	j, err := tx.GetJob(ctx, c.projectID(), id)
 	if err != nil {
 		return nil, err
@@ -370,7 +370,7 @@ func (s *Server) resumeJob(ctx context.Context, c *call, tx vibejobs.Tx) (*respo
 
 func (s *Server) deleteJob(ctx context.Context, c *call) (*response, error) {
 	id := c.r.PathValue("id")
-	c.info.job = id
+	c.info.job = loggedID(id, "job_")
 	err := s.update(ctx, func(tx vibejobs.Tx) error {
 		if err := tx.DeleteJob(ctx, c.projectID(), id, c.now); err != nil {
 			return err
@@ -390,7 +390,7 @@ func (s *Server) rotateSecret(ctx context.Context, c *call, tx vibejobs.Tx) (*re
 		return nil, e
 	}
 	id := c.r.PathValue("id")
-	c.info.job = id
+	c.info.job = loggedID(id, "job_")
 	j, err := tx.GetJob(ctx, c.projectID(), id)
 	if err != nil {
 		return nil, err
@@ -424,7 +424,7 @@ func (s *Server) nextFireTimes(ctx context.Context, c *call) (*response, error) 
 		}
 	}
 	id := c.r.PathValue("id")
-	c.info.job = id
+	c.info.job = loggedID(id, "job_")
 	j, err := s.store.GetJob(ctx, c.projectID(), id)
 	if err != nil {
 		return nil, err

@@ -104,7 +104,7 @@ func (s *Server) triggerRun(ctx context.Context, c *call, tx vibejobs.Tx) (*resp
 		return nil, e
 	}
 	id := c.r.PathValue("id")
-	c.info.job = id
+	c.info.job = loggedID(id, "job_")
 	j, err := tx.GetJob(ctx, c.projectID(), id)
 	if err != nil {
 		return nil, err
@@ -119,7 +119,7 @@ func (s *Server) triggerRun(ctx context.Context, c *call, tx vibejobs.Tx) (*resp
 
 func (s *Server) getRun(ctx context.Context, c *call) (*response, error) {
 	id := c.r.PathValue("id")
-	c.info.run = id
+	c.info.run = loggedID(id, "run_")
 	r, err := s.store.GetRun(ctx, c.projectID(), id)
 	if err != nil {
 		return nil, err
@@ -159,7 +159,7 @@ func (s *Server) runList(ctx context.Context, c *call, jobID string) (*response,
 		return nil, e
 	}
 	if jobID != "" {
-		c.info.job = jobID
+		c.info.job = loggedID(jobID, "job_")
 		if _, err := s.store.GetJob(ctx, c.projectID(), jobID); err != nil {
 			return nil, err
 		}

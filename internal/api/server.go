@@ -24,6 +24,7 @@ import (
 	"time"
 
 	"github.com/vibejobs/vibejobs"
+	"github.com/vibejobs/vibejobs/contract"
 	"github.com/vibejobs/vibejobs/internal/ratelimit"
 )
 
@@ -306,6 +307,18 @@ type logInfo struct {
 }
 
 type logInfoKey struct{}
+
+// loggedID is id as the request log may name it: id itself when it has
+// the shape of an id of ours with prefix, else "". A path segment or a
+// filter holds whatever the client put there, and the log must take
+// neither a job secret or token pasted in the wrong place nor a megabyte
+// of text.
+func loggedID(id, prefix string) string {
+	if contract.ValidID(id, prefix) {
+		return id
+	}
+	return ""
+}
 
 // serveHTTP is the outermost handler: it logs every request, turns a panic
 // into a logged 500 and answers unknown routes and methods with JSON errors.

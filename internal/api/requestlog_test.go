@@ -1,0 +1,51 @@
+package api_test
+
+import (
+	"net/http"
+	"strings"
+	"testing"
+)
+
+// TestRequestLogTakesOnlyIDs: the request log names the job or run a
+// request concerns only by an id of ours. A path segment or a jobId filter
+// holds whatever the client put there: a job secret or a token pasted in
+// the wrong place must not reach the log (SEMANTICS.md section 1), nor a
+// megabyte of text per request.
+func TestRequestLogTakesOnlyIDs(t *testing.T) {
+	e := newEnv(t)
+	e.createJob(e.admin, nil)
+	secret := "vjs_" + strings.Repeat("S", 43)
+	token := "vjt_" + strings.Repeat("T", 43)
+	long := "job_" + strings.Repeat("L", 64<<10)
+	for _, bad := range []string{secret, token, long} {
+		for _, r := range []struct{ method, path string }{
+			{"GET", "/v1/jobs/" + bad},
+			{"PATCH", "/v1/jobs/" + bad},
+			{"DELETE", "/v1/jobs/" + bad},
+			{"POST", "/v1/jobs/" + bad + "/pause"},
+			{"POST", "/v1/jobs/" + bad + "/rotate-secret"},
+			{"POST", "/v1/jobs/" + bad + "/runs"},
+			{"GET", "/v1/jobs/" + bad + "/runs"},
+			{"GET", "/v1/jobs/" + bad + "/next"},
+			{"GET", "/v1/runs/" + bad},
+			{"GET", "/v1/runs?jobId=" + bad},
+		} {
+			var body any
+			if r.method == "PATCH" {
+				body = "{}"
+			}
+			if res := e.do(r.method, r.path, e.admin, body); res.status != http.StatusNotFound {
+				t.Errorf("%s %.40s…: %d, want 404", r.method, r.path, res.status)
+			}
+		}
+	}
+	logs := e.logs.String()
+	for _, bad := range []string{"SSSSSSSS", "TTTTTTTT", "LLLLLLLL"} {
+		if strings.Contains(logs, bad) {
+			t.Errorf("the log holds what a client put in place of an id (%s…)", bad)
+		}
+	}
+	if !strings.Contains(logs, `"status":404`) {
+		t.Errorf("no request was logged:\n%.2000s", logs)
+	}
+}
