@@ -95,8 +95,13 @@ func (s *Store) Close() error { return errors.Join(s.db.Close(), s.appDB.Close()
 // now is SQLite's current time in the store's layout.
 const nowSQL = `(strftime('%Y-%m-%dT%H:%M:%fZ', 'now'))`
 
-// migrations are applied in order; PRAGMA user_version records how many ran.
-// Never edit one: append.
+// migrations are applied in order, each once per database file; their
+// index+1 is the version recorded in receiver_migrations. Never edit one:
+// append. The version is not kept in PRAGMA user_version: the file is the
+// app's too (DB), and user_version is where apps commonly keep their own
+// schema version. Stores before receiver_migrations set user_version to 1;
+// migration 1 creates only what is missing, so on such a file it is recorded
+// and changes nothing.
 var migrations = []string{
 	`CREATE TABLE IF NOT EXISTS accepted_runs (
 		run_id TEXT PRIMARY KEY,
@@ -122,21 +127,25 @@ var migrations = []string{
 }
 
 // Migrate creates or upgrades the store's tables; Open calls it. Concurrent
-// calls from several processes are serialized by the write lock.
+// calls from several processes are serialized by the write lock. It leaves
+// PRAGMA user_version, the app's, as it is.
 func (s *Store) Migrate(ctx context.Context) error {
 	err := s.inTx(ctx, func(tx *sql.Tx) error {
+		if _, err := tx.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS receiver_migrations (
+			version INTEGER PRIMARY KEY,
+			applied_at TEXT NOT NULL DEFAULT `+nowSQL+`
+		)`); err != nil {
+			return err
+		}
 		var have int
-		if err := tx.QueryRowContext(ctx, `PRAGMA user_version`).Scan(&have); err != nil {
+		if err := tx.QueryRowContext(ctx, `SELECT coalesce(max(version), 0) FROM receiver_migrations`).Scan(&have); err != nil {
 			return err
 		}
 		for i := have; i < len(migrations); i++ {
 			if _, err := tx.ExecContext(ctx, migrations[i]); err != nil {
 				return fmt.Errorf("migration %d: %w", i+1, err)
 			}
-		}
-		if have < len(migrations) {
-			// PRAGMA takes no bound parameters; the value is our constant.
-			if _, err := tx.ExecContext(ctx, fmt.Sprintf(`PRAGMA user_version = %d`, len(migrations))); err != nil {
+			if _, err := tx.ExecContext(ctx, `INSERT INTO receiver_migrations (version) VALUES (?)`, i+1); err != nil {
 				return err
 			}
 		}

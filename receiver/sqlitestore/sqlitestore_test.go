@@ -3,6 +3,7 @@ package sqlitestore_test
 import (
 	"context"
 	"database/sql"
+	"fmt"
 	"os"
 	"path/filepath"
 	"testing"
@@ -178,5 +179,92 @@ func TestAppSessionStateDoesNotReachTheStore(t *testing.T) {
 	conn.Close() // back to the app's pool, still query_only
 	if _, _, err := s.Accept(ctx, "run_after_app_pragma", storetest.Body("run_after_app_pragma")); err != nil {
 		t.Fatalf("Accept after the app set a PRAGMA on DB(): %v", err)
+	}
+}
+
+// The store shares its file with the app (DB), and PRAGMA user_version is
+// the usual place for an app's own schema version: the store must neither
+// read the app's number as its own (an app database at version 3 would get
+// no store tables, and every delivery would be answered 503 for good) nor
+// overwrite it (the app would skip its own migrations).
+func TestStoreLeavesTheAppsUserVersionAlone(t *testing.T) {
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "app.db")
+	app, err := sql.Open("sqlite", "file:"+path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer app.Close()
+	if _, err := app.ExecContext(ctx, `CREATE TABLE digests (id INTEGER PRIMARY KEY); PRAGMA user_version = 3`); err != nil {
+		t.Fatal(err)
+	}
+	app.Close()
+
+	for round := range 2 { // a fresh store, then a reopened one
+		s, err := sqlitestore.Open(ctx, path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		runID := fmt.Sprintf("run_%d", round)
+		if _, _, err := s.Accept(ctx, runID, storetest.Body(runID)); err != nil {
+			s.Close()
+			t.Fatalf("round %d: Accept in an app database at user_version 3: %v", round, err)
+		}
+		var v int
+		err = s.DB().QueryRowContext(ctx, `PRAGMA user_version`).Scan(&v)
+		s.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if v != 3 {
+			t.Fatalf("round %d: user_version = %d after Open, want the app's 3", round, v)
+		}
+	}
+
+	// An app starting from user_version 0 that runs its own migrations after
+	// opening the store must still find 0.
+	path2 := filepath.Join(t.TempDir(), "fresh.db")
+	s, err := sqlitestore.Open(ctx, path2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	var v int
+	if err := s.DB().QueryRowContext(ctx, `PRAGMA user_version`).Scan(&v); err != nil {
+		t.Fatal(err)
+	}
+	if v != 0 {
+		t.Fatalf("user_version = %d after opening a fresh store, want 0 (the app's)", v)
+	}
+}
+
+// A file written by a store that kept its version in user_version (1, with
+// the tables and no receiver_migrations) opens with its receipts intact: a
+// repeat of an accepted run is still a repeat.
+func TestOpenUpgradesAUserVersionFile(t *testing.T) {
+	ctx := context.Background()
+	st, path := newStore(t)
+	s := st.(*sqlitestore.Store)
+	if _, _, err := s.Accept(ctx, "run_old", storetest.Body("run_old")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.DB().ExecContext(ctx, `DROP TABLE receiver_migrations; PRAGMA user_version = 1`); err != nil {
+		t.Fatal(err)
+	}
+	s.Close()
+	s2, err := sqlitestore.Open(ctx, path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s2.Close()
+	if status, _, err := s2.Accept(ctx, "run_old", storetest.Body("run_old")); err != nil || status != 202 {
+		t.Fatalf("repeat after the upgrade: %d %v", status, err)
+	}
+	if got := inspect(t, s2, "run_old"); !got.Accepted || got.Items != 1 {
+		t.Fatalf("after the upgrade: %+v", got)
+	}
+	var versions int
+	if err := s2.DB().QueryRowContext(ctx, `SELECT count(*) FROM receiver_migrations`).Scan(&versions); err != nil || versions != 1 {
+		t.Fatalf("receiver_migrations rows = %d, %v; want 1", versions, err)
 	}
 }
