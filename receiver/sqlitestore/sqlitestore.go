@@ -42,7 +42,8 @@ var (
 )
 
 // Open opens (creating if needed) the database file at path and migrates it.
-// path must not contain '?' or '#'.
+// Several processes may open the same new file at once. path must not
+// contain '?' or '#'.
 func Open(ctx context.Context, path string) (*Store, error) {
 	q := url.Values{}
 	q.Set("_txlock", "immediate")
@@ -69,11 +70,50 @@ func Open(ctx context.Context, path string) (*Store, error) {
 		return nil, fmt.Errorf("sqlitestore: opening: %w", err)
 	}
 	s := &Store{db: db, appDB: appDB}
-	if err := s.Migrate(ctx); err != nil {
+	if err := s.migrateOnOpen(ctx); err != nil {
 		s.Close()
 		return nil, err
 	}
 	return s, nil
+}
+
+// migrateOnOpen is Migrate, which opens the store's connection, retried for
+// up to BusyTimeout while it fails with SQLITE_BUSY. The first connection to
+// a new file switches it to WAL, and SQLite answers a switch that meets
+// another connection's lock (another process opening the same new file)
+// with SQLITE_BUSY at once, without waiting in the busy handler. Once the
+// file is in WAL mode, which it keeps, the switch takes no lock.
+func (s *Store) migrateOnOpen(ctx context.Context) error {
+	deadline := time.Now().Add(BusyTimeout)
+	pause := 5 * time.Millisecond
+	for {
+		err := s.Migrate(ctx)
+		if err == nil || !isBusy(err) || time.Now().Add(pause).After(deadline) {
+			return err
+		}
+		if busyRetryHook != nil {
+			busyRetryHook()
+		}
+		t := time.NewTimer(pause)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return err
+		case <-t.C:
+		}
+		pause = min(2*pause, 200*time.Millisecond)
+	}
+}
+
+// busyRetryHook, when set (by tests), is called before each wait of
+// migrateOnOpen.
+var busyRetryHook func()
+
+// isBusy reports whether err is SQLite's SQLITE_BUSY (any extended code).
+func isBusy(err error) bool {
+	const sqliteBusy = 5
+	var e interface{ Code() int }
+	return errors.As(err, &e) && e.Code()&0xff == sqliteBusy
 }
 
 // DB returns a handle on the store's database file for the app's own tables

@@ -268,3 +268,55 @@ func TestOpenUpgradesAUserVersionFile(t *testing.T) {
 		t.Fatalf("receiver_migrations rows = %d, %v; want 1", versions, err)
 	}
 }
+
+// Replicas that start together on a new file all open it. The first
+// connection switches the file to WAL, and SQLite answers a switch that
+// meets a lock another connection may hold while it waits itself (here a
+// writer in the file's initial rollback mode; between replicas, one switching
+// it at the same moment) with SQLITE_BUSY at once, without the busy handler:
+// Open failed. It must wait for the lock as any writer does.
+func TestOpenWaitsForTheWALSwitch(t *testing.T) {
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "new.db")
+	other, err := sql.Open("sqlite", "file:"+path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+	conn, err := other.Conn(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	if _, err := conn.ExecContext(ctx, `BEGIN IMMEDIATE`); err != nil {
+		t.Fatal(err)
+	}
+
+	retried := make(chan struct{}, 1)
+	defer sqlitestore.SetBusyRetryHook(func() {
+		select {
+		case retried <- struct{}{}:
+		default:
+		}
+	})()
+	opened := make(chan error, 1)
+	go func() {
+		s, err := sqlitestore.Open(ctx, path)
+		if err == nil {
+			_, _, err = s.Accept(ctx, "run_start", storetest.Body("run_start"))
+			s.Close()
+		}
+		opened <- err
+	}()
+	select {
+	case <-retried:
+	case err := <-opened:
+		t.Fatalf("Open while another connection held the write lock of the new file returned at once: %v", err)
+	}
+	if _, err := conn.ExecContext(ctx, `ROLLBACK`); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-opened; err != nil {
+		t.Fatalf("Open after the lock was released: %v", err)
+	}
+}
