@@ -16,6 +16,7 @@ import (
 	"errors"
 	"fmt"
 	"net/url"
+	"strings"
 	"time"
 
 	_ "modernc.org/sqlite" // registers the "sqlite" driver
@@ -42,8 +43,8 @@ var (
 )
 
 // Open opens (creating if needed) the database file at path and migrates it.
-// Several processes may open the same new file at once. path must not
-// contain '?' or '#'.
+// Several processes may open the same new file at once. path is a file name,
+// taken as it is: '%', '?' and '#' in it are part of the name.
 func Open(ctx context.Context, path string) (*Store, error) {
 	q := url.Values{}
 	q.Set("_txlock", "immediate")
@@ -51,7 +52,7 @@ func Open(ctx context.Context, path string) (*Store, error) {
 	q.Add("_pragma", "journal_mode(WAL)")
 	q.Add("_pragma", "synchronous(FULL)")
 	q.Add("_pragma", "foreign_keys(1)")
-	dsn := "file:" + path + "?" + q.Encode()
+	dsn := "file:" + uriPath.Replace(path) + "?" + q.Encode()
 	db, err := sql.Open("sqlite", dsn)
 	if err != nil {
 		return nil, fmt.Errorf("sqlitestore: opening: %w", err)
@@ -76,6 +77,10 @@ func Open(ctx context.Context, path string) (*Store, error) {
 	}
 	return s, nil
 }
+
+// uriPath escapes a file name for the path of a "file:" URI, in which SQLite
+// decodes %XX and the driver and SQLite end the path at '?' or '#'.
+var uriPath = strings.NewReplacer("%", "%25", "?", "%3f", "#", "%23")
 
 // migrateOnOpen is Migrate, which opens the store's connection, retried for
 // up to BusyTimeout while it fails with SQLITE_BUSY. The first connection to

@@ -320,3 +320,39 @@ func TestOpenWaitsForTheWALSwitch(t *testing.T) {
 		t.Fatalf("Open after the lock was released: %v", err)
 	}
 }
+
+// Open takes a file name, not a URI: SQLite decodes %XX in a "file:" URI's
+// path, so "a%41b.db" opened aAb.db, and '?' or '#' cut the name short.
+// Whatever the name, Open must use the file of that name.
+func TestOpenUsesTheFileNamed(t *testing.T) {
+	dir := t.TempDir()
+	for _, name := range []string{"a%41b.db", "50% off.db", "what?x=1.db", "no#1.db"} {
+		s, err := sqlitestore.Open(context.Background(), filepath.Join(dir, name))
+		if err != nil {
+			t.Fatalf("%q: %v", name, err)
+		}
+		var seq int
+		var schema, file string
+		err = s.DB().QueryRow(`PRAGMA database_list`).Scan(&seq, &schema, &file)
+		s.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if file != filepath.Join(dir, name) {
+			t.Errorf("Open(%q) opened %q", name, file)
+		}
+	}
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range ents {
+		switch n := e.Name(); n {
+		case "a%41b.db", "50% off.db", "what?x=1.db", "no#1.db":
+		default:
+			if filepath.Ext(n) == ".db" {
+				t.Errorf("Open created %q", n)
+			}
+		}
+	}
+}
