@@ -287,6 +287,11 @@ func (h *Handler) readBody(w http.ResponseWriter, r *http.Request) (_ []byte, er
 		size = int(r.ContentLength) + 1 // +1: room to see EOF without growing
 	}
 	buf := make([]byte, 0, size)
+	if r.Body == nil {
+		// Only a request built for a direct call has none (net/http's
+		// server always sets one): an empty body.
+		return buf, nil
+	}
 	body := http.MaxBytesReader(w, r.Body, contract.MaxBodyBytes)
 	for {
 		if len(buf) == cap(buf) {
