@@ -48,9 +48,11 @@ type Config struct {
 	// context detached from the request's cancellation, so this is its only
 	// deadline.
 	AcceptTimeout time.Duration
-	// Logger receives one line per answered delivery, with the run id once the
-	// body is verified and valid, never the secret, the signature or the body.
-	// Nil means slog.Default().
+	// Logger receives one line per delivery the Handler answers, with the run
+	// id once the body is verified and valid, never the secret, the signature
+	// or the body. A verified delivery that a handler made by NewMiddleware
+	// passes to next is answered, and logged, by next. Nil means
+	// slog.Default().
 	Logger *slog.Logger
 }
 

@@ -20,8 +20,12 @@ type Store interface {
 	// unless runID was already accepted; then it creates nothing. Either way it
 	// returns the stored response, read after the write so that a concurrent
 	// winner's receipt is seen, and returns only after the transaction has
-	// committed. On error nothing was committed by this call, and the caller
-	// must not answer 2xx.
+	// committed. On error the caller must not answer 2xx. An error does not
+	// prove that nothing was committed: a connection lost after the COMMIT
+	// was sent leaves the outcome unknown, and pgstore may report a failure
+	// to read its answer after the COMMIT. Either way the acceptance is
+	// whole or absent, never half done, and a later delivery of the run
+	// finds the receipt if there is one.
 	Accept(ctx context.Context, runID string, payload []byte) (status int, body []byte, err error)
 }
 
