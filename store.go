@@ -409,12 +409,18 @@ type SubscriptionStore interface {
 	// ClaimSubscriptions leases to owner, until now + lease, up to limit
 	// subscriptions that have events after their cursor, are not waiting
 	// for a retry (NextAttemptAt ≤ now) and are not leased (or the lease
-	// expired), earliest due first.
+	// expired), least recently served first: those never leased, then by
+	// when their last lease ended (the At of the step that released it,
+	// or its expiry), ties in id order. Failing or not makes no
+	// difference once a retry is due, so under overload every
+	// subscription with work is served in turn.
 	ClaimSubscriptions(ctx context.Context, owner string, now time.Time, limit int, lease time.Duration) ([]*Subscription, error)
 	// RecordSubscriptionStep applies st while owner holds the
 	// subscription's lease and returns the subscription as it is then; it
 	// returns nil and no error when owner lost the lease or the
-	// subscription was deleted. A failed step releases the lease.
+	// subscription was deleted. A failed step releases the lease, as does
+	// one with a zero LeaseUntil; either way st.At is when the lease
+	// ended, for ClaimSubscriptions' order.
 	RecordSubscriptionStep(ctx context.Context, owner string, st SubscriptionStep) (*Subscription, error)
 	// AllSubscriptions lists every project's subscriptions (for metrics).
 	AllSubscriptions(ctx context.Context) ([]*Subscription, error)

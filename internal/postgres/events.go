@@ -425,7 +425,11 @@ func (t *tx) SetSubscriptionSecrets(ctx context.Context, id string, current, pre
 	return nil
 }
 
-// claimSubscriptionsSQL leases subscriptions with work. SKIP LOCKED lets
+// claimSubscriptionsSQL leases subscriptions with work, least recently
+// served first: lease_expires_at is when the last lease ended (released or
+// expired; NULL: never leased), so a subscription that keeps getting events
+// goes to the back of the line each time it is served, behind every other
+// with work, a failing one whose retry is due included. SKIP LOCKED lets
 // replicas claim at once without taking the same subscription or waiting;
 // the join does not lock event_heads, so a claim never waits for an
 // appending transaction.
@@ -434,7 +438,7 @@ WHERE s.id IN (
 	SELECT c.id FROM subscriptions c JOIN event_heads h ON h.project_id = c.project_id
 	WHERE c.cursor_seq < h.head AND (c.next_attempt_at IS NULL OR c.next_attempt_at <= $1)
 		AND (c.lease_owner IS NULL OR c.lease_expires_at < $1)
-	ORDER BY c.next_attempt_at NULLS FIRST, c.id
+	ORDER BY c.lease_expires_at NULLS FIRST, c.id
 	LIMIT $4
 	FOR UPDATE OF c SKIP LOCKED)
 RETURNING ` + subscriptionColumns
@@ -453,7 +457,10 @@ func (s *Store) ClaimSubscriptions(ctx context.Context, owner string, now time.T
 	return subs, nil
 }
 
-// RecordSubscriptionStep applies st while owner holds the lease.
+// RecordSubscriptionStep applies st while owner holds the lease. A step
+// that releases the lease keeps st.At in lease_expires_at, as the end of
+// the lease that claims order by; lease_owner NULL alone makes the row
+// claimable.
 func (s *Store) RecordSubscriptionStep(ctx context.Context, owner string, st vibejobs.SubscriptionStep) (*vibejobs.Subscription, error) {
 	var lease, next, seen *time.Time
 	if !st.Seen.IsZero() {
@@ -476,7 +483,7 @@ func (s *Store) RecordSubscriptionStep(ctx context.Context, owner string, st vib
 				WHEN $5 OR $3 > cursor_seq THEN NULL ELSE next_attempt_at END,
 			last_success_at = CASE WHEN $5 THEN $7::timestamptz ELSE last_success_at END,
 			lease_owner = CASE WHEN $8::timestamptz IS NULL THEN NULL ELSE lease_owner END,
-			lease_expires_at = $8::timestamptz
+			lease_expires_at = coalesce($8::timestamptz, $7::timestamptz)
 		WHERE id = $1 AND lease_owner = $2
 		RETURNING `+subscriptionColumns, st.ID, owner, st.Cursor, st.ErrorCode, st.Delivered, next, st.At, lease, seen, st.Unsent))
 	if errors.Is(err, pgx.ErrNoRows) {

@@ -371,12 +371,16 @@ func (t *tx) SetSubscriptionSecrets(ctx context.Context, id string, current, pre
 	return nil
 }
 
-// claimSubscriptionsSQL leases the subscriptions that have work.
+// claimSubscriptionsSQL leases the subscriptions that have work, least
+// recently served first: lease_expires_at is when the last lease ended
+// (released or expired; NULL: never leased), so one that keeps getting
+// events goes behind every other with work each time it is served, a
+// failing one whose retry is due included.
 const claimSubscriptionsSQL = `UPDATE subscriptions SET lease_owner = ?2, lease_expires_at = ?3
 	WHERE id IN (SELECT s.id FROM subscriptions s JOIN event_heads h ON h.project_id = s.project_id
 		WHERE s.cursor_seq < h.head AND (s.next_attempt_at IS NULL OR s.next_attempt_at <= ?1)
 			AND (s.lease_owner IS NULL OR s.lease_expires_at < ?1)
-		ORDER BY coalesce(s.next_attempt_at, 0), s.id LIMIT ?4)
+		ORDER BY s.lease_expires_at NULLS FIRST, s.id LIMIT ?4)
 	RETURNING ` + subscriptionColumns
 
 func (s *Store) ClaimSubscriptions(ctx context.Context, owner string, now time.Time, limit int, lease time.Duration) ([]*vibejobs.Subscription, error) {
@@ -396,7 +400,10 @@ func (s *Store) ClaimSubscriptions(ctx context.Context, owner string, now time.T
 	return subs, nil
 }
 
-// recordStepSQL applies a SubscriptionStep while owner holds the lease.
+// recordStepSQL applies a SubscriptionStep while owner holds the lease. A
+// step that releases the lease keeps its time (?7) in lease_expires_at, as
+// the end of the lease that claims order by; lease_owner NULL alone makes
+// the row claimable.
 const recordStepSQL = `UPDATE subscriptions SET
 		cursor_seq = max(cursor_seq, ?3),
 		error_code = CASE WHEN ?4 <> '' AND (?9 IS NULL OR updated_at = ?9) THEN ?4
@@ -408,7 +415,7 @@ const recordStepSQL = `UPDATE subscriptions SET
 			WHEN ?5 OR ?3 > cursor_seq THEN NULL ELSE next_attempt_at END,
 		last_success_at = CASE WHEN ?5 THEN ?7 ELSE last_success_at END,
 		lease_owner = CASE WHEN ?8 IS NULL THEN NULL ELSE lease_owner END,
-		lease_expires_at = ?8
+		lease_expires_at = coalesce(?8, ?7)
 	WHERE id = ?1 AND lease_owner = ?2
 	RETURNING ` + subscriptionColumns
 

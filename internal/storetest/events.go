@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -576,6 +577,75 @@ func testSubscriptionDelivery(t *testing.T, f *fixture) {
 	if got.Cursor != 3 || got.ErrorCode != "secret_unavailable" || got.Attempts != 0 {
 		t.Fatalf("an unsent event after moving on: %+v", got)
 	}
+}
+
+// testSubscriptionClaimOrder: under overload (a claim with room for one),
+// the subscription served least recently goes first, so neither the
+// lowest id nor a healthy subscription that keeps getting events holds
+// the others back: never leased first, then by when the last lease ended,
+// whether released (the step's At) or expired, a failing subscription
+// whose retry is due included.
+func testSubscriptionClaimOrder(t *testing.T, f *fixture) {
+	f.projects()
+	subs := []*vibejobs.Subscription{f.subscription(projectA), f.subscription(projectA), f.subscription(projectB)}
+	slices.SortFunc(subs, func(a, b *vibejobs.Subscription) int { return strings.Compare(a.ID, b.ID) })
+	lo, mid, hi := subs[0], subs[1], subs[2]
+	name := map[string]string{lo.ID: "lo", mid.ID: "mid", hi.ID: "hi"}
+	// Every one of them has work throughout: nothing moves a cursor.
+	f.appendJobEvents(f.job(projectA), 3)
+	f.appendJobEvents(f.job(projectB), 3)
+	lease := 30 * time.Second
+	claimOne := func(at time.Duration, want *vibejobs.Subscription) string {
+		t.Helper()
+		owner := "w" + strconv.Itoa(int(at/time.Second))
+		got, err := f.s.ClaimSubscriptions(f.ctx, owner, T0.Add(at), 1, lease)
+		if err != nil {
+			t.Fatalf("ClaimSubscriptions at T0+%v: %v", at, err)
+		}
+		if len(got) != 1 || got[0].ID != want.ID {
+			var ids []string
+			for _, g := range got {
+				ids = append(ids, name[g.ID])
+			}
+			t.Fatalf("ClaimSubscriptions at T0+%v with room for one = %v, want %s", at, ids, name[want.ID])
+		}
+		return owner
+	}
+	step := func(owner string, st vibejobs.SubscriptionStep) {
+		t.Helper()
+		if got, err := f.s.RecordSubscriptionStep(f.ctx, owner, st); err != nil || got == nil {
+			t.Fatalf("RecordSubscriptionStep(%s): %v, %v", name[st.ID], got, err)
+		}
+	}
+	// serve claims want at T0+at and releases it at once, still with work.
+	serve := func(at time.Duration, want *vibejobs.Subscription) {
+		t.Helper()
+		owner := claimOne(at, want)
+		step(owner, vibejobs.SubscriptionStep{ID: want.ID, At: T0.Add(at), Cursor: want.Cursor})
+	}
+
+	serve(1*time.Second, lo)  // never leased, the lowest id
+	serve(2*time.Second, mid) // never leased goes before served
+	owner := claimOne(3*time.Second, hi)
+	step(owner, vibejobs.SubscriptionStep{ID: hi.ID, At: T0.Add(3 * time.Second), Cursor: hi.Cursor,
+		ErrorCode: "http_5xx", NextAttemptAt: T0.Add(30 * time.Second)})
+	serve(4*time.Second, lo) // released at 1 s, before mid at 2 s; hi waits for its retry
+	serve(5*time.Second, mid)
+	serve(6*time.Second, lo)
+	// hi's retry is due: last served at 3 s, before lo (6 s) and mid (5 s),
+	// it goes first though they are healthy.
+	serve(30*time.Second, hi)
+	serve(31*time.Second, mid)
+	serve(32*time.Second, lo)
+
+	// A lease that expired counts as served until it ended: hi, leased at
+	// 33 s and never released, ends at 63 s, after mid and lo were served.
+	claimOne(33*time.Second, hi)
+	serve(40*time.Second, mid)
+	serve(41*time.Second, lo)
+	serve(64*time.Second, mid)
+	serve(65*time.Second, lo)
+	serve(66*time.Second, hi)
 }
 
 // appendJobEventsAt appends n job.updated events of j that occurred at "at".

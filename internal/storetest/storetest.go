@@ -107,6 +107,7 @@ func Run(t *testing.T, open func(t *testing.T) vibejobs.Store) {
 		{"PruneEvents", testPruneEvents},
 		{"Subscriptions", testSubscriptions},
 		{"SubscriptionDelivery", testSubscriptionDelivery},
+		{"SubscriptionClaimOrder", testSubscriptionClaimOrder},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
