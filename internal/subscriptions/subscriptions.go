@@ -21,7 +21,12 @@
 // session at a time works a subscription, and a lease left by a dead
 // process expires. Each claim leases under a name of its own, so a session
 // whose lease was taken over, even by its own process, stops at its next
-// step.
+// step. A session works its subscription for one turn (Config.Turn) at
+// most: with events still to send when the turn is over, it writes its
+// cursor, gives the lease back and ends, and claims take the subscription
+// served least recently first. So with more subscriptions with work than
+// sessions, each gets a turn in order, however steady the stream of
+// another.
 package subscriptions
 
 import (
@@ -58,6 +63,23 @@ const (
 	DefaultTimeout = 10 * time.Second
 	// DefaultStoreTimeout bounds each store call (see Config.StoreTimeout).
 	DefaultStoreTimeout = 10 * time.Second
+	// DefaultTurn is how long a session may work a subscription that still
+	// has events to send before it yields: it writes its cursor, gives the
+	// lease back and ends, and the next claim takes whoever was served
+	// least recently (this subscription goes to the back of the line).
+	// With more subscriptions with work than Concurrency, each then waits
+	// about (subscriptions with work / Concurrency − 1) turns between its
+	// turns, not until another is caught up (never, for a steady stream).
+	//
+	// One second, so the wait stays short, while a yield costs little: a
+	// streaming session writes its cursor every cursorWriteEvery anyway,
+	// and a yield adds one claim and one read of the feed per ten of those
+	// writes: yields add at most Concurrency claims a second per replica,
+	// however fast events come (a fast receiver takes hundreds in a turn). A
+	// session yields only after an event was accepted in it, so every
+	// claim delivers; only a receiver that takes more than a turn per
+	// request gets a claim per event, a small cost next to that request.
+	DefaultTurn = time.Second
 	// ErrorPause is how long a subscription waits after a failure on our
 	// side (the database, a secret that does not open): not the receiver's
 	// doing, so it does not count in the receiver's backoff. A database
@@ -121,6 +143,10 @@ type Config struct {
 	// without a reset would otherwise hang a session, and its slot, until
 	// TCP gives up.
 	StoreTimeout time.Duration
+	// Turn bounds a session on a subscription not yet caught up (see
+	// DefaultTurn), counted from its claim; a session always sends at
+	// least one event, whatever the turn.
+	Turn time.Duration
 }
 
 // Deliverer works the subscriptions with events to send. Run loops until
@@ -155,6 +181,7 @@ func New(cfg Config) *Deliverer {
 	cfg.Lease = cmp.Or(cfg.Lease, DefaultLease)
 	cfg.PollInterval = cmp.Or(cfg.PollInterval, DefaultPollInterval)
 	cfg.Timeout = cmp.Or(cfg.Timeout, DefaultTimeout)
+	cfg.Turn = cmp.Or(cfg.Turn, DefaultTurn)
 	cfg.UserAgent = cmp.Or(cfg.UserAgent, "vibejobs/dev")
 	cfg.Store = boundedStore{Store: cfg.Store, timeout: cmp.Or(cfg.StoreTimeout, DefaultStoreTimeout)}
 	return &Deliverer{cfg: cfg, wake: make(chan struct{}, 1)}
@@ -224,17 +251,30 @@ func (d *Deliverer) Run(ctx context.Context) {
 }
 
 // RunOnce claims the subscriptions due now and works each until it is
-// caught up or fails, then returns. Tests drive delivery with it.
+// caught up or fails, then returns. While a session yielded at the end of
+// its turn, it claims again (least recently served first, so those left
+// out by the first claim may go before). Tests drive delivery with it.
 func (d *Deliverer) RunOnce(ctx context.Context) error {
-	var wg sync.WaitGroup
-	err := d.claim(ctx, &wg)
-	wg.Wait()
-	return err
+	for {
+		var r round
+		err := d.claim(ctx, &r)
+		r.wg.Wait()
+		if err != nil || !r.yielded.Load() || ctx.Err() != nil {
+			return err
+		}
+	}
+}
+
+// round is what RunOnce waits for: the sessions of one claim, and whether
+// one of them yielded at the end of its turn.
+type round struct {
+	wg      sync.WaitGroup
+	yielded atomic.Bool
 }
 
 // claim leases what there is room for and starts a session for each. Each
-// session is also counted in wg, when set.
-func (d *Deliverer) claim(ctx context.Context, wg *sync.WaitGroup) error {
+// session is also counted in r, when set.
+func (d *Deliverer) claim(ctx context.Context, r *round) error {
 	d.mu.Lock()
 	free := d.cfg.Concurrency - d.active
 	d.mu.Unlock()
@@ -256,42 +296,48 @@ func (d *Deliverer) claim(ctx context.Context, wg *sync.WaitGroup) error {
 	d.mu.Unlock()
 	for _, sub := range subs {
 		d.sessions.Add(1)
-		if wg != nil {
-			wg.Add(1)
+		if r != nil {
+			r.wg.Add(1)
 		}
 		go func() {
+			var yielded bool
 			defer func() {
 				d.mu.Lock()
 				d.active--
 				d.mu.Unlock()
 				d.Wake()
 				d.sessions.Done()
-				if wg != nil {
-					wg.Done()
+				if r != nil {
+					if yielded {
+						r.yielded.Store(true)
+					}
+					r.wg.Done()
 				}
 			}()
-			d.work(ctx, sub, owner, now.Add(d.cfg.Lease))
+			yielded = d.work(ctx, sub, owner, now)
 		}()
 	}
 	return nil
 }
 
 // work sends sub's events after its cursor, one at a time, until it is
-// caught up, a request fails, it loses the lease or ctx ends. The store
-// calls and the request in flight do not end with ctx: a shutdown lets them
-// finish, so the lease is left released and the cursor where it belongs.
-func (d *Deliverer) work(ctx context.Context, sub *vibejobs.Subscription, owner string, leaseUntil time.Time) {
-	ss := &session{d: d, ctx: context.WithoutCancel(ctx), owner: owner, leaseUntil: leaseUntil, sub: sub,
-		cursor: sub.Cursor, written: sub.Cursor, lastWrite: d.cfg.Now()}
+// caught up, a request fails, it loses the lease, its turn is over or ctx
+// ends, and reports whether it yielded at the end of its turn (sub has
+// events left to send). The store calls and the request in flight do not
+// end with ctx: a shutdown lets them finish, so the lease is left released
+// and the cursor where it belongs.
+func (d *Deliverer) work(ctx context.Context, sub *vibejobs.Subscription, owner string, claimedAt time.Time) (yielded bool) {
+	ss := &session{d: d, ctx: context.WithoutCancel(ctx), owner: owner, leaseUntil: claimedAt.Add(d.cfg.Lease),
+		turnEnds: claimedAt.Add(d.cfg.Turn), sub: sub, cursor: sub.Cursor, written: sub.Cursor, lastWrite: d.cfg.Now()}
 	for {
 		if ctx.Err() != nil {
 			ss.release()
-			return
+			return false
 		}
 		page, err := d.cfg.Store.ListEvents(ss.ctx, sub.ProjectID, vibejobs.EventFilter{After: ss.cursor, Limit: pageSize})
 		if err != nil {
 			ss.ownFailure(err)
-			return
+			return false
 		}
 		if len(page.Events) == 0 {
 			if page.Next > ss.cursor {
@@ -301,7 +347,7 @@ func (d *Deliverer) work(ctx context.Context, sub *vibejobs.Subscription, owner 
 				continue
 			}
 			ss.release()
-			return
+			return false
 		}
 		for _, e := range page.Events {
 			if ctx.Err() != nil {
@@ -314,8 +360,20 @@ func (d *Deliverer) work(ctx context.Context, sub *vibejobs.Subscription, owner 
 				ss.cursor = e.Sequence // passed over without a request
 				continue
 			}
+			if ss.accepted > 0 && !d.cfg.Now().Before(ss.turnEnds) {
+				// Turn over, with e still to send: write the cursor and
+				// give the lease back in one step, then send nothing more,
+				// so whoever claims next (another subscription first, as
+				// the claim takes the least recently served) starts where
+				// this session stopped and never alongside it. A failed
+				// write leaves the lease ours until it expires: no one
+				// sends meanwhile, and the events after the cursor last
+				// written go again.
+				ss.release()
+				return true
+			}
 			if !ss.deliver(e) {
-				return
+				return false
 			}
 			if ss.sub.Cursor > ss.cursor {
 				// Reset while we worked: go on from the head it chose.
@@ -325,7 +383,7 @@ func (d *Deliverer) work(ctx context.Context, sub *vibejobs.Subscription, owner 
 		}
 		// A page done: the cursor is written before the next is read.
 		if ss.cursor > ss.written && !ss.flush() {
-			return
+			return false
 		}
 	}
 }
@@ -346,6 +404,8 @@ type session struct {
 	ctx        context.Context
 	owner      string                 // the lease owner of the claim
 	leaseUntil time.Time              // the end of the lease as last written
+	turnEnds   time.Time              // when the session yields, if it has events left
+	accepted   int                    // events the receiver accepted in this session
 	sub        *vibejobs.Subscription // as last read or written
 	cursor     int64                  // the last event handled: accepted, or passed over by the filters
 	written    int64                  // the cursor as last written
@@ -407,6 +467,7 @@ func (ss *session) deliver(e *vibejobs.Event) bool {
 		return false
 	}
 	ss.cursor, ss.delivered = e.Sequence, true
+	ss.accepted++
 	if ss.sub.Failing() || now.Sub(ss.lastWrite) >= cursorWriteEvery {
 		return ss.flush()
 	}

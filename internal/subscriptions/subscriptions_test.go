@@ -240,17 +240,22 @@ func (e *env) deliverer(owner string, store subscriptions.Store) *subscriptions.
 	return e.delivererWith(owner, store, e.keys)
 }
 
-// delivererWith is deliverer opening the secrets with opener.
-func (e *env) delivererWith(owner string, store subscriptions.Store, opener subscriptions.SecretOpener) *subscriptions.Deliverer {
+// delivererWith is deliverer opening the secrets with opener, its Config
+// then changed by mods.
+func (e *env) delivererWith(owner string, store subscriptions.Store, opener subscriptions.SecretOpener, mods ...func(*subscriptions.Config)) *subscriptions.Deliverer {
 	if store == nil {
 		store = e.store
 	}
-	return subscriptions.New(subscriptions.Config{
+	cfg := subscriptions.Config{
 		Store: store, Sender: e.client, Opener: opener, Owner: owner, UserAgent: "vibejobs/test",
 		Logger: slog.New(slog.NewJSONHandler(e.logs, nil)), Now: e.clock.Now,
 		Rand:         func() float64 { return 0.5 }, // jitter at the middle: the plain backoff
 		PollInterval: 10 * time.Millisecond,
-	})
+	}
+	for _, m := range mods {
+		m(&cfg)
+	}
+	return subscriptions.New(cfg)
 }
 
 func runOnce(t *testing.T, d *subscriptions.Deliverer) {
@@ -706,7 +711,9 @@ func TestCursorWrittenWhileStreaming(t *testing.T) {
 	e.subscribe(slow.URL)
 	e.emit(e.job, e.updates(250)...)
 	cs := &countingStore{Store: e.store}
-	runOnce(t, e.deliverer("w1", cs))
+	// One session streams all 250 events (10 s of the clock): the writes
+	// at the end of each turn are TestOverloadServesEverySubscriptionInTurn's.
+	runOnce(t, e.delivererWith("w1", cs, e.keys, func(c *subscriptions.Config) { c.Turn = time.Hour }))
 	if got := len(r.drain()); got != 250 {
 		t.Fatalf("received %d events", got)
 	}
