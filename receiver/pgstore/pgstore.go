@@ -48,9 +48,18 @@ var (
 func New(pool *pgxpool.Pool) *Store { return &Store{pool: pool} }
 
 // Open connects a pool to the PostgreSQL URL (or keyword/value DSN) and
-// returns a Store that owns it; Close closes it. Open does not migrate.
+// returns a Store that owns it; Close closes it. Open does not migrate. A
+// url that does not parse is refused with an error that quotes none of it,
+// so it may be logged.
 func Open(ctx context.Context, url string) (*Store, error) {
-	pool, err := pgxpool.New(ctx, url)
+	cfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		// pgx's error quotes the string with the passwords it recognizes
+		// masked; a malformed one ("password = x", an unterminated quote)
+		// keeps them in plain text.
+		return nil, errors.New("pgstore: cannot parse the database URL")
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("pgstore: connecting: %w", err)
 	}

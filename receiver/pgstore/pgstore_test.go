@@ -8,6 +8,7 @@ import (
 	"os"
 	"runtime"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -574,6 +575,32 @@ func TestConcurrentMigrateUnderSerializableDefault(t *testing.T) {
 	for range 2 {
 		if err := <-errs; err != nil {
 			t.Errorf("concurrent Migrate: %v", err)
+		}
+	}
+}
+
+// TestOpenErrorNeverQuotesThePassword: a connection string that does not
+// parse is refused without its text. pgx quotes it with the passwords it
+// recognizes masked, and a malformed one (an unterminated quote, spaces
+// around the =) has them where it does not look: the app logging Open's
+// error logged its database password.
+func TestOpenErrorNeverQuotesThePassword(t *testing.T) {
+	const canary = "Canary7pw"
+	for _, dsn := range []string{
+		"host=127.0.0.1 user=app password='x " + canary,
+		"host=127.0.0.1 user=app password = " + canary + " port=x",
+		"host=127.0.0.1 user=app password=x\\ " + canary + " y",
+		"postgres://app:" + canary + "@127.0.0.1:99999/db",
+		"postgres://app:" + canary + "@127.0.0.1:1/db?pool_max_conns=x",
+	} {
+		s, err := pgstore.Open(context.Background(), dsn)
+		if err == nil {
+			s.Close()
+			t.Errorf("Open(%q) = nil error, want one", dsn)
+			continue
+		}
+		if strings.Contains(err.Error(), canary) {
+			t.Errorf("Open(%q): the error quotes the password: %v", dsn, err)
 		}
 	}
 }
