@@ -49,3 +49,38 @@ func TestRequestLogTakesOnlyIDs(t *testing.T) {
 		t.Errorf("no request was logged:\n%.2000s", logs)
 	}
 }
+
+// TestRequestLogTakesOnlyKnownMethods: the request log names a request's
+// method only when it is one of HTTP's. A method is any token the client
+// sends, up to the header limit: a secret given to curl -X by mistake, or a
+// megabyte of text, must not reach the log.
+func TestRequestLogTakesOnlyKnownMethods(t *testing.T) {
+	e := newEnv(t)
+	secret := "vjs_" + strings.Repeat("S", 43)
+	long := strings.Repeat("L", 64<<10)
+	for _, r := range []struct{ method, path string }{
+		{secret, "/v1/jobs"},
+		{secret, "/v1/nowhere"},
+		{secret, "/healthz"},
+		// Not where the 405 answer names the method: 64 KiB of it would
+		// reach the client before the request is logged.
+		{long, "/v1/nowhere"},
+	} {
+		if res := e.do(r.method, r.path, e.admin, nil); res.status < 400 {
+			t.Errorf("%.20s… %s: %d, want an error", r.method, r.path, res.status)
+		}
+	}
+	logs := e.logs.String()
+	for _, bad := range []string{"SSSSSSSS", "LLLLLLLL"} {
+		if strings.Contains(logs, bad) {
+			t.Errorf("the log holds the method a client sent (%s…)", bad)
+		}
+	}
+	if n := strings.Count(logs, `"method":"other"`); n != 4 {
+		t.Errorf("%d requests logged with method other, want 4:\n%.2000s", n, logs)
+	}
+	e.must(200, "GET", "/v1/jobs", e.admin, nil)
+	if !strings.Contains(e.logs.String(), `"method":"GET"`) {
+		t.Errorf("a GET is not logged as one:\n%.2000s", e.logs.String())
+	}
+}

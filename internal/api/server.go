@@ -320,6 +320,18 @@ func loggedID(id, prefix string) string {
 	return ""
 }
 
+// loggedMethod is method as the request log may name it: one of HTTP's
+// methods, else "other". A method is whatever token the client sent, up to
+// the header limit: a secret given to curl -X, or a megabyte of text.
+func loggedMethod(method string) string {
+	switch method {
+	case http.MethodGet, http.MethodHead, http.MethodPost, http.MethodPut, http.MethodPatch,
+		http.MethodDelete, http.MethodConnect, http.MethodOptions, http.MethodTrace:
+		return method
+	}
+	return "other"
+}
+
 // serveHTTP is the outermost handler: it logs every request, turns a panic
 // into a logged 500 and answers unknown routes and methods with JSON errors.
 func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
@@ -331,7 +343,7 @@ func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
 			if p == http.ErrAbortHandler {
 				panic(p)
 			}
-			s.log.Error("api: panic serving request", "method", r.Method, "route", info.route,
+			s.log.Error("api: panic serving request", "method", loggedMethod(r.Method), "route", info.route,
 				"panic", fmt.Sprint(p), "stack", string(debug.Stack()))
 			if !sw.wroteHeader {
 				internalResponse().write(sw)
@@ -379,7 +391,7 @@ func (s *Server) logRequest(r *http.Request, info *logInfo, status int, d time.D
 		status = http.StatusOK
 	}
 	attrs := []slog.Attr{
-		slog.String("method", r.Method),
+		slog.String("method", loggedMethod(r.Method)),
 		slog.String("route", info.route),
 		slog.Int("status", status),
 		slog.Float64("duration_ms", float64(d.Microseconds())/1000),
