@@ -132,6 +132,9 @@ func Open(ctx context.Context, url string, opts Options) (*Store, error) {
 		// The parse error can quote the URL, password included: keep it out.
 		return nil, errors.New("postgres: cannot parse the database URL")
 	}
+	if err := checkHosts(cfg.ConnConfig); err != nil {
+		return nil, err
+	}
 	if opts.MaxConns > 0 {
 		cfg.MaxConns = int32(opts.MaxConns)
 	}
@@ -191,6 +194,21 @@ func Open(ctx context.Context, url string, opts Options) (*Store, error) {
 		return nil, err
 	}
 	return s, nil
+}
+
+// checkHosts refuses a host name holding an @, which no host name holds:
+// pgx ends a URL's password at its first @, so a password with an @ left
+// unescaped puts its rest in the host name, and the connect error names the
+// host (after asking DNS for it).
+func checkHosts(cc *pgx.ConnConfig) error {
+	bad := strings.Contains(cc.Host, "@")
+	for _, fb := range cc.Fallbacks {
+		bad = bad || strings.Contains(fb.Host, "@")
+	}
+	if bad {
+		return errors.New("postgres: the database URL's host holds an @: write an @ of the user or password as %40")
+	}
+	return nil
 }
 
 // urlSchema returns the schema a search_path given in the URL puts first
