@@ -18,6 +18,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -49,8 +50,8 @@ func New(pool *pgxpool.Pool) *Store { return &Store{pool: pool} }
 
 // Open connects a pool to the PostgreSQL URL (or keyword/value DSN) and
 // returns a Store that owns it; Close closes it. Open does not migrate. A
-// url that does not parse is refused with an error that quotes none of it,
-// so it may be logged.
+// url that does not parse, or whose host name holds an @, is refused with
+// an error that quotes none of it, so it may be logged.
 func Open(ctx context.Context, url string) (*Store, error) {
 	cfg, err := pgxpool.ParseConfig(url)
 	if err != nil {
@@ -58,6 +59,16 @@ func Open(ctx context.Context, url string) (*Store, error) {
 		// masked; a malformed one ("password = x", an unterminated quote)
 		// keeps them in plain text.
 		return nil, errors.New("pgstore: cannot parse the database URL")
+	}
+	// pgx ends a URL's password at its first @: a password with an @ left
+	// unescaped puts its rest in the host name, which every connect error
+	// names (after asking DNS for it). No host name holds an @.
+	bad := strings.Contains(cfg.ConnConfig.Host, "@")
+	for _, fb := range cfg.ConnConfig.Fallbacks {
+		bad = bad || strings.Contains(fb.Host, "@")
+	}
+	if bad {
+		return nil, errors.New("pgstore: the database URL's host holds an @: write an @ of the user or password as %40")
 	}
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {

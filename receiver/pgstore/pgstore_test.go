@@ -579,11 +579,16 @@ func TestConcurrentMigrateUnderSerializableDefault(t *testing.T) {
 	}
 }
 
-// TestOpenErrorNeverQuotesThePassword: a connection string that does not
-// parse is refused without its text. pgx quotes it with the passwords it
-// recognizes masked, and a malformed one (an unterminated quote, spaces
-// around the =) has them where it does not look: the app logging Open's
-// error logged its database password.
+// TestOpenErrorNeverQuotesThePassword: a connection string that cannot be
+// used is refused by Open with an error that holds no part of its password.
+// pgx quotes a string it cannot parse with the passwords it recognizes
+// masked, and a malformed one (an unterminated quote, spaces around the =)
+// keeps them: the app logging Open's error logged its database password.
+// An @ left unescaped in a URL's password parses: pgx ends the password at
+// the first @ and takes the rest for the host name, which every connect
+// error names (after a DNS lookup of it), and the handler logs the error of
+// each delivery it could not store. Each string here is refused before any
+// lookup.
 func TestOpenErrorNeverQuotesThePassword(t *testing.T) {
 	const canary = "Canary7pw"
 	for _, dsn := range []string{
@@ -592,11 +597,15 @@ func TestOpenErrorNeverQuotesThePassword(t *testing.T) {
 		"host=127.0.0.1 user=app password=x\\ " + canary + " y",
 		"postgres://app:" + canary + "@127.0.0.1:99999/db",
 		"postgres://app:" + canary + "@127.0.0.1:1/db?pool_max_conns=x",
+		"postgres://app:x@" + canary + "@127.0.0.1:1/db",
+		"postgres://app:x@127.0.0.1:1,x@" + canary + "@127.0.0.1:2/db",
 	} {
 		s, err := pgstore.Open(context.Background(), dsn)
 		if err == nil {
+			// What the app would see next.
+			_, _, err = s.Accept(context.Background(), "run_x", []byte("{}"))
 			s.Close()
-			t.Errorf("Open(%q) = nil error, want one", dsn)
+			t.Errorf("Open(%q) = nil error, want one; Accept: %v", dsn, err)
 			continue
 		}
 		if strings.Contains(err.Error(), canary) {
