@@ -208,6 +208,10 @@ func TestSettingsErrorsNameTheFlag(t *testing.T) {
 			"--database (VIBEJOBS_DATABASE) starts with a PostgreSQL scheme but is no postgres://… URL"},
 		{[]string{"--database", "PostgreSQL:app:hunter2@db.example"},
 			"--database (VIBEJOBS_DATABASE) starts with a PostgreSQL scheme but is no postgres://… URL"},
+		{[]string{"--database", "postgres//app:hunter2@db.example/jobs"},
+			"--database (VIBEJOBS_DATABASE) starts with a PostgreSQL scheme but is no postgres://… URL"},
+		{[]string{"--database", "POSTGRESQL//app:hunter2@db.example/jobs"},
+			"--database (VIBEJOBS_DATABASE) starts with a PostgreSQL scheme but is no postgres://… URL"},
 		// Given empty (an unset shell variable), it listened on the default.
 		{[]string{"--listen", ""}, "--listen (VIBEJOBS_LISTEN) must not be empty: give a host:port"},
 		{[]string{"--data-dir", ""}, "--data-dir (VIBEJOBS_DATA_DIR) must not be empty"},

@@ -274,11 +274,11 @@ func (c *Config) validateStore() error {
 	if scheme, _, ok := strings.Cut(c.Database, "://"); ok && !isPostgresURL(c.Database) {
 		return fmt.Errorf("--database (VIBEJOBS_DATABASE): %q URLs are not supported: give postgres://… or a SQLite file path", scheme)
 	}
-	if scheme, _, ok := strings.Cut(c.Database, ":"); ok && !isPostgresURL(c.Database) &&
-		(strings.EqualFold(scheme, "postgres") || strings.EqualFold(scheme, "postgresql")) {
-		// A slash short of a URL ("postgres:/app:pw@db/jobs"): taken as a
-		// SQLite path, it was a file named after it, password and all, or
-		// an error that printed it whole. Not quoted, for the same reason.
+	if postgresNearMiss(c.Database) {
+		// A slash or the colon short of a URL ("postgres:/app:pw@db/jobs",
+		// "postgres//app:pw@db/jobs"): taken as a SQLite path, it was a
+		// file named after it, password and all, or an error that printed
+		// it whole. Not quoted, for the same reason.
 		return errors.New("--database (VIBEJOBS_DATABASE) starts with a PostgreSQL scheme but is no postgres://… URL: check the \"://\" after it")
 	}
 	if keywordDSN(c.Database) {
@@ -334,6 +334,24 @@ func (c *Config) newLogger(w io.Writer) *slog.Logger {
 		return slog.New(slog.NewJSONHandler(w, opts))
 	}
 	return slog.New(slog.NewTextHandler(w, opts))
+}
+
+// postgresNearMiss reports whether database, no postgres://… URL, starts
+// as one does but for a slash or the colon: "postgres:" or "postgresql:"
+// without the "//", or "postgres//" without the colon, in any case. No
+// SQLite path is meant so: a colon is rare in a file name, and a doubled
+// slash after a directory named postgres rarer still.
+func postgresNearMiss(database string) bool {
+	if isPostgresURL(database) {
+		return false
+	}
+	lower := strings.ToLower(database)
+	for _, scheme := range []string{"postgres", "postgresql"} {
+		if strings.HasPrefix(lower, scheme+":") || strings.HasPrefix(lower, scheme+"//") {
+			return true
+		}
+	}
+	return false
 }
 
 // postgresURL returns database with its scheme in lower case, and whether
