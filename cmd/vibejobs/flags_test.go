@@ -204,6 +204,9 @@ func TestSettingsErrorsNameTheFlag(t *testing.T) {
 		// and all, or an error that printed it whole.
 		{[]string{"--database", "host=db user=app password=hunter2 dbname=jobs"},
 			"--database (VIBEJOBS_DATABASE) is a key=value connection string: give a postgres://… URL"},
+		// What stands before "://" is no scheme: it was quoted as one.
+		{[]string{"--database", "app:hunter2@127.0.0.1://jobs"},
+			`--database (VIBEJOBS_DATABASE) holds "://" but is no postgres://… URL`},
 		{[]string{"--database", "postgres:/app:hunter2@db.example/jobs"},
 			"--database (VIBEJOBS_DATABASE) starts with a PostgreSQL scheme but is no postgres://… URL"},
 		{[]string{"--database", "PostgreSQL:app:hunter2@db.example"},

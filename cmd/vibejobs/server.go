@@ -272,6 +272,11 @@ func (c *Config) validateStore() error {
 		return errors.New("--data-dir (VIBEJOBS_DATA_DIR) must not be empty")
 	}
 	if scheme, _, ok := strings.Cut(c.Database, "://"); ok && !isPostgresURL(c.Database) {
+		if !isURLScheme(scheme) {
+			// Not quoted: what stands before "://" is no scheme, and may
+			// hold a password ("app:pw@db://…", "password=…://…").
+			return errors.New("--database (VIBEJOBS_DATABASE) holds \"://\" but is no postgres://… URL: give postgres://… or a SQLite file path")
+		}
 		return fmt.Errorf("--database (VIBEJOBS_DATABASE): %q URLs are not supported: give postgres://… or a SQLite file path", scheme)
 	}
 	if postgresNearMiss(c.Database) {
@@ -381,6 +386,18 @@ func keywordDSN(database string) bool {
 		}
 	}
 	return false
+}
+
+// isURLScheme reports whether s is a URL scheme (RFC 3986, section 3.1): a
+// letter, then letters, digits, "+", "-" or ".".
+func isURLScheme(s string) bool {
+	for i, c := range []byte(s) {
+		letter := c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z'
+		if !letter && (i == 0 || !(c >= '0' && c <= '9' || c == '+' || c == '-' || c == '.')) {
+			return false
+		}
+	}
+	return s != ""
 }
 
 // isPostgresURL reports whether database names a PostgreSQL database (see
