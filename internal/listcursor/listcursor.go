@@ -63,9 +63,9 @@ type Reader interface {
 }
 
 // Open returns the store's position that cursor c continues in list sc, and
-// ok false when c is not a cursor of sc: one of another project's list, of
-// another kind of list or of other filters, or one changed by hand. err is
-// a store error only. c must not be "".
+// ok false (with pos "") when c is not a cursor of sc: one of another
+// project's list, of another kind of list or of other filters, or one
+// changed by hand. err is a store error only. c must not be "".
 //
 // A bare position, as cursors were before they carried their list's tag,
 // is accepted so that a client paging across the upgrade is not cut off,
@@ -80,7 +80,10 @@ func (sc Scope) Open(ctx context.Context, r Reader, c string) (pos string, ok bo
 		return "", false, nil
 	}
 	if bound {
-		return pos, tag == sc.tag(), nil
+		if tag != sc.tag() {
+			return "", false, nil
+		}
+		return pos, true, nil
 	}
 	switch sc.Kind {
 	case Jobs:
