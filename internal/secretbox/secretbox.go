@@ -9,7 +9,6 @@
 package secretbox
 
 import (
-	"bufio"
 	"bytes"
 	"crypto/aes"
 	"crypto/cipher"
@@ -57,11 +56,12 @@ func NewKey() (string, error) {
 // Parse reads a key file's content.
 func Parse(data []byte) (*Keyring, error) {
 	k := &Keyring{aeads: map[string]cipher.AEAD{}}
-	sc := bufio.NewScanner(bytes.NewReader(data))
 	line := 0
-	for sc.Scan() {
+	// Not a bufio.Scanner: it stops at a line over 64 KiB, and the keys
+	// after it were dropped without an error.
+	for text := range bytes.Lines(data) {
 		line++
-		s := strings.TrimSpace(sc.Text())
+		s := strings.TrimSpace(string(text))
 		if s == "" || strings.HasPrefix(s, "#") {
 			continue
 		}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -71,6 +72,26 @@ func TestParseRejectsBadFiles(t *testing.T) {
 		if _, err := secretbox.Parse([]byte(bad)); err == nil {
 			t.Errorf("Parse(%q) accepted", bad)
 		}
+	}
+}
+
+// TestParseReadsEveryLine: a line longer than 64 KiB (a long comment) does
+// not end the file: the keys after it were dropped, and secrets sealed
+// under them no longer opened, with no error. A long line that is no key
+// is refused as any other.
+func TestParseReadsEveryLine(t *testing.T) {
+	const key1 = "vjmk_AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8"
+	const key2 = "vjmk_ICEiIyQlJicoKSorLC0uLzAxMjM0NTY3ODk6Ozw9Pj8"
+	long := strings.Repeat("x", 70<<10)
+	k, err := secretbox.Parse([]byte(key1 + "\n# " + long + "\n" + key2 + "\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ids := k.IDs(); len(ids) != 2 {
+		t.Errorf("Parse kept %d keys, want 2", len(ids))
+	}
+	if _, err := secretbox.Parse([]byte(key1 + "\n" + long + "\n" + key2 + "\n")); err == nil {
+		t.Error("Parse accepted a long line that is no key")
 	}
 }
 
