@@ -6,6 +6,7 @@ import (
 	"encoding/base64"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -118,4 +119,29 @@ func TestUnknownSessionsLimited(t *testing.T) {
 	if strings.Contains(logs, "192.0.2.7") || strings.Contains(logs, used.sessionID()) || strings.Contains(logs, unused.sessionID()) {
 		t.Errorf("the log holds the client's address or a session id:\n%s", logs)
 	}
+}
+
+// TestLoginPageDropsDeadSession: a browser whose session ended (expired
+// and pruned, evicted, ended on another replica) and that opens the login
+// page itself, not a page that sends it there, has the dead id cleared by
+// the login page too. Kept, the id would be looked up at each visit of the
+// login page, every look-up a failure against the address's login budget,
+// until the right token is refused 429.
+func TestLoginPageDropsDeadSession(t *testing.T) {
+	e := newEnv(t, func(c *web.Config) { c.LoginLimit = web.LoginLimit{Failures: 3} })
+	b := e.browser()
+	u, _ := url.Parse(e.srv.URL)
+	b.client.Jar.SetCookies(u, []*http.Cookie{{Name: web.SessionCookie, Value: unknownSession()}})
+	if a := b.get("/login"); a.status != http.StatusOK {
+		t.Fatalf("GET /login with a dead session id: %d", a.status)
+	}
+	if b.sessionID() != "" {
+		t.Error("the login page kept the dead session id")
+	}
+	for range 4 {
+		if a := b.get("/login"); a.status != http.StatusOK {
+			t.Fatalf("GET /login again: %d", a.status)
+		}
+	}
+	b.login(tokenA)
 }

@@ -461,9 +461,16 @@ func (d *dashboard) loginForm(w http.ResponseWriter, r *http.Request) {
 	if !safeNext(next) {
 		next = ""
 	}
-	if v, err := d.authenticate(r.Context(), r); err == nil && v != nil {
+	switch v, err := d.authenticate(r.Context(), r); {
+	case err == nil && v != nil:
 		http.Redirect(w, r, cmp.Or(next, "/"), http.StatusSeeOther)
 		return
+	case errors.Is(err, errNoSession):
+		// A dead id, dropped as on every page: kept, each visit of this
+		// page would look it up again and spend the address's LoginLimit.
+		if _, cerr := r.Cookie(cookieName(r, SessionCookie)); cerr == nil {
+			clearCookie(w, r, SessionCookie, "/")
+		}
 	}
 	d.renderLogin(w, r, http.StatusOK, loginData{CSRF: loginSecret(w, r), Next: next})
 }
