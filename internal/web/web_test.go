@@ -622,6 +622,8 @@ func TestLoginFormCSRF(t *testing.T) {
 		{"no field", nil, true, false, http.StatusForbidden},
 		{"other origin", []string{"Origin", "https://evil.example"}, true, true, http.StatusForbidden},
 		{"cross-site fetch", []string{"Sec-Fetch-Site", "cross-site"}, true, true, http.StatusForbidden},
+		// A sibling host can plant the login cookie over plain HTTP.
+		{"same-site fetch (a sibling host)", []string{"Sec-Fetch-Site", "same-site"}, true, true, http.StatusForbidden},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			b := e.browser()
@@ -675,6 +677,7 @@ func TestLogoutCSRF(t *testing.T) {
 		"no secret":    {url.Values{}, nil},
 		"wrong secret": {url.Values{"csrf": {strings.Repeat("x", 43)}}, nil},
 		"cross-site":   {url.Values{"csrf": {secret}}, []string{"Sec-Fetch-Site", "cross-site"}},
+		"same-site":    {url.Values{"csrf": {secret}}, []string{"Sec-Fetch-Site", "same-site"}},
 		"other origin": {url.Values{"csrf": {secret}}, []string{"Origin", "https://evil.example"}},
 	} {
 		if a := b.post("/logout", tc.form, tc.header...); a.status != http.StatusForbidden {
@@ -717,8 +720,9 @@ func TestSecurityHeaders(t *testing.T) {
 	check := func(what string, a *answer) {
 		t.Helper()
 		h := a.header
-		if csp := h.Get("Content-Security-Policy"); !strings.HasPrefix(csp, "default-src 'self'") {
-			t.Errorf("%s: Content-Security-Policy %q", what, csp)
+		if csp := h.Get("Content-Security-Policy"); !strings.HasPrefix(csp, "default-src 'self'") ||
+			!strings.Contains(csp, "frame-ancestors 'none'") || strings.Contains(csp, "unsafe-") {
+			t.Errorf("%s: Content-Security-Policy %q, want default-src 'self', frame-ancestors 'none', nothing unsafe", what, csp)
 		}
 		for k, want := range map[string]string{
 			"X-Frame-Options":        "DENY",
@@ -730,18 +734,24 @@ func TestSecurityHeaders(t *testing.T) {
 			}
 		}
 	}
-	check("redirect", b.get("/"))
-	login := b.get("/login")
-	check("login", login)
-	if cc := login.header.Get("Cache-Control"); cc != "no-store" {
-		t.Errorf("login page Cache-Control %q", cc)
+	// Every answer but the stylesheet may show a project's data or a
+	// form's secret: no browser or proxy keeps it.
+	page := func(what string, a *answer) *answer {
+		t.Helper()
+		check(what, a)
+		if cc := a.header.Get("Cache-Control"); cc != "no-store" {
+			t.Errorf("%s: Cache-Control %q, want no-store", what, cc)
+		}
+		return a
 	}
-	check("unknown path", b.get("/nope"))
-	b.login(tokenA)
-	jobs := b.get("/")
-	check("jobs", jobs)
-	check("job", b.get("/jobs/"+j.ID))
-	check("missing job", b.get("/jobs/job_nope"))
+	page("redirect", b.get("/"))
+	page("login", b.get("/login"))
+	page("unknown path", b.get("/nope"))
+	page("login answer", b.login(tokenA))
+	jobs := page("jobs", b.get("/"))
+	page("job", b.get("/jobs/"+j.ID))
+	page("run", b.get("/runs/"+e.run(j, t0).ID))
+	page("missing job", b.get("/jobs/job_nope"))
 
 	css := regexp.MustCompile(`<link rel="stylesheet" href="([^"]+)">`).FindStringSubmatch(jobs.body)
 	if css == nil {
