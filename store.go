@@ -242,7 +242,9 @@ type AttemptsRecorded map[AttemptOutcome]int
 // deadline) and its error code. An outcome dropped for a lost lease is not
 // told of (the process that recovered the run records the attempt as
 // interrupted and sends it again); one committed whose RecordOutcomes
-// failed after the commit is told of once. The attempts RecoverExpiredLeases
+// failed after the commit (its answer lost) is told of once, by the call
+// that sends it again, which the caller makes only after a call that
+// failed. The attempts RecoverExpiredLeases
 // records as interrupted are not told of. Counted from what committed, as
 // RunsEndedNotifier's, the attempts of a run sum to one per attempt
 // recorded, over every replica.

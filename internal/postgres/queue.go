@@ -399,7 +399,7 @@ func (s *Store) NextDueAt(ctx context.Context) (time.Time, bool, error) {
 // job's run becomes cancelled (job_deleted), and one due after the run's
 // deadline failed (deadline_exceeded). Every run moved gets its event, in outcome order,
 // with one take of each project's feed counter for the whole batch.
-var recordSQL = `WITH o AS (
+var recordSQL = `WITH o AS NOT MATERIALIZED (
 	SELECT * FROM unnest($2::text[], $3::integer[], $4::timestamptz[], $5::timestamptz[], $6::integer[],
 			$7::text[], $8::bigint[], $9::bytea[], $10::text[], $11::text[], $12::timestamptz[],
 			$15::timestamptz[]) WITH ORDINALITY
@@ -453,16 +453,47 @@ var recordSQL = `WITH o AS (
 	SELECT project_id, ord, ` + runEventType + ` AS type, finished_at AS occurred_at, job_id, run_id, state,
 		failure_reason AS reason, number AS attempt, error_code, status_code, next_attempt_at AS next_at
 	FROM moved
+), unheld AS MATERIALIZED (
+	SELECT * FROM o WHERE o.ord NOT IN (SELECT ord FROM held)
+), already AS (
+	-- Outcomes an earlier call recorded and committed, but whose answer
+	-- it lost (a connection cut, a timeout): the caller sent them again,
+	-- their leases are gone, and neither call told of them. Their attempt
+	-- is there as sent (an interrupted one has no signature timestamp).
+	-- The run moved to its state of now when this attempt is its last and
+	-- ended it, to retrying otherwise. The snapshot of this statement does
+	-- not see its own inserts, so these are never its own outcomes; the
+	-- OFFSET keeps the lookup a probe per outcome not held (none, as a
+	-- rule).
+	SELECT CASE WHEN l.ended THEN l.state ELSE 'retrying' END AS state,
+		CASE WHEN l.ended THEN l.failure_reason ELSE '' END AS reason, u.error_code
+	FROM unheld u CROSS JOIN LATERAL (
+		SELECT r.attempt = u.number AND r.finished_at = u.finished_at
+				AND r.state IN ('succeeded', 'failed', 'cancelled') AS ended,
+			r.state, r.failure_reason
+		FROM runs r WHERE r.id = u.run_id
+		OFFSET 0) l
+	WHERE u.signature_timestamp <> 0 AND EXISTS (SELECT 1 FROM attempts a
+		WHERE a.run_id = u.run_id AND a.number = u.number AND a.started_at = u.started_at
+			AND a.finished_at = u.finished_at AND a.signature_timestamp = u.signature_timestamp)
 )` + appendEventsTail + `
 -- One aggregate tells both the runs ended and the attempts recorded (see
 -- recordOutcomes), so the hottest statement groups its rows once.
 SELECT (SELECT json_agg(json_build_object('s', f.state, 'r', f.reason, 'e', f.error_code, 'n', f.n)) FROM (
-	SELECT state, reason, error_code, count(*) AS n FROM ev GROUP BY state, reason, error_code) f)`
+	SELECT state, reason, error_code, count(*) AS n FROM (
+		SELECT state, reason, error_code FROM ev UNION ALL SELECT state, reason, error_code FROM already) x
+	GROUP BY state, reason, error_code) f)`
 
 // RecordOutcomes records each outcome's attempt and moves its run to the
 // outcome's step, in one statement, for the runs still delivering under
 // owner's lease at that attempt number and claim time; the others are
 // dropped. Terminal steps set FinishedAt to the attempt's end.
+//
+// An outcome an earlier call recorded, whose answer was lost after the
+// commit (the call failed), is told of (OnRunsEnded, OnAttemptsRecorded)
+// by the call that sends it again, recording nothing: a caller sends a
+// batch again only after a call that failed, never after one that
+// succeeded, or its outcomes are told of twice.
 //
 // Two outcomes of one run in a batch (one that waited while its claim's
 // lease was recovered, and one of this owner's newer claim of the run)

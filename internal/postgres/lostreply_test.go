@@ -1,0 +1,216 @@
+package postgres_test
+
+import (
+	"context"
+	"maps"
+	"net"
+	"net/url"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/vibejobs/vibejobs"
+	"github.com/vibejobs/vibejobs/internal/postgres"
+)
+
+// cutProxy forwards connections from 127.0.0.1 to the test server. Once
+// armed, the first answer the server sends to the next statement bound for
+// execution (a Bind message, which pgx sends for every statement but its
+// pings) is dropped and the connection closed: the server ran the
+// statement, and committed it when it was one on its own (the answer of an
+// implicit transaction leaves after its commit), but the client never
+// learns so.
+type cutProxy struct {
+	ln     net.Listener
+	target string
+	armed  atomic.Bool
+	wg     sync.WaitGroup
+}
+
+func newCutProxy(t *testing.T, target string) *cutProxy {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &cutProxy{ln: ln, target: target}
+	p.wg.Add(1)
+	go p.accept()
+	t.Cleanup(func() { ln.Close(); p.wg.Wait() })
+	return p
+}
+
+func (p *cutProxy) accept() {
+	defer p.wg.Done()
+	for {
+		c, err := p.ln.Accept()
+		if err != nil {
+			return
+		}
+		s, err := net.Dial("tcp", p.target)
+		if err != nil {
+			c.Close()
+			continue
+		}
+		var cut atomic.Bool
+		p.wg.Add(2)
+		go func() { // client to server
+			defer p.wg.Done()
+			defer s.Close()
+			buf := make([]byte, 64<<10)
+			for {
+				n, err := c.Read(buf)
+				if n > 0 {
+					if buf[0] == 'B' && p.armed.CompareAndSwap(true, false) {
+						cut.Store(true)
+					}
+					if _, err := s.Write(buf[:n]); err != nil {
+						return
+					}
+				}
+				if err != nil {
+					return
+				}
+			}
+		}()
+		go func() { // server to client
+			defer p.wg.Done()
+			defer c.Close()
+			buf := make([]byte, 64<<10)
+			for {
+				n, err := s.Read(buf)
+				if cut.Load() {
+					s.Close()
+					return
+				}
+				if n > 0 {
+					if _, err := c.Write(buf[:n]); err != nil {
+						return
+					}
+				}
+				if err != nil {
+					return
+				}
+			}
+		}()
+	}
+}
+
+// TestRecordedOutcomesToldOfOnceWhenTheAnswerIsLost: RecordOutcomes whose
+// statement committed but whose answer was lost (a connection cut, a
+// timeout) fails, and the dispatcher sends the batch again. The outcomes
+// are recorded by then, their leases gone: the retry recorded nothing, and
+// neither call told of the attempts or of the runs they ended, so
+// vibejobs_attempts_total and vibejobs_runs_finished_total never counted
+// them. The retry tells of them, once.
+func TestRecordedOutcomesToldOfOnceWhenTheAnswerIsLost(t *testing.T) {
+	ctx := context.Background()
+	schema := postgres.NewTestSchema(t)
+	direct := open(t, schema)
+	u, err := url.Parse(postgres.TestURL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy := newCutProxy(t, u.Host)
+	u.Host = proxy.ln.Addr().String()
+	s, err := postgres.Open(ctx, u.String(), postgres.Options{Schema: schema, Logger: quiet, Now: func() time.Time { return t0 }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+
+	var mu sync.Mutex
+	ended, recorded := vibejobs.RunsEnded{}, vibejobs.AttemptsRecorded{}
+	s.OnRunsEnded(func(e vibejobs.RunsEnded) {
+		mu.Lock()
+		defer mu.Unlock()
+		for k, n := range e {
+			ended[k] += n
+		}
+	})
+	s.OnAttemptsRecorded(func(a vibejobs.AttemptsRecorded) {
+		mu.Lock()
+		defer mu.Unlock()
+		for k, n := range a {
+			recorded[k] += n
+		}
+	})
+
+	prj := newProject(t, direct)
+	j := newJobs(t, direct, prj, 1)[0]
+	if n, _, err := direct.ApplyRunPlans(ctx, []vibejobs.RunPlan{planFor(j, t0, t0.Add(time.Second), t0.Add(2*time.Second))}, t0); err != nil || n != 3 {
+		t.Fatalf("ApplyRunPlans = %d, %v", n, err)
+	}
+	now := t0.Add(2 * time.Second)
+	claims, err := s.ClaimDueRuns(ctx, "w", now, 10, 5*time.Second)
+	if err != nil || len(claims) != 3 {
+		t.Fatalf("ClaimDueRuns = %d, %v", len(claims), err)
+	}
+	next := now.Add(time.Minute)
+	steps := []struct {
+		status int
+		code   string
+		step   vibejobs.Step
+	}{
+		{200, "", vibejobs.Step{State: vibejobs.RunSucceeded}},
+		{401, "http_4xx", vibejobs.Step{State: vibejobs.RunFailed, FailureReason: vibejobs.ReasonAppRejected}},
+		{500, "http_5xx", vibejobs.Step{State: vibejobs.RunRetrying, NextAttemptAt: &next}},
+	}
+	outcomes := make([]vibejobs.Outcome, len(claims))
+	for i, c := range claims {
+		outcomes[i] = vibejobs.Outcome{
+			RunID: c.Run.ID, ClaimedAt: c.ClaimedAt, Step: steps[i].step,
+			Attempt: vibejobs.Attempt{Number: 1, StartedAt: now, FinishedAt: now.Add(time.Duration(i+1) * time.Millisecond),
+				StatusCode: steps[i].status, ErrorCode: steps[i].code, SignatureTimestamp: now.Unix()},
+		}
+	}
+
+	proxy.armed.Store(true)
+	if err := s.RecordOutcomes(ctx, "w", outcomes); err == nil {
+		t.Fatal("RecordOutcomes whose answer was lost succeeded")
+	}
+	if proxy.armed.Load() {
+		t.Fatal("the statement never went out: the test proved nothing")
+	}
+	for i, c := range claims {
+		r, err := direct.GetRun(ctx, prj, c.Run.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r.State != steps[i].step.State || len(r.Attempts) != 1 {
+			t.Fatalf("run %d after the lost answer: %s with %d attempts; want %s with 1: the statement did not commit",
+				i, r.State, len(r.Attempts), steps[i].step.State)
+		}
+	}
+	// The dispatcher sends the batch again until a call succeeds.
+	if err := s.RecordOutcomes(ctx, "w", outcomes); err != nil {
+		t.Fatalf("RecordOutcomes again: %v", err)
+	}
+	wantEnded := vibejobs.RunsEnded{
+		{State: vibejobs.RunSucceeded}:                                  1,
+		{State: vibejobs.RunFailed, Reason: vibejobs.ReasonAppRejected}: 1,
+	}
+	wantRecorded := vibejobs.AttemptsRecorded{
+		{State: vibejobs.RunSucceeded}:                       1,
+		{State: vibejobs.RunFailed, ErrorCode: "http_4xx"}:   1,
+		{State: vibejobs.RunRetrying, ErrorCode: "http_5xx"}: 1,
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if !maps.Equal(ended, wantEnded) {
+		t.Errorf("runs ended told of: %v, want %v", ended, wantEnded)
+	}
+	if !maps.Equal(recorded, wantRecorded) {
+		t.Errorf("attempts recorded told of: %v, want %v", recorded, wantRecorded)
+	}
+	for i, c := range claims {
+		r, err := direct.GetRun(ctx, prj, c.Run.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(r.Attempts) != 1 {
+			t.Errorf("run %d: %d attempts after the retry, want 1", i, len(r.Attempts))
+		}
+	}
+}
