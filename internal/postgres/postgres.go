@@ -41,6 +41,7 @@ import (
 	"github.com/pressly/goose/v3/lock"
 
 	"github.com/vibejobs/vibejobs"
+	"github.com/vibejobs/vibejobs/internal/pgurl"
 )
 
 //go:embed migrations/*.sql
@@ -127,13 +128,9 @@ const queueConns = 2
 // migrations. Several replicas may Open at once: migrations run under a
 // session advisory lock.
 func Open(ctx context.Context, url string, opts Options) (*Store, error) {
-	cfg, err := pgxpool.ParseConfig(url)
+	cfg, err := pgurl.ParseConfig(url)
 	if err != nil {
-		// The parse error can quote the URL, password included: keep it out.
-		return nil, errors.New("postgres: cannot parse the database URL")
-	}
-	if err := checkHosts(cfg.ConnConfig); err != nil {
-		return nil, err
+		return nil, fmt.Errorf("postgres: %w", err)
 	}
 	if opts.MaxConns > 0 {
 		cfg.MaxConns = int32(opts.MaxConns)
@@ -194,21 +191,6 @@ func Open(ctx context.Context, url string, opts Options) (*Store, error) {
 		return nil, err
 	}
 	return s, nil
-}
-
-// checkHosts refuses a host name holding an @, which no host name holds:
-// pgx ends a URL's password at its first @, so a password with an @ left
-// unescaped puts its rest in the host name, and the connect error names the
-// host (after asking DNS for it).
-func checkHosts(cc *pgx.ConnConfig) error {
-	bad := strings.Contains(cc.Host, "@")
-	for _, fb := range cc.Fallbacks {
-		bad = bad || strings.Contains(fb.Host, "@")
-	}
-	if bad {
-		return errors.New("postgres: the database URL's host holds an @: write an @ of the user or password as %40")
-	}
-	return nil
 }
 
 // urlSchema returns the schema a search_path given in the URL puts first

@@ -18,13 +18,13 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/vibejobs/vibejobs/internal/pgurl"
 	"github.com/vibejobs/vibejobs/receiver"
 	"github.com/vibejobs/vibejobs/receiver/internal/lease"
 )
@@ -53,22 +53,9 @@ func New(pool *pgxpool.Pool) *Store { return &Store{pool: pool} }
 // url that does not parse, or whose host name holds an @, is refused with
 // an error that quotes none of it, so it may be logged.
 func Open(ctx context.Context, url string) (*Store, error) {
-	cfg, err := pgxpool.ParseConfig(url)
+	cfg, err := pgurl.ParseConfig(url)
 	if err != nil {
-		// pgx's error quotes the string with the passwords it recognizes
-		// masked; a malformed one ("password = x", an unterminated quote)
-		// keeps them in plain text.
-		return nil, errors.New("pgstore: cannot parse the database URL")
-	}
-	// pgx ends a URL's password at its first @: a password with an @ left
-	// unescaped puts its rest in the host name, which every connect error
-	// names (after asking DNS for it). No host name holds an @.
-	bad := strings.Contains(cfg.ConnConfig.Host, "@")
-	for _, fb := range cfg.ConnConfig.Fallbacks {
-		bad = bad || strings.Contains(fb.Host, "@")
-	}
-	if bad {
-		return nil, errors.New("pgstore: the database URL's host holds an @: write an @ of the user or password as %40")
+		return nil, fmt.Errorf("pgstore: %w", err)
 	}
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
