@@ -132,25 +132,15 @@ func (w *Worker) ID() string { return w.id }
 
 // ProcessBatch claims up to Concurrency due items, runs them in parallel and
 // records each outcome: processed on success, a retry after Backoff on failure,
-// an immediate retry when ctx ended during the run. It returns how many items
-// it claimed and the errors of claiming or recording (not the app's errors,
-// which are recorded on the item and logged). Calls must not overlap (Run
-// makes them one after another): their leases carry the same ID.
+// an immediate retry when ctx ended during the run. It returns once every item
+// it claimed is recorded, with how many it claimed and the errors of claiming
+// or recording (not the app's errors, which are recorded on the item and
+// logged). Calls must not overlap, nor run beside Run: their leases carry the
+// same ID.
 func (w *Worker) ProcessBatch(ctx context.Context) (int, error) {
-	now := w.now()
-	leaseUntil := now.Add(w.lease)
-	items, err := w.outbox.ClaimOutbox(ctx, w.id, now, leaseUntil, w.concurrency)
-	if err != nil {
-		return 0, fmt.Errorf("claiming outbox items: %w", err)
-	}
-	// The app's context ends with the lease, which began before the claim:
-	// after it another worker may claim the item, so what is left of it is
-	// measured now, once the claim returned.
-	left := leaseUntil.Sub(w.now())
-	if left <= 0 {
-		// The claim outlasted the lease: the items are another worker's to
-		// claim already, and are left to it.
-		return len(items), fmt.Errorf("claiming outbox items took longer than the lease (%v): none run", w.lease)
+	items, left, err := w.claim(ctx, w.concurrency)
+	if err != nil || len(items) == 0 {
+		return len(items), err
 	}
 	errs := make([]error, len(items))
 	var wg sync.WaitGroup
@@ -159,6 +149,29 @@ func (w *Worker) ProcessBatch(ctx context.Context) (int, error) {
 	}
 	wg.Wait()
 	return len(items), errors.Join(errs...)
+}
+
+// claim leases up to limit due items and returns them with what is left of
+// their lease once the claim returned. A claim that outlasted the lease
+// returns the items it claimed (for the count) with an error, and they must
+// not be run.
+func (w *Worker) claim(ctx context.Context, limit int) ([]OutboxItem, time.Duration, error) {
+	now := w.now()
+	leaseUntil := now.Add(w.lease)
+	items, err := w.outbox.ClaimOutbox(ctx, w.id, now, leaseUntil, limit)
+	if err != nil {
+		return nil, 0, fmt.Errorf("claiming outbox items: %w", err)
+	}
+	// The app's context ends with the lease, which began before the claim:
+	// after it another worker may claim the item, so what is left of it is
+	// measured now, once the claim returned.
+	left := leaseUntil.Sub(w.now())
+	if left <= 0 && len(items) > 0 {
+		// The claim outlasted the lease: the items are another worker's to
+		// claim already, and are left to it.
+		return items, 0, fmt.Errorf("claiming outbox items took longer than the lease (%v): none run", w.lease)
+	}
+	return items, left, nil
 }
 
 // runItem runs one item for at most left, the rest of its lease.
@@ -199,28 +212,69 @@ func (w *Worker) call(ctx context.Context, runID string, payload []byte) (err er
 	return w.process(ctx, runID, payload)
 }
 
-// Run processes batches until ctx ends, then waits for the items in flight,
-// whose contexts end too, and returns nil. Errors of the store are logged and
-// retried after PollInterval. One Run per Worker, and no ProcessBatch
-// beside it: for more parallelism raise Concurrency, or start more Workers.
+// Run processes items until ctx ends, then waits for the items in flight,
+// whose contexts end too, and returns nil. It keeps up to Concurrency items
+// running: when one finishes, the next due item is claimed at once while the
+// outbox had more work than was asked for at the last claim, and after
+// PollInterval otherwise, so one slow item never holds up the others. Errors
+// of the store are logged and retried after PollInterval. One Run per
+// Worker, and no ProcessBatch beside it: for more parallelism raise
+// Concurrency, or start more Workers.
 func (w *Worker) Run(ctx context.Context) error {
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	finished := make(chan struct{}, w.concurrency)
+	running := 0
+	// more: the last claim got all it asked for, so the outbox may hold
+	// more due work; polling: the timer is set for the next poll.
+	more, polling := false, true
 	timer := time.NewTimer(0)
 	defer timer.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return nil
+		case <-finished:
+			running--
+			if !more && polling {
+				continue // no more work at the last claim: wait for the poll
+			}
 		case <-timer.C:
+			polling = false
 		}
-		n, err := w.ProcessBatch(ctx)
-		if err != nil && ctx.Err() == nil {
-			w.log.LogAttrs(ctx, slog.LevelError, "outbox worker", slog.String("error", err.Error()))
+		for drained := false; !drained; {
+			select {
+			case <-finished:
+				running--
+			default:
+				drained = true
+			}
 		}
-		wait := w.poll
-		if err == nil && n == w.concurrency {
-			wait = 0 // a full batch: there may be more
+		free := w.concurrency - running
+		if free == 0 {
+			continue // the first item to finish claims again
 		}
-		timer.Reset(wait)
+		items, left, err := w.claim(ctx, free)
+		if err != nil {
+			if ctx.Err() == nil {
+				w.log.LogAttrs(ctx, slog.LevelError, "outbox worker", slog.String("error", err.Error()))
+			}
+			items = nil
+		}
+		for _, it := range items {
+			running++
+			wg.Go(func() {
+				defer func() { finished <- struct{}{} }()
+				if err := w.runItem(ctx, it, left); err != nil {
+					w.log.LogAttrs(ctx, slog.LevelError, "outbox worker", slog.String("error", err.Error()))
+				}
+			})
+		}
+		more = err == nil && len(items) == free
+		if !more && !polling {
+			timer.Reset(w.poll)
+			polling = true
+		}
 	}
 }
 

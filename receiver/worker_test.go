@@ -175,3 +175,64 @@ func TestDefaultBackoff(t *testing.T) {
 		}
 	}
 }
+
+// TestWorkerRunIsNotHeldUpBySlowItem: Run keeps Concurrency items in
+// flight, so the items behind a slow one are claimed and processed while it
+// still runs, instead of waiting for the whole batch to end. The poll
+// interval is an hour: every claim after the first comes from an item
+// finishing while the outbox had more work.
+func TestWorkerRunIsNotHeldUpBySlowItem(t *testing.T) {
+	o := &fakeOutbox{items: []receiver.OutboxItem{
+		{RunID: "run_slow", Payload: []byte(vectorBody), Attempt: 1},
+		{RunID: "run_1", Payload: []byte(vectorBody), Attempt: 1},
+		{RunID: "run_2", Payload: []byte(vectorBody), Attempt: 1},
+		{RunID: "run_3", Payload: []byte(vectorBody), Attempt: 1},
+		{RunID: "run_4", Payload: []byte(vectorBody), Attempt: 1},
+	}}
+	release := make(chan struct{})
+	fastDone := make(chan string, 4)
+	w, err := receiver.NewWorker(receiver.WorkerConfig{
+		Outbox:       o,
+		Concurrency:  2,
+		PollInterval: time.Hour,
+		Logger:       slog.New(slog.DiscardHandler),
+		Process: func(ctx context.Context, runID string, _ []byte) error {
+			if runID == "run_slow" {
+				select {
+				case <-release:
+					return nil
+				case <-ctx.Done():
+					return ctx.Err()
+				}
+			}
+			fastDone <- runID
+			return nil
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	stopped := make(chan error)
+	go func() { stopped <- w.Run(ctx) }()
+	var got []string
+	for len(got) < 4 {
+		select {
+		case id := <-fastDone:
+			got = append(got, id)
+		case <-time.After(10 * time.Second):
+			t.Fatalf("while run_slow ran, only %v of the 4 items behind it were processed", got)
+		}
+	}
+	close(release)
+	// run_slow's outcome is recorded before Run returns.
+	cancel()
+	if err := <-stopped; err != nil {
+		t.Fatalf("Run = %v", err)
+	}
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if len(o.completed)+len(o.failed) != 5 {
+		t.Fatalf("completed %v, failed %v: want all 5 recorded", o.completed, o.failed)
+	}
+}
