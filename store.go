@@ -340,8 +340,8 @@ type DispatchStore interface {
 	// NextAttemptAt ≤ now and DeadlineAt ≥ now to delivering, in NextAttemptAt
 	// order, leased to owner until now + the job's timeout + leaseMargin. The
 	// attempt number grows by one, except for a run redelivered after an
-	// interruption or a release, which keeps its number. Late is decided at the
-	// first attempt and kept.
+	// interruption, which keeps its number. Late is decided at the first
+	// attempt and kept.
 	ClaimDueRuns(ctx context.Context, owner string, now time.Time, limit int, leaseMargin time.Duration) ([]*Claim, error)
 	// NextDueAt returns the earliest NextAttemptAt of a claimable run.
 	NextDueAt(ctx context.Context) (t time.Time, ok bool, err error)
@@ -361,14 +361,17 @@ type DispatchStore interface {
 	// taken as the deadline, or now if that passed). A due at or before now
 	// makes a run claimable at once in its place in line: due at its
 	// claim's DueAt, or now if that is later, so that runs due after it do
-	// not overtake it (caught-up occurrences go out in order). Runs keep
-	// their attempt number, only while the run is still
-	// delivering under the lease of that claim (owner and ClaimedAt): a
+	// not overtake it (caught-up occurrences go out in order). Only while
+	// the run is still delivering under the lease of that claim (owner and
+	// ClaimedAt): a
 	// claim whose lease expired and was recovered is left alone with the
 	// run, even when the same owner has claimed the run again since
 	// (released, that newer claim's attempt would be sent twice). Late is
 	// decided again only for a first attempt no claim ever sent (no attempt
-	// recorded). A run of a deleted job is cancelled instead, finished at
+	// recorded). A released run's Attempt goes back to the last attempt
+	// started (0 for none), whose successor its next claim takes again; a
+	// redelivery (its number went out before and was interrupted) keeps its
+	// number, to be sent again. A run of a deleted job is cancelled instead, finished at
 	// now, with its run.cancelled event occurring at now: now is the time of
 	// the release, due only when the run may go out again (a run given back
 	// to wait, as for a secret this process cannot open). A run whose

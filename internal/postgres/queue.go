@@ -606,10 +606,12 @@ func recordArgs(owner string, outcomes []vibejobs.Outcome) ([]any, error) {
 // be claimed from due when that is after now, but no later than the run's
 // deadline (now, if that passed), so that FailExpiredRuns finds it once the
 // deadline passes; otherwise at once, in its place in line (from the due
-// time its claim took it at, Claim.DueAt, or now if that is later). They
-// keep their attempt number: no attempt is recorded since none was sent, and
-// a first attempt never sent before (no attempt recorded, not even an
-// interrupted one) decides Late again. A released run of a deleted job is
+// time its claim took it at, Claim.DueAt, or now if that is later). No
+// attempt is recorded since none was sent: the attempt number goes back to
+// the last one started, unless the claim was a redelivery (an attempt under
+// its number went out and was interrupted), which keeps it; and a first
+// attempt never sent before (no attempt recorded, not even an interrupted
+// one) decides Late again. A released run of a deleted job is
 // cancelled (job_deleted) at now instead, whatever due says, its job read
 // under a share lock (see tx.DeleteJob). A released run whose attempt number
 // is beyond its job's maxAttempts, lowered since its last attempt, fails
@@ -637,7 +639,7 @@ func (s *Store) ReleaseClaims(ctx context.Context, owner string, claims []*vibej
 		-- that a pause held while the pause waited for the run, a
 		-- deadlock. The run's lateral subquery names the job's, so it is
 		-- evaluated after it.
-		SELECT r.id, r.old_due, c.claim_due, j.deleted_at AS job_deleted_at, r.unsent, r.withdrawn,
+		SELECT r.id, r.old_due, c.claim_due, j.deleted_at AS job_deleted_at, r.unsent, r.redelivery, r.withdrawn,
 			CASE WHEN j.deleted_at IS NOT NULL THEN 'cancelled' WHEN r.used_up THEN 'failed' END AS end_state
 		FROM unnest($2::text[], $7::timestamptz[], $10::timestamptz[]) AS c(run_id, claimed_at, claim_due)
 		CROSS JOIN LATERAL (
@@ -647,6 +649,7 @@ func (s *Store) ReleaseClaims(ctx context.Context, owner string, claims []*vibej
 		CROSS JOIN LATERAL (
 			SELECT r.id, r.lease_expires_at AS old_due,
 				r.attempt <= 1 AND NOT EXISTS (SELECT 1 FROM attempts a WHERE a.run_id = r.id) AS unsent,
+				EXISTS (SELECT 1 FROM attempts a WHERE a.run_id = r.id AND a.number = r.attempt) AS redelivery,
 				r.withdrawn, r.attempt > j.max_attempts AS used_up
 			FROM runs r
 			WHERE r.id = c.run_id AND r.job_id = j.id AND r.lease_owner = $1 AND r.attempt_started_at = c.claimed_at
@@ -677,7 +680,8 @@ func (s *Store) ReleaseClaims(ctx context.Context, owner string, claims []*vibej
 			failure_reason = CASE kept.end_state WHEN 'cancelled' THEN $4 WHEN 'failed' THEN $9
 				ELSE r.failure_reason END,
 			attempt = CASE WHEN kept.end_state = 'failed'
-				THEN (SELECT COALESCE(max(a.number), 0) FROM attempts a WHERE a.run_id = r.id) ELSE r.attempt END,
+				THEN (SELECT COALESCE(max(a.number), 0) FROM attempts a WHERE a.run_id = r.id)
+				WHEN kept.redelivery THEN r.attempt ELSE r.attempt - 1 END,
 			finished_at = CASE WHEN kept.end_state IS NOT NULL THEN $3::timestamptz END,
 			-- Due again now: in its place in line, at the due time the
 			-- claim took it at, so that a run given back is not overtaken
@@ -686,7 +690,7 @@ func (s *Store) ReleaseClaims(ctx context.Context, owner string, claims []*vibej
 			next_attempt_at = CASE WHEN kept.end_state IS NOT NULL THEN NULL
 				WHEN $8::timestamptz > $3::timestamptz THEN GREATEST($3::timestamptz, LEAST($8::timestamptz, r.deadline_at))
 				ELSE LEAST(kept.claim_due, $3::timestamptz) END,
-			redeliver = kept.end_state IS NULL,
+			redeliver = kept.end_state IS NULL AND kept.redelivery,
 			late = CASE WHEN kept.unsent THEN false ELSE r.late END,
 			late_decided = CASE WHEN kept.unsent THEN false ELSE r.late_decided END,
 			attempt_started_at = NULL,

@@ -552,21 +552,23 @@ const recordCancelSQL = `UPDATE runs SET state = 'cancelled', failure_reason = ?
 // releaseSQL puts claims back in the queue, due at ?5 (?5 ≥ ?1) but no later
 // than the run's deadline or ?1: the runs still delivering under the lease
 // of the claim ?2 names (owner and claim time, as recordMoveSQL tells them).
-// A deleted job's run is cancelled at ?1.
+// A deleted job's run is cancelled at ?1. A claim of a redelivery keeps its
+// number to send again (redeliver); any other claim's number, never sent,
+// goes back to the last attempt started, and its next claim takes it again.
 const releaseSQL = `UPDATE runs SET
 				state = CASE WHEN ` + jobDeleted + ` THEN 'cancelled' WHEN ` + attemptsUsedUp + ` THEN 'failed'
 					WHEN attempt <= 1 THEN 'scheduled' ELSE 'retrying' END,
 				failure_reason = CASE WHEN ` + jobDeleted + ` THEN ?4 WHEN ` + attemptsUsedUp + ` THEN ?6 ELSE '' END,
 				attempt = CASE WHEN NOT ` + jobDeleted + ` AND ` + attemptsUsedUp + `
 					THEN (SELECT coalesce(max(a.number), 0) FROM attempts a WHERE a.run_seq = runs.seq)
-					ELSE attempt END,
+					WHEN ` + claimSent + ` THEN attempt ELSE attempt - 1 END,
 				finished_at = CASE WHEN ` + releaseEnds + ` THEN ?1 ELSE NULL END,
 				next_attempt_at = CASE WHEN ` + releaseEnds + ` THEN NULL
 					WHEN ?5 > ?1 THEN max(?1, min(?5, deadline_at))
 					-- Due again now: in its place in line (see ReleaseClaims).
 					ELSE min(?1, (SELECT value ->> 2 FROM json_each(?2)
 						WHERE value ->> 0 = runs.id AND value ->> 1 = runs.attempt_started_at)) END,
-				redeliver = CASE WHEN ` + releaseEnds + ` THEN 0 ELSE 1 END,
+				redeliver = CASE WHEN ` + releaseEnds + ` THEN 0 WHEN ` + claimSent + ` THEN 1 ELSE 0 END,
 				late = CASE WHEN attempt <= 1 AND NOT EXISTS (SELECT 1 FROM attempts a WHERE a.run_seq = runs.seq)
 					THEN NULL ELSE late END,
 				attempt_started_at = NULL, lease_owner = NULL, lease_expires_at = NULL
@@ -591,6 +593,11 @@ const jobDeleted = `EXISTS (SELECT 1 FROM jobs j WHERE j.id = runs.job_id AND j.
 // attempt number, the one its claim was to send, is beyond its job's
 // maxAttempts as it is now: lowered after the run's last attempt.
 const attemptsUsedUp = `EXISTS (SELECT 1 FROM jobs j WHERE j.id = runs.job_id AND runs.attempt > j.max_attempts)`
+
+// claimSent is true for a claimed run (in a statement on runs) whose claim
+// is a redelivery: an attempt under its number went out before (and was
+// interrupted), so the number is to be sent again.
+const claimSent = `EXISTS (SELECT 1 FROM attempts a WHERE a.run_seq = runs.seq AND a.number = runs.attempt)`
 
 // releaseEnds is true for a released run that ends instead of going back.
 const releaseEnds = `(` + jobDeleted + ` OR ` + attemptsUsedUp + `)`

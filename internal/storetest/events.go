@@ -130,7 +130,7 @@ func testEventsOfCancellationsAndRecovery(t *testing.T, f *fixture) {
 		t.Fatal(err)
 	}
 	got = f.events(projectA, 1)
-	wantEqual(t, "ReleaseClaims of a deleted job's run", eventLines(got), []string{"run.cancelled " + released.ID + " 1 cancelled job_deleted"})
+	wantEqual(t, "ReleaseClaims of a deleted job's run", eventLines(got), []string{"run.cancelled " + released.ID + " 0 cancelled job_deleted"})
 	wantSequences(t, "ReleaseClaims", got, 1)
 
 	first := f.run(j, T0)

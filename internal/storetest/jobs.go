@@ -493,7 +493,7 @@ func testWithdrawHeldRuns(t *testing.T, f *fixture) {
 	}
 	_, err := f.s.GetRun(f.ctx, projectA, released.ID)
 	wantNotFound(t, "GetRun of a withdrawn run given back", err, "run")
-	f.wantRun("the run at the cut, given back", atCut.ID, vibejobs.RunScheduled, 1, ptr(T0))
+	f.wantRun("the run at the cut, given back", atCut.ID, vibejobs.RunScheduled, 0, ptr(T0))
 
 	// Sent: recorded.
 	f.record("w1", succeeded(cs[2], sent.ScheduledFor, sent.ScheduledFor.Add(time.Second)))
@@ -509,7 +509,7 @@ func testWithdrawHeldRuns(t *testing.T, f *fixture) {
 	if err := f.s.ReleaseClaims(f.ctx, "w1", []*vibejobs.Claim{cs[3]}, T0.Add(3*time.Second), T0.Add(3*time.Second)); err != nil {
 		t.Fatalf("ReleaseClaims: %v", err)
 	}
-	f.wantRun("a withdrawn run planned again, given back", wanted.ID, vibejobs.RunScheduled, 1, ptr(T0.Add(3*time.Second)))
+	f.wantRun("a withdrawn run planned again, given back", wanted.ID, vibejobs.RunScheduled, 0, ptr(T0.Add(3*time.Second)))
 
 	// Its holder dead: recovered, to be sent again.
 	lease := T0.Add(4*time.Second + cs[4].Timeout + Margin)

@@ -575,9 +575,10 @@ func testReleaseClaims(t *testing.T, f *fixture) {
 		t.Fatalf("ReleaseClaims: %v", err)
 	}
 	// Due again at once, in their place in line: at the due times the
-	// claims took them at.
+	// claims took them at. Attempt is the number of the latest attempt
+	// started: none was.
 	for _, r := range []*vibejobs.Run{a, b} {
-		got := f.wantRun("released run", r.ID, vibejobs.RunScheduled, 1, r.NextAttemptAt)
+		got := f.wantRun("released run", r.ID, vibejobs.RunScheduled, 0, r.NextAttemptAt)
 		f.wantAttempts("released run", got, "")
 	}
 	// Another owner's release, or a release of a run no longer held, changes nothing.
@@ -588,13 +589,13 @@ func testReleaseClaims(t *testing.T, f *fixture) {
 	if err := f.s.ReleaseClaims(f.ctx, "w1", cs[:1], T0.Add(5*time.Second), T0.Add(5*time.Second)); err != nil {
 		t.Fatalf("ReleaseClaims: %v", err)
 	}
-	f.wantRun("run released twice", a.ID, vibejobs.RunScheduled, 1, a.NextAttemptAt)
+	f.wantRun("run released twice", a.ID, vibejobs.RunScheduled, 0, a.NextAttemptAt)
 	if err := f.s.ReleaseClaims(f.ctx, "w1", nil, rel, rel); err != nil {
 		t.Fatalf("ReleaseClaims of nothing: %v", err)
 	}
 	// The released claim cannot record an outcome.
 	f.record("w1", succeeded(cs[0], T0, T0.Add(time.Second)))
-	f.wantRun("outcome of a released claim", a.ID, vibejobs.RunScheduled, 1, a.NextAttemptAt)
+	f.wantRun("outcome of a released claim", a.ID, vibejobs.RunScheduled, 0, a.NextAttemptAt)
 
 	// Claimed again under the same number; late is decided by this first send.
 	again := f.claim("w3", T0.Add(2*time.Minute), 10)
@@ -610,7 +611,8 @@ func testReleaseClaims(t *testing.T, f *fixture) {
 		}
 	}
 
-	// A released retry keeps its number and its late flag.
+	// A released retry goes back to the number of its last attempt, and
+	// its next claim sends the one it did not send; it keeps its late flag.
 	d := f.run(j, T0.Add(time.Hour))
 	cd := f.claimIDs("w1", T0.Add(time.Hour), 1, d)[0]
 	f.record("w1", retrying(cd, T0.Add(time.Hour), T0.Add(time.Hour+time.Second), T0.Add(time.Hour+time.Minute)))
@@ -619,13 +621,38 @@ func testReleaseClaims(t *testing.T, f *fixture) {
 	if err := f.s.ReleaseClaims(f.ctx, "w1", []*vibejobs.Claim{cd}, rel, rel); err != nil {
 		t.Fatalf("ReleaseClaims: %v", err)
 	}
-	got := f.wantRun("released retry", d.ID, vibejobs.RunRetrying, 2, ptr(T0.Add(time.Hour+time.Minute)))
+	got := f.wantRun("released retry", d.ID, vibejobs.RunRetrying, 1, ptr(T0.Add(time.Hour+time.Minute)))
 	f.wantAttempts("released retry", got, "1:http_5xx")
 	cd = f.claimIDs("w2", rel, 1, d)[0]
 	if cd.Run.Attempt != 2 || cd.Run.Late {
 		t.Errorf("released retry claimed again: attempt %d late %v, want 2 false", cd.Run.Attempt, cd.Run.Late)
 	}
+}
 
+// testReleaseOfARedelivery: a released redelivery (its attempt went out,
+// was interrupted, and must go again under its number) keeps that number,
+// and its next claim sends it again.
+func testReleaseOfARedelivery(t *testing.T, f *fixture) {
+	f.projects()
+	j := f.job(projectA)
+	e := f.run(j, T0.Add(2*time.Hour))
+	f.claimIDs("w1", T0.Add(2*time.Hour), 1, e)
+	recovered := T0.Add(2*time.Hour + time.Minute)
+	if n, err := f.s.RecoverExpiredLeases(f.ctx, recovered, 10); err != nil || n != 1 {
+		t.Fatalf("RecoverExpiredLeases = %d, %v; want 1", n, err)
+	}
+	ce := f.claimIDs("w1", recovered, 1, e)[0]
+	if ce.Run.Attempt != 1 {
+		t.Fatalf("redelivery claimed as attempt %d, want 1", ce.Run.Attempt)
+	}
+	if err := f.s.ReleaseClaims(f.ctx, "w1", []*vibejobs.Claim{ce}, recovered, recovered); err != nil {
+		t.Fatalf("ReleaseClaims: %v", err)
+	}
+	got := f.wantRun("released redelivery", e.ID, vibejobs.RunScheduled, 1, ptr(recovered))
+	f.wantAttempts("released redelivery", got, "1:interrupted")
+	if ce = f.claimIDs("w2", recovered, 1, e)[0]; ce.Run.Attempt != 1 {
+		t.Errorf("released redelivery claimed again as attempt %d, want 1", ce.Run.Attempt)
+	}
 }
 
 // testReleaseWithALaterDue: a claim given back to wait (as the dispatcher
@@ -656,12 +683,12 @@ func testReleaseWithALaterDue(t *testing.T, f *fixture) {
 			got.State, got.FailureReason, got.FinishedAt, got.NextAttemptAt, now)
 	}
 	events := f.events(projectA, head)
-	wantEqual(t, "events of the release", eventLines(events), []string{"run.cancelled " + gone.ID + " 1 cancelled job_deleted"})
+	wantEqual(t, "events of the release", eventLines(events), []string{"run.cancelled " + gone.ID + " 0 cancelled job_deleted"})
 	if len(events) == 1 && !events[0].OccurredAt.Equal(now) {
 		t.Errorf("run.cancelled at %s, want %s", events[0].OccurredAt, now)
 	}
 
-	got = f.wantRun("live run released with a later due", live.ID, vibejobs.RunScheduled, 1, &due)
+	got = f.wantRun("live run released with a later due", live.ID, vibejobs.RunScheduled, 0, &due)
 	f.wantAttempts("live run released with a later due", got, "")
 	if next, ok, err := f.s.NextDueAt(f.ctx); err != nil || !ok || !next.Equal(due) {
 		t.Errorf("NextDueAt = %s %v %v, want %s", next, ok, err, due)
@@ -690,8 +717,8 @@ func testReleaseDueAfterItsDeadline(t *testing.T, f *fixture) {
 	if err := f.s.ReleaseClaims(f.ctx, "w1", cs, T0, T0.Add(30*time.Second)); err != nil {
 		t.Fatalf("ReleaseClaims: %v", err)
 	}
-	f.wantRun("released with a due after its deadline", soon.ID, vibejobs.RunScheduled, 1, ptr(T0.Add(10*time.Second)))
-	f.wantRun("released after its deadline", past.ID, vibejobs.RunScheduled, 1, ptr(T0))
+	f.wantRun("released with a due after its deadline", soon.ID, vibejobs.RunScheduled, 0, ptr(T0.Add(10*time.Second)))
+	f.wantRun("released after its deadline", past.ID, vibejobs.RunScheduled, 0, ptr(T0))
 
 	if n, err := f.s.FailExpiredRuns(f.ctx, T0.Add(10*time.Second+time.Millisecond), 10); err != nil || n != 2 {
 		t.Fatalf("FailExpiredRuns after both deadlines, before the due asked = %d, %v; want 2", n, err)
@@ -1331,8 +1358,8 @@ func testReleaseWhenAttemptsAreUsedUp(t *testing.T, f *fixture) {
 	got = f.wantRun("recovered run released with its attempts used up", s.ID, vibejobs.RunFailed, 2, nil)
 	f.wantAttempts("recovered run released with its attempts used up", got, "1:http_5xx 2:interrupted")
 
-	// Raised again before the release: the run goes back, to be sent as
-	// attempt 2.
+	// Raised again before the release: the run goes back to its last
+	// attempt, 1, and attempt 2 is sent next.
 	u := f.run(j, T0.Add(2*time.Hour))
 	at = retryAt(f.claimIDs("w1", T0.Add(2*time.Hour), 1, u)[0], T0.Add(2*time.Hour))
 	c = f.claimIDs("w1", at, 1, u)[0]
@@ -1341,7 +1368,7 @@ func testReleaseWhenAttemptsAreUsedUp(t *testing.T, f *fixture) {
 	if err := f.s.ReleaseClaims(f.ctx, "w1", []*vibejobs.Claim{c}, rel, rel); err != nil {
 		t.Fatalf("ReleaseClaims: %v", err)
 	}
-	f.wantRun("run released under a limit raised again", u.ID, vibejobs.RunRetrying, 2, &at)
+	f.wantRun("run released under a limit raised again", u.ID, vibejobs.RunRetrying, 1, &at)
 	if again := f.claimIDs("w2", rel, 1, u)[0]; again.Run.Attempt != 2 {
 		t.Errorf("claimed again as attempt %d, want 2", again.Run.Attempt)
 	}

@@ -81,6 +81,7 @@ func Run(t *testing.T, open func(t *testing.T) vibejobs.Store) {
 		{"RecoverExpiredLeasesEnds", testRecoverExpiredLeasesEnds},
 		{"RecoverExpiredLeasesLimit", testRecoverExpiredLeasesLimit},
 		{"ReleaseClaims", testReleaseClaims},
+		{"ReleaseOfARedelivery", testReleaseOfARedelivery},
 		{"ReleaseWithALaterDue", testReleaseWithALaterDue},
 		{"ReleaseDueAfterItsDeadline", testReleaseDueAfterItsDeadline},
 		{"ReleaseKeepsLateOfASentFirstAttempt", testReleaseKeepsLateOfASentFirstAttempt},
