@@ -41,6 +41,33 @@ func TestHealthAndReady(t *testing.T) {
 	}
 }
 
+// TestProbesIgnoreQuery: /healthz and /readyz answer as if the request had
+// no query, however malformed: a probe that adds one of its own (a cache
+// buster, a bad escape) must not read a 400 as the platform being down, nor
+// a 200 as it being up.
+func TestProbesIgnoreQuery(t *testing.T) {
+	var notReady error
+	e := newEnv(t, func(c *api.Config) {
+		c.Ready = func(context.Context) error { return notReady }
+	})
+	queries := []string{"?%zz", "?probe=%", "?a;b=1", "?x=%00", "?%FF=1", "?t=1&t=2"}
+	for _, q := range queries {
+		if m := e.must(200, "GET", "/healthz"+q, "", nil); m["status"] != "ok" {
+			t.Errorf("/healthz%s = %v", q, m)
+		}
+		if m := e.must(200, "GET", "/readyz"+q, "", nil); m["status"] != "ready" {
+			t.Errorf("/readyz%s = %v", q, m)
+		}
+	}
+	notReady = errors.New("scheduler stalled")
+	for _, q := range queries {
+		res := e.do("GET", "/readyz"+q, "", nil)
+		if code, _ := res.errorCode(t); res.status != 503 || code != "not_ready" {
+			t.Errorf("/readyz%s when not ready = %s, want 503 not_ready", q, res)
+		}
+	}
+}
+
 func TestJobLifecycle(t *testing.T) {
 	e := newEnv(t)
 	now := e.clock.Now()

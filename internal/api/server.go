@@ -232,12 +232,16 @@ type route struct {
 	// an unknown field: a misspelt filter would otherwise list everything,
 	// and a made-up option would be ignored.
 	query []string
+	// ignoreQuery serves the route as if its request had no query, however
+	// malformed: a probe (a load balancer, an orchestrator) may add one of
+	// its own, and must not read a 400 as the platform being down.
+	ignoreQuery bool
 }
 
 func (s *Server) routeTable() []route {
 	rs := []route{
-		{method: "GET", path: "/healthz", access: accessPublic, serve: s.healthz},
-		{method: "GET", path: "/readyz", access: accessPublic, serve: s.readyz},
+		{method: "GET", path: "/healthz", access: accessPublic, serve: s.healthz, ignoreQuery: true},
+		{method: "GET", path: "/readyz", access: accessPublic, serve: s.readyz, ignoreQuery: true},
 		{method: "GET", path: "/v1/openapi.json", access: accessPublic, serve: s.openapiJSON},
 
 		{method: "POST", path: "/v1/jobs", access: accessWrite, effect: s.createJob},
@@ -455,11 +459,15 @@ func (s *Server) serveRaw(w http.ResponseWriter, r *http.Request, rt route, info
 // 404 like any other id that names nothing; a query value, 400. A query
 // that does not parse (a bad percent-escape, a ';' separator) answers 400
 // too: URL.Query drops such a pair, so a cursor or filter would otherwise be
-// ignored and the answer would be another list than the one asked for.
+// ignored and the answer would be another list than the one asked for. The
+// query of a route that ignores it (route.ignoreQuery) is not checked.
 func checkText(r *http.Request, rt route) *vibejobs.Error {
 	if id := r.PathValue("id"); badText(id) {
 		resource, _, _ := strings.Cut(strings.TrimPrefix(rt.path, "/v1/"), "/")
 		return vibejobs.ErrNotFound(strings.TrimSuffix(resource, "s"))
+	}
+	if rt.ignoreQuery {
+		return nil
 	}
 	if field, ok := malformedQuery(r.URL.RawQuery); ok {
 		return invalid("invalid_query", field, "the query must be well-formed: & between parameters, %XX escapes only")
