@@ -518,10 +518,16 @@ func TestUnknownRoutesAndMethods(t *testing.T) {
 		{"DELETE", "/v1/jobs", 405, "method_not_allowed"},
 		{"POST", "/v1/jobs/job_x", 405, "method_not_allowed"},
 		{"POST", "/healthz", 405, "method_not_allowed"},
+		// A method is any token the client likes: the answer repeats none.
+		{"VJ_MARKER_METHOD", "/v1/jobs", 405, "method_not_allowed"},
+		{"X-Token_vjt_123.abc~", "/healthz", 405, "method_not_allowed"},
 	} {
 		res := e.do(tc.method, tc.path, e.admin, nil)
 		if code, _ := res.errorCode(t); res.status != tc.status || code != tc.code {
 			t.Errorf("%s %s: %s", tc.method, tc.path, res)
+		}
+		if tc.status == 405 && strings.Contains(string(res.body), tc.method) {
+			t.Errorf("%s %s: the answer repeats the method: %s", tc.method, tc.path, res.body)
 		}
 		if ct := res.header.Get("Content-Type"); ct != "application/json" {
 			t.Errorf("%s %s: Content-Type %q", tc.method, tc.path, ct)

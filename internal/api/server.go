@@ -369,8 +369,11 @@ func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
 	switch cw.status {
 	case http.StatusMethodNotAllowed:
 		info.route = "method_not_allowed"
+		// A fixed message: the method is whatever token the client sent
+		// (see loggedMethod), not for the answer to repeat. Allow says
+		// what would do.
 		resp := errorResponse(&vibejobs.Error{Kind: kindMethodNotAllowed, Code: "method_not_allowed",
-			Message: "the method " + r.Method + " is not allowed here"})
+			Message: "this method is not allowed here; the Allow header lists those that are"})
 		if allow := cw.header.Get("Allow"); allow != "" {
 			resp.with("Allow", allow)
 		}
