@@ -66,6 +66,10 @@ const pageSize = 50
 // maxFormBytes bounds the body of a login or logout form.
 const maxFormBytes = 8 << 10
 
+// unavailableRetryAfter is the Retry-After, in seconds, of a 503 answered
+// while the database is unavailable; the API's 503 gives the same.
+const unavailableRetryAfter = "2"
+
 // Config holds what the dashboard needs. Store is required.
 type Config struct {
 	Store  vibejobs.Store
@@ -690,7 +694,9 @@ func (d *dashboard) internalError(w http.ResponseWriter, r *http.Request, v *vie
 	d.log.Error("web.internal_error", "route", r.Pattern, "error", err)
 	if vibejobs.ErrorKind(err) == vibejobs.EUNAVAILABLE {
 		// The database does not answer, or takes no writes (a failover):
-		// 503, as the API answers, not a fault of the dashboard's.
+		// 503, as the API answers, not a fault of the dashboard's, with
+		// the API's Retry-After: a failover or a restart takes seconds.
+		w.Header().Set("Retry-After", unavailableRetryAfter)
 		d.renderError(w, r, v, http.StatusServiceUnavailable, "Database unavailable",
 			"The dashboard cannot reach its database for now. Try again in a moment.")
 		return

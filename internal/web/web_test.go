@@ -861,7 +861,8 @@ func TestMountedUnderAPI(t *testing.T) {
 
 // TestDatabaseDownIsUnavailable: while the database does not answer (or
 // takes no writes, as in a failover), the dashboard answers 503, as the
-// API does, not 500, which says the dashboard itself is at fault.
+// API does, not 500, which says the dashboard itself is at fault; and, as
+// the API's, its 503 says when to try again (Retry-After: 2).
 func TestDatabaseDownIsUnavailable(t *testing.T) {
 	st := &storetest.Outage{Store: mustOpenStore(t)}
 	e := newEnvOn(t, st)
@@ -882,6 +883,8 @@ func TestDatabaseDownIsUnavailable(t *testing.T) {
 		st.Set(c.call)
 		if a := c.send(); a.status != http.StatusServiceUnavailable || !strings.Contains(a.body, "Database unavailable") {
 			t.Errorf("%s failing: %d\n%s", c.call, a.status, a.body)
+		} else if h := a.header.Get("Retry-After"); h != "2" {
+			t.Errorf("%s failing: a 503 with Retry-After %q, want 2 as the API gives", c.call, h)
 		}
 	}
 	st.Set()
