@@ -142,7 +142,7 @@ func (c *Config) flagSet(fs *flag.FlagSet, getenv func(string) string) {
 	env := func(name, def string) string { return envOr(getenv, name, def) }
 	fs.StringVar(&c.Listen, "listen", env("LISTEN", "127.0.0.1:8080"), "HTTP listen address (VIBEJOBS_LISTEN)")
 	fs.StringVar(&c.AllowPrivate, "allow-private", env("ALLOW_PRIVATE", ""), "comma-separated CIDRs or addresses deliveries may reach despite the egress policy, at most 32 (VIBEJOBS_ALLOW_PRIVATE)")
-	fs.StringVar(&c.TrustedProxies, "trusted-proxies", env("TRUSTED_PROXIES", ""), "comma-separated addresses or CIDRs of reverse proxies whose X-Forwarded-For names the client for the failed-login limits, at most 32 (VIBEJOBS_TRUSTED_PROXIES)")
+	fs.StringVar(&c.TrustedProxies, "trusted-proxies", env("TRUSTED_PROXIES", ""), "comma-separated addresses or CIDRs of reverse proxies whose X-Forwarded-For names the client for the failed-login limits, and whose X-Forwarded-Proto: https makes the dashboard's cookies Secure, at most 32 (VIBEJOBS_TRUSTED_PROXIES)")
 	fs.StringVar(&c.CAFile, "ca-file", env("CA_FILE", ""), "PEM bundle added to the system roots for deliveries (VIBEJOBS_CA_FILE)")
 	// intFlag declares an integer flag; validate checks its range, so
 	// that a value out of it, from the flag or the environment, is

@@ -254,7 +254,8 @@ func (f FailureLimit) limiter() *Limiter {
 }
 
 // Proxies are the reverse proxies trusted to name the client of a request
-// they forward, in X-Forwarded-For. The zero value trusts none.
+// they forward, in X-Forwarded-For, and to say how it reached them (see
+// Forwarded). The zero value trusts none.
 type Proxies struct {
 	trusted []netip.Prefix
 }
@@ -299,6 +300,19 @@ func (p Proxies) trusts(a netip.Addr) bool {
 	return false
 }
 
+// Forwarded reports whether r came through a trusted proxy: its
+// connection's peer is one. Only then may a header such a proxy sets about
+// the client's connection (X-Forwarded-For, X-Forwarded-Proto) be
+// believed; any other peer may write whatever it likes there. A peer that
+// is no IP address (a test, a Unix socket) is not trusted.
+func (p Proxies) Forwarded(r *http.Request) bool {
+	if len(p.trusted) == 0 {
+		return false
+	}
+	ap, err := netip.ParseAddrPort(r.RemoteAddr)
+	return err == nil && p.trusts(ap.Addr().Unmap().WithZone(""))
+}
+
 // Client names the client of a request: its IPv4 address, or IPv6 /64 (a
 // single host usually holds the whole prefix).
 //
@@ -317,7 +331,7 @@ func (p Proxies) Client(r *http.Request) string {
 		return "other"
 	}
 	client := ap.Addr().Unmap().WithZone("")
-	if len(p.trusted) > 0 && p.trusts(client) {
+	if p.Forwarded(r) {
 		client = p.forwardedFor(r.Header.Values("X-Forwarded-For"), client)
 	}
 	if client.Is4() {

@@ -35,6 +35,39 @@ func TestClient(t *testing.T) {
 	}
 }
 
+// TestForwarded: a request came through a trusted proxy when its peer is
+// one, whatever its headers say; a peer that is no IP address never is, and
+// the zero Proxies trusts no one.
+func TestForwarded(t *testing.T) {
+	proxies, err := ratelimit.ParseProxies("10.0.0.0/8, 2001:db8::1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		remote string
+		want   bool
+	}{
+		{"10.1.2.3:1", true},
+		{"[::ffff:10.1.2.3]:1", true},
+		{"[2001:db8::1]:443", true},
+		{"[2001:db8::2]:443", false},
+		{"192.0.2.1:1", false},
+		{"10.1.2.3", false}, // no port: not a peer address
+		{"@", false},
+		{"", false},
+	} {
+		r := httptest.NewRequest("GET", "/", nil)
+		r.RemoteAddr = tc.remote
+		r.Header.Set("X-Forwarded-For", "10.0.0.1")
+		if got := proxies.Forwarded(r); got != tc.want {
+			t.Errorf("Forwarded(%q) = %v, want %v", tc.remote, got, tc.want)
+		}
+		if (ratelimit.Proxies{}).Forwarded(r) {
+			t.Errorf("the zero Proxies trusts %q", tc.remote)
+		}
+	}
+}
+
 // TestClientBehindTrustedProxies: a trusted proxy's request counts for the
 // nearest address of X-Forwarded-For that is no trusted proxy, read from
 // the right; anything further left, which the client may have written, is

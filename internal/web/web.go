@@ -85,7 +85,10 @@ type Config struct {
 	// the requests whose session id names no live session.
 	LoginLimit LoginLimit
 	// TrustedProxies name the client behind a reverse proxy for
-	// LoginLimit (see ratelimit.Proxies.Client); none by default.
+	// LoginLimit (see ratelimit.Proxies.Client), and are the only peers
+	// whose X-Forwarded-Proto: https is believed (see secureRequest): a
+	// dashboard behind a TLS-terminating proxy must list it to set Secure,
+	// __Host- cookies. None by default.
 	TrustedProxies ratelimit.Proxies
 	// PageLimit bounds the pages of each token's sessions.
 	PageLimit PageLimit
@@ -173,10 +176,9 @@ func (d *dashboard) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	h.Set("Referrer-Policy", "no-referrer")
 	h.Set("Cross-Origin-Opener-Policy", "same-origin")
 	h.Set("Cache-Control", "no-store")
-	if secureRequest(r) {
-		// Browsers heed it only over HTTPS, so a forged X-Forwarded-Proto
-		// on plain HTTP sets nothing. Not includeSubDomains: other hosts
-		// of the domain are not ours to decide.
+	if d.secureRequest(r) {
+		// Browsers heed it only over HTTPS. Not includeSubDomains: other
+		// hosts of the domain are not ours to decide.
 		h.Set("Strict-Transport-Security", "max-age=31536000")
 	}
 	defer func() {
@@ -274,7 +276,7 @@ func (d *dashboard) tooManyFailures(w http.ResponseWriter, r *http.Request, wait
 // not looked up (see ratelimit.Failures for the ids let through all the
 // same).
 func (d *dashboard) authenticate(ctx context.Context, r *http.Request) (*viewer, error) {
-	c, err := r.Cookie(cookieName(r, SessionCookie))
+	c, err := r.Cookie(d.cookieName(r, SessionCookie))
 	if err != nil {
 		return nil, errNoSession
 	}
@@ -339,8 +341,8 @@ func (d *dashboard) withSession(page func(w http.ResponseWriter, r *http.Request
 			return
 		}
 		if errors.Is(err, errNoSession) {
-			if _, cerr := r.Cookie(cookieName(r, SessionCookie)); cerr == nil {
-				clearCookie(w, r, SessionCookie, "/")
+			if _, cerr := r.Cookie(d.cookieName(r, SessionCookie)); cerr == nil {
+				d.clearCookie(w, r, SessionCookie, "/")
 			}
 			target := "/login"
 			if next := r.URL.RequestURI(); next != "/" && safeNext(next) {
@@ -379,11 +381,29 @@ func safeNext(next string) bool {
 	return err == nil && u.Scheme == "" && u.Host == "" && u.User == nil
 }
 
-// secureRequest reports whether the browser reached us over TLS, directly or
-// through a proxy that says so. A forged header only makes the browser keep
-// the cookie for HTTPS, which harms no one but the forger.
-func secureRequest(r *http.Request) bool {
-	return r.TLS != nil || strings.EqualFold(r.Header.Get("X-Forwarded-Proto"), "https")
+// secureRequest reports whether the browser reached us over TLS: directly,
+// or through a trusted proxy (Config.TrustedProxies) whose
+// X-Forwarded-Proto says https. Only the last entry of that header is read,
+// the one the proxy that connected to us wrote; from any other peer the
+// header is ignored. (A forged header would only make the forger's own
+// browser keep its cookies for HTTPS, but the dashboard should not let any
+// client decide how its cookies are set.)
+func (d *dashboard) secureRequest(r *http.Request) bool {
+	if r.TLS != nil {
+		return true
+	}
+	if !d.proxies.Forwarded(r) {
+		return false
+	}
+	values := r.Header.Values("X-Forwarded-Proto")
+	if len(values) == 0 {
+		return false
+	}
+	last := values[len(values)-1]
+	if i := strings.LastIndexByte(last, ','); i >= 0 {
+		last = last[i+1:]
+	}
+	return strings.EqualFold(strings.TrimSpace(last), "https")
 }
 
 // hostPrefix marks a cookie the browser accepts only when it is Secure, has
@@ -391,8 +411,8 @@ func secureRequest(r *http.Request) bool {
 const hostPrefix = "__Host-"
 
 // cookieName is the name of the cookie base on r's scheme.
-func cookieName(r *http.Request, base string) string {
-	if secureRequest(r) {
+func (d *dashboard) cookieName(r *http.Request, base string) string {
+	if d.secureRequest(r) {
 		return hostPrefix + base
 	}
 	return base
@@ -401,13 +421,13 @@ func cookieName(r *http.Request, base string) string {
 // setCookie sets the cookie base for path (over HTTPS, for every path, as
 // the __Host- prefix asks); maxAge 0 makes it last the browser's session,
 // a negative maxAge clears it.
-func setCookie(w http.ResponseWriter, r *http.Request, base, value, path string, maxAge time.Duration) {
-	secure := secureRequest(r)
+func (d *dashboard) setCookie(w http.ResponseWriter, r *http.Request, base, value, path string, maxAge time.Duration) {
+	secure := d.secureRequest(r)
 	if secure {
 		path = "/"
 	}
 	c := &http.Cookie{
-		Name: cookieName(r, base), Value: value, Path: path, MaxAge: int(maxAge / time.Second),
+		Name: d.cookieName(r, base), Value: value, Path: path, MaxAge: int(maxAge / time.Second),
 		HttpOnly: true, Secure: secure, SameSite: http.SameSiteStrictMode,
 	}
 	if maxAge < 0 {
@@ -416,8 +436,8 @@ func setCookie(w http.ResponseWriter, r *http.Request, base, value, path string,
 	http.SetCookie(w, c)
 }
 
-func clearCookie(w http.ResponseWriter, r *http.Request, base, path string) {
-	setCookie(w, r, base, "", path, -1)
+func (d *dashboard) clearCookie(w http.ResponseWriter, r *http.Request, base, path string) {
+	d.setCookie(w, r, base, "", path, -1)
 }
 
 // sameOrigin rejects a form posted from another site, as far as the browser
@@ -449,14 +469,14 @@ type loginData struct {
 
 // loginSecret returns the double-submit secret of the login form: the one
 // the browser holds if it is well formed, else a new one set in a cookie.
-func loginSecret(w http.ResponseWriter, r *http.Request) string {
-	if c, err := r.Cookie(cookieName(r, LoginCookie)); err == nil {
+func (d *dashboard) loginSecret(w http.ResponseWriter, r *http.Request) string {
+	if c, err := r.Cookie(d.cookieName(r, LoginCookie)); err == nil {
 		if _, ok := keyOf(c.Value); ok {
 			return c.Value
 		}
 	}
 	v := randomToken()
-	setCookie(w, r, LoginCookie, v, "/login", DefaultSessionLifetime)
+	d.setCookie(w, r, LoginCookie, v, "/login", DefaultSessionLifetime)
 	return v
 }
 
@@ -472,11 +492,11 @@ func (d *dashboard) loginForm(w http.ResponseWriter, r *http.Request) {
 	case errors.Is(err, errNoSession):
 		// A dead id, dropped as on every page: kept, each visit of this
 		// page would look it up again and spend the address's LoginLimit.
-		if _, cerr := r.Cookie(cookieName(r, SessionCookie)); cerr == nil {
-			clearCookie(w, r, SessionCookie, "/")
+		if _, cerr := r.Cookie(d.cookieName(r, SessionCookie)); cerr == nil {
+			d.clearCookie(w, r, SessionCookie, "/")
 		}
 	}
-	d.renderLogin(w, r, http.StatusOK, loginData{CSRF: loginSecret(w, r), Next: next})
+	d.renderLogin(w, r, http.StatusOK, loginData{CSRF: d.loginSecret(w, r), Next: next})
 }
 
 func (d *dashboard) renderLogin(w http.ResponseWriter, r *http.Request, status int, data loginData) {
@@ -494,12 +514,12 @@ func (d *dashboard) login(w http.ResponseWriter, r *http.Request) {
 	if !safeNext(next) {
 		next = ""
 	}
-	c, err := r.Cookie(cookieName(r, LoginCookie))
+	c, err := r.Cookie(d.cookieName(r, LoginCookie))
 	if !sameOrigin(r) || err != nil || !equalSecret(r.PostForm.Get("csrf"), c.Value) {
 		d.log.Info("web.login_refused", "reason", "csrf")
 		// A fresh form: the secret may simply have expired.
 		v := randomToken()
-		setCookie(w, r, LoginCookie, v, "/login", DefaultSessionLifetime)
+		d.setCookie(w, r, LoginCookie, v, "/login", DefaultSessionLifetime)
 		d.renderLogin(w, r, http.StatusForbidden, loginData{CSRF: v, Next: next,
 			Error: "This form expired or came from another site. Please try again."})
 		return
@@ -543,7 +563,7 @@ func (d *dashboard) login(w http.ResponseWriter, r *http.Request) {
 	}
 	attempt.Succeeded()
 	// A new id at every login: an id planted before the login is worthless.
-	if old, err := r.Cookie(cookieName(r, SessionCookie)); err == nil {
+	if old, err := r.Cookie(d.cookieName(r, SessionCookie)); err == nil {
 		if err := d.sessions.delete(r.Context(), old.Value); err != nil {
 			d.internalError(w, r, nil, fmt.Errorf("ending the previous session: %w", err))
 			return
@@ -554,8 +574,8 @@ func (d *dashboard) login(w http.ResponseWriter, r *http.Request) {
 		d.internalError(w, r, nil, fmt.Errorf("starting a session: %w", err))
 		return
 	}
-	setCookie(w, r, SessionCookie, id, "/", 0)
-	clearCookie(w, r, LoginCookie, "/login")
+	d.setCookie(w, r, SessionCookie, id, "/", 0)
+	d.clearCookie(w, r, LoginCookie, "/login")
 	d.log.Info("web.login", "token_id", tok.ID, "project", tok.ProjectID)
 	http.Redirect(w, r, cmp.Or(next, "/"), http.StatusSeeOther)
 }
@@ -592,7 +612,7 @@ func (d *dashboard) logout(w http.ResponseWriter, r *http.Request) {
 	if !d.parseForm(w, r) {
 		return
 	}
-	c, err := r.Cookie(cookieName(r, SessionCookie))
+	c, err := r.Cookie(d.cookieName(r, SessionCookie))
 	if err != nil {
 		http.Redirect(w, r, "/login", http.StatusSeeOther)
 		return
@@ -612,7 +632,7 @@ func (d *dashboard) logout(w http.ResponseWriter, r *http.Request) {
 	}
 	if !ok {
 		attempt.Failed()
-		clearCookie(w, r, SessionCookie, "/")
+		d.clearCookie(w, r, SessionCookie, "/")
 		http.Redirect(w, r, "/login", http.StatusSeeOther)
 		return
 	}
@@ -627,7 +647,7 @@ func (d *dashboard) logout(w http.ResponseWriter, r *http.Request) {
 		d.internalError(w, r, nil, fmt.Errorf("ending the session: %w", err))
 		return
 	}
-	clearCookie(w, r, SessionCookie, "/")
+	d.clearCookie(w, r, SessionCookie, "/")
 	d.log.Info("web.logout", "token_id", sess.tokenID, "project", sess.projectID)
 	http.Redirect(w, r, "/login", http.StatusSeeOther)
 }

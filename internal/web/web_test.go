@@ -18,6 +18,7 @@ import (
 
 	"github.com/vibejobs/vibejobs"
 	"github.com/vibejobs/vibejobs/internal/api"
+	"github.com/vibejobs/vibejobs/internal/ratelimit"
 	"github.com/vibejobs/vibejobs/internal/secretbox"
 	"github.com/vibejobs/vibejobs/internal/storetest"
 	"github.com/vibejobs/vibejobs/internal/syncbuf"
@@ -57,18 +58,41 @@ func TestLoginShowsProjectJobs(t *testing.T) {
 }
 
 // TestSessionCookieAttributes: the cookies are HttpOnly and SameSite=Strict;
-// over HTTPS (TLS, or a proxy's X-Forwarded-Proto) they are Secure and carry
-// the __Host- prefix (so no sibling host or plain-HTTP attacker can plant
-// one), and every answer sends Strict-Transport-Security. Over plain HTTP
-// the dashboard works as before.
+// over HTTPS (TLS, or a trusted proxy's X-Forwarded-Proto) they are Secure
+// and carry the __Host- prefix (so no sibling host or plain-HTTP attacker
+// can plant one), and every answer sends Strict-Transport-Security. Over
+// plain HTTP the dashboard works as before, and so it does when a peer that
+// is no trusted proxy claims HTTPS: X-Forwarded-Proto is believed only from
+// Config.TrustedProxies, and only its last entry, the one the proxy wrote.
 func TestSessionCookieAttributes(t *testing.T) {
-	e := newEnv(t)
+	const proxy, client = "10.0.0.7:40000", "192.0.2.1:1234"
+	e := newEnv(t, func(c *web.Config) {
+		p, err := ratelimit.ParseProxies("10.0.0.0/24")
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.TrustedProxies = p
+	})
 	for _, tc := range []struct {
 		name   string
 		tls    bool
-		header string // X-Forwarded-Proto
+		peer   string   // RemoteAddr
+		header []string // X-Forwarded-Proto, one value per header line
 		secure bool
-	}{{"plain", false, "", false}, {"tls", true, "", true}, {"proxy", false, "https", true}, {"proxy http", false, "http", false}} {
+	}{
+		{"plain", false, client, nil, false},
+		{"tls", true, client, nil, true},
+		{"proxy", false, proxy, []string{"https"}, true},
+		{"proxy http", false, proxy, []string{"http"}, false},
+		{"proxy HTTPS", false, proxy, []string{"HTTPS"}, true},
+		// The client's own value left of what the proxy appended is not read.
+		{"proxy appends https", false, proxy, []string{"http, https"}, true},
+		{"proxy appends http", false, proxy, []string{"https, http"}, false},
+		{"proxy adds a line", false, proxy, []string{"https", "http"}, false},
+		// A client that is no trusted proxy claims HTTPS on plain HTTP.
+		{"untrusted peer", false, client, []string{"https"}, false},
+		{"untrusted peer, no IP", false, "@", []string{"https"}, false},
+	} {
 		t.Run(tc.name, func(t *testing.T) {
 			prefix := ""
 			if tc.secure {
@@ -84,8 +108,9 @@ func TestSessionCookieAttributes(t *testing.T) {
 				if tc.tls {
 					req.TLS = &tls.ConnectionState{}
 				}
-				if tc.header != "" {
-					req.Header.Set("X-Forwarded-Proto", tc.header)
+				req.RemoteAddr = tc.peer
+				for _, v := range tc.header {
+					req.Header.Add("X-Forwarded-Proto", v)
 				}
 				for _, c := range jar {
 					req.AddCookie(c)
