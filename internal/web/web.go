@@ -443,8 +443,12 @@ func (d *dashboard) clearCookie(w http.ResponseWriter, r *http.Request, base, pa
 // sameOrigin rejects a form posted from another site, as far as the browser
 // tells: Sec-Fetch-Site, else Origin. Neither is always sent (our
 // Referrer-Policy makes a browser send "Origin: null" even for our own
-// forms), so the form's secret decides in the end.
-func sameOrigin(r *http.Request) bool {
+// forms), so the form's secret decides in the end. An Origin matches only
+// with the same scheme (https when secureRequest says so, else http), host
+// and port, a missing port being the scheme's default: http://host is not
+// the origin of a dashboard served at https://host, nor is host:8443 that
+// of host:443.
+func (d *dashboard) sameOrigin(r *http.Request) bool {
 	if site := r.Header.Get("Sec-Fetch-Site"); site != "" {
 		return site == "same-origin" || site == "none"
 	}
@@ -453,7 +457,27 @@ func sameOrigin(r *http.Request) bool {
 		return true
 	}
 	u, err := url.Parse(origin)
-	return err == nil && strings.EqualFold(u.Host, r.Host)
+	if err != nil {
+		return false
+	}
+	scheme := "http"
+	if d.secureRequest(r) {
+		scheme = "https"
+	}
+	ours := &url.URL{Host: r.Host}
+	return strings.EqualFold(u.Scheme, scheme) && u.Hostname() != "" &&
+		strings.EqualFold(u.Hostname(), ours.Hostname()) && portOr(u, scheme) == portOr(ours, scheme)
+}
+
+// portOr is u's port, or the default port of scheme when u names none.
+func portOr(u *url.URL, scheme string) string {
+	if p := u.Port(); p != "" {
+		return p
+	}
+	if scheme == "https" {
+		return "443"
+	}
+	return "80"
 }
 
 func equalSecret(a, b string) bool {
@@ -515,7 +539,7 @@ func (d *dashboard) login(w http.ResponseWriter, r *http.Request) {
 		next = ""
 	}
 	c, err := r.Cookie(d.cookieName(r, LoginCookie))
-	if !sameOrigin(r) || err != nil || !equalSecret(r.PostForm.Get("csrf"), c.Value) {
+	if !d.sameOrigin(r) || err != nil || !equalSecret(r.PostForm.Get("csrf"), c.Value) {
 		d.log.Info("web.login_refused", "reason", "csrf")
 		// A fresh form: the secret may simply have expired.
 		v := randomToken()
@@ -637,7 +661,7 @@ func (d *dashboard) logout(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	attempt.Succeeded()
-	if !sameOrigin(r) || !equalSecret(r.PostForm.Get("csrf"), sess.csrf) {
+	if !d.sameOrigin(r) || !equalSecret(r.PostForm.Get("csrf"), sess.csrf) {
 		d.log.Info("web.logout_refused", "reason", "csrf", "token_id", sess.tokenID)
 		d.renderError(w, r, nil, http.StatusForbidden, "Form expired",
 			"This form expired or came from another site. Go back, reload the page and try again.")

@@ -685,6 +685,101 @@ func TestLoginFormCSRF(t *testing.T) {
 	}
 }
 
+// TestLoginOriginIsSchemeHostAndPort: without Sec-Fetch-Site, the login
+// form is taken only from an Origin with the dashboard's scheme, host and
+// port (a missing port is the scheme's default): an http:// page does not
+// pass for an https dashboard, nor another port for this one. The scheme is
+// https over TLS or behind a trusted proxy that says so.
+func TestLoginOriginIsSchemeHostAndPort(t *testing.T) {
+	const proxy, client = "10.0.0.7:40000", "192.0.2.1:1234"
+	e := newEnv(t, func(c *web.Config) {
+		p, err := ratelimit.ParseProxies("10.0.0.0/24")
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.TrustedProxies = p
+	})
+	type how struct {
+		host  string
+		tls   bool
+		peer  string
+		proto string // X-Forwarded-Proto
+	}
+	plain := how{host: "dash.example:8080", peer: client}
+	bare := how{host: "dash.example", peer: client}
+	secure := how{host: "dash.example", tls: true, peer: client}
+	proxied := how{host: "dash.example", peer: proxy, proto: "https"}
+	forged := how{host: "dash.example", peer: client, proto: "https"}
+	v6 := how{host: "[::1]:8080", peer: client}
+	for _, tc := range []struct {
+		name   string
+		how    how
+		origin string
+		ok     bool
+	}{
+		{"http same", plain, "http://dash.example:8080", true},
+		{"http same, other case", plain, "HTTP://Dash.Example:8080", true},
+		{"http, https origin", plain, "https://dash.example:8080", false},
+		{"http, other port", plain, "http://dash.example:8081", false},
+		{"http, default port", plain, "http://dash.example", false},
+		{"http, other host", plain, "http://evil.example:8080", false},
+		{"http, explicit default port", bare, "http://dash.example:80", true},
+		{"http, no port", bare, "http://dash.example", true},
+		{"http, no host", bare, "http://", false},
+		{"ipv6", v6, "http://[::1]:8080", true},
+		{"ipv6, other port", v6, "http://[::1]:8081", false},
+		{"tls same", secure, "https://dash.example", true},
+		{"tls, explicit default port", secure, "https://dash.example:443", true},
+		{"tls, http origin", secure, "http://dash.example", false},
+		{"tls, http origin on 443", secure, "http://dash.example:443", false},
+		{"tls, other port", secure, "https://dash.example:8443", false},
+		{"trusted proxy, https origin", proxied, "https://dash.example", true},
+		{"trusted proxy, http origin", proxied, "http://dash.example", false},
+		{"untrusted peer says https", forged, "https://dash.example", false},
+		{"untrusted peer, http origin", forged, "http://dash.example", true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			send := func(method string, form url.Values, header http.Header, cookies []*http.Cookie) *httptest.ResponseRecorder {
+				t.Helper()
+				req := httptest.NewRequest(method, "/login", strings.NewReader(form.Encode()))
+				req.Host, req.RemoteAddr = tc.how.host, tc.how.peer
+				if tc.how.tls {
+					req.TLS = &tls.ConnectionState{}
+				}
+				if tc.how.proto != "" {
+					req.Header.Set("X-Forwarded-Proto", tc.how.proto)
+				}
+				if form != nil {
+					req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+				}
+				for k, v := range header {
+					req.Header[k] = v
+				}
+				for _, c := range cookies {
+					req.AddCookie(c)
+				}
+				rec := httptest.NewRecorder()
+				e.handler.ServeHTTP(rec, req)
+				return rec
+			}
+			form := send("GET", nil, nil, nil)
+			m := csrfField.FindStringSubmatch(form.Body.String())
+			if form.Code != http.StatusOK || m == nil {
+				t.Fatalf("GET /login: %d, csrf field %v", form.Code, m)
+			}
+			rec := send("POST", url.Values{"csrf": {m[1]}, "token": {tokenA}},
+				http.Header{"Origin": {tc.origin}}, form.Result().Cookies())
+			want := http.StatusForbidden
+			if tc.ok {
+				want = http.StatusSeeOther
+			}
+			if rec.Code != want {
+				t.Errorf("POST /login from Origin %q: %d, want %d", tc.origin, rec.Code, want)
+			}
+		})
+	}
+}
+
 func TestLogoutCSRF(t *testing.T) {
 	e := newEnv(t)
 	b := e.browser()
