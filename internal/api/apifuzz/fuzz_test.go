@@ -70,6 +70,50 @@ func FuzzDecodeJobRequest(f *testing.F) {
 	})
 }
 
+// FuzzDecodeSubscriptionRequest sends arbitrary bodies to POST
+// /v1/subscriptions and PATCH /v1/subscriptions/{id}: the answer is never a
+// 5xx and always a JSON object, an error with a code for every 4xx.
+func FuzzDecodeSubscriptionRequest(f *testing.F) {
+	for _, s := range []string{
+		`{"url":"https://hooks.example.test/e"}`,
+		`{"url":"https://hooks.example.test/e","types":["run.failed","run.succeeded"]}`,
+		`{"url":"https://hooks.example.test/e","jobIds":["job_1"]}`,
+		`{"types":[]}`, `{"jobIds":null}`, `{"types":["run.nope"]}`, `{"url":"http://127.0.0.1/"}`,
+		`{"url":"https://hooks.example.test/e","url":"https://x.example.test/"}`, `{"extra":1}`, `[]`, `null`, ``,
+		`{"types":["run.failed","run.failed"]}`, `{"jobIds":["job_\u0000"]}`, "{\"url\":\"https://h.example.test/\xff\"}",
+	} {
+		f.Add([]byte(s))
+	}
+	now := time.Date(2026, 10, 9, 8, 0, 0, 0, time.UTC)
+	h, token, st := fuzzAPIStore(f, &now)
+	st.subs["sub_1"] = &vibejobs.Subscription{ID: "sub_1", ProjectID: "prj_1", URL: "https://hooks.example.test/e",
+		CreatedAt: now, UpdatedAt: now}
+	var keys atomic.Int64
+	f.Fuzz(func(t *testing.T, body []byte) {
+		for _, target := range []struct{ method, path string }{{"POST", "/v1/subscriptions"}, {"PATCH", "/v1/subscriptions/sub_1"}} {
+			r := httptest.NewRequest(target.method, target.path, strings.NewReader(string(body)))
+			r.Header.Set("Authorization", "Bearer "+token)
+			r.Header.Set("Idempotency-Key", "k"+strconv.FormatInt(keys.Add(1), 10))
+			w := httptest.NewRecorder()
+			h.ServeHTTP(w, r)
+			if w.Code >= 500 {
+				t.Fatalf("%s %q: %d %s", target.method, body, w.Code, w.Body)
+			}
+			var m map[string]any
+			if err := json.Unmarshal(w.Body.Bytes(), &m); err != nil {
+				t.Fatalf("%s %q: the answer is not a JSON object: %s", target.method, body, w.Body)
+			}
+			if w.Code >= 400 {
+				if e, ok := m["error"].(map[string]any); !ok || e["code"] == "" || e["code"] == "internal" {
+					t.Fatalf("%s %q: error answer %s", target.method, body, w.Body)
+				}
+			} else if w.Code != http.StatusCreated && w.Code != http.StatusOK {
+				t.Fatalf("%s %q: status %d", target.method, body, w.Code)
+			}
+		}
+	})
+}
+
 func readSeeds(t testing.TB) [][]byte {
 	f, err := os.Open("../testdata/job-bodies.txt")
 	if err != nil {
@@ -174,6 +218,13 @@ func FuzzListQuery(f *testing.F) {
 // prj_1, which it returns too, and its clock reading *now; no rate limit.
 func fuzzAPI(f *testing.F, now *time.Time) (http.Handler, string) {
 	f.Helper()
+	h, token, _ := fuzzAPIStore(f, now)
+	return h, token
+}
+
+// fuzzAPIStore is fuzzAPI, also returning its store.
+func fuzzAPIStore(f *testing.F, now *time.Time) (http.Handler, string, *memStore) {
+	f.Helper()
 	key, err := secretbox.NewKey()
 	if err != nil {
 		f.Fatal(err)
@@ -189,5 +240,5 @@ func fuzzAPI(f *testing.F, now *time.Time) (http.Handler, string) {
 		Store: st, Sealer: ring, Now: func() time.Time { return *now },
 		Logger:    slog.New(slog.NewTextHandler(io.Discard, nil)),
 		RateLimit: api.RateLimit{PerSecond: -1},
-	}).Handler(), token
+	}).Handler(), token, st
 }

@@ -22,10 +22,12 @@ type memStore struct {
 	token *vibejobs.Token
 	jobs  map[string]*vibejobs.Job
 	keys  map[string]*vibejobs.IdempotencyRecord
+	subs  map[string]*vibejobs.Subscription
 }
 
 func newMemStore(token *vibejobs.Token) *memStore {
-	return &memStore{token: token, jobs: map[string]*vibejobs.Job{}, keys: map[string]*vibejobs.IdempotencyRecord{}}
+	return &memStore{token: token, jobs: map[string]*vibejobs.Job{}, keys: map[string]*vibejobs.IdempotencyRecord{},
+		subs: map[string]*vibejobs.Subscription{}}
 }
 
 func (m *memStore) TokenByHash(ctx context.Context, hash []byte) (*vibejobs.Token, error) {
@@ -40,11 +42,13 @@ func (m *memStore) TokenByHash(ctx context.Context, hash []byte) (*vibejobs.Toke
 func (m *memStore) Update(ctx context.Context, fn func(tx vibejobs.Tx) error) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	tx := &memTx{base: m, jobs: map[string]*vibejobs.Job{}, keys: map[string]*vibejobs.IdempotencyRecord{}}
+	tx := &memTx{base: m, jobs: map[string]*vibejobs.Job{}, keys: map[string]*vibejobs.IdempotencyRecord{},
+		subs: map[string]*vibejobs.Subscription{}}
 	if err := fn(tx); err != nil {
 		return err
 	}
 	maps.Copy(m.jobs, tx.jobs)
+	maps.Copy(m.subs, tx.subs)
 	for k, r := range tx.keys {
 		if r == nil {
 			delete(m.keys, k)
@@ -91,6 +95,7 @@ type memTx struct {
 	base *memStore
 	jobs map[string]*vibejobs.Job
 	keys map[string]*vibejobs.IdempotencyRecord
+	subs map[string]*vibejobs.Subscription
 }
 
 func (t *memTx) key(projectID, key string, now time.Time) (*vibejobs.IdempotencyRecord, error) {
@@ -229,3 +234,40 @@ func memPage(p vibejobs.Page) (limit int, after string, err error) {
 }
 
 const idChars = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-"
+
+func (m *memStore) GetSubscription(ctx context.Context, projectID, id string) (*vibejobs.Subscription, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return getSubscription(m.subs, projectID, id)
+}
+
+func getSubscription(subs map[string]*vibejobs.Subscription, projectID, id string) (*vibejobs.Subscription, error) {
+	s, ok := subs[id]
+	if !ok || s.ProjectID != projectID {
+		return nil, vibejobs.ErrNotFound("subscription")
+	}
+	c := *s
+	return &c, nil
+}
+
+func (t *memTx) GetSubscription(ctx context.Context, projectID, id string) (*vibejobs.Subscription, error) {
+	if _, ok := t.subs[id]; ok {
+		return getSubscription(t.subs, projectID, id)
+	}
+	return getSubscription(t.base.subs, projectID, id)
+}
+
+// CreateSubscription keeps nothing: the fuzz target checks decoding, and
+// kept, the subscriptions it creates would soon fill the project's cap.
+func (t *memTx) CreateSubscription(ctx context.Context, s *vibejobs.Subscription, limit int) error {
+	return nil
+}
+
+func (t *memTx) UpdateSubscription(ctx context.Context, s *vibejobs.Subscription) error {
+	if _, err := t.GetSubscription(ctx, s.ProjectID, s.ID); err != nil {
+		return err
+	}
+	c := *s
+	t.subs[s.ID] = &c
+	return nil
+}
