@@ -64,8 +64,8 @@ type Reader interface {
 	// ListRuns returns runs newest first (by id), without attempts.
 	ListRuns(ctx context.Context, projectID string, f RunFilter, p Page) (runs []*Run, nextCursor string, err error)
 
-	// GetIdempotencyKey returns the record of key, or ENOTFOUND; expired records
-	// (ExpiresAt ≤ now) are not found.
+	// GetIdempotencyKey returns the record of key with its Age, or
+	// ENOTFOUND; expired records (ExpiresAt ≤ now) are not found.
 	GetIdempotencyKey(ctx context.Context, projectID, key string, now time.Time) (*IdempotencyRecord, error)
 
 	// ListEvents reads a project's feed after f.After in sequence order: at
@@ -120,8 +120,9 @@ type Tx interface {
 	// refused (EINVALID, see Run.CheckDue).
 	CreateRun(ctx context.Context, r *Run) error
 
-	// InsertIdempotencyKey stores a new in-progress record. A live record with
-	// the same (project, key) gives ECONFLICT; an expired one is replaced.
+	// InsertIdempotencyKey stores a new in-progress record, whose Age
+	// starts then. A live record with the same (project, key) gives
+	// ECONFLICT; an expired one is replaced.
 	InsertIdempotencyKey(ctx context.Context, rec *IdempotencyRecord) error
 	// CompleteIdempotencyKey stores the response of rec and marks it done,
 	// only while the record is the claim in progress that was made at

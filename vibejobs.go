@@ -252,8 +252,20 @@ type IdempotencyRecord struct {
 	ResponseStatus  int
 	ResponseHeaders map[string]string
 	ResponseBody    []byte
-	CreatedAt       time.Time
-	ExpiresAt       time.Time
+	// CreatedAt, the claiming request's time, identifies the claim: a
+	// completion or release names it, and a claim taken over since is
+	// another one.
+	CreatedAt time.Time
+	ExpiresAt time.Time
+	// Age is set by GetIdempotencyKey (writes ignore it): how long before
+	// the read the key was claimed, by the store's own clock. On
+	// PostgreSQL that is the database server's clock, both for the claim
+	// and the read, so replicas whose clocks disagree agree on a claim's
+	// age; the now they pass and CreatedAt play no part in it. On SQLite,
+	// whose writers share one machine's clock, it is the reader's now less
+	// CreatedAt. The API takes an in-progress claim over once it is a
+	// minute old.
+	Age time.Duration
 }
 
 // NewID returns an id with prefix (for example "job_") followed by the time

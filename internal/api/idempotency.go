@@ -19,7 +19,9 @@ const (
 	// abandonedAfter is when an in-progress key is taken to belong to a
 	// request that died with its process: a new request may take it over.
 	// Were that request only slow, its completion now fails, and its
-	// effect, which commits with it, rolls back.
+	// effect, which commits with it, rolls back. The age is the store's
+	// (IdempotencyRecord.Age): on PostgreSQL, the database server's clock,
+	// so replicas whose clocks disagree agree on it.
 	abandonedAfter = 60 * time.Second
 	// sealedKeyHeader marks a stored answer whose body is sealed under the
 	// master key it names. It is never sent to a client.
@@ -97,7 +99,7 @@ func (s *Server) idempotent(ctx context.Context, c *call, effect func(context.Co
 	rec, err := s.store.GetIdempotencyKey(ctx, project, key, c.now)
 	switch {
 	case err == nil:
-		if resp, err := s.answerFromRecord(rec, hash, c.now); err != nil {
+		if resp, err := s.answerFromRecord(rec, hash); err != nil {
 			return s.fail(c, err)
 		} else if resp != nil {
 			return resp
@@ -115,7 +117,7 @@ func (s *Server) idempotent(ctx context.Context, c *call, effect func(context.Co
 			rec, err := tx.GetIdempotencyKey(ctx, project, key, c.now)
 			switch {
 			case err == nil:
-				resp, err := s.answerFromRecord(rec, hash, c.now)
+				resp, err := s.answerFromRecord(rec, hash)
 				if err != nil {
 					return err
 				}
@@ -290,14 +292,15 @@ func inProgress() *response {
 
 // answerFromRecord decides what an existing record means for a request with
 // hash: a 422 for another request, a 409 while in progress, the stored answer
-// once done, or nil (take the key over) when the first request was abandoned.
-func (s *Server) answerFromRecord(rec *vibejobs.IdempotencyRecord, hash []byte, now time.Time) (*response, error) {
+// once done, or nil (take the key over) when the first request was abandoned
+// (its claim's Age, by the store's clock, is abandonedAfter or more).
+func (s *Server) answerFromRecord(rec *vibejobs.IdempotencyRecord, hash []byte) (*response, error) {
 	if !bytes.Equal(rec.RequestHash, hash) {
 		return errorResponse(&vibejobs.Error{Kind: vibejobs.EUNPROCESSABLE, Code: "idempotency_key_reuse_conflict",
 			Message: "this Idempotency-Key was used with another request", Field: "Idempotency-Key"}), nil
 	}
 	if !rec.Done {
-		if now.Sub(rec.CreatedAt) >= abandonedAfter {
+		if rec.Age >= abandonedAfter {
 			return nil, nil
 		}
 		return inProgress(), nil

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"slices"
@@ -14,6 +15,7 @@ import (
 
 	"github.com/vibejobs/vibejobs"
 	"github.com/vibejobs/vibejobs/internal/api"
+	"github.com/vibejobs/vibejobs/internal/egress"
 	"github.com/vibejobs/vibejobs/internal/postgres"
 )
 
@@ -152,8 +154,9 @@ func TestIdempotencyOnPostgres(t *testing.T) {
 		t.Errorf("replayed refusal: %s", res)
 	}
 
-	// A claim whose request died with its process: after 60 s, many
-	// retries at once take it over, and exactly one does the work.
+	// A claim whose request died with its process: after 60 s by the
+	// database's clock, many retries at once take it over, and exactly one
+	// does the work.
 	tokens, err := p.store.ListTokens(context.Background(), p.project())
 	if err != nil || len(tokens) != 1 {
 		t.Fatalf("the bootstrap token: %v, %v", tokens, err)
@@ -168,11 +171,171 @@ func TestIdempotencyOnPostgres(t *testing.T) {
 	if res := p.send("POST", "/v1/jobs", "pg-abandoned", body); res.status != http.StatusConflict {
 		t.Fatalf("while the claim is fresh: %s", res)
 	}
-	p.clock.Advance(60 * time.Second)
+	// The replica's clock moves one second on: the retries' claims are
+	// other claims than the abandoned one (CreatedAt tells them apart).
+	postgres.AgeIdempotencyClaim(t, p.store, p.project(), "pg-abandoned", 60*time.Second)
+	p.clock.Advance(time.Second)
 	before := p.jobs()
 	p.concurrently(20, "/v1/jobs", "pg-abandoned", body)
 	if n := p.jobs(); n != before+1 {
 		t.Errorf("%d jobs made by 20 retries taking one abandoned claim over, want 1", n-before)
+	}
+}
+
+// pgReplicas serves the API from two replicas sharing one fresh PostgreSQL
+// schema, each with its own Store, master keyring copy and fake clock: the
+// second's runs skew ahead of the first's (behind when negative). Each
+// replica's Store sits behind a hookedStore. Both use the bootstrap token.
+func pgReplicas(t *testing.T, skew time.Duration) (first, second *pgAPI, firstHooks, secondHooks *hookedStore) {
+	t.Helper()
+	schema := postgres.NewTestSchema(t)
+	keyring := mustKeyring(t)
+	var token string
+	replica := func(at time.Time) (*pgAPI, *hookedStore) {
+		st := postgres.MustOpenTestWith(t, postgres.Options{Schema: schema, Logger: slog.New(slog.DiscardHandler)})
+		clk := &clock{t: at}
+		if token == "" {
+			tok, _, err := api.Bootstrap(context.Background(), st, clk.Now(), nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			token = tok
+		}
+		policy, err := egress.NewPolicy(nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		hooks := &hookedStore{Store: st}
+		h := api.New(api.Config{Store: hooks, Sealer: keyring, URLs: policy, Now: clk.Now,
+			Logger: slog.New(slog.DiscardHandler), RateLimit: api.RateLimit{PerSecond: -1}}).Handler()
+		srv := httptest.NewServer(h)
+		t.Cleanup(srv.Close)
+		return &pgAPI{t: t, url: srv.URL, token: token, store: st, clock: clk}, hooks
+	}
+	first, firstHooks = replica(t0)
+	second, secondHooks = replica(t0.Add(skew))
+	return first, second, firstHooks, secondHooks
+}
+
+// hookedStore calls its hooks at the Idempotency-Key steps of the requests
+// made through it; a nil hook does nothing.
+type hookedStore struct {
+	vibejobs.Store
+	// beforeCompletion runs in the transaction of a request's effect, just
+	// before the key's completion.
+	beforeCompletion func()
+	// claimed runs once a transaction that claimed a key has committed.
+	claimed func()
+}
+
+func (h *hookedStore) Update(ctx context.Context, fn func(vibejobs.Tx) error) error {
+	var claimed bool
+	err := h.Store.Update(ctx, func(tx vibejobs.Tx) error {
+		claimed = false
+		return fn(hookedTx{Tx: tx, h: h, claimed: &claimed})
+	})
+	if err == nil && claimed && h.claimed != nil {
+		h.claimed()
+	}
+	return err
+}
+
+type hookedTx struct {
+	vibejobs.Tx
+	h       *hookedStore
+	claimed *bool
+}
+
+func (t hookedTx) InsertIdempotencyKey(ctx context.Context, rec *vibejobs.IdempotencyRecord) error {
+	err := t.Tx.InsertIdempotencyKey(ctx, rec)
+	*t.claimed = err == nil
+	return err
+}
+
+func (t hookedTx) CompleteIdempotencyKey(ctx context.Context, rec *vibejobs.IdempotencyRecord) error {
+	if t.h.beforeCompletion != nil {
+		t.h.beforeCompletion()
+	}
+	return t.Tx.CompleteIdempotencyKey(ctx, rec)
+}
+
+// holdCompletions makes h hold every request's completion, inside the
+// transaction of its effect, until the returned release is called (or the
+// test ends); reached receives when one is held.
+func holdCompletions(t *testing.T, h *hookedStore) (reached <-chan struct{}, release func()) {
+	r, open := make(chan struct{}, 1), make(chan struct{})
+	var once sync.Once
+	release = func() { once.Do(func() { close(open) }) }
+	t.Cleanup(release)
+	h.beforeCompletion = func() {
+		select {
+		case r <- struct{}{}:
+		default:
+		}
+		<-open
+	}
+	return r, release
+}
+
+// signal returns a hook that sends on the returned channel each time it
+// runs, without waiting.
+func signal() (func(), <-chan struct{}) {
+	c := make(chan struct{}, 1)
+	return func() {
+		select {
+		case c <- struct{}{}:
+		default:
+		}
+	}, c
+}
+
+// sendAsync sends the POST from a goroutine and returns where its answer
+// arrives.
+func (p *pgAPI) sendAsync(path, key string, body []byte) <-chan *result {
+	c := make(chan *result, 1)
+	go func() { c <- p.send("POST", path, key, body) }()
+	return c
+}
+
+// TestIdempotencyOnSkewedReplicas: the age at which an in-progress claim is
+// taken over (60 s) is measured on the database server's clock. A request
+// still in progress on one replica keeps its key against a retry sent to a
+// replica whose clock runs ten minutes ahead: the retry is told the first
+// is in progress, the first completes, and the retry then gets its answer.
+// (Measured on the replicas' clocks, the claim looked ten minutes old to
+// the second replica, which took it over: the first request answered 500.)
+func TestIdempotencyOnSkewedReplicas(t *testing.T) {
+	first, second, firstHooks, secondHooks := pgReplicas(t, 10*time.Minute)
+	reached, release := holdCompletions(t, firstHooks)
+	claimed, claimedBySecond := signal()
+	secondHooks.claimed = claimed
+	body, _ := json.Marshal(jobBody(nil))
+
+	slow := first.sendAsync("/v1/jobs", "skewed", body)
+	<-reached // the first request has made the job and holds the key
+	retry := second.sendAsync("/v1/jobs", "skewed", body)
+	select {
+	case res := <-retry:
+		if code, _ := res.errorCode(t); res.status != http.StatusConflict || code != "idempotency_key_in_progress" ||
+			res.header.Get("Retry-After") == "" {
+			t.Errorf("a retry on the replica ahead while the first request is in progress: %s, want 409 in progress", res)
+		}
+	case <-claimedBySecond:
+		t.Errorf("the replica ten minutes ahead took over a claim the database made moments ago")
+		release()
+		<-retry
+	}
+	release()
+	res := <-slow
+	if res.status != http.StatusCreated {
+		t.Fatalf("the first request: %s, want 201", res)
+	}
+	replay := second.send("POST", "/v1/jobs", "skewed", body)
+	if replay.status != http.StatusCreated || !bytes.Equal(replay.body, res.body) || replay.header.Get("Idempotent-Replayed") != "true" {
+		t.Errorf("the retry after the first request completed: %s, want its answer replayed", replay)
+	}
+	if n := first.jobs(); n != 1 {
+		t.Errorf("%d jobs, want 1", n)
 	}
 }
 

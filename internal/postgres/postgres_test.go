@@ -563,6 +563,71 @@ func TestIdempotencyTakeoverOfACompletingClaim(t *testing.T) {
 	}
 }
 
+// TestIdempotencyAgeOnTheDatabaseClock: a claim's Age is the database
+// server's clock since the claim, and nothing else. Two replicas whose
+// clocks are ten minutes apart, both months away from the server's (t0),
+// read a claim one of them just made as fresh, in and out of a
+// transaction; measured on their clocks against CreatedAt, the one ahead
+// took it for ten minutes old and took over a request still in progress.
+// Once the server's clock says 61 s passed, both read it as 61 s old,
+// whatever their clocks say. A claim replacing an expired record starts
+// afresh.
+func TestIdempotencyAgeOnTheDatabaseClock(t *testing.T) {
+	ctx := context.Background()
+	schema := postgres.NewTestSchema(t)
+	a, b := open(t, schema), open(t, schema)
+	prj := newProject(t, a)
+	claim := keyClaim(prj, t0) // made by a, its clock at t0
+	mustUpdate(t, a, func(tx vibejobs.Tx) error { return tx.InsertIdempotencyKey(ctx, claim) })
+
+	type read struct {
+		what string
+		s    *postgres.Store
+		now  time.Time
+		inTx bool
+	}
+	reads := []read{
+		{"the claiming replica", a, t0, false},
+		{"a replica 10 min ahead", b, t0.Add(10 * time.Minute), false},
+		{"a replica 10 min ahead, in a transaction", b, t0.Add(10 * time.Minute), true},
+		{"a replica 10 min behind", b, t0.Add(-10 * time.Minute), false},
+	}
+	wantAge := func(when string, key *vibejobs.IdempotencyRecord, min, max time.Duration) {
+		t.Helper()
+		for _, r := range reads {
+			var rec *vibejobs.IdempotencyRecord
+			var err error
+			if r.inTx {
+				err = r.s.Update(ctx, func(tx vibejobs.Tx) error {
+					rec, err = tx.GetIdempotencyKey(ctx, prj, "k", r.now)
+					return err
+				})
+			} else {
+				rec, err = r.s.GetIdempotencyKey(ctx, prj, "k", r.now)
+			}
+			if err != nil {
+				t.Fatalf("%s: reading the claim as %s: %v", when, r.what, err)
+			}
+			if !rec.CreatedAt.Equal(key.CreatedAt) || rec.Age < min || rec.Age >= max {
+				t.Errorf("%s: %s read the claim of %s, Age %v; want the claim of %s, Age in [%v, %v)",
+					when, r.what, rec.CreatedAt, rec.Age, key.CreatedAt, min, max)
+			}
+		}
+	}
+	wantAge("just claimed", claim, 0, 10*time.Second)
+	postgres.AgeIdempotencyClaim(t, a, prj, "k", 61*time.Second)
+	wantAge("61 s later by the server's clock", claim, 61*time.Second, 71*time.Second)
+
+	// Once the record expires (expiry still goes by the replicas' clocks),
+	// a new claim replaces it, and its age counts from the replacement.
+	fresh := keyClaim(prj, claim.ExpiresAt)
+	mustUpdate(t, b, func(tx vibejobs.Tx) error { return tx.InsertIdempotencyKey(ctx, fresh) })
+	for i := range reads {
+		reads[i].now = reads[i].now.Add(24 * time.Hour)
+	}
+	wantAge("just replaced", fresh, 0, 10*time.Second)
+}
+
 // waitForLockWait waits until a statement of s's database that starts with
 // prefix waits for a lock, or fails with msg after 10 s.
 func waitForLockWait(t *testing.T, s *postgres.Store, prefix, msg string) {

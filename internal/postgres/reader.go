@@ -304,14 +304,22 @@ func (r reader) ListRuns(ctx context.Context, projectID string, f vibejobs.RunFi
 }
 
 // GetIdempotencyKey returns the live record of key, or ENOTFOUND when there
-// is none or it expired (ExpiresAt ≤ now).
+// is none or it expired (ExpiresAt ≤ now). Its Age is the database
+// server's clock now less claimed_at, which InsertIdempotencyKey set from
+// the same clock: now, the calling replica's clock, plays no part in it.
 func (r reader) GetIdempotencyKey(ctx context.Context, projectID, key string, now time.Time) (*vibejobs.IdempotencyRecord, error) {
-	rec, err := scanIdempotencyRecord(r.q.QueryRow(ctx, `SELECT `+idempotencyColumns+`
-		FROM idempotency_keys WHERE project_id = $1 AND key = $2 AND expires_at > $3`, projectID, key, now))
+	var ageMicros int64
+	rec, err := scanIdempotencyRow(r.q.QueryRow(ctx, `SELECT `+idempotencyColumns+`,
+			(extract(epoch FROM clock_timestamp() - claimed_at) * 1000000)::bigint
+		FROM idempotency_keys WHERE project_id = $1 AND key = $2 AND expires_at > $3`, projectID, key, now), &ageMicros)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, vibejobs.ErrNotFound("idempotency_key")
 	}
-	return rec, mapError(err, "reading an idempotency key")
+	if err != nil {
+		return nil, mapError(err, "reading an idempotency key")
+	}
+	rec.Age = time.Duration(ageMicros) * time.Microsecond
+	return rec, nil
 }
 
 // idempotencyColumns are the columns scanIdempotencyRecord reads.
@@ -319,12 +327,18 @@ const idempotencyColumns = `project_id, key, request_hash, done, response_status
 	response_body, created_at, expires_at`
 
 func scanIdempotencyRecord(row rowScanner) (*vibejobs.IdempotencyRecord, error) {
+	return scanIdempotencyRow(row)
+}
+
+// scanIdempotencyRow scans idempotencyColumns and then the columns of extra.
+func scanIdempotencyRow(row rowScanner, extra ...any) (*vibejobs.IdempotencyRecord, error) {
 	var (
 		rec     vibejobs.IdempotencyRecord
 		headers []byte
 	)
-	if err := row.Scan(&rec.ProjectID, &rec.Key, &rec.RequestHash, &rec.Done, &rec.ResponseStatus, &headers,
-		&rec.ResponseBody, &rec.CreatedAt, &rec.ExpiresAt); err != nil {
+	dest := append([]any{&rec.ProjectID, &rec.Key, &rec.RequestHash, &rec.Done, &rec.ResponseStatus, &headers,
+		&rec.ResponseBody, &rec.CreatedAt, &rec.ExpiresAt}, extra...)
+	if err := row.Scan(dest...); err != nil {
 		return nil, err
 	}
 	if err := json.Unmarshal(headers, &rec.ResponseHeaders); err != nil {

@@ -122,3 +122,17 @@ func checkQueue(t testing.TB, s *Store) {
 		t.Errorf("checking run_queue: %v", err)
 	}
 }
+
+// AgeIdempotencyClaim makes the record of key read as by older than it is:
+// what the database server's clock passing by would do, and nothing a
+// replica's clock can. It changes neither CreatedAt, which identifies the
+// claim, nor the record's expiry.
+func AgeIdempotencyClaim(t testing.TB, s *Store, projectID, key string, by time.Duration) {
+	t.Helper()
+	tag, err := s.pool.Exec(context.Background(), `UPDATE idempotency_keys
+		SET claimed_at = claimed_at - make_interval(secs => $3)
+		WHERE project_id = $1 AND key = $2`, projectID, key, by.Seconds())
+	if err != nil || tag.RowsAffected() != 1 {
+		t.Fatalf("ageing the claim of an idempotency key: %v (%d rows)", err, tag.RowsAffected())
+	}
+}

@@ -377,18 +377,20 @@ func (t *tx) CreateRun(ctx context.Context, run *vibejobs.Run) error {
 
 // InsertIdempotencyKey stores rec, replacing an expired record of the same
 // key (expired as of rec.CreatedAt); a live one gives ECONFLICT and leaves
-// the transaction usable.
+// the transaction usable. The claim's age counts from the database
+// server's clock now (claimed_at), whatever rec.CreatedAt says.
 func (t *tx) InsertIdempotencyKey(ctx context.Context, rec *vibejobs.IdempotencyRecord) error {
 	headers, err := encodeHeaders(rec.ResponseHeaders)
 	if err != nil {
 		return err
 	}
 	tag, err := t.q.Exec(ctx, `INSERT INTO idempotency_keys AS k (project_id, key, request_hash, done, response_status,
-			response_headers, response_body, created_at, expires_at)
-		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
+			response_headers, response_body, created_at, expires_at, claimed_at)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, clock_timestamp())
 		ON CONFLICT (project_id, key) DO UPDATE SET request_hash = EXCLUDED.request_hash, done = EXCLUDED.done,
 			response_status = EXCLUDED.response_status, response_headers = EXCLUDED.response_headers,
-			response_body = EXCLUDED.response_body, created_at = EXCLUDED.created_at, expires_at = EXCLUDED.expires_at
+			response_body = EXCLUDED.response_body, created_at = EXCLUDED.created_at, expires_at = EXCLUDED.expires_at,
+			claimed_at = EXCLUDED.claimed_at
 		WHERE k.expires_at <= EXCLUDED.created_at`,
 		rec.ProjectID, rec.Key, nonNil(rec.RequestHash), rec.Done, rec.ResponseStatus, headers, rec.ResponseBody,
 		rec.CreatedAt, rec.ExpiresAt)

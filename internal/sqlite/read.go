@@ -324,6 +324,10 @@ func (r reader) ListRuns(ctx context.Context, projectID string, f vibejobs.RunFi
 	return runs, next, nil
 }
 
+// GetIdempotencyKey returns the live record of key, or ENOTFOUND when there
+// is none or it expired (ExpiresAt ≤ now). Its Age is now less CreatedAt:
+// every writer of a SQLite file runs on one machine, so both were read
+// from one clock.
 func (r reader) GetIdempotencyKey(ctx context.Context, projectID, key string, now time.Time) (*vibejobs.IdempotencyRecord, error) {
 	rec, err := scanIdempotencyRecord(r.q.QueryRowContext(ctx, `SELECT `+idempotencyColumns+`
 		FROM idempotency_keys WHERE project_id = ? AND key = ? AND expires_at > ?`, projectID, key, ms(now)))
@@ -333,6 +337,7 @@ func (r reader) GetIdempotencyKey(ctx context.Context, projectID, key string, no
 	if err != nil {
 		return nil, fmt.Errorf("getting idempotency key: %w", err)
 	}
+	rec.Age = now.Sub(rec.CreatedAt)
 	return rec, nil
 }
 

@@ -77,6 +77,7 @@ func getKey(keys map[string]*vibejobs.IdempotencyRecord, projectID, key string, 
 		return nil, vibejobs.ErrNotFound("idempotency_key")
 	}
 	c := *r
+	c.Age = now.Sub(c.CreatedAt) // one process, one clock, as on SQLite
 	return &c, nil
 }
 
