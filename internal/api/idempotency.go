@@ -18,10 +18,10 @@ const (
 	idempotencyTTL = 24 * time.Hour
 	// abandonedAfter is when an in-progress key is taken to belong to a
 	// request that died with its process: a new request may take it over.
-	// Were that request only slow, its completion now fails, and its
-	// effect, which commits with it, rolls back. The age is the store's
-	// (IdempotencyRecord.Age): on PostgreSQL, the database server's clock,
-	// so replicas whose clocks disagree agree on it.
+	// Were that request only slow, its completion now fails, its effect,
+	// which commits with it, rolls back, and it answers takenOver. The age
+	// is the store's (IdempotencyRecord.Age): on PostgreSQL, the database
+	// server's clock, so replicas whose clocks disagree agree on it.
 	abandonedAfter = 60 * time.Second
 	// sealedKeyHeader marks a stored answer whose body is sealed under the
 	// master key it names. It is never sent to a client.
@@ -78,7 +78,10 @@ func requestHash(r *http.Request, tokenID string, body []byte) []byte {
 //   - the same key with another request is 422, while in progress 409 with
 //     Retry-After (a claim older than abandonedAfter is taken over), and
 //     after completion the stored answer byte for byte with
-//     Idempotent-Replayed: true.
+//     Idempotent-Replayed: true;
+//   - a request whose claim was taken over meanwhile applies nothing and
+//     answers 409 idempotency_key_in_progress with Retry-After: a retry
+//     gets the answer of the request that took the key over.
 func (s *Server) idempotent(ctx context.Context, c *call, effect func(context.Context, *call, vibejobs.Tx) (*response, error)) *response {
 	values := c.r.Header.Values("Idempotency-Key")
 	if e := checkIdempotencyKey(values); e != nil {
@@ -177,10 +180,8 @@ func (s *Server) idempotent(ctx context.Context, c *call, effect func(context.Co
 		if err != nil {
 			return err
 		}
-		if err := tx.CompleteIdempotencyKey(ctx, rec); err != nil {
-			// Not the user's doing, whatever its kind (the key may have
-			// been taken over): answer 500 and free the key.
-			return fmt.Errorf("api: completing idempotency key: %s", err)
+		if err := completeClaim(ctx, tx, rec); err != nil {
+			return err
 		}
 		resp = r
 		return nil
@@ -195,11 +196,17 @@ func (s *Server) idempotent(ctx context.Context, c *call, effect func(context.Co
 			if err != nil {
 				return err
 			}
-			if err := tx.CompleteIdempotencyKey(ctx, rec); err != nil {
-				return fmt.Errorf("api: completing idempotency key: %s", err)
-			}
-			return nil
+			return completeClaim(ctx, tx, rec)
 		})
+	}
+	if errors.Is(err, errTakenOver) {
+		// Nothing of this request committed, and the key is the taker's:
+		// there is no claim of ours to free.
+		done = true
+		c.wake, c.changedJob, c.runCreated = false, "", false
+		s.log.Warn("api: a request's idempotency key was taken over while it ran", "project", project,
+			"ran", s.now().Sub(c.now).Round(time.Millisecond).String())
+		return takenOver()
 	}
 	if err != nil {
 		return s.fail(c, err) // the deferred release frees the key
@@ -207,6 +214,27 @@ func (s *Server) idempotent(ctx context.Context, c *call, effect func(context.Co
 	done = true
 	s.committed(c)
 	return resp
+}
+
+// errTakenOver is completeClaim's answer when the request's claim is no
+// longer there to complete.
+var errTakenOver = errors.New("api: the idempotency key was taken over")
+
+// completeClaim completes the request's claim with rec, in the transaction
+// of its effect. A claim that is gone (taken over by a later request with
+// the key after abandonedAfter, or expired) is errTakenOver: the effect
+// must roll back, since the key's answer is the taker's.
+func completeClaim(ctx context.Context, tx vibejobs.Tx, rec *vibejobs.IdempotencyRecord) error {
+	err := tx.CompleteIdempotencyKey(ctx, rec)
+	if vibejobs.ErrorKind(err) == vibejobs.ENOTFOUND {
+		return errTakenOver
+	}
+	if err != nil {
+		// Not the user's doing, whatever its kind: answer 500 and free
+		// the key.
+		return fmt.Errorf("api: completing idempotency key: %s", err)
+	}
+	return nil
 }
 
 // releaseKey deletes the claim of key made at claimedAt by a request that
@@ -282,6 +310,18 @@ func (u *unreleasedKeys) remove(project, key string, claimedAt time.Time) {
 	if at, ok := u.m[[2]string{project, key}]; ok && at.Equal(claimedAt) {
 		delete(u.m, [2]string{project, key})
 	}
+}
+
+// takenOver is the answer of a request that ran so long that another
+// request with its key (the same request, sent again) took the key over:
+// nothing of it was applied, and a retry gets the taker's answer, or 409
+// while the taker runs. It keeps the in-progress code, which clients
+// already retry.
+func takenOver() *response {
+	return errorResponse(&vibejobs.Error{Kind: vibejobs.ECONFLICT, Code: "idempotency_key_in_progress",
+		Message: "this request took so long that a retry with the same Idempotency-Key took the key over; nothing of this request was applied; retry to get that request's answer",
+		Field:   "Idempotency-Key"}).
+		with("Retry-After", "1")
 }
 
 func inProgress() *response {

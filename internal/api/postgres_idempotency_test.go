@@ -339,6 +339,50 @@ func TestIdempotencyOnSkewedReplicas(t *testing.T) {
 	}
 }
 
+// TestIdempotencyTakenOverAnswersConflict: a request that stalls for over a
+// minute by the database's clock has its key taken over by a retry (here on
+// a replica whose clock runs ten minutes behind: the database's clock
+// decides). When the stalled request then completes, nothing of it is
+// applied, and it answers 409 idempotency_key_in_progress with
+// Retry-After, not 500; retried, it gets the answer of the request that
+// took the key over, which did the work once.
+func TestIdempotencyTakenOverAnswersConflict(t *testing.T) {
+	first, second, firstHooks, secondHooks := pgReplicas(t, -10*time.Minute)
+	reached, release := holdCompletions(t, firstHooks)
+	claimed, claimedBySecond := signal()
+	secondHooks.claimed = claimed
+	body, _ := json.Marshal(jobBody(nil))
+
+	stalled := first.sendAsync("/v1/jobs", "stalled", body)
+	<-reached
+	postgres.AgeIdempotencyClaim(t, first.store, first.project(), "stalled", 61*time.Second)
+	takeover := second.sendAsync("/v1/jobs", "stalled", body)
+	select {
+	case <-claimedBySecond: // the retry holds the key now
+	case res := <-takeover:
+		release()
+		t.Fatalf("a retry once the first request held its key 61 s by the database's clock: %s, want it to take the key over", res)
+	}
+	release()
+	res := <-stalled
+	if code, _ := res.errorCode(t); res.status != http.StatusConflict || code != "idempotency_key_in_progress" ||
+		res.header.Get("Retry-After") == "" {
+		t.Errorf("the request whose key was taken over: %s (Retry-After %q), want 409 idempotency_key_in_progress",
+			res, res.header.Get("Retry-After"))
+	}
+	created := <-takeover
+	if created.status != http.StatusCreated {
+		t.Fatalf("the request that took the key over: %s, want 201", created)
+	}
+	replay := first.send("POST", "/v1/jobs", "stalled", body)
+	if replay.status != http.StatusCreated || !bytes.Equal(replay.body, created.body) || replay.header.Get("Idempotent-Replayed") != "true" {
+		t.Errorf("the stalled request, retried: %s, want the taker's answer replayed", replay)
+	}
+	if n := first.jobs(); n != 1 {
+		t.Errorf("%d jobs, want 1", n)
+	}
+}
+
 // TestNoSecretAtRestOnPostgres: on PostgreSQL too, no job or subscription
 // secret and no API token rests in any table in clear (the stored
 // Idempotency-Key answers that hold them included), and only the answers
