@@ -229,6 +229,11 @@ func completeClaim(ctx context.Context, tx vibejobs.Tx, rec *vibejobs.Idempotenc
 	if vibejobs.ErrorKind(err) == vibejobs.ENOTFOUND {
 		return errTakenOver
 	}
+	if vibejobs.ErrorKind(err) == vibejobs.EUNAVAILABLE {
+		// The database stopped answering (or took no writes): 503, a
+		// passing fault the client retries, as for any other statement.
+		return fmt.Errorf("api: completing idempotency key: %w", err)
+	}
 	if err != nil {
 		// Not the user's doing, whatever its kind: answer 500 and free
 		// the key.

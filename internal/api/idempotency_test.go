@@ -380,3 +380,31 @@ func TestIdempotencyKeyRuleIsStated(t *testing.T) {
 		}
 	}
 }
+
+// completeDownStore answers every CompleteIdempotencyKey as a database that
+// stopped answering would.
+type completeDownStore struct{ vibejobs.Store }
+
+func (s completeDownStore) Update(ctx context.Context, fn func(tx vibejobs.Tx) error) error {
+	return s.Store.Update(ctx, func(tx vibejobs.Tx) error { return fn(completeDownTx{tx}) })
+}
+
+type completeDownTx struct{ vibejobs.Tx }
+
+func (completeDownTx) CompleteIdempotencyKey(context.Context, *vibejobs.IdempotencyRecord) error {
+	return &vibejobs.Error{Kind: vibejobs.EUNAVAILABLE, Code: "database_unavailable", Message: "the database does not answer"}
+}
+
+// A database that stops answering as the request completes its key is a
+// passing fault like any other: 503 database_unavailable with Retry-After,
+// not 500 internal, and nothing is created.
+func TestIdempotencyCompletionUnavailableIs503(t *testing.T) {
+	e := newEnv(t, func(c *api.Config) { c.Store = completeDownStore{c.Store} })
+	res := e.send(req{method: "POST", path: "/v1/jobs", token: e.admin, key: "complete-down", body: jobBody(nil)})
+	if code, _ := res.errorCode(t); res.status != 503 || code != "database_unavailable" || res.header.Get("Retry-After") == "" {
+		t.Fatalf("completion while the database is down: %s, want 503 database_unavailable with Retry-After", res)
+	}
+	if res := e.send(req{method: "GET", path: "/v1/jobs", token: e.admin}); !strings.Contains(string(res.body), `"jobs":[]`) {
+		t.Errorf("a job was created by a request that answered 503: %s", res.body)
+	}
+}
