@@ -51,21 +51,7 @@ func FuzzDecodeJobRequest(f *testing.F) {
 	}
 	f.Fuzz(func(t *testing.T, body []byte) {
 		for _, target := range []struct{ method, path string }{{"POST", "/v1/jobs"}, {"PATCH", "/v1/jobs/" + job.ID}} {
-			w := send(target.method, target.path, body)
-			if w.Code >= 500 {
-				t.Fatalf("%s %q: %d %s", target.method, body, w.Code, w.Body)
-			}
-			var m map[string]any
-			if err := json.Unmarshal(w.Body.Bytes(), &m); err != nil {
-				t.Fatalf("%s %q: the answer is not a JSON object: %s", target.method, body, w.Body)
-			}
-			if w.Code >= 400 {
-				if e, ok := m["error"].(map[string]any); !ok || e["code"] == "" || e["code"] == "internal" {
-					t.Fatalf("%s %q: error answer %s", target.method, body, w.Body)
-				}
-			} else if w.Code != http.StatusCreated && w.Code != http.StatusOK {
-				t.Fatalf("%s %q: status %d", target.method, body, w.Code)
-			}
+			checkBodyAnswer(t, target.method, body, send(target.method, target.path, body))
 		}
 	})
 }
@@ -96,22 +82,30 @@ func FuzzDecodeSubscriptionRequest(f *testing.F) {
 			r.Header.Set("Idempotency-Key", "k"+strconv.FormatInt(keys.Add(1), 10))
 			w := httptest.NewRecorder()
 			h.ServeHTTP(w, r)
-			if w.Code >= 500 {
-				t.Fatalf("%s %q: %d %s", target.method, body, w.Code, w.Body)
-			}
-			var m map[string]any
-			if err := json.Unmarshal(w.Body.Bytes(), &m); err != nil {
-				t.Fatalf("%s %q: the answer is not a JSON object: %s", target.method, body, w.Body)
-			}
-			if w.Code >= 400 {
-				if e, ok := m["error"].(map[string]any); !ok || e["code"] == "" || e["code"] == "internal" {
-					t.Fatalf("%s %q: error answer %s", target.method, body, w.Body)
-				}
-			} else if w.Code != http.StatusCreated && w.Code != http.StatusOK {
-				t.Fatalf("%s %q: status %d", target.method, body, w.Code)
-			}
+			checkBodyAnswer(t, target.method, body, w)
 		}
 	})
+}
+
+// checkBodyAnswer fails t unless w, the answer to method with body, is no
+// 5xx and a JSON object: an error with a code for every 4xx, else 200 or
+// 201.
+func checkBodyAnswer(t *testing.T, method string, body []byte, w *httptest.ResponseRecorder) {
+	t.Helper()
+	if w.Code >= 500 {
+		t.Fatalf("%s %q: %d %s", method, body, w.Code, w.Body)
+	}
+	var m map[string]any
+	if err := json.Unmarshal(w.Body.Bytes(), &m); err != nil {
+		t.Fatalf("%s %q: the answer is not a JSON object: %s", method, body, w.Body)
+	}
+	if w.Code >= 400 {
+		if e, ok := m["error"].(map[string]any); !ok || e["code"] == "" || e["code"] == "internal" {
+			t.Fatalf("%s %q: error answer %s", method, body, w.Body)
+		}
+	} else if w.Code != http.StatusCreated && w.Code != http.StatusOK {
+		t.Fatalf("%s %q: status %d", method, body, w.Code)
+	}
 }
 
 func readSeeds(t testing.TB) [][]byte {
