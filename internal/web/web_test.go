@@ -57,6 +57,19 @@ func TestLoginShowsProjectJobs(t *testing.T) {
 	}
 }
 
+// newProxiedEnv is newEnv with 10.0.0.0/24 as the trusted proxies. The
+// addresses only ever appear as a request's RemoteAddr: nothing dials them.
+func newProxiedEnv(t *testing.T) *env {
+	t.Helper()
+	return newEnv(t, func(c *web.Config) {
+		p, err := ratelimit.ParseProxies("10.0.0.0/24")
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.TrustedProxies = p
+	})
+}
+
 // TestSessionCookieAttributes: the cookies are HttpOnly and SameSite=Strict;
 // over HTTPS (TLS, or a trusted proxy's X-Forwarded-Proto) they are Secure
 // and carry the __Host- prefix (so no sibling host or plain-HTTP attacker
@@ -66,13 +79,7 @@ func TestLoginShowsProjectJobs(t *testing.T) {
 // Config.TrustedProxies, and only its last entry, the one the proxy wrote.
 func TestSessionCookieAttributes(t *testing.T) {
 	const proxy, client = "10.0.0.7:40000", "192.0.2.1:1234"
-	e := newEnv(t, func(c *web.Config) {
-		p, err := ratelimit.ParseProxies("10.0.0.0/24")
-		if err != nil {
-			t.Fatal(err)
-		}
-		c.TrustedProxies = p
-	})
+	e := newProxiedEnv(t)
 	for _, tc := range []struct {
 		name   string
 		tls    bool
@@ -692,13 +699,7 @@ func TestLoginFormCSRF(t *testing.T) {
 // https over TLS or behind a trusted proxy that says so.
 func TestLoginOriginIsSchemeHostAndPort(t *testing.T) {
 	const proxy, client = "10.0.0.7:40000", "192.0.2.1:1234"
-	e := newEnv(t, func(c *web.Config) {
-		p, err := ratelimit.ParseProxies("10.0.0.0/24")
-		if err != nil {
-			t.Fatal(err)
-		}
-		c.TrustedProxies = p
-	})
+	e := newProxiedEnv(t)
 	type how struct {
 		host  string
 		tls   bool
