@@ -274,6 +274,18 @@ type RunPlan struct {
 	Skipped int64
 	// Complete marks a one-off job completed.
 	Complete bool
+	// Resent marks a plan sent again because every call that sent it
+	// before failed: one of them may have committed it and lost its
+	// answer (a connection cut after the commit, a timeout), so neither
+	// told of the runs it created. A resent plan is never applied, nor
+	// checked (its job, if no call committed it, is planned afresh);
+	// those of its Runs that exist, found by ID, are the runs such a call
+	// created, and ApplyRunPlans counts them in created. A run ID is
+	// never reused, so a run another caller created for one of its
+	// occurrences is not among them. A caller sends a plan again only
+	// while every call that sent it failed: once one succeeded, its runs
+	// have been told of, and would be counted twice.
+	Resent bool
 }
 
 // DuePosition is a job's place in the order of DueJobs: by NextRunAt, then
@@ -295,11 +307,18 @@ type SchedulerStore interface {
 	// skipping a plan whose job moved on (NextRunAt ≠ From), whose schedule
 	// changed (ScheduleAnchor ≠ Anchor), or that was paused or deleted.
 	// At most one schedule-triggered run exists per (job, scheduledFor): a
-	// unique constraint, not a check-then-insert. It returns the runs created.
+	// unique constraint, not a check-then-insert.
 	// A plan with a run due after its deadline is refused as a whole
 	// (EINVALID, see Run.CheckDue), before any plan is applied. It returns the
 	// runs created and the skipped occurrences of the plans it applied (one it
 	// skipped counts neither: another replica applied it, or it is stale).
+	// The runs created include those of resent plans (RunPlan.Resent) that
+	// exist: a call that failed created them, and did not tell of them. So
+	// the runs a caller is told of sum to the runs its calls committed,
+	// once each, provided it resends the plans of every call that failed
+	// with its next call, until a call succeeds; but for a run deleted in
+	// between (withdrawn by a pause or a schedule change), which is found
+	// no more.
 	ApplyRunPlans(ctx context.Context, plans []RunPlan, now time.Time) (created int, skipped int64, err error)
 }
 

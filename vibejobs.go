@@ -230,9 +230,13 @@ func (r *Run) CheckDue() error {
 }
 
 // CheckPlans returns the error of Run.CheckDue for the first run of plans
-// that fails it.
+// that fails it. Resent plans are not checked: they are never applied, and
+// one refused when first sent must not make every later call fail.
 func CheckPlans(plans []RunPlan) error {
 	for _, p := range plans {
+		if p.Resent {
+			continue
+		}
 		for _, r := range p.Runs {
 			if err := r.CheckDue(); err != nil {
 				return err

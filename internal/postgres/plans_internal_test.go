@@ -89,7 +89,7 @@ func TestRowsLockedByCTIDAreFetchedByCTID(t *testing.T) {
 		}
 	}
 
-	if p := explain(t, s.pool, applyPlansSQL, s.applyPlansArgs(plans(jobs[:100]))...); strings.Contains(p, "Seq Scan on jobs") ||
+	if p := explain(t, s.pool, applyPlansSQL, s.applyPlansArgs(plans(jobs[:100]), nil)...); strings.Contains(p, "Seq Scan on jobs") ||
 		strings.Contains(p, "Seq Scan on runs") {
 		t.Errorf("applying 100 plans scans every job or every run:\n%s", p)
 	} else if !strings.Contains(p, "runs_withdrawn_idx") {

@@ -103,8 +103,16 @@ var applyPlansSQL = `WITH plan AS (
 	FROM unnest($7::text[], $9::text[], $10::timestamptz[]) AS n(job_id, trigger, scheduled_for)
 	WHERE r.withdrawn AND r.job_id = n.job_id AND r.scheduled_for = n.scheduled_for
 		AND n.trigger = 'schedule' AND n.job_id IN (SELECT id FROM advanced)
+), already AS (
+	-- The runs of resent plans ($18, their ids) that exist: an earlier
+	-- call created them and lost its answer (see vibejobs.RunPlan.Resent).
+	-- Resent plans are not among those above, and run ids are never
+	-- reused, so none is this statement's own run or another caller's.
+	-- Without resent plans the array is empty and no index is read.
+	SELECT count(*) AS n FROM runs r WHERE r.id = ANY($18::text[])
 )` + enqueueSQL("created") + `
-SELECT c.n, (SELECT COALESCE(sum(skipped), 0)::bigint FROM advanced), CASE WHEN c.n > 0 THEN pg_notify($15, $16) END
+SELECT c.n + (SELECT n FROM already), (SELECT COALESCE(sum(skipped), 0)::bigint FROM advanced),
+	CASE WHEN c.n > 0 THEN pg_notify($15, $16) END
 FROM (SELECT count(*) AS n FROM created) c`
 
 // ApplyRunPlans applies plans in one transaction and returns the runs
@@ -113,19 +121,29 @@ FROM (SELECT count(*) AS n FROM created) c`
 // = Anchor and is active, enabled and live, and not while another
 // transaction holds the job (see applyPlansSQL); at most one schedule-triggered run exists per (job,
 // scheduledFor), enforced by a unique constraint.
+//
+// The runs created include those of resent plans that exist (see
+// vibejobs.RunPlan.Resent): a call whose statement committed but whose
+// answer was lost (a connection cut after the commit, a store timeout)
+// failed, and the caller sends its plans again, resent, with its next
+// call. They are counted by the first statement, in the same round trip;
+// a call of resent plans alone makes one statement for them.
 func (s *Store) ApplyRunPlans(ctx context.Context, plans []vibejobs.RunPlan, now time.Time) (int, int64, error) {
 	if err := vibejobs.CheckPlans(plans); err != nil {
 		return 0, 0, err
 	}
+	plans, resent := splitResent(plans)
 	// One statement takes each job at most once (an UPDATE … FROM changes a
 	// row once however many plan rows match), so plans for a job already in
 	// the batch start the next statement, in the order given.
 	batches := splitByKey(plans, func(p vibejobs.RunPlan) string { return p.JobID })
-	switch len(batches) {
-	case 0:
+	switch {
+	case len(batches) == 0 && len(resent) == 0:
 		return 0, 0, nil
-	case 1:
-		return s.applyPlans(ctx, s.pool, batches[0])
+	case len(batches) == 0:
+		return s.applyPlans(ctx, s.pool, nil, resent)
+	case len(batches) == 1:
+		return s.applyPlans(ctx, s.pool, batches[0], resent)
 	}
 	var (
 		created int
@@ -133,8 +151,12 @@ func (s *Store) ApplyRunPlans(ctx context.Context, plans []vibejobs.RunPlan, now
 	)
 	err := pgx.BeginTxFunc(ctx, s.pool, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, func(tx pgx.Tx) error {
 		created, skipped = 0, 0
-		for _, b := range batches {
-			n, sk, err := s.applyPlans(ctx, tx, b)
+		for i, b := range batches {
+			var ids []string
+			if i == 0 {
+				ids = resent
+			}
+			n, sk, err := s.applyPlans(ctx, tx, b, ids)
 			if err != nil {
 				return err
 			}
@@ -149,22 +171,46 @@ func (s *Store) ApplyRunPlans(ctx context.Context, plans []vibejobs.RunPlan, now
 	return created, skipped, nil
 }
 
+// splitResent returns the plans to apply and the run ids of the resent
+// ones. Without resent plans (the rule) it returns plans as they are.
+func splitResent(plans []vibejobs.RunPlan) (apply []vibejobs.RunPlan, resent []string) {
+	if !slices.ContainsFunc(plans, func(p vibejobs.RunPlan) bool { return p.Resent }) {
+		return plans, nil
+	}
+	apply = make([]vibejobs.RunPlan, 0, len(plans))
+	for _, p := range plans {
+		if !p.Resent {
+			apply = append(apply, p)
+			continue
+		}
+		for _, r := range p.Runs {
+			resent = append(resent, r.ID)
+		}
+	}
+	return apply, resent
+}
+
 // applyPlans applies plans of distinct jobs in one statement; it returns
-// the runs created and the skipped occurrences of the plans applied.
-func (s *Store) applyPlans(ctx context.Context, q querier, plans []vibejobs.RunPlan) (int, int64, error) {
+// the runs created, those of resentIDs that exist included, and the
+// skipped occurrences of the plans applied.
+func (s *Store) applyPlans(ctx context.Context, q querier, plans []vibejobs.RunPlan, resentIDs []string) (int, int64, error) {
 	var (
 		created int
 		skipped int64
 	)
-	err := q.QueryRow(ctx, applyPlansSQL, s.applyPlansArgs(plans)...).Scan(&created, &skipped, nil)
+	err := q.QueryRow(ctx, applyPlansSQL, s.applyPlansArgs(plans, resentIDs)...).Scan(&created, &skipped, nil)
 	if err != nil {
 		return 0, 0, mapError(err, "applying run plans")
 	}
 	return created, skipped, nil
 }
 
-// applyPlansArgs are the arguments of applyPlansSQL for plans.
-func (s *Store) applyPlansArgs(plans []vibejobs.RunPlan) []any {
+// applyPlansArgs are the arguments of applyPlansSQL for plans and the run
+// ids of resent plans.
+func (s *Store) applyPlansArgs(plans []vibejobs.RunPlan, resentIDs []string) []any {
+	if resentIDs == nil {
+		resentIDs = []string{}
+	}
 	nRuns := 0
 	for _, p := range plans {
 		nRuns += len(p.Runs)
@@ -204,7 +250,7 @@ func (s *Store) applyPlansArgs(plans []vibejobs.RunPlan) []any {
 	}
 	return []any{jobIDs, froms, nexts, skipped, complete,
 		ids, runJobs, projects, triggers, scheduled, deadlines, states, nextTries, createdAts,
-		NotifyChannel, s.schema, anchors}
+		NotifyChannel, s.schema, anchors, resentIDs}
 }
 
 // claimSQL moves due runs to delivering: it leases them. It walks run_queue

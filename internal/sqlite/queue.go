@@ -55,6 +55,12 @@ func (s *Store) DueJobs(ctx context.Context, before time.Time, after vibejobs.Du
 // advances the jobs, one INSERT adds the runs of those that advanced. A job
 // with several plans in one call gets one per round, in order, so each plan
 // sees the job as the previous one left it.
+//
+// Resent plans (vibejobs.RunPlan.Resent) are not applied; those of their
+// runs that exist are counted in created, by one more statement in the
+// same transaction. Here they are none as a rule: a call fails only before
+// its commit or at it (the commit's answer is local and not lost, and
+// nothing after it fails), so a failed call created nothing.
 func (s *Store) ApplyRunPlans(ctx context.Context, plans []vibejobs.RunPlan, now time.Time) (int, int64, error) {
 	if len(plans) == 0 {
 		return 0, 0, nil
@@ -62,10 +68,19 @@ func (s *Store) ApplyRunPlans(ctx context.Context, plans []vibejobs.RunPlan, now
 	if err := vibejobs.CheckPlans(plans); err != nil {
 		return 0, 0, err
 	}
-	var rounds [][]*vibejobs.RunPlan
+	var (
+		rounds [][]*vibejobs.RunPlan
+		resent []string
+	)
 	round := make(map[string]int, len(plans))
 	for i := range plans {
 		p := &plans[i]
+		if p.Resent {
+			for _, r := range p.Runs {
+				resent = append(resent, r.ID)
+			}
+			continue
+		}
 		r := round[p.JobID]
 		round[p.JobID] = r + 1
 		if r == len(rounds) {
@@ -86,6 +101,13 @@ func (s *Store) ApplyRunPlans(ctx context.Context, plans []vibejobs.RunPlan, now
 			}
 			created += n
 			skipped += sk
+		}
+		if len(resent) > 0 {
+			var n int
+			if err := t.QueryRowContext(ctx, resentRunsSQL, jsonArray(resent)).Scan(&n); err != nil {
+				return err
+			}
+			created += n
 		}
 		return nil
 	})
@@ -491,6 +513,9 @@ const applyInsertSQL = `INSERT INTO runs (id, job_id, project_id, trigger, sched
 const applyWantedSQL = `UPDATE runs SET withdrawn = 0
 		WHERE withdrawn = 1 AND (job_id, scheduled_for) IN (
 			SELECT value ->> 1, value ->> 4 FROM jsonb_each(?) WHERE value ->> 5 = 1)`
+
+// resentRunsSQL counts the runs, of a JSON array of ids, that exist.
+const resentRunsSQL = `SELECT count(*) FROM runs WHERE id IN (SELECT value FROM json_each(?))`
 
 // claimPickSQL picks the runs to claim, in due order.
 const claimPickSQL = `SELECT seq, id, late IS NOT NULL, next_attempt_at FROM runs

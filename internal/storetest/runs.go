@@ -381,6 +381,58 @@ func testApplyRunPlansCompletesOneOff(t *testing.T, f *fixture) {
 	f.apply(0, vibejobs.RunPlan{JobID: o.ID, Anchor: o.ScheduleAnchor, From: T0, Runs: []*vibejobs.Run{f.schedRun(o, T0)}, Complete: true})
 }
 
+// A resent plan (RunPlan.Resent) is never applied, nor refused; ApplyRunPlans
+// counts those of its runs that exist, by ID: the runs an earlier call
+// that sent it created, its answer lost. Runs another caller created for
+// its occurrences, under their own IDs, are not counted.
+func testApplyRunPlansResent(t *testing.T, f *fixture) {
+	f.projects()
+	j := f.job(projectA)
+	sent := vibejobs.RunPlan{JobID: j.ID, Anchor: j.ScheduleAnchor, From: T0, Next: ptr(T0.Add(time.Hour)),
+		Runs: []*vibejobs.Run{f.schedRun(j, T0), f.schedRun(j, T0.Add(time.Minute))}, Skipped: 2}
+	f.apply(2, sent)
+	resent := sent
+	resent.Resent = true
+	if sk := f.apply(2, resent); sk != 0 {
+		t.Errorf("a resent plan reported %d skipped occurrences, want 0: it is not applied", sk)
+	}
+	if got := f.getJob(projectA, j.ID); !got.NextRunAt.Equal(T0.Add(time.Hour)) || got.SkippedRuns != 2 {
+		t.Errorf("job after its plan resent: next %v skipped %d; want %s, 2", got.NextRunAt, got.SkippedRuns, T0.Add(time.Hour))
+	}
+
+	// A resent plan whose job is still at its From is not applied: no call
+	// committed it, and the job is planned afresh. Nor is it refused for a
+	// run due after its deadline.
+	k := f.job(projectA)
+	late := f.schedRun(k, T0.Add(time.Minute))
+	late.NextAttemptAt = ptr(late.DeadlineAt.Add(time.Millisecond))
+	unsent := vibejobs.RunPlan{JobID: k.ID, Anchor: k.ScheduleAnchor, From: T0, Next: ptr(T0.Add(2 * time.Minute)),
+		Runs: []*vibejobs.Run{f.schedRun(k, T0), late}, Resent: true}
+	f.apply(0, unsent)
+	if got := f.getJob(projectA, k.ID); !got.NextRunAt.Equal(T0) {
+		t.Errorf("a resent plan moved its job to %v", got.NextRunAt)
+	}
+	// The plan of k made afresh, in the same call, creates the run of an
+	// occurrence the resent plan names under another ID: counted once.
+	f.apply(1, unsent, vibejobs.RunPlan{JobID: k.ID, Anchor: k.ScheduleAnchor, From: T0, Next: ptr(T0.Add(time.Minute)),
+		Runs: []*vibejobs.Run{f.schedRun(k, T0)}})
+	for _, r := range unsent.Runs {
+		_, err := f.s.GetRun(f.ctx, projectA, r.ID)
+		wantNotFound(t, "GetRun of a resent plan's run", err, "run")
+	}
+
+	// Resent plans count once in a call that applies two plans of one
+	// job, one after the other.
+	f.apply(2+2, resent, unsent,
+		vibejobs.RunPlan{JobID: k.ID, Anchor: k.ScheduleAnchor, From: T0.Add(time.Minute), Next: ptr(T0.Add(2 * time.Minute)),
+			Runs: []*vibejobs.Run{f.schedRun(k, T0.Add(time.Minute))}},
+		vibejobs.RunPlan{JobID: k.ID, Anchor: k.ScheduleAnchor, From: T0.Add(2 * time.Minute), Next: ptr(T0.Add(3 * time.Minute)),
+			Runs: []*vibejobs.Run{f.schedRun(k, T0.Add(2*time.Minute))}})
+	if got := f.getJob(projectA, k.ID); !got.NextRunAt.Equal(T0.Add(3 * time.Minute)) {
+		t.Errorf("job after two plans in one call: next %v, want %s", got.NextRunAt, T0.Add(3*time.Minute))
+	}
+}
+
 // Eight schedulers apply overlapping plans for one job at once: each
 // occurrence gets exactly one run.
 func testApplyRunPlansConcurrent(t *testing.T, f *fixture) {

@@ -63,6 +63,7 @@ func Run(t *testing.T, open func(t *testing.T) vibejobs.Store) {
 		{"ApplyRunPlans", testApplyRunPlans},
 		{"ApplyRunPlansSkipped", testApplyRunPlansSkipped},
 		{"ApplyRunPlansCompletesOneOff", testApplyRunPlansCompletesOneOff},
+		{"ApplyRunPlansResent", testApplyRunPlansResent},
 		{"ApplyRunPlansConcurrent", testApplyRunPlansConcurrent},
 		{"RunDueAfterDeadlineRefused", testRunDueAfterDeadlineRefused},
 
