@@ -125,7 +125,9 @@ func (m *Metrics) InstallationHandler() http.Handler {
 }
 
 // RunsCreated counts runs the scheduler created (committed): withdrawn
-// ones deleted later by a pause or a schedule change included.
+// ones deleted later by a pause or a schedule change included. Runs whose
+// ApplyRunPlans call lost its answer after the commit are counted when
+// the scheduler's next call succeeds (see scheduler.Config.OnRunsCreated).
 func (m *Metrics) RunsCreated(n int) {
 	m.runsCreated.WithLabelValues(string(vibejobs.TriggerSchedule)).Add(float64(n))
 }

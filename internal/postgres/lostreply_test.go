@@ -12,6 +12,7 @@ import (
 
 	"github.com/vibejobs/vibejobs"
 	"github.com/vibejobs/vibejobs/internal/postgres"
+	"github.com/vibejobs/vibejobs/internal/scheduler"
 )
 
 // cutProxy forwards connections from 127.0.0.1 to the test server. Once
@@ -26,6 +27,24 @@ type cutProxy struct {
 	target string
 	armed  atomic.Bool
 	wg     sync.WaitGroup
+}
+
+// openThroughCutProxy opens a store on schema whose connections go through
+// a cutProxy.
+func openThroughCutProxy(t *testing.T, schema string) (*postgres.Store, *cutProxy) {
+	t.Helper()
+	u, err := url.Parse(postgres.TestURL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy := newCutProxy(t, u.Host)
+	u.Host = proxy.ln.Addr().String()
+	s, err := postgres.Open(context.Background(), u.String(), postgres.Options{Schema: schema, Logger: quiet, Now: func() time.Time { return t0 }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s, proxy
 }
 
 func newCutProxy(t *testing.T, target string) *cutProxy {
@@ -108,17 +127,7 @@ func TestRecordedOutcomesToldOfOnceWhenTheAnswerIsLost(t *testing.T) {
 	ctx := context.Background()
 	schema := postgres.NewTestSchema(t)
 	direct := open(t, schema)
-	u, err := url.Parse(postgres.TestURL(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	proxy := newCutProxy(t, u.Host)
-	u.Host = proxy.ln.Addr().String()
-	s, err := postgres.Open(ctx, u.String(), postgres.Options{Schema: schema, Logger: quiet, Now: func() time.Time { return t0 }})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { s.Close() })
+	s, proxy := openThroughCutProxy(t, schema)
 
 	var mu sync.Mutex
 	ended, recorded := vibejobs.RunsEnded{}, vibejobs.AttemptsRecorded{}
@@ -212,5 +221,74 @@ func TestRecordedOutcomesToldOfOnceWhenTheAnswerIsLost(t *testing.T) {
 		if len(r.Attempts) != 1 {
 			t.Errorf("run %d: %d attempts after the retry, want 1", i, len(r.Attempts))
 		}
+	}
+}
+
+// cutApplyStore arms proxy for the next ApplyRunPlans call, once: that
+// call's statement runs and commits, and its answer is lost.
+type cutApplyStore struct {
+	vibejobs.SchedulerStore
+	proxy *cutProxy
+	armed bool
+}
+
+func (s *cutApplyStore) ApplyRunPlans(ctx context.Context, plans []vibejobs.RunPlan, now time.Time) (int, int64, error) {
+	if !s.armed {
+		s.armed = true
+		s.proxy.armed.Store(true)
+	}
+	return s.SchedulerStore.ApplyRunPlans(ctx, plans, now)
+}
+
+// TestRunsCreatedToldOfOnceWhenTheAnswerIsLost: an ApplyRunPlans whose
+// statement committed but whose answer was lost (a connection cut, a store
+// timeout) fails. Its job has moved on, so the scheduler does not plan those
+// occurrences again, and neither call told of the runs it created:
+// vibejobs_runs_created_total never counted them. The scheduler's next call
+// sends the failed call's plans again, resent, and the store tells of the
+// runs they name that exist: once, and not those of another replica.
+func TestRunsCreatedToldOfOnceWhenTheAnswerIsLost(t *testing.T) {
+	ctx := context.Background()
+	schema := postgres.NewTestSchema(t)
+	direct := open(t, schema)
+	s, proxy := openThroughCutProxy(t, schema)
+	prj := newProject(t, direct)
+	j := newJobs(t, direct, prj, 1)[0] // every second from t0
+
+	now := t0
+	clock := func() time.Time { return now }
+	var told, toldOther atomic.Int64
+	a := scheduler.New(scheduler.Config{Store: &cutApplyStore{SchedulerStore: s, proxy: proxy}, Now: clock, Logger: quiet,
+		OnRunsCreated: func(n int) { told.Add(int64(n)) }})
+	other := scheduler.New(scheduler.Config{Store: direct, Now: clock, Logger: quiet,
+		OnRunsCreated: func(n int) { toldOther.Add(int64(n)) }})
+
+	if _, err := a.RunOnce(ctx); err == nil {
+		t.Fatal("RunOnce whose answer was lost succeeded")
+	}
+	if proxy.armed.Load() {
+		t.Fatal("the statement never went out: the test proved nothing")
+	}
+	runs, _, err := direct.ListRuns(ctx, prj, vibejobs.RunFilter{JobID: j.ID}, vibejobs.Page{})
+	if err != nil || len(runs) != 3 {
+		t.Fatalf("runs after the lost answer: %d, %v; want 3 (t0 to t0+2s): the statement did not commit", len(runs), err)
+	}
+	// Another replica plans the next occurrence, then the scheduler scans
+	// again: its job is not due, it has only the lost call's plans to send.
+	now = t0.Add(time.Second)
+	if n, err := other.RunOnce(ctx); err != nil || n != 1 {
+		t.Fatalf("the other replica's RunOnce = %d, %v; want 1", n, err)
+	}
+	for range 2 {
+		if _, err := a.RunOnce(ctx); err != nil {
+			t.Fatalf("RunOnce again: %v", err)
+		}
+	}
+	if n, m := told.Load(), toldOther.Load(); n != 3 || m != 1 {
+		t.Errorf("runs told of: %d by the replica whose answer was lost, %d by the other; want 3 and 1", n, m)
+	}
+	runs, _, err = direct.ListRuns(ctx, prj, vibejobs.RunFilter{JobID: j.ID}, vibejobs.Page{})
+	if err != nil || len(runs) != 4 {
+		t.Fatalf("runs: %d, %v; want 4", len(runs), err)
 	}
 }

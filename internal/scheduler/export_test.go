@@ -13,3 +13,7 @@ func ObserveJobSchedule(s *Scheduler, seen func(*vibejobs.Job)) {
 		return JobSchedule(j)
 	}
 }
+
+// SetMaxResentRuns bounds the runs of failed calls' plans s keeps to send
+// again.
+func SetMaxResentRuns(s *Scheduler, n int) { s.maxResentRuns = n }

@@ -15,6 +15,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"slices"
 	"sync"
 	"time"
 
@@ -43,6 +44,11 @@ const (
 	// maxRememberedUnplannable bounds the jobs remembered as unplannable;
 	// those beyond it are parsed on every scan, and not logged.
 	maxRememberedUnplannable = 100_000
+	// maxResentRuns bounds the runs of failed calls' plans kept to be
+	// sent again (see Scheduler.resent): those of a full batch of
+	// caught-up jobs at the default batch size. Beyond it the oldest
+	// plans are forgotten, and the runs they created, if any, go uncounted.
+	maxResentRuns = DefaultBatchSize * vibejobs.MaxCatchUpRuns
 )
 
 // Config of a Scheduler.
@@ -60,7 +66,14 @@ type Config struct {
 	// CatchUpGrace: an occurrence older than now − CatchUpGrace when planned
 	// was missed (the platform was down) and follows the job's catch-up rule.
 	CatchUpGrace time.Duration
-	// OnRunsCreated is called after runs were created (wakes the dispatcher).
+	// OnRunsCreated is called after runs were created (wakes the
+	// dispatcher), each run once. A run created by an ApplyRunPlans call
+	// that failed after its commit (its answer lost) is told of by the
+	// next call that succeeds, which sends that call's plans again
+	// (RunPlan.Resent). None is told of twice; one goes untold only when
+	// it was deleted (withdrawn) before that call, or when calls failed
+	// in a row for longer than the scheduler keeps their plans (the
+	// runs of a full batch of caught-up jobs).
 	OnRunsCreated func(n int)
 	// OnSkipped is called with the number of occurrences skipped by catch-up.
 	OnSkipped func(n int64)
@@ -94,6 +107,16 @@ type Scheduler struct {
 	// here, for at most unplannableRetryEvery after they were parsed (and
 	// logged).
 	unplannable map[string]unplannableJob
+	// resent holds the plans with runs of ApplyRunPlans calls that
+	// failed, marked Resent, oldest first: such a call may have
+	// committed and lost its answer, and the next call sends them again
+	// to learn of the runs it created. They are taken by the call that
+	// sends them, and given back if it fails too; resentRuns counts
+	// their runs, at most maxResentRuns.
+	resent     []vibejobs.RunPlan
+	resentRuns int
+	// maxResentRuns is maxResentRuns; tests lower it.
+	maxResentRuns int
 }
 
 // unplannableJob is a job whose schedule did not parse: what it was
@@ -128,7 +151,7 @@ func New(cfg Config) *Scheduler {
 	cfg.CatchUpGrace = cmp.Or(cfg.CatchUpGrace, DefaultCatchUpGrace)
 	cfg.StoreTimeout = cmp.Or(cfg.StoreTimeout, DefaultStoreTimeout)
 	return &Scheduler{cfg: cfg, wake: make(chan struct{}, 1), jobSchedule: JobSchedule,
-		unplannable: make(map[string]unplannableJob)}
+		unplannable: make(map[string]unplannableJob), maxResentRuns: maxResentRuns}
 }
 
 // Wake asks for a scan now (after a job was created or changed).
@@ -219,6 +242,8 @@ type scanCursor struct {
 
 // runOnce plans and applies the batch of due jobs after c.after, moves
 // c.after to the batch's last job and reports whether the batch was full.
+// The plans of failed calls go with it, resent (see Scheduler.resent),
+// and with a call of their own when nothing is due.
 func (s *Scheduler) runOnce(ctx context.Context, c *scanCursor) (created int, full bool, err error) {
 	now := s.cfg.Now()
 	sctx, cancel := context.WithTimeout(ctx, s.cfg.StoreTimeout)
@@ -227,8 +252,13 @@ func (s *Scheduler) runOnce(ctx context.Context, c *scanCursor) (created int, fu
 	if err != nil {
 		return 0, false, fmt.Errorf("listing due jobs: %w", err)
 	}
+	resent := s.takeResent()
 	if len(jobs) == 0 {
-		return 0, false, nil
+		if len(resent) == 0 {
+			return 0, false, nil
+		}
+		created, _, err := s.apply(ctx, resent, now)
+		return created, false, err
 	}
 	last := jobs[len(jobs)-1]
 	c.after = vibejobs.DuePosition{NextRunAt: *last.NextRunAt, JobID: last.ID}
@@ -261,23 +291,69 @@ func (s *Scheduler) runOnce(ctx context.Context, c *scanCursor) (created int, fu
 		plans = append(plans, p)
 	}
 	// Skipped occurrences are counted only for the plans applied: a plan
-	// another replica applied first was counted there. A batch catching
-	// up after downtime may hold 100 runs a job: its time grows with its
-	// runs, or a slow database would time the same batch out for ever.
-	runs := 0
-	for _, p := range plans {
-		runs += len(p.Runs)
-	}
-	sctx, cancel = context.WithTimeout(ctx, max(s.cfg.StoreTimeout, time.Duration(runs)*applyTimePerRun))
-	created, skipped, err := s.cfg.Store.ApplyRunPlans(sctx, plans, now)
-	cancel()
+	// another replica applied first was counted there.
+	created, skipped, err := s.apply(ctx, append(resent, plans...), now)
 	if err != nil {
-		return 0, false, fmt.Errorf("applying run plans: %w", err)
+		return 0, false, err
 	}
 	if skipped > 0 && s.cfg.OnSkipped != nil {
 		s.cfg.OnSkipped(skipped)
 	}
 	return created, len(jobs) == s.cfg.BatchSize, nil
+}
+
+// apply applies plans (those resent are only counted, see
+// vibejobs.RunPlan.Resent), and keeps them to be sent again when the call
+// fails. A batch catching up after downtime may hold 100
+// runs a job: its time grows with its runs, or a slow database would time
+// the same batch out for ever.
+func (s *Scheduler) apply(ctx context.Context, plans []vibejobs.RunPlan, now time.Time) (created int, skipped int64, err error) {
+	runs := 0
+	for _, p := range plans {
+		runs += len(p.Runs)
+	}
+	sctx, cancel := context.WithTimeout(ctx, max(s.cfg.StoreTimeout, time.Duration(runs)*applyTimePerRun))
+	created, skipped, err = s.cfg.Store.ApplyRunPlans(sctx, plans, now)
+	cancel()
+	if err != nil {
+		s.keepResent(plans)
+		return 0, 0, fmt.Errorf("applying run plans: %w", err)
+	}
+	return created, skipped, nil
+}
+
+// takeResent takes the plans kept to be sent again.
+func (s *Scheduler) takeResent() []vibejobs.RunPlan {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	plans := s.resent
+	s.resent, s.resentRuns = nil, 0
+	return plans
+}
+
+// keepResent keeps the plans with runs of a call that failed, oldest
+// first, to be sent again, resent, by the next call: it may have
+// committed them and lost its answer. The oldest plans are forgotten
+// beyond maxResentRuns.
+func (s *Scheduler) keepResent(plans []vibejobs.RunPlan) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, p := range plans {
+		if len(p.Runs) == 0 {
+			continue // nothing to count
+		}
+		p.Resent = true
+		s.resent = append(s.resent, p)
+		s.resentRuns += len(p.Runs)
+	}
+	drop := 0
+	for s.resentRuns > s.maxResentRuns {
+		s.resentRuns -= len(s.resent[drop].Runs)
+		drop++
+	}
+	if drop > 0 {
+		s.resent = slices.Delete(s.resent, 0, drop)
+	}
 }
 
 // knownUnplannable reports whether j, with its schedule as it is now,
