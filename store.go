@@ -89,7 +89,11 @@ type Tx interface {
 
 	CreateProject(ctx context.Context, p *Project) error
 	UpdateProject(ctx context.Context, p *Project) error
-	CreateToken(ctx context.Context, t *Token) error
+	// CreateToken inserts t, unless t's project has limit live (not
+	// revoked) tokens already: ECONFLICT too_many_tokens, decided
+	// atomically against concurrent creations. An id or hash in use is
+	// ECONFLICT token_exists, a missing project ENOTFOUND.
+	CreateToken(ctx context.Context, t *Token, limit int) error
 	RevokeToken(ctx context.Context, id string, at time.Time) error
 
 	// CreateJob inserts j (j.ID set by the caller).

@@ -141,6 +141,12 @@ type Token struct {
 	RevokedAt    *time.Time
 }
 
+// MaxTokensPerProject bounds a project's live tokens: those not revoked,
+// installation tokens included. Minting one more is refused (ECONFLICT
+// too_many_tokens) until one is revoked; revoked tokens are kept for the
+// record and do not count.
+const MaxTokensPerProject = 100
+
 // RunRef is the short form of a run shown on its job.
 type RunRef struct {
 	ID           string

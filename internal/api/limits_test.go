@@ -71,7 +71,7 @@ func mintInStore(t *testing.T, e *env) string {
 	sum := sha256.Sum256([]byte(value))
 	tok := &vibejobs.Token{ID: vibejobs.NewID("tok_", e.clock.Now(), nil), ProjectID: e.project, Name: "direct",
 		Role: vibejobs.RoleRead, Prefix: value[:12], Hash: sum[:], CreatedAt: e.clock.Now()}
-	if err := e.store.Update(t.Context(), func(tx vibejobs.Tx) error { return tx.CreateToken(t.Context(), tok) }); err != nil {
+	if err := e.store.Update(t.Context(), func(tx vibejobs.Tx) error { return tx.CreateToken(t.Context(), tok, vibejobs.MaxTokensPerProject) }); err != nil {
 		t.Fatal(err)
 	}
 	return value

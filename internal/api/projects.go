@@ -182,7 +182,7 @@ func (s *Server) createToken(ctx context.Context, c *call, tx vibejobs.Tx) (*res
 	if err != nil {
 		return nil, err
 	}
-	if err := tx.CreateToken(ctx, t); err != nil {
+	if err := tx.CreateToken(ctx, t, vibejobs.MaxTokensPerProject); err != nil {
 		return nil, err
 	}
 	return jsonResponse(http.StatusCreated, tokenWithValue{tokenView(t), value}), nil
@@ -280,7 +280,7 @@ func Bootstrap(ctx context.Context, store vibejobs.Store, now time.Time, r io.Re
 		if err != nil {
 			return err
 		}
-		if err := tx.CreateToken(ctx, t); err != nil {
+		if err := tx.CreateToken(ctx, t, vibejobs.MaxTokensPerProject); err != nil {
 			return err
 		}
 		token, created = value, true

@@ -1073,6 +1073,53 @@ func TestStore(t *testing.T) {
 	})
 }
 
+// TestTokenLimitHoldsAgainstARace: two replicas mint a project's last
+// token at once. The second waits for the first's lock on the project,
+// then counts the first's token and is refused. Counted without the lock,
+// each saw room for one and both committed.
+func TestTokenLimitHoldsAgainstARace(t *testing.T) {
+	ctx := context.Background()
+	schema := postgres.NewTestSchema(t)
+	a, b := open(t, schema), open(t, schema)
+	prj := newProject(t, a)
+	newToken := func() *vibejobs.Token {
+		tid := id("tok_")
+		return &vibejobs.Token{ID: tid, ProjectID: prj, Name: "t", Role: vibejobs.RoleRead, Prefix: "vjt_",
+			Hash: []byte(tid), CreatedAt: t0}
+	}
+	gate := newCommitGate(t)
+	firstDone := make(chan error, 1)
+	go func() {
+		firstDone <- a.Update(ctx, func(tx vibejobs.Tx) error {
+			if err := tx.CreateToken(ctx, newToken(), 1); err != nil {
+				return err
+			}
+			gate.hold()
+			return nil
+		})
+	}()
+	waitSignal(t, gate.reached, "the first creation")
+	secondDone := make(chan error, 1)
+	go func() {
+		secondDone <- b.Update(ctx, func(tx vibejobs.Tx) error { return tx.CreateToken(ctx, newToken(), 1) })
+	}()
+	for deadline := time.Now().Add(10 * time.Second); !lockWaiting(t, a, "SELECT 1 FROM projects"); time.Sleep(5 * time.Millisecond) {
+		select {
+		case err := <-secondDone:
+			t.Fatalf("the second creation ended (%v) while the first was still open", err)
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the second creation never waited for the first")
+		}
+	}
+	gate.open()
+	if err := <-firstDone; err != nil {
+		t.Fatalf("the first creation: %v", err)
+	}
+	wantKind(t, <-secondDone, vibejobs.ECONFLICT, "too_many_tokens")
+}
+
 // TestSubscriptionEditLocksItsRow: the API reads a subscription and writes
 // the row back from what it read in one transaction; a change committed in
 // between (a concurrent rotation, reset or delivery step) was written over,

@@ -3,6 +3,7 @@ package postgres
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"slices"
 	"time"
@@ -120,9 +121,30 @@ func (t *tx) UpdateProject(ctx context.Context, p *vibejobs.Project) error {
 	return nil
 }
 
-// CreateToken inserts tok; an existing id or hash gives ECONFLICT, a missing
+// CreateToken locks the project row first, then counts in a new statement
+// (whose snapshot sees every token committed before the lock was granted),
+// so concurrent creations cannot pass the limit together, as
+// CreateSubscription. An existing id or hash gives ECONFLICT, a missing
 // project ENOTFOUND.
-func (t *tx) CreateToken(ctx context.Context, tok *vibejobs.Token) error {
+func (t *tx) CreateToken(ctx context.Context, tok *vibejobs.Token, limit int) error {
+	var one int
+	err := t.q.QueryRow(ctx, `SELECT 1 FROM projects WHERE id = $1 FOR NO KEY UPDATE`, tok.ProjectID).Scan(&one)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return vibejobs.ErrNotFound("project")
+	}
+	if err != nil {
+		return mapError(err, "creating a token")
+	}
+	var live int
+	err = t.q.QueryRow(ctx, `SELECT count(*) FROM tokens WHERE project_id = $1 AND revoked_at IS NULL`,
+		tok.ProjectID).Scan(&live)
+	if err != nil {
+		return mapError(err, "creating a token")
+	}
+	if live >= limit {
+		return vibejobs.Errorf(vibejobs.ECONFLICT, "too_many_tokens",
+			"this project has reached its limit of %d live tokens; revoke one first", limit)
+	}
 	tag, err := t.q.Exec(ctx, `INSERT INTO tokens (id, project_id, name, role, installation, prefix, hash, created_at, revoked_at)
 		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
 		ON CONFLICT DO NOTHING`,

@@ -48,8 +48,20 @@ func (t *tx) UpdateProject(ctx context.Context, p *vibejobs.Project) error {
 	return nil
 }
 
-func (t *tx) CreateToken(ctx context.Context, tok *vibejobs.Token) error {
-	_, err := t.t.ExecContext(ctx, `INSERT INTO tokens (`+tokenColumns+`) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+// CreateToken counts and inserts under the single writer, so the limit
+// holds against concurrent creations.
+func (t *tx) CreateToken(ctx context.Context, tok *vibejobs.Token, limit int) error {
+	var live int
+	err := t.t.QueryRowContext(ctx, `SELECT count(*) FROM tokens WHERE project_id = ? AND revoked_at IS NULL`,
+		tok.ProjectID).Scan(&live)
+	if err != nil {
+		return fmt.Errorf("creating token: %w", err)
+	}
+	if live >= limit {
+		return vibejobs.Errorf(vibejobs.ECONFLICT, "too_many_tokens",
+			"this project has reached its limit of %d live tokens; revoke one first", limit)
+	}
+	_, err = t.t.ExecContext(ctx, `INSERT INTO tokens (`+tokenColumns+`) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)`,
 		tok.ID, tok.ProjectID, tok.Name, string(tok.Role), tok.Installation, tok.Prefix, nonNil(tok.Hash),
 		ms(tok.CreatedAt), msPtr(tok.RevokedAt))
 	switch {

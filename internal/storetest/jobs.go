@@ -304,7 +304,7 @@ func testProjectIsolation(t *testing.T, f *fixture) {
 	f.getRun(projectA, done.ID)
 
 	tok := &vibejobs.Token{ID: f.id("tok_"), ProjectID: projectA, Name: "a", Role: vibejobs.RoleAdmin, Prefix: "vjt_", Hash: []byte("a"), CreatedAt: T0}
-	f.update(func(tx vibejobs.Tx) error { return tx.CreateToken(f.ctx, tok) })
+	f.update(func(tx vibejobs.Tx) error { return tx.CreateToken(f.ctx, tok, vibejobs.MaxTokensPerProject) })
 	if toks, err := f.s.ListTokens(f.ctx, projectB); err != nil || len(toks) != 0 {
 		t.Errorf("ListTokens of project B: %d tokens, %v; want none", len(toks), err)
 	}

@@ -4,6 +4,8 @@ import (
 	"crypto/sha256"
 	"errors"
 	"slices"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -64,7 +66,7 @@ func testTokens(t *testing.T, f *fixture) {
 		Prefix: "vjt_5e6f", Hash: hash("three"), CreatedAt: T0.Add(2 * time.Second)}
 	f.update(func(tx vibejobs.Tx) error {
 		for _, tok := range []*vibejobs.Token{t1, t2, t3} {
-			if err := tx.CreateToken(f.ctx, tok); err != nil {
+			if err := tx.CreateToken(f.ctx, tok, vibejobs.MaxTokensPerProject); err != nil {
 				return err
 			}
 		}
@@ -108,6 +110,110 @@ func testTokens(t *testing.T, f *fixture) {
 	wantNotFound(t, "TokenByHash of an unknown hash", err, "token")
 	err = f.s.Update(f.ctx, func(tx vibejobs.Tx) error { return tx.RevokeToken(f.ctx, "tok_missing", T0) })
 	wantNotFound(t, "RevokeToken of a missing token", err, "token")
+}
+
+// newToken returns a live token of projectID with a fresh id and hash.
+func (f *fixture) newToken(projectID string) *vibejobs.Token {
+	id := f.id("tok_")
+	h := sha256.Sum256([]byte(id))
+	return &vibejobs.Token{ID: id, ProjectID: projectID, Name: "t " + id, Role: vibejobs.RoleRead,
+		Prefix: "vjt_" + id[len(id)-4:], Hash: h[:], CreatedAt: T0}
+}
+
+// createToken creates tok with limit and returns the store's answer.
+func (f *fixture) createToken(tok *vibejobs.Token, limit int) error {
+	return f.s.Update(f.ctx, func(tx vibejobs.Tx) error { return tx.CreateToken(f.ctx, tok, limit) })
+}
+
+// testTokenLimit: CreateToken refuses a token beyond the project's limit of
+// live tokens (too_many_tokens), counting installation tokens, not revoked
+// ones nor another project's; revoking one makes room again.
+func testTokenLimit(t *testing.T, f *fixture) {
+	f.projects()
+	const limit = 3
+	var live []*vibejobs.Token
+	for i := range limit {
+		tok := f.newToken(projectA)
+		tok.Installation = i == 0
+		if err := f.createToken(tok, limit); err != nil {
+			t.Fatalf("token %d of %d: %v", i+1, limit, err)
+		}
+		live = append(live, tok)
+	}
+	over := f.newToken(projectA)
+	wantError(t, "a token beyond the limit", f.createToken(over, limit), vibejobs.ECONFLICT, "too_many_tokens")
+	if _, err := f.s.GetToken(f.ctx, over.ID); vibejobs.ErrorKind(err) != vibejobs.ENOTFOUND {
+		t.Errorf("the refused token was stored: %v", err)
+	}
+	if e := asError(f.createToken(over, limit)); e == nil || !strings.Contains(e.Message, "3") {
+		t.Errorf("the refusal does not name the limit: %v", e)
+	}
+	// Per project.
+	if err := f.createToken(f.newToken(projectB), limit); err != nil {
+		t.Errorf("another project's token: %v", err)
+	}
+	// A revoked token does not count.
+	f.update(func(tx vibejobs.Tx) error { return tx.RevokeToken(f.ctx, live[1].ID, T0) })
+	if err := f.createToken(over, limit); err != nil {
+		t.Fatalf("a token once one was revoked: %v", err)
+	}
+	wantError(t, "a token beyond the limit again", f.createToken(f.newToken(projectA), limit),
+		vibejobs.ECONFLICT, "too_many_tokens")
+	// The limit is decided in the transaction: its own tokens count (B has
+	// one, room for one more under a limit of 2).
+	err := f.s.Update(f.ctx, func(tx vibejobs.Tx) error {
+		if err := tx.CreateToken(f.ctx, f.newToken(projectB), 2); err != nil {
+			return err
+		}
+		return tx.CreateToken(f.ctx, f.newToken(projectB), 2)
+	})
+	wantError(t, "two tokens in one transaction past the limit", err, vibejobs.ECONFLICT, "too_many_tokens")
+	list, err := f.s.ListTokens(f.ctx, projectB)
+	if err != nil || len(list) != 1 {
+		t.Errorf("project B after the refused transaction: %d tokens, %v; want 1", len(list), err)
+	}
+	// A missing project is not found, limit or not.
+	err = f.createToken(f.newToken("prj_missing"), limit)
+	wantNotFound(t, "a token of a missing project", err, "project")
+}
+
+// testTokenLimitConcurrent: creations at once on one project never pass
+// the limit together.
+func testTokenLimitConcurrent(t *testing.T, f *fixture) {
+	f.projects()
+	const limit, tries = 4, 16
+	var (
+		wg               sync.WaitGroup
+		mu               sync.Mutex
+		created, refused int
+		start            = make(chan struct{})
+	)
+	for range tries {
+		tok := f.newToken(projectA)
+		wg.Go(func() {
+			<-start
+			err := f.createToken(tok, limit)
+			mu.Lock()
+			defer mu.Unlock()
+			switch e := asError(err); {
+			case err == nil:
+				created++
+			case e != nil && e.Code == "too_many_tokens":
+				refused++
+			default:
+				t.Errorf("CreateToken: %v", err)
+			}
+		})
+	}
+	close(start)
+	wg.Wait()
+	if created != limit || refused != tries-limit {
+		t.Errorf("%d creations at once with limit %d: %d created, %d refused", tries, limit, created, refused)
+	}
+	list, err := f.s.ListTokens(f.ctx, projectA)
+	if err != nil || len(list) != limit {
+		t.Errorf("ListTokens: %d tokens, %v; want %d", len(list), err, limit)
+	}
 }
 
 var errRollback = errors.New("storetest: roll back")
@@ -180,7 +286,7 @@ func testTxReadsItsWrites(t *testing.T, f *fixture) {
 		}
 		tok := &vibejobs.Token{ID: f.id("tok_"), ProjectID: projectA, Name: "t", Role: vibejobs.RoleRead,
 			Prefix: "vjt_", Hash: []byte{1, 2, 3}, CreatedAt: T0}
-		if err := tx.CreateToken(f.ctx, tok); err != nil {
+		if err := tx.CreateToken(f.ctx, tok, vibejobs.MaxTokensPerProject); err != nil {
 			return err
 		}
 		if _, err := tx.TokenByHash(f.ctx, []byte{1, 2, 3}); err != nil {

@@ -36,6 +36,8 @@ func Run(t *testing.T, open func(t *testing.T) vibejobs.Store) {
 		{"Ping", testPing},
 		{"Projects", testProjects},
 		{"Tokens", testTokens},
+		{"TokenLimit", testTokenLimit},
+		{"TokenLimitConcurrent", testTokenLimitConcurrent},
 		{"UpdateRollsBack", testUpdateRollsBack},
 		{"TxReadsItsWrites", testTxReadsItsWrites},
 

@@ -132,7 +132,7 @@ func (e *env) token(projectID, value string) string {
 		ID: vibejobs.NewID("tok_", e.clock.Now(), nil), ProjectID: projectID, Name: "ops", Role: vibejobs.RoleRead,
 		Prefix: value[:12], Hash: sum[:], CreatedAt: e.clock.Now(),
 	}
-	e.update(func(tx vibejobs.Tx) error { return tx.CreateToken(e.ctx, tok) })
+	e.update(func(tx vibejobs.Tx) error { return tx.CreateToken(e.ctx, tok, vibejobs.MaxTokensPerProject) })
 	return tok.ID
 }
 

@@ -40,7 +40,7 @@ func TestPagesShowInvisibleCharacters(t *testing.T) {
 			return err
 		}
 		return tx.CreateToken(e.ctx, &vibejobs.Token{ID: "tok_bidi", ProjectID: projectID, Name: "ops\u200b",
-			Role: vibejobs.RoleRead, Prefix: value[:12], Hash: sum[:], CreatedAt: t0})
+			Role: vibejobs.RoleRead, Prefix: value[:12], Hash: sum[:], CreatedAt: t0}, vibejobs.MaxTokensPerProject)
 	})
 	j := e.job(projectID, named(spoof+" "+all.String()), func(j *vibejobs.Job) {
 		j.URL = "https://app.example.com/\u202ehook"
