@@ -51,7 +51,9 @@ type Reader interface {
 	ListProjects(ctx context.Context) ([]*Project, error)
 	// TokenByHash returns a token, revoked or not, by the SHA-256 of its value.
 	TokenByHash(ctx context.Context, hash []byte) (*Token, error)
-	ListTokens(ctx context.Context, projectID string) ([]*Token, error)
+	// ListTokens returns a page of a project's tokens, revoked ones
+	// included, in id order (oldest first).
+	ListTokens(ctx context.Context, projectID string, p Page) (tokens []*Token, nextCursor string, err error)
 	GetToken(ctx context.Context, id string) (*Token, error)
 
 	GetJob(ctx context.Context, projectID, id string) (*Job, error)

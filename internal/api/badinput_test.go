@@ -231,7 +231,7 @@ func TestIdempotencyKeyInProgress(t *testing.T) {
 	e := newEnv(t)
 	body := []byte(`{"name":"n","url":"https://example.com/h","schedule":"@daily"}`)
 	hr, _ := http.NewRequest("POST", "/v1/jobs", nil)
-	tokens, err := e.store.ListTokens(context.Background(), e.project)
+	tokens, _, err := e.store.ListTokens(context.Background(), e.project, vibejobs.Page{})
 	if err != nil || len(tokens) != 1 {
 		t.Fatalf("the bootstrap token: %v, %v", tokens, err)
 	}

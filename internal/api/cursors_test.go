@@ -11,13 +11,14 @@ import (
 )
 
 // TestListCursorsBelongToTheirList: a list's nextCursor continues that list
-// only: the same project, the same kind (jobs or runs) and the same
+// only: the same project, the same kind (jobs, runs or tokens) and the same
 // filters (the page size may change). A cursor from another project's list,
 // from another kind of list or from other filters is refused (400
 // invalid_cursor) instead of silently answering a page that starts
 // somewhere else. A cursor minted before cursors were bound (the bare
 // position) keeps paging its own list, so a client paging across the
-// upgrade is not cut off, and is refused on another project's or kind's.
+// upgrade is not cut off, and is refused on another project's or kind's;
+// token lists, paged only since cursors were bound, take none.
 func TestListCursorsBelongToTheirList(t *testing.T) {
 	for name, open := range map[string]func(t *testing.T) vibejobs.Store{
 		"sqlite": func(t *testing.T) vibejobs.Store { st, _ := mustOpenStore(t); return st },
@@ -30,9 +31,11 @@ func TestListCursorsBelongToTheirList(t *testing.T) {
 }
 
 func listCursors(t *testing.T, e *tenantEnv) {
-	_, a := e.newProject("alpha")
-	_, b := e.newProject("beta")
+	aID, a := e.newProject("alpha")
+	bID, b := e.newProject("beta")
 	aRead, bRead := a[vibejobs.RoleRead], b[vibejobs.RoleRead]
+	aAdmin, bAdmin := a[vibejobs.RoleAdmin], b[vibejobs.RoleAdmin]
+	aTokens, bTokens := "/v1/projects/"+aID+"/tokens", "/v1/projects/"+bID+"/tokens"
 	var aJobs, bJobs []string
 	for range 3 {
 		aJobs = append(aJobs, e.must(201, "POST", "/v1/jobs", a[vibejobs.RoleWrite], jobBody(nil))["id"].(string))
@@ -59,6 +62,8 @@ func listCursors(t *testing.T, e *tenantEnv) {
 	jobRunsCursor := next("/v1/jobs/"+aJobs[0]+"/runs?limit=1", aRead)
 	queuedCursor := next("/v1/runs?limit=1&state=scheduled", aRead)
 	bJobsCursor := next("/v1/jobs?limit=1", bRead)
+	tokensCursor := next(aTokens+"?limit=1", aAdmin)
+	aToken := e.must(200, "GET", aTokens, aAdmin, nil)["tokens"].([]any)[0].(map[string]any)["id"].(string)
 	legacy := func(id string) string { return base64.RawURLEncoding.EncodeToString([]byte(id)) }
 
 	for _, c := range []struct {
@@ -73,14 +78,23 @@ func listCursors(t *testing.T, e *tenantEnv) {
 		{"/v1/runs?jobId=" + aJobs[0] + "&cursor=" + jobRunsCursor, aRead, 200}, // the same list
 		{"/v1/runs?state=scheduled&cursor=" + queuedCursor, aRead, 200},
 		{"/v1/jobs?cursor=" + bJobsCursor, bRead, 200},
+		{aTokens + "?cursor=" + tokensCursor, aAdmin, 200},
+		{aTokens + "?limit=100&cursor=" + tokensCursor, aAdmin, 200},
+		{aTokens + "?cursor=" + tokensCursor, e.admin, 200}, // the same list, asked by the installation token
 		// Another project's list.
 		{"/v1/jobs?cursor=" + jobsCursor, bRead, 400},
 		{"/v1/jobs?cursor=" + bJobsCursor, aRead, 400},
 		{"/v1/runs?cursor=" + runsCursor, bRead, 400},
 		{"/v1/jobs/" + bJobs[0] + "/runs?cursor=" + jobRunsCursor, bRead, 400},
+		{bTokens + "?cursor=" + tokensCursor, bAdmin, 400},
+		{bTokens + "?cursor=" + tokensCursor, e.admin, 400},
 		// Another kind of list.
 		{"/v1/runs?cursor=" + jobsCursor, aRead, 400},
 		{"/v1/jobs?cursor=" + runsCursor, aRead, 400},
+		{"/v1/jobs?cursor=" + tokensCursor, aRead, 400},
+		{"/v1/runs?cursor=" + tokensCursor, aRead, 400},
+		{aTokens + "?cursor=" + jobsCursor, aAdmin, 400},
+		{aTokens + "?cursor=" + runsCursor, aAdmin, 400},
 		// Other filters.
 		{"/v1/jobs/" + aJobs[1] + "/runs?cursor=" + jobRunsCursor, aRead, 400},
 		{"/v1/jobs/" + aJobs[0] + "/runs?cursor=" + runsCursor, aRead, 400},
@@ -96,6 +110,7 @@ func listCursors(t *testing.T, e *tenantEnv) {
 		{"/v1/runs?cursor=" + legacy(aJobs[0]), aRead, 400},
 		{"/v1/jobs?cursor=" + legacy(aRuns[0]), aRead, 400},
 		{"/v1/jobs/" + aJobs[0] + "/runs?cursor=" + legacy(aRuns[0]), aRead, 400}, // a run of job 1
+		{aTokens + "?cursor=" + legacy(aToken), aAdmin, 400},
 	} {
 		res := e.send("GET", c.path, c.token, "", nil)
 		if res.status != c.want {

@@ -157,7 +157,7 @@ func TestIdempotencyOnPostgres(t *testing.T) {
 	// A claim whose request died with its process: after 60 s by the
 	// database's clock, many retries at once take it over, and exactly one
 	// does the work.
-	tokens, err := p.store.ListTokens(context.Background(), p.project())
+	tokens, _, err := p.store.ListTokens(context.Background(), p.project(), vibejobs.Page{})
 	if err != nil || len(tokens) != 1 {
 		t.Fatalf("the bootstrap token: %v, %v", tokens, err)
 	}

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/vibejobs/vibejobs"
+	"github.com/vibejobs/vibejobs/internal/listcursor"
 )
 
 type projectJSON struct {
@@ -49,7 +50,8 @@ type tokenWithValue struct {
 }
 
 type tokenListJSON struct {
-	Tokens []tokenJSON `json:"tokens"`
+	Tokens     []tokenJSON `json:"tokens"`
+	NextCursor *string     `json:"nextCursor"`
 }
 
 func tokenView(t *vibejobs.Token) tokenJSON {
@@ -199,16 +201,29 @@ func newToken(r io.Reader, projectID, name string, role vibejobs.Role, installat
 	}, value, nil
 }
 
+// listTokens answers a page of the tokens of the project the path names,
+// revoked ones included, oldest first; its cursors continue that project's
+// list only.
 func (s *Server) listTokens(ctx context.Context, c *call) (*response, error) {
+	page, e := pageOf(c.r.URL.Query())
+	if e != nil {
+		return nil, e
+	}
 	p, err := tokenProject(ctx, s.store, c)
 	if err != nil {
 		return nil, err
 	}
-	ts, err := s.store.ListTokens(ctx, p.ID)
+	// After the project's check: another project answers 404, whatever
+	// the cursor, as a project that does not exist.
+	sc := listcursor.Scope{Kind: listcursor.Tokens, ProjectID: p.ID}
+	if err := s.openCursor(ctx, &page, sc); err != nil {
+		return nil, err
+	}
+	ts, next, err := s.store.ListTokens(ctx, p.ID, page)
 	if err != nil {
 		return nil, err
 	}
-	out := tokenListJSON{Tokens: make([]tokenJSON, 0, len(ts))}
+	out := tokenListJSON{Tokens: make([]tokenJSON, 0, len(ts)), NextCursor: boundCursor(next, sc)}
 	for _, t := range ts {
 		out.Tokens = append(out.Tokens, tokenView(t))
 	}

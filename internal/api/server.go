@@ -275,7 +275,8 @@ func (s *Server) routeTable() []route {
 		{method: "GET", path: "/v1/projects", access: accessInstallation, serve: s.listProjects},
 		{method: "GET", path: "/v1/projects/{id}", access: accessAdmin, serve: s.getProject},
 		{method: "POST", path: "/v1/projects/{id}/tokens", access: accessAdmin, effect: s.createToken},
-		{method: "GET", path: "/v1/projects/{id}/tokens", access: accessAdmin, serve: s.listTokens},
+		{method: "GET", path: "/v1/projects/{id}/tokens", access: accessAdmin, serve: s.listTokens,
+			query: []string{"limit", "cursor"}},
 		{method: "DELETE", path: "/v1/tokens/{id}", access: accessAdmin, serve: s.revokeToken},
 		{method: "GET", path: "/v1/token", access: accessRead, serve: s.getCallerToken},
 	}

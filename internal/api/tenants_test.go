@@ -391,7 +391,7 @@ func crossProjectAudit(t *testing.T, e *tenantEnv) {
 			t.Errorf("token %s after B's attempts: %+v, %v", id, tk, err)
 		}
 	}
-	aToks, err := e.st.ListTokens(ctx, aID)
+	aToks, _, err := e.st.ListTokens(ctx, aID, vibejobs.Page{})
 	if err != nil || len(aToks) != 4 { // three, and the one A minted under a shared key
 		t.Errorf("A's tokens after B's attempts: %d, %v", len(aToks), err)
 	}

@@ -1,10 +1,14 @@
 package api_test
 
 import (
+	"bytes"
+	"encoding/base64"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/vibejobs/vibejobs"
 )
@@ -36,7 +40,7 @@ func TestTokenLimit(t *testing.T) {
 		}
 	}
 	live := 0
-	for _, tk := range e.must(200, "GET", path, admin, nil)["tokens"].([]any) {
+	for _, tk := range e.must(200, "GET", path+"?limit=100", admin, nil)["tokens"].([]any) {
 		if tk.(map[string]any)["revokedAt"] == nil {
 			live++
 		}
@@ -51,5 +55,133 @@ func TestTokenLimit(t *testing.T) {
 	e.must(201, "POST", path, admin, body(0))
 	if res := e.do("POST", path, admin, body(1)); res.status != 409 {
 		t.Errorf("a token beyond the limit after one revocation: %s", res)
+	}
+}
+
+// TestTokenListPages: a project's tokens come a page at a time, as the
+// other lists do: limit 1–100 (default 50), nextCursor to continue, null
+// on the last page; every token once, revoked ones included, in id order
+// (oldest first). A bad limit answers 400 invalid_limit, a cursor this
+// list did not hand out 400 invalid_cursor, and another project's list 404
+// whatever the cursor.
+func TestTokenListPages(t *testing.T) {
+	e := newEnv(t)
+	pid, toks := e.newProject("paged") // three tokens
+	admin := toks[vibejobs.RoleAdmin]
+	path := "/v1/projects/" + pid + "/tokens"
+	var otherID string
+	var other map[vibejobs.Role]string
+	for i := range 57 {
+		e.clock.Advance(time.Millisecond) // ids of one millisecond are in random order
+		if i == 10 {
+			// Another project's tokens amid this one's.
+			otherID, other = e.newProject("other")
+			e.clock.Advance(time.Millisecond)
+		}
+		id := e.must(201, "POST", path, admin, map[string]any{"name": "t" + strconv.Itoa(i), "role": "read"})["id"].(string)
+		if i%5 == 0 {
+			e.must(204, "DELETE", "/v1/tokens/"+id, admin, nil)
+		}
+	}
+	ids := func(page map[string]any) []string {
+		var out []string
+		for _, tk := range page["tokens"].([]any) {
+			out = append(out, tk.(map[string]any)["id"].(string))
+		}
+		return out
+	}
+	all := ids(e.must(200, "GET", path+"?limit=100", admin, nil))
+	if len(all) != 60 || !slices.IsSorted(all) {
+		t.Fatalf("limit 100: %d tokens (sorted: %v), want the 60 in id order", len(all), slices.IsSorted(all))
+	}
+	first := e.must(200, "GET", path, admin, nil)
+	if got := ids(first); len(got) != 50 || first["nextCursor"] == nil {
+		t.Errorf("default page: %d tokens, nextCursor %v; want 50 and a cursor", len(got), first["nextCursor"])
+	}
+	// Walked 7 at a time: each token once, in order, the last page's
+	// nextCursor null.
+	var walked []string
+	for cursor, pages := "", 0; ; pages++ {
+		q := path + "?limit=7"
+		if cursor != "" {
+			q += "&cursor=" + cursor
+		}
+		page := e.must(200, "GET", q, admin, nil)
+		walked = append(walked, ids(page)...)
+		nc, present := page["nextCursor"]
+		if !present {
+			t.Fatal("a page without nextCursor")
+		}
+		if nc == nil {
+			break
+		}
+		if cursor = nc.(string); pages > 20 {
+			t.Fatal("the cursors never end")
+		}
+	}
+	if !slices.Equal(walked, all) {
+		t.Errorf("walked %d tokens, want the %d listed at once, in the same order", len(walked), len(all))
+	}
+
+	cursor := first["nextCursor"].(string)
+	otherCursor := e.must(200, "GET", "/v1/projects/"+otherID+"/tokens?limit=1", e.admin, nil)["nextCursor"].(string)
+	jobsCursor := func() string {
+		for range 2 {
+			e.must(201, "POST", "/v1/jobs", e.admin, jobBody(nil))
+		}
+		return e.must(200, "GET", "/v1/jobs?limit=1", e.admin, nil)["nextCursor"].(string)
+	}()
+	bare, _, _ := strings.Cut(cursor, ".")
+	for _, c := range []struct {
+		query, token string
+		status       int
+		code, field  string
+	}{
+		{"?limit=0", admin, 400, "invalid_limit", "limit"},
+		{"?limit=101", admin, 400, "invalid_limit", "limit"},
+		{"?limit=x", admin, 400, "invalid_limit", "limit"},
+		{"?limit=1&limit=2", admin, 400, "invalid_limit", "limit"},
+		{"?cursor=", admin, 400, "invalid_cursor", "cursor"},
+		{"?cursor=" + strings.Repeat("A", 513), admin, 400, "invalid_cursor", "cursor"},
+		{"?cursor=not-a-cursor", admin, 400, "invalid_cursor", "cursor"},
+		{"?cursor=" + cursor + "x", admin, 400, "invalid_cursor", "cursor"},
+		{"?cursor=" + bare, admin, 400, "invalid_cursor", "cursor"},        // never handed out unbound
+		{"?cursor=" + otherCursor, admin, 400, "invalid_cursor", "cursor"}, // another project's list
+		{"?cursor=" + otherCursor, e.admin, 400, "invalid_cursor", "cursor"},
+		{"?cursor=" + jobsCursor, admin, 400, "invalid_cursor", "cursor"}, // another kind of list
+		{"?sort=id", admin, 400, "invalid_query", "sort"},
+		{"?cursor=" + cursor, other[vibejobs.RoleAdmin], 404, "project_not_found", ""},
+		{"?cursor=" + otherCursor, other[vibejobs.RoleAdmin], 404, "project_not_found", ""},
+		{"?cursor=" + cursor, toks[vibejobs.RoleWrite], 403, "forbidden", ""},
+		{"?cursor=" + cursor, admin, 200, "", ""},
+		{"?cursor=" + cursor, e.admin, 200, "", ""}, // the installation token pages the same list
+	} {
+		res := e.do("GET", path+c.query, c.token, nil)
+		if res.status != c.status {
+			t.Errorf("GET tokens%s: %d, want %d", c.query, res.status, c.status)
+			continue
+		}
+		if c.status == 200 {
+			if got := ids(res.json(t)); !slices.Equal(got, all[50:]) {
+				t.Errorf("GET tokens%s: %d tokens, want the last %d", c.query, len(got), len(all)-50)
+			}
+			continue
+		}
+		if code, field := res.errorCode(t); code != c.code || field != c.field {
+			t.Errorf("GET tokens%s: %s (%s), want %s (%s)", c.query, code, field, c.code, c.field)
+		}
+	}
+
+	// A bound cursor positioned at another project's token pages exactly
+	// as one positioned just after it, where no token is: it tells nothing
+	// of the other project.
+	_, tag, _ := strings.Cut(cursor, ".")
+	enc := func(id string) string { return base64.RawURLEncoding.EncodeToString([]byte(id)) }
+	otherToken := ids(e.must(200, "GET", "/v1/projects/"+otherID+"/tokens", e.admin, nil))[0]
+	x := e.do("GET", path+"?cursor="+enc(otherToken)+"."+tag, admin, nil)
+	y := e.do("GET", path+"?cursor="+enc(otherToken+"0")+"."+tag, admin, nil)
+	if x.status != 200 || len(ids(x.json(t))) == 0 || x.status != y.status || !bytes.Equal(x.body, y.body) {
+		t.Errorf("after another project's token: %d; after an id never created: %d (bodies equal: %v)",
+			x.status, y.status, bytes.Equal(x.body, y.body))
 	}
 }

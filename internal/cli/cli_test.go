@@ -597,6 +597,21 @@ func TestProjectAndTokenCommands(t *testing.T) {
 	if out := a.ok(t, "tokens", "list", "--project", pid); strings.Contains(out, tk["token"].(string)) || !strings.Contains(out, "PREFIX") {
 		t.Errorf("tokens list table:\n%s", out)
 	}
+	// A page at a time, as the other lists: --limit and --cursor, or --all.
+	a.ok(t, "tokens", "create", "--project", pid, "--name", "third", "--role", "read")
+	out, errOut, err := a.cli(t, "tokens", "list", "--project", pid, "--limit", "2")
+	if err != nil || strings.Count(out, "\ntok_") != 2 || !strings.Contains(errOut, "more: --cursor") {
+		t.Errorf("tokens list --limit 2: %v\n%s%s", err, out, errOut)
+	}
+	page := a.okJSON(t, "tokens", "list", "--project", pid, "--limit", "2")
+	cursor, _ := page["nextCursor"].(string)
+	if rest := a.okJSON(t, "tokens", "list", "--project", pid, "--cursor", cursor); cursor == "" ||
+		len(rest["tokens"].([]any)) != 1 || rest["nextCursor"] != nil {
+		t.Errorf("tokens list --cursor %q: %v", cursor, rest)
+	}
+	if all := a.okJSON(t, "tokens", "list", "--project", pid, "--limit", "1", "--all"); len(all["tokens"].([]any)) != 3 {
+		t.Errorf("tokens list --all: %v", all)
+	}
 	if out := a.ok(t, "tokens", "revoke", tk["id"].(string)); !strings.Contains(out, "revoked") {
 		t.Errorf("revoke: %q", out)
 	}

@@ -53,7 +53,7 @@ var resources = map[string]map[string]command{
 	},
 	"tokens": {
 		"create": {summary: "Mint an API token for the project (the token's own unless --project); prints it, shown only this once.", post: true, flags: tokenCreate},
-		"list":   {summary: "List the tokens of the project (the token's own unless --project).", flags: tokenList},
+		"list":   {summary: "List the tokens of the project (the token's own unless --project), revoked ones included.", flags: tokenList},
 		"revoke": {args: "<token-id> ", npos: 1, summary: "Revoke a token, at once.", flags: tokenRevoke},
 	},
 }
@@ -511,25 +511,28 @@ func tokenCreate(fs *flag.FlagSet) func(*call) error {
 
 func tokenList(fs *flag.FlagSet) func(*call) error {
 	projectID := projectFlag(fs, "whose tokens to list")
+	var p pageFlags
+	p.register(fs)
 	return func(c *call) error {
 		project, err := c.tokenProject(*projectID, "tokens list")
 		if err != nil {
 			return err
 		}
-		rep, err := c.client.do(c.ctx, "GET", "/v1/projects/"+url.PathEscape(project)+"/tokens", nil, "")
+		items, next, err := c.pages(&p, "/v1/projects/"+url.PathEscape(project)+"/tokens", url.Values{}, "tokens")
 		if err != nil {
 			return err
 		}
-		if c.json {
-			return c.raw(rep)
-		}
-		var l struct {
-			Tokens []apiToken `json:"tokens"`
-		}
-		if err := decode(rep, &l); err != nil {
-			return err
-		}
-		return c.tokenTable(l.Tokens)
+		return c.printPage("tokens", items, next, func(items []json.RawMessage) error {
+			ts := make([]apiToken, 0, len(items))
+			for _, raw := range items {
+				var tk apiToken
+				if err := json.Unmarshal(raw, &tk); err != nil {
+					return err
+				}
+				ts = append(ts, tk)
+			}
+			return c.tokenTable(ts)
+		})
 	}
 }
 

@@ -1,5 +1,5 @@
 // Package listcursor ties the page cursors of a project's lists (its jobs,
-// its runs) to the list they page, so that a cursor continues only the list
+// its runs, its tokens) to the list they page, so that a cursor continues only the list
 // it came from. The API and the dashboard hand out the same cursors for the
 // same list, and both refuse a cursor of another list rather than answer a
 // page that starts somewhere else.
@@ -25,8 +25,9 @@ import (
 type Kind string
 
 const (
-	Jobs Kind = "jobs"
-	Runs Kind = "runs"
+	Jobs   Kind = "jobs"
+	Runs   Kind = "runs"
+	Tokens Kind = "tokens"
 )
 
 // Scope is the list a cursor continues: its kind, its project and its
@@ -72,7 +73,8 @@ type Reader interface {
 // provided it is a live job of the project for a jobs list, or a run of
 // the project (and of the filtered job) for a runs list. A state filter
 // cannot be checked, nor a job deleted since. This can go once no such
-// cursor can be in use.
+// cursor can be in use. A tokens list was paged only once cursors were
+// bound: a bare position is never one of its cursors.
 func (sc Scope) Open(ctx context.Context, r Reader, c string) (pos string, ok bool, err error) {
 	pos, tag, bound := strings.Cut(c, ".")
 	id, ok := sc.positionID(pos)
@@ -86,6 +88,8 @@ func (sc Scope) Open(ctx context.Context, r Reader, c string) (pos string, ok bo
 		return pos, true, nil
 	}
 	switch sc.Kind {
+	case Tokens:
+		return "", false, nil
 	case Jobs:
 		_, err = r.GetJob(ctx, sc.ProjectID, id)
 	default:
@@ -116,6 +120,8 @@ func (sc Scope) positionID(pos string) (string, bool) {
 		return id, contract.ValidID(id, "job_")
 	case Runs:
 		return id, contract.ValidID(id, "run_")
+	case Tokens:
+		return id, contract.ValidID(id, "tok_")
 	}
 	return "", false
 }

@@ -39,3 +39,27 @@ func TestBindKeepsItsFormat(t *testing.T) {
 		t.Errorf("Open(Bind(pos)) = %q, %v, %v; want the position", got, ok, err)
 	}
 }
+
+// TestTokenCursors: a tokens list takes only its own bound cursors. It
+// was paged only once cursors were bound, so a bare position is never one
+// of its cursors and is refused without a look-up; a cursor of the same
+// project's jobs or runs, or of another project's tokens, is refused too.
+func TestTokenCursors(t *testing.T) {
+	ctx := context.Background()
+	const pos = "dG9rXzAxYTExZmFkMTg2OA" // base64url of tok_01a11fad1868
+	sc := listcursor.Scope{Kind: listcursor.Tokens, ProjectID: "prj_a"}
+	if got, ok, err := sc.Open(ctx, noStore{t}, sc.Bind(pos)); got != pos || !ok || err != nil {
+		t.Errorf("Open(Bind(pos)) = %q, %v, %v; want the position", got, ok, err)
+	}
+	for name, c := range map[string]string{
+		"a bare position":                  pos,
+		"a jobs cursor of the project":     listcursor.Scope{Kind: listcursor.Jobs, ProjectID: "prj_a"}.Bind(pos),
+		"a runs cursor of the project":     listcursor.Scope{Kind: listcursor.Runs, ProjectID: "prj_a"}.Bind(pos),
+		"another project's tokens cursor":  listcursor.Scope{Kind: listcursor.Tokens, ProjectID: "prj_b"}.Bind(pos),
+		"a bound position of another kind": sc.Bind("am9iXzAxYTExZmFkMTg2OA"), // job_01a11fad1868
+	} {
+		if got, ok, err := sc.Open(ctx, noStore{t}, c); got != "" || ok || err != nil {
+			t.Errorf("Open(%s) = %q, %v, %v; want it refused", name, got, ok, err)
+		}
+	}
+}

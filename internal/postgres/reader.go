@@ -83,14 +83,32 @@ func (r reader) TokenByHash(ctx context.Context, hash []byte) (*vibejobs.Token, 
 	return t, mapError(err, "reading a token by hash")
 }
 
-// ListTokens returns a project's tokens, revoked ones included, in id order.
-func (r reader) ListTokens(ctx context.Context, projectID string) ([]*vibejobs.Token, error) {
-	rows, err := r.q.Query(ctx, `SELECT `+tokenColumns+` FROM tokens WHERE project_id = $1 ORDER BY id`, projectID)
+// ListTokens returns a page of projectID's tokens, revoked ones included,
+// in id order.
+func (r reader) ListTokens(ctx context.Context, projectID string, p vibejobs.Page) ([]*vibejobs.Token, string, error) {
+	limit, err := pageLimit(p)
 	if err != nil {
-		return nil, mapError(err, "listing tokens")
+		return nil, "", err
+	}
+	after, err := decodeCursor(p.Cursor)
+	if err != nil {
+		return nil, "", err
+	}
+	rows, err := r.q.Query(ctx, `SELECT `+tokenColumns+` FROM tokens WHERE project_id = $1 AND id > $2
+		ORDER BY id LIMIT $3`, projectID, after, limit+1)
+	if err != nil {
+		return nil, "", mapError(err, "listing tokens")
 	}
 	ts, err := collect(rows, scanToken)
-	return ts, mapError(err, "listing tokens")
+	if err != nil {
+		return nil, "", mapError(err, "listing tokens")
+	}
+	var next string
+	if len(ts) > limit {
+		ts = ts[:limit]
+		next = encodeCursor(ts[limit-1].ID)
+	}
+	return ts, next, nil
 }
 
 // GetToken returns the token id, or ENOTFOUND.

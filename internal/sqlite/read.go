@@ -99,24 +99,36 @@ func (r reader) GetToken(ctx context.Context, id string) (*vibejobs.Token, error
 	return r.getToken(ctx, `id = ?`, id)
 }
 
-func (r reader) ListTokens(ctx context.Context, projectID string) ([]*vibejobs.Token, error) {
-	rows, err := r.q.QueryContext(ctx, `SELECT `+tokenColumns+` FROM tokens WHERE project_id = ? ORDER BY id`, projectID)
+// ListTokens returns a page of projectID's tokens, revoked ones included,
+// in id order.
+func (r reader) ListTokens(ctx context.Context, projectID string, p vibejobs.Page) ([]*vibejobs.Token, string, error) {
+	limit, after, err := parsePage(p)
 	if err != nil {
-		return nil, fmt.Errorf("listing tokens: %w", err)
+		return nil, "", err
+	}
+	rows, err := r.q.QueryContext(ctx, `SELECT `+tokenColumns+` FROM tokens WHERE project_id = ? AND id > ?
+		ORDER BY id LIMIT ?`, projectID, after, limit+1)
+	if err != nil {
+		return nil, "", fmt.Errorf("listing tokens: %w", err)
 	}
 	defer rows.Close()
-	var ts []*vibejobs.Token
+	ts := make([]*vibejobs.Token, 0, limit)
 	for rows.Next() {
 		t, err := scanToken(rows)
 		if err != nil {
-			return nil, fmt.Errorf("listing tokens: %w", err)
+			return nil, "", fmt.Errorf("listing tokens: %w", err)
 		}
 		ts = append(ts, t)
 	}
 	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("listing tokens: %w", err)
+		return nil, "", fmt.Errorf("listing tokens: %w", err)
 	}
-	return ts, nil
+	var next string
+	if len(ts) > limit {
+		ts = ts[:limit]
+		next = encodeCursor(ts[limit-1].ID)
+	}
+	return ts, next, nil
 }
 
 // jobColumns are the columns scanJob reads, prefixed by the alias j.

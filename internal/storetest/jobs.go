@@ -196,6 +196,11 @@ func testPageValidation(t *testing.T, f *fixture) {
 	for range 55 {
 		f.run(j, T0)
 	}
+	for range 55 {
+		if err := f.createToken(f.newToken(projectA), vibejobs.MaxTokensPerProject); err != nil {
+			t.Fatalf("CreateToken: %v", err)
+		}
+	}
 	listJobs := func(p vibejobs.Page) (int, string, error) {
 		jobs, next, err := f.s.ListJobs(f.ctx, projectA, p)
 		return len(jobs), next, err
@@ -204,7 +209,12 @@ func testPageValidation(t *testing.T, f *fixture) {
 		runs, next, err := f.s.ListRuns(f.ctx, projectA, vibejobs.RunFilter{}, p)
 		return len(runs), next, err
 	}
-	for name, list := range map[string]func(vibejobs.Page) (int, string, error){"ListJobs": listJobs, "ListRuns": listRuns} {
+	listTokens := func(p vibejobs.Page) (int, string, error) {
+		tokens, next, err := f.s.ListTokens(f.ctx, projectA, p)
+		return len(tokens), next, err
+	}
+	for name, list := range map[string]func(vibejobs.Page) (int, string, error){"ListJobs": listJobs, "ListRuns": listRuns,
+		"ListTokens": listTokens} {
 		n, next, err := list(vibejobs.Page{})
 		if err != nil || n != 50 || next == "" {
 			t.Errorf("%s with limit 0: %d items, next %q, %v; want 50 and a cursor", name, n, next, err)
@@ -305,7 +315,7 @@ func testProjectIsolation(t *testing.T, f *fixture) {
 
 	tok := &vibejobs.Token{ID: f.id("tok_"), ProjectID: projectA, Name: "a", Role: vibejobs.RoleAdmin, Prefix: "vjt_", Hash: []byte("a"), CreatedAt: T0}
 	f.update(func(tx vibejobs.Tx) error { return tx.CreateToken(f.ctx, tok, vibejobs.MaxTokensPerProject) })
-	if toks, err := f.s.ListTokens(f.ctx, projectB); err != nil || len(toks) != 0 {
+	if toks, _, err := f.s.ListTokens(f.ctx, projectB, vibejobs.Page{}); err != nil || len(toks) != 0 {
 		t.Errorf("ListTokens of project B: %d tokens, %v; want none", len(toks), err)
 	}
 }

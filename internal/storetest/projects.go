@@ -84,7 +84,7 @@ func testTokens(t *testing.T, f *fixture) {
 	}
 	wantEqual(t, "TokenByHash", got, t2)
 
-	list, err := f.s.ListTokens(f.ctx, projectA)
+	list, _, err := f.s.ListTokens(f.ctx, projectA, vibejobs.Page{})
 	if err != nil {
 		t.Fatalf("ListTokens: %v", err)
 	}
@@ -110,6 +110,57 @@ func testTokens(t *testing.T, f *fixture) {
 	wantNotFound(t, "TokenByHash of an unknown hash", err, "token")
 	err = f.s.Update(f.ctx, func(tx vibejobs.Tx) error { return tx.RevokeToken(f.ctx, "tok_missing", T0) })
 	wantNotFound(t, "RevokeToken of a missing token", err, "token")
+}
+
+// testListTokensPagination: ListTokens pages through a project's tokens,
+// revoked ones included, in id order, each once, and no other project's.
+func testListTokensPagination(t *testing.T, f *fixture) {
+	f.projects()
+	var want []string
+	for i := range 7 {
+		tok := f.newToken(projectA)
+		if err := f.createToken(tok, vibejobs.MaxTokensPerProject); err != nil {
+			t.Fatalf("CreateToken: %v", err)
+		}
+		if i%2 == 1 {
+			f.update(func(tx vibejobs.Tx) error { return tx.RevokeToken(f.ctx, tok.ID, T0) })
+		}
+		want = append(want, tok.ID)
+		if i%3 == 0 { // interleaved tokens of another project
+			if err := f.createToken(f.newToken(projectB), vibejobs.MaxTokensPerProject); err != nil {
+				t.Fatalf("CreateToken: %v", err)
+			}
+		}
+	}
+	var got []string
+	cursor := ""
+	for page := 0; ; page++ {
+		tokens, next, err := f.s.ListTokens(f.ctx, projectA, vibejobs.Page{Limit: 3, Cursor: cursor})
+		if err != nil {
+			t.Fatalf("ListTokens page %d: %v", page, err)
+		}
+		if len(tokens) > 3 || len(tokens) == 0 {
+			t.Fatalf("ListTokens page %d: %d tokens, limit 3", page, len(tokens))
+		}
+		for _, tok := range tokens {
+			got = append(got, tok.ID)
+		}
+		if next == "" {
+			break
+		}
+		if page > 10 {
+			t.Fatal("ListTokens: cursors never end")
+		}
+		cursor = next
+	}
+	if !slices.Equal(got, want) {
+		t.Fatalf("ListTokens pages: got %v, want %v (ascending id)", got, want)
+	}
+	// A page that reaches the last token has no next cursor.
+	tokens, next, err := f.s.ListTokens(f.ctx, projectA, vibejobs.Page{Limit: 7})
+	if err != nil || len(tokens) != 7 || next != "" {
+		t.Errorf("ListTokens with limit 7 of 7: %d tokens, next %q, %v; want 7 and no cursor", len(tokens), next, err)
+	}
 }
 
 // newToken returns a live token of projectID with a fresh id and hash.
@@ -168,7 +219,7 @@ func testTokenLimit(t *testing.T, f *fixture) {
 		return tx.CreateToken(f.ctx, f.newToken(projectB), 2)
 	})
 	wantError(t, "two tokens in one transaction past the limit", err, vibejobs.ECONFLICT, "too_many_tokens")
-	list, err := f.s.ListTokens(f.ctx, projectB)
+	list, _, err := f.s.ListTokens(f.ctx, projectB, vibejobs.Page{})
 	if err != nil || len(list) != 1 {
 		t.Errorf("project B after the refused transaction: %d tokens, %v; want 1", len(list), err)
 	}
@@ -210,7 +261,7 @@ func testTokenLimitConcurrent(t *testing.T, f *fixture) {
 	if created != limit || refused != tries-limit {
 		t.Errorf("%d creations at once with limit %d: %d created, %d refused", tries, limit, created, refused)
 	}
-	list, err := f.s.ListTokens(f.ctx, projectA)
+	list, _, err := f.s.ListTokens(f.ctx, projectA, vibejobs.Page{})
 	if err != nil || len(list) != limit {
 		t.Errorf("ListTokens: %d tokens, %v; want %d", len(list), err, limit)
 	}

@@ -38,6 +38,7 @@ func Run(t *testing.T, open func(t *testing.T) vibejobs.Store) {
 		{"Tokens", testTokens},
 		{"TokenLimit", testTokenLimit},
 		{"TokenLimitConcurrent", testTokenLimitConcurrent},
+		{"ListTokensPagination", testListTokensPagination},
 		{"UpdateRollsBack", testUpdateRollsBack},
 		{"TxReadsItsWrites", testTxReadsItsWrites},
 
