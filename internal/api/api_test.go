@@ -91,7 +91,7 @@ func TestJobLifecycle(t *testing.T) {
 	}
 	want := map[string]any{
 		"name": "nightly report", "schedule": "*/5 * * * *", "at": nil, "timezone": "UTC",
-		"url": "https://example.com/hooks/report", "enabled": true, "state": "active",
+		"url": "https://example.test/hooks/report", "enabled": true, "state": "active",
 		"retry":   map[string]any{"maxAttempts": 4.0, "minBackoff": "30s", "maxBackoff": "1h"},
 		"timeout": "10s", "catchUp": "all", "nextRunAt": "2026-10-09T08:05:00.000Z", "lastRun": nil,
 		"skippedRuns": 0.0, "createdAt": "2026-10-09T08:00:00.000Z", "updatedAt": "2026-10-09T08:00:00.000Z",

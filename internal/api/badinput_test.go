@@ -27,7 +27,7 @@ func TestBadInput(t *testing.T) {
 	revoked := e.must(201, "POST", "/v1/projects/"+e.project+"/tokens", e.admin, map[string]any{"name": "gone", "role": "admin"})
 	e.must(204, "DELETE", "/v1/tokens/"+revoked["id"].(string), e.admin, nil)
 
-	const badURL = "ftp://user:pw@files.example.com/secret-path"
+	const badURL = "ftp://user:pw@files.example.test/secret-path"
 	big := `{"name":"` + strings.Repeat("x", 64<<10) + `"}`
 	type tc struct {
 		name   string
@@ -42,7 +42,7 @@ func TestBadInput(t *testing.T) {
 	patch := func(name, body string, status int, code, field string) tc {
 		return tc{name, req{method: "PATCH", path: "/v1/jobs/" + jobID, body: body}, status, code, field}
 	}
-	valid := `"name":"n","url":"https://example.com/h"`
+	valid := `"name":"n","url":"https://example.test/h"`
 	cases := []tc{
 		// JSON form.
 		create("empty body", "", 400, "invalid_json", ""),
@@ -57,28 +57,28 @@ func TestBadInput(t *testing.T) {
 		create("unknown field", `{`+valid+`,"schedule":"@daily","secret":"x"}`, 400, "unknown_field", "secret"),
 		create("long unknown field", `{"`+strings.Repeat("k", 1000)+`":1}`, 400, "unknown_field", strings.Repeat("k", 64)+"…"),
 		create("unknown retry field", `{`+valid+`,"schedule":"@daily","retry":{"max":3}}`, 400, "unknown_field", "retry.max"),
-		create("wrong type name", `{"name":5,"url":"https://example.com/h","schedule":"@daily"}`, 400, "invalid_json", "name"),
+		create("wrong type name", `{"name":5,"url":"https://example.test/h","schedule":"@daily"}`, 400, "invalid_json", "name"),
 		create("wrong type enabled", `{`+valid+`,"schedule":"@daily","enabled":"yes"}`, 400, "invalid_json", "enabled"),
 		create("wrong type retry", `{`+valid+`,"schedule":"@daily","retry":[]}`, 400, "invalid_json", "retry"),
 		create("wrong type maxAttempts", `{`+valid+`,"schedule":"@daily","retry":{"maxAttempts":"4"}}`, 400, "invalid_json", "retry.maxAttempts"),
 		create("fractional maxAttempts", `{`+valid+`,"schedule":"@daily","retry":{"maxAttempts":2.5}}`, 400, "invalid_json", "retry.maxAttempts"),
 		create("huge maxAttempts", `{`+valid+`,"schedule":"@daily","retry":{"maxAttempts":1e40}}`, 400, "invalid_json", "retry.maxAttempts"),
 		create("numeric timeout", `{`+valid+`,"schedule":"@daily","timeout":10}`, 400, "invalid_json", "timeout"),
-		create("null name", `{"name":null,"url":"https://example.com/h","schedule":"@daily"}`, 400, "invalid_json", "name"),
+		create("null name", `{"name":null,"url":"https://example.test/h","schedule":"@daily"}`, 400, "invalid_json", "name"),
 		create("null schedule", `{`+valid+`,"schedule":null}`, 400, "invalid_json", "schedule"),
 		create("null retry", `{`+valid+`,"schedule":"@daily","retry":null}`, 400, "invalid_json", "retry"),
 		create("null enabled", `{`+valid+`,"schedule":"@daily","enabled":null}`, 400, "invalid_json", "enabled"),
 		{"body too large", req{method: "POST", path: "/v1/jobs", body: big, key: keyAuto}, 413, "body_too_large", ""},
 		// Fields.
-		create("missing name", `{"url":"https://example.com/h","schedule":"@daily"}`, 400, "invalid_name", "name"),
-		create("blank name", `{"name":"  ","url":"https://example.com/h","schedule":"@daily"}`, 400, "invalid_name", "name"),
-		create("long name", `{"name":"`+strings.Repeat("é", 201)+`","url":"https://example.com/h","schedule":"@daily"}`, 400, "invalid_name", "name"),
-		create("control in name", `{"name":"a\u0007b","url":"https://example.com/h","schedule":"@daily"}`, 400, "invalid_name", "name"),
-		create("bidi override in name", `{"name":"invoice\u202egpj.exe","url":"https://example.com/h","schedule":"@daily"}`, 400, "invalid_name", "name"),
-		create("bidi isolate in name", `{"name":"a\u2067b","url":"https://example.com/h","schedule":"@daily"}`, 400, "invalid_name", "name"),
-		create("zero-width space in name", `{"name":"a\u200bb","url":"https://example.com/h","schedule":"@daily"}`, 400, "invalid_name", "name"),
-		create("tag character in name", `{"name":"a\udb40\udc41b","url":"https://example.com/h","schedule":"@daily"}`, 400, "invalid_name", "name"),
-		create("line separator in name", `{"name":"a\u2028b","url":"https://example.com/h","schedule":"@daily"}`, 400, "invalid_name", "name"),
+		create("missing name", `{"url":"https://example.test/h","schedule":"@daily"}`, 400, "invalid_name", "name"),
+		create("blank name", `{"name":"  ","url":"https://example.test/h","schedule":"@daily"}`, 400, "invalid_name", "name"),
+		create("long name", `{"name":"`+strings.Repeat("é", 201)+`","url":"https://example.test/h","schedule":"@daily"}`, 400, "invalid_name", "name"),
+		create("control in name", `{"name":"a\u0007b","url":"https://example.test/h","schedule":"@daily"}`, 400, "invalid_name", "name"),
+		create("bidi override in name", `{"name":"invoice\u202egpj.exe","url":"https://example.test/h","schedule":"@daily"}`, 400, "invalid_name", "name"),
+		create("bidi isolate in name", `{"name":"a\u2067b","url":"https://example.test/h","schedule":"@daily"}`, 400, "invalid_name", "name"),
+		create("zero-width space in name", `{"name":"a\u200bb","url":"https://example.test/h","schedule":"@daily"}`, 400, "invalid_name", "name"),
+		create("tag character in name", `{"name":"a\udb40\udc41b","url":"https://example.test/h","schedule":"@daily"}`, 400, "invalid_name", "name"),
+		create("line separator in name", `{"name":"a\u2028b","url":"https://example.test/h","schedule":"@daily"}`, 400, "invalid_name", "name"),
 		create("no schedule", `{`+valid+`}`, 400, "schedule_required", "schedule"),
 		create("schedule and at", `{`+valid+`,"schedule":"@daily","at":"2026-10-10T00:00:00Z"}`, 400, "schedule_conflict", "schedule"),
 		create("bad cron", `{`+valid+`,"schedule":"61 * * * *"}`, 400, "invalid_schedule", "schedule"),
@@ -92,9 +92,9 @@ func TestBadInput(t *testing.T) {
 		create("at too far", `{`+valid+`,"at":"2027-10-09T08:00:00.001Z"}`, 400, "at_too_far", "at"),
 		create("missing url", `{"name":"n","schedule":"@daily"}`, 400, "invalid_url", "url"),
 		create("ftp url with credentials", `{"name":"n","schedule":"@daily","url":"`+badURL+`"}`, 400, "invalid_url", "url"),
-		create("url with credentials", `{"name":"n","schedule":"@daily","url":"https://u:p@example.com/"}`, 400, "invalid_url", "url"),
-		create("url with fragment", `{"name":"n","schedule":"@daily","url":"https://example.com/#frag"}`, 400, "invalid_url", "url"),
-		create("url too long", `{"name":"n","schedule":"@daily","url":"https://example.com/`+strings.Repeat("a", 2048)+`"}`, 400, "invalid_url", "url"),
+		create("url with credentials", `{"name":"n","schedule":"@daily","url":"https://u:p@example.test/"}`, 400, "invalid_url", "url"),
+		create("url with fragment", `{"name":"n","schedule":"@daily","url":"https://example.test/#frag"}`, 400, "invalid_url", "url"),
+		create("url too long", `{"name":"n","schedule":"@daily","url":"https://example.test/`+strings.Repeat("a", 2048)+`"}`, 400, "invalid_url", "url"),
 		create("relative url", `{"name":"n","schedule":"@daily","url":"/hook"}`, 400, "invalid_url", "url"),
 		create("private url", `{"name":"n","schedule":"@daily","url":"https://10.1.2.3/hook"}`, 400, "url_not_allowed", "url"),
 		create("metadata url", `{"name":"n","schedule":"@daily","url":"http://169.254.169.254/latest"}`, 400, "url_not_allowed", "url"),
@@ -197,7 +197,7 @@ func TestBadInput(t *testing.T) {
 			if res.status == 401 && !strings.HasPrefix(res.header.Get("WWW-Authenticate"), "Bearer") {
 				t.Errorf("401 without WWW-Authenticate: Bearer")
 			}
-			for _, leak := range []string{badURL, "files.example.com", "secret-path", "user:pw", r.token} {
+			for _, leak := range []string{badURL, "files.example.test", "secret-path", "user:pw", r.token} {
 				if leak != "" && strings.Contains(string(res.body), leak) {
 					t.Errorf("the answer echoes %q: %s", leak, res.body)
 				}
@@ -229,7 +229,7 @@ func TestBadInput(t *testing.T) {
 
 func TestIdempotencyKeyInProgress(t *testing.T) {
 	e := newEnv(t)
-	body := []byte(`{"name":"n","url":"https://example.com/h","schedule":"@daily"}`)
+	body := []byte(`{"name":"n","url":"https://example.test/h","schedule":"@daily"}`)
 	hr, _ := http.NewRequest("POST", "/v1/jobs", nil)
 	tokens, _, err := e.store.ListTokens(context.Background(), e.project, vibejobs.Page{})
 	if err != nil || len(tokens) != 1 {
@@ -247,7 +247,7 @@ func TestIdempotencyKeyInProgress(t *testing.T) {
 	}
 	// Another request with the key is a reuse, in progress or not.
 	r2 := r
-	r2.body = `{"name":"other","url":"https://example.com/h","schedule":"@daily"}`
+	r2.body = `{"name":"other","url":"https://example.test/h","schedule":"@daily"}`
 	if res := e.send(r2); res.status != 422 {
 		t.Errorf("reuse while in progress: %s", res)
 	}
@@ -290,7 +290,7 @@ func TestIdempotencyKeyInProgress(t *testing.T) {
 func TestIntegerPastInt32SaysItsRange(t *testing.T) {
 	e := newEnv(t)
 	res := e.send(req{method: "POST", path: "/v1/jobs", token: e.admin, key: keyAuto,
-		body: `{"name":"n","url":"https://example.com/h","schedule":"@daily","retry":{"maxAttempts":99999999999}}`})
+		body: `{"name":"n","url":"https://example.test/h","schedule":"@daily","retry":{"maxAttempts":99999999999}}`})
 	if res.status != 400 || !strings.Contains(string(res.body), "2147483647") {
 		t.Fatalf("got %s, want 400 naming the integer range", res)
 	}

@@ -62,7 +62,7 @@ func TestBatchCreateAllOrNone(t *testing.T) {
 // a body over the batch limit is refused with 413 before it is parsed.
 func TestBatchTakesLongURLs(t *testing.T) {
 	e := newEnv(t)
-	url := "https://example.com/hooks/report?sig=" + strings.Repeat("a&b", 650)
+	url := "https://example.test/hooks/report?sig=" + strings.Repeat("a&b", 650)
 	jobs := make([]any, api.MaxBatchJobs)
 	for i := range jobs {
 		jobs[i] = jobBody(map[string]any{"url": url})

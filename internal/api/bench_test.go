@@ -43,7 +43,7 @@ func BenchmarkAPILatency(b *testing.B) {
 				lat := make([]time.Duration, 0, b.N)
 				b.ResetTimer()
 				for i := 0; i < b.N; i++ {
-					body, _ := json.Marshal(map[string]any{"name": fmt.Sprintf("j%d", i), "schedule": "0 3 * * *", "url": "https://example.com/h"})
+					body, _ := json.Marshal(map[string]any{"name": fmt.Sprintf("j%d", i), "schedule": "0 3 * * *", "url": "https://example.test/h"})
 					req := httptest.NewRequest("POST", "/v1/jobs", bytes.NewReader(body))
 					req.Header.Set("Authorization", "Bearer "+token)
 					var k [12]byte
@@ -62,7 +62,7 @@ func BenchmarkAPILatency(b *testing.B) {
 		}
 		b.Run(name+"/get", func(b *testing.B) {
 			h, token := benchServer(b, stores[name](b), true)
-			body, _ := json.Marshal(map[string]any{"name": "g", "schedule": "0 3 * * *", "url": "https://example.com/h"})
+			body, _ := json.Marshal(map[string]any{"name": "g", "schedule": "0 3 * * *", "url": "https://example.test/h"})
 			req := httptest.NewRequest("POST", "/v1/jobs", bytes.NewReader(body))
 			req.Header.Set("Authorization", "Bearer "+token)
 			req.Header.Set("Idempotency-Key", "get-bench")

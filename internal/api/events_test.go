@@ -118,7 +118,7 @@ func TestJobEvents(t *testing.T) {
 	bodies := slices.Clone(e.bodies)
 	e.mu.Unlock()
 	for _, b := range bodies {
-		if strings.Contains(b, `"items"`) && (strings.Contains(b, "example.com") || strings.Contains(b, "vjs_")) {
+		if strings.Contains(b, `"items"`) && (strings.Contains(b, "example.test") || strings.Contains(b, "vjs_")) {
 			t.Errorf("a feed page holds a URL or a secret: %s", b)
 		}
 	}
@@ -164,7 +164,7 @@ func TestSubscriptionsAPI(t *testing.T) {
 	e.must(200, "POST", "/v1/jobs/"+id+"/pause", e.admin, nil)
 
 	res := e.send(req{method: "POST", path: "/v1/subscriptions", token: e.admin, key: "sub-1",
-		body: map[string]any{"url": "https://hooks.example.com/vj", "types": []string{"run.failed", "run.failed", "job.paused"}, "jobIds": []string{id}}})
+		body: map[string]any{"url": "https://hooks.example.test/vj", "types": []string{"run.failed", "run.failed", "job.paused"}, "jobIds": []string{id}}})
 	if res.status != 201 {
 		t.Fatalf("create: %s", res)
 	}
@@ -175,12 +175,12 @@ func TestSubscriptionsAPI(t *testing.T) {
 		t.Errorf("secret %q location %q", secret, res.header.Get("Location"))
 	}
 	checkFields(t, "created subscription", created, map[string]any{
-		"url": "https://hooks.example.com/vj", "types": []any{"run.failed", "job.paused"}, "jobIds": []any{id},
+		"url": "https://hooks.example.test/vj", "types": []any{"run.failed", "job.paused"}, "jobIds": []any{id},
 		"cursor": 2.0, "failing": false, "errorCode": nil, "attempts": 0.0, "nextAttemptAt": nil, "lastSuccessAt": nil,
 		"previousSecretExpiresAt": nil, "createdAt": "2026-10-09T08:00:00.000Z",
 	})
 	again := e.send(req{method: "POST", path: "/v1/subscriptions", token: e.admin, key: "sub-1",
-		body: map[string]any{"url": "https://hooks.example.com/vj", "types": []string{"run.failed", "run.failed", "job.paused"}, "jobIds": []string{id}}})
+		body: map[string]any{"url": "https://hooks.example.test/vj", "types": []string{"run.failed", "run.failed", "job.paused"}, "jobIds": []string{id}}})
 	if !bytes.Equal(again.body, res.body) || again.header.Get("Idempotent-Replayed") != "true" {
 		t.Errorf("replay: %s", again)
 	}
@@ -223,8 +223,8 @@ func TestSubscriptionsAPI(t *testing.T) {
 	}
 
 	// PATCH and reset.
-	p := e.must(200, "PATCH", "/v1/subscriptions/"+subID, e.admin, map[string]any{"types": []string{}, "url": "https://other.example.com/"})
-	if len(p["types"].([]any)) != 0 || p["url"] != "https://other.example.com/" || len(p["jobIds"].([]any)) != 1 {
+	p := e.must(200, "PATCH", "/v1/subscriptions/"+subID, e.admin, map[string]any{"types": []string{}, "url": "https://other.example.test/"})
+	if len(p["types"].([]any)) != 0 || p["url"] != "https://other.example.test/" || len(p["jobIds"].([]any)) != 1 {
 		t.Errorf("patched: %v", p)
 	}
 	e.must(200, "POST", "/v1/jobs/"+id+"/resume", e.admin, nil)
@@ -248,13 +248,13 @@ func TestSubscriptionsAPI(t *testing.T) {
 		wantStatus int
 	}{
 		{map[string]any{"url": "http://10.1.2.3/hook"}, "url_not_allowed", "url", 400},
-		{map[string]any{"url": "ftp://example.com/"}, "invalid_url", "url", 400},
+		{map[string]any{"url": "ftp://example.test/"}, "invalid_url", "url", 400},
 		{map[string]any{}, "invalid_url", "url", 400},
-		{map[string]any{"url": "https://example.com/", "types": []string{"run.nope"}}, "invalid_type", "types", 400},
-		{map[string]any{"url": "https://example.com/", "types": nil}, "invalid_json", "types", 400},
-		{map[string]any{"url": "https://example.com/", "jobIds": []string{"run_x"}}, "invalid_job_id", "jobIds", 400},
-		{map[string]any{"url": "https://example.com/", "jobIds": []any{1}}, "invalid_json", "jobIds", 400},
-		{map[string]any{"url": "https://example.com/", "secret": "x"}, "unknown_field", "secret", 400},
+		{map[string]any{"url": "https://example.test/", "types": []string{"run.nope"}}, "invalid_type", "types", 400},
+		{map[string]any{"url": "https://example.test/", "types": nil}, "invalid_json", "types", 400},
+		{map[string]any{"url": "https://example.test/", "jobIds": []string{"run_x"}}, "invalid_job_id", "jobIds", 400},
+		{map[string]any{"url": "https://example.test/", "jobIds": []any{1}}, "invalid_json", "jobIds", 400},
+		{map[string]any{"url": "https://example.test/", "secret": "x"}, "unknown_field", "secret", 400},
 	} {
 		res := e.do("POST", "/v1/subscriptions", e.admin, c.body)
 		if code, fld := res.errorCode(t); res.status != c.wantStatus || code != c.code || fld != c.fld {
@@ -262,7 +262,7 @@ func TestSubscriptionsAPI(t *testing.T) {
 		}
 	}
 	_, toks := e.newProject("other")
-	e.must(403, "POST", "/v1/subscriptions", toks[vibejobs.RoleRead], map[string]any{"url": "https://example.com/"})
+	e.must(403, "POST", "/v1/subscriptions", toks[vibejobs.RoleRead], map[string]any{"url": "https://example.test/"})
 	e.must(404, "GET", "/v1/subscriptions/"+subID, toks[vibejobs.RoleAdmin], nil)
 	e.must(404, "POST", "/v1/subscriptions/"+subID+"/reset", toks[vibejobs.RoleAdmin], nil)
 	e.must(404, "DELETE", "/v1/subscriptions/"+subID, toks[vibejobs.RoleAdmin], nil)
@@ -272,24 +272,24 @@ func TestSubscriptionLimit(t *testing.T) {
 	e := newEnv(t)
 	var ids []string
 	for i := range vibejobs.MaxSubscriptionsPerProject {
-		m := e.must(201, "POST", "/v1/subscriptions", e.admin, map[string]any{"url": fmt.Sprintf("https://example.com/%d", i)})
+		m := e.must(201, "POST", "/v1/subscriptions", e.admin, map[string]any{"url": fmt.Sprintf("https://example.test/%d", i)})
 		ids = append(ids, m["id"].(string))
 	}
-	res := e.do("POST", "/v1/subscriptions", e.admin, map[string]any{"url": "https://example.com/17"})
+	res := e.do("POST", "/v1/subscriptions", e.admin, map[string]any{"url": "https://example.test/17"})
 	if code, _ := res.errorCode(t); res.status != 409 || code != "too_many_subscriptions" {
 		t.Fatalf("a 17th subscription: %s", res)
 	}
 	_, toks := e.newProject("other")
-	e.must(201, "POST", "/v1/subscriptions", toks[vibejobs.RoleWrite], map[string]any{"url": "https://example.com/"})
+	e.must(201, "POST", "/v1/subscriptions", toks[vibejobs.RoleWrite], map[string]any{"url": "https://example.test/"})
 	e.must(204, "DELETE", "/v1/subscriptions/"+ids[0], e.admin, nil)
 	e.must(404, "DELETE", "/v1/subscriptions/"+ids[0], e.admin, nil)
-	e.must(201, "POST", "/v1/subscriptions", e.admin, map[string]any{"url": "https://example.com/17"})
+	e.must(201, "POST", "/v1/subscriptions", e.admin, map[string]any{"url": "https://example.test/17"})
 }
 
 func TestSubscriptionSecretNotAtRest(t *testing.T) {
 	e := newEnv(t)
 	var secrets []string
-	m := e.must(201, "POST", "/v1/subscriptions", e.admin, map[string]any{"url": "https://example.com/"})
+	m := e.must(201, "POST", "/v1/subscriptions", e.admin, map[string]any{"url": "https://example.test/"})
 	secrets = append(secrets, m["secret"].(string))
 	m = e.must(200, "POST", "/v1/subscriptions/"+m["id"].(string)+"/rotate-secret", e.admin, nil)
 	secrets = append(secrets, m["secret"].(string))
@@ -318,7 +318,7 @@ func TestSubscriptionSecretNotAtRest(t *testing.T) {
 // row holds no secret that a later master key rotation could not re-seal.
 func TestRotatingAnUnopenableSubscriptionSecret(t *testing.T) {
 	e := newEnv(t)
-	subID := e.must(201, "POST", "/v1/subscriptions", e.admin, map[string]any{"url": "https://example.com/"})["id"].(string)
+	subID := e.must(201, "POST", "/v1/subscriptions", e.admin, map[string]any{"url": "https://example.test/"})["id"].(string)
 	lost := mustKeyring(t)
 	old, _ := contract.NewSecret(nil)
 	sealed, err := lost.Seal(old, subID)
@@ -378,10 +378,10 @@ func TestSubscriptionJobIDsMustBeJobsOfTheProject(t *testing.T) {
 		if path == "" {
 			method = "PATCH"
 			path = "/v1/subscriptions/" + e.must(201, "POST", "/v1/subscriptions", e.admin,
-				map[string]any{"url": "https://example.com/"})["id"].(string)
+				map[string]any{"url": "https://example.test/"})["id"].(string)
 		}
 		body := func(id string) map[string]any {
-			return map[string]any{"url": "https://example.com/", "jobIds": []string{live, id}}
+			return map[string]any{"url": "https://example.test/", "jobIds": []string{live, id}}
 		}
 		refusal(method, path, body("job_bad!"), "job_bad!")
 		refusal(method, path, body(deleted), deleted)
@@ -391,7 +391,7 @@ func TestSubscriptionJobIDsMustBeJobsOfTheProject(t *testing.T) {
 	}
 
 	sub := e.must(201, "POST", "/v1/subscriptions", e.admin,
-		map[string]any{"url": "https://example.com/", "jobIds": []string{live, later, live}})
+		map[string]any{"url": "https://example.test/", "jobIds": []string{live, later, live}})
 	if ids := sub["jobIds"].([]any); len(ids) != 2 || ids[0] != live || ids[1] != later {
 		t.Errorf("jobIds %v, want [%s %s]", ids, live, later)
 	}

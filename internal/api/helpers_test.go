@@ -273,7 +273,7 @@ func jobBody(over map[string]any) map[string]any {
 	b := map[string]any{
 		"name":     "nightly report",
 		"schedule": "*/5 * * * *",
-		"url":      "https://example.com/hooks/report",
+		"url":      "https://example.test/hooks/report",
 	}
 	for k, v := range over {
 		if v == nil {

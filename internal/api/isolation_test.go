@@ -18,7 +18,7 @@ func TestIsolation(t *testing.T) {
 	e := newEnv(t)
 	// Project A: its own admin token, a job, a run and tokens.
 	aID, a := e.newProject("alpha-project")
-	aJob := e.createJob(a[vibejobs.RoleAdmin], map[string]any{"name": "alpha-job-name", "url": "https://alpha-target.example.com/hook"})
+	aJob := e.createJob(a[vibejobs.RoleAdmin], map[string]any{"name": "alpha-job-name", "url": "https://alpha-target.example.test/hook"})
 	aJobID := aJob["id"].(string)
 	aRun := e.must(202, "POST", "/v1/jobs/"+aJobID+"/runs", a[vibejobs.RoleWrite], nil)
 	aRunID := aRun["id"].(string)

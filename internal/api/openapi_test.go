@@ -246,7 +246,7 @@ func TestOpenAPIShapes(t *testing.T) {
 	check(req{method: "GET", path: "/v1/events"})
 	check(req{method: "GET", path: "/v1/events?after=1&limit=2&type=run.retrying,run.succeeded&jobId=" + id})
 	check(req{method: "GET", path: "/v1/events?type=run.nope"})
-	sub := check(req{method: "POST", path: "/v1/subscriptions", body: `{"url":"https://example.com/events","types":["run.failed"]}`}).json(t)
+	sub := check(req{method: "POST", path: "/v1/subscriptions", body: `{"url":"https://example.test/events","types":["run.failed"]}`}).json(t)
 	subID := sub["id"].(string)
 	check(req{method: "POST", path: "/v1/subscriptions", body: `{"url":"http://10.0.0.1/events"}`})
 	check(req{method: "GET", path: "/v1/subscriptions"})
@@ -278,7 +278,7 @@ func TestOpenAPIShapes(t *testing.T) {
 	check(req{method: "POST", path: "/v1/jobs", body: jobBody(map[string]any{"name": "x"}), key: "dup"})
 	check(req{method: "DELETE", path: "/v1/jobs/" + id})
 	for range vibejobs.MaxSubscriptionsPerProject {
-		check(req{method: "POST", path: "/v1/subscriptions", body: `{"url":"https://example.com/events"}`})
+		check(req{method: "POST", path: "/v1/subscriptions", body: `{"url":"https://example.test/events"}`})
 	}
 	check(req{method: "DELETE", path: "/v1/subscriptions/" + subID})
 	check(req{method: "DELETE", path: "/v1/subscriptions/" + subID})

@@ -405,7 +405,7 @@ func TestNoSecretAtRestOnPostgres(t *testing.T) {
 	job := keep(p.send("POST", "/v1/jobs", "create-job", body), http.StatusCreated)
 	jobID := job["id"].(string)
 	keep(p.send("POST", "/v1/jobs/"+jobID+"/rotate-secret", "rotate-job", nil), http.StatusOK)
-	sub := keep(p.send("POST", "/v1/subscriptions", "create-sub", []byte(`{"url":"https://example.com/feed"}`)), http.StatusCreated)
+	sub := keep(p.send("POST", "/v1/subscriptions", "create-sub", []byte(`{"url":"https://example.test/feed"}`)), http.StatusCreated)
 	subID := sub["id"].(string)
 	keep(p.send("POST", "/v1/subscriptions/"+subID+"/rotate-secret", "rotate-sub", nil), http.StatusOK)
 	tok := p.send("POST", "/v1/projects/"+p.project()+"/tokens", "mint", []byte(`{"name":"t","role":"read"}`))

@@ -14,17 +14,17 @@ func TestTextThatIsNotUTF8IsRefused(t *testing.T) {
 	id := e.createJob(e.admin, nil)["id"].(string)
 	for _, r := range []req{
 		{method: "POST", path: "/v1/jobs", key: keyAuto,
-			body: "{\"name\":\"n\",\"schedule\":\"@daily\",\"url\":\"https://example.com/h\xff\"}"},
+			body: "{\"name\":\"n\",\"schedule\":\"@daily\",\"url\":\"https://example.test/h\xff\"}"},
 		{method: "POST", path: "/v1/jobs", key: keyAuto,
-			body: `{"name":"n","schedule":"@daily","url":"https://example.com/h?q=\ud800"}`},
+			body: `{"name":"n","schedule":"@daily","url":"https://example.test/h?q=\ud800"}`},
 		{method: "POST", path: "/v1/jobs", key: keyAuto,
-			body: `{"name":"n\udc00","schedule":"@daily","url":"https://example.com/h"}`},
+			body: `{"name":"n\udc00","schedule":"@daily","url":"https://example.test/h"}`},
 		{method: "POST", path: "/v1/jobs", key: keyAuto, // a high half followed by another high half
-			body: `{"name":"n\ud800\ud800","schedule":"@daily","url":"https://example.com/h"}`},
-		{method: "PATCH", path: "/v1/jobs/" + id, body: "{\"url\":\"https://example.com/z\xff\"}"},
-		{method: "POST", path: "/v1/subscriptions", key: keyAuto, body: "{\"url\":\"https://example.com/s\xff\"}"},
+			body: `{"name":"n\ud800\ud800","schedule":"@daily","url":"https://example.test/h"}`},
+		{method: "PATCH", path: "/v1/jobs/" + id, body: "{\"url\":\"https://example.test/z\xff\"}"},
+		{method: "POST", path: "/v1/subscriptions", key: keyAuto, body: "{\"url\":\"https://example.test/s\xff\"}"},
 		{method: "POST", path: "/v1/jobs/batch", key: keyAuto,
-			body: "{\"jobs\":[{\"name\":\"n\",\"schedule\":\"@daily\",\"url\":\"https://example.com/b\xff\"}]}"},
+			body: "{\"jobs\":[{\"name\":\"n\",\"schedule\":\"@daily\",\"url\":\"https://example.test/b\xff\"}]}"},
 	} {
 		r.token = e.admin
 		res := e.send(r)
@@ -36,7 +36,7 @@ func TestTextThatIsNotUTF8IsRefused(t *testing.T) {
 	// escapes nothing more.
 	for _, name := range []string{`smile \ud83d\ude00`, `path \\ud800`} {
 		res := e.send(req{method: "POST", path: "/v1/jobs", token: e.admin, key: keyAuto,
-			body: `{"name":"` + name + `","schedule":"@daily","url":"https://example.com/h"}`})
+			body: `{"name":"` + name + `","schedule":"@daily","url":"https://example.test/h"}`})
 		if res.status != 201 {
 			t.Errorf("name %s: got %s, want 201", name, res)
 		}
@@ -100,7 +100,7 @@ func TestEventsJobFilterIsAJobID(t *testing.T) {
 func TestErrorsSayWhatIsWrong(t *testing.T) {
 	e := newEnv(t)
 	res := e.send(req{method: "POST", path: "/v1/jobs", token: e.admin, key: keyAuto,
-		body: `{"name":"a\ufffdb","url":"https://example.com/h","schedule":"@daily"}`})
+		body: `{"name":"a\ufffdb","url":"https://example.test/h","schedule":"@daily"}`})
 	if res.status != 400 || strings.Contains(string(res.body), "control characters") || !strings.Contains(string(res.body), "U+FFFD") {
 		t.Errorf("name with U+FFFD: %s", res)
 	}

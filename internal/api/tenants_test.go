@@ -148,16 +148,16 @@ func crossProjectAudit(t *testing.T, e *tenantEnv) {
 	// Project A: two jobs, runs with attempts, a subscription, events.
 	aID, a := e.newProject("alpha-project")
 	aJob := e.must(201, "POST", "/v1/jobs", a[vibejobs.RoleAdmin], jobBody(map[string]any{
-		"name": "alpha-job-one", "url": "https://alpha-target.example.com/hook"}))
+		"name": "alpha-job-one", "url": "https://alpha-target.example.test/hook"}))
 	aJobID, aSecret := aJob["id"].(string), aJob["secret"].(string)
 	aJob2ID := e.must(201, "POST", "/v1/jobs", a[vibejobs.RoleWrite], jobBody(map[string]any{
-		"name": "alpha-job-two", "url": "https://alpha-target.example.com/two"}))["id"].(string)
+		"name": "alpha-job-two", "url": "https://alpha-target.example.test/two"}))["id"].(string)
 	aRunID := e.must(202, "POST", "/v1/jobs/"+aJobID+"/runs", a[vibejobs.RoleWrite], nil)["id"].(string)
 	e.clock.Advance(time.Second)
 	e.must(202, "POST", "/v1/jobs/"+aJobID+"/runs", a[vibejobs.RoleWrite], nil)
 	e.deliverAll("alpha-snippet")
 	aSub := e.must(201, "POST", "/v1/subscriptions", a[vibejobs.RoleAdmin], map[string]any{
-		"url": "https://alpha-hooks.example.com/feed", "jobIds": []string{aJobID}})
+		"url": "https://alpha-hooks.example.test/feed", "jobIds": []string{aJobID}})
 	aSubID, aSubSecret := aSub["id"].(string), aSub["secret"].(string)
 	aTokens := e.must(200, "GET", "/v1/projects/"+aID+"/tokens", a[vibejobs.RoleAdmin], nil)["tokens"].([]any)
 	aTokenID := aTokens[0].(map[string]any)["id"].(string)
@@ -182,7 +182,7 @@ func crossProjectAudit(t *testing.T, e *tenantEnv) {
 	bID, b := e.newProject("beta-project")
 	bJobID := e.must(201, "POST", "/v1/jobs", b[vibejobs.RoleAdmin], jobBody(map[string]any{"name": "beta-job"}))["id"].(string)
 	e.must(202, "POST", "/v1/jobs/"+bJobID+"/runs", b[vibejobs.RoleWrite], nil)
-	bSubID := e.must(201, "POST", "/v1/subscriptions", b[vibejobs.RoleAdmin], map[string]any{"url": "https://beta-hooks.example.com/feed"})["id"].(string)
+	bSubID := e.must(201, "POST", "/v1/subscriptions", b[vibejobs.RoleAdmin], map[string]any{"url": "https://beta-hooks.example.test/feed"})["id"].(string)
 
 	forbidden := []string{aID, "alpha-", aJobID, aJob2ID, aRunID, aSubID, aSecret, aSubSecret, aTokenID, bootstrapTokenID}
 	for _, tk := range aTokens {
@@ -203,8 +203,8 @@ func crossProjectAudit(t *testing.T, e *tenantEnv) {
 		admin
 		installation
 	)
-	patchJob := map[string]any{"name": "hijacked", "url": "https://evil.example.com/x"}
-	patchSub := map[string]any{"url": "https://evil.example.com/feed", "types": []string{"run.failed"}}
+	patchJob := map[string]any{"name": "hijacked", "url": "https://evil.example.test/x"}
+	patchSub := map[string]any{"url": "https://evil.example.test/feed", "types": []string{"run.failed"}}
 	newToken := map[string]any{"name": "backdoor", "role": "admin"}
 	cases := []struct {
 		method, path, missing string
@@ -331,7 +331,7 @@ func crossProjectAudit(t *testing.T, e *tenantEnv) {
 	}{
 		{"/v1/jobs", jobBody(map[string]any{"name": "shared-idem"}), 201, 201, vibejobs.RoleWrite},
 		{"/v1/jobs/batch", map[string]any{"jobs": []any{jobBody(map[string]any{"name": "shared-idem-batch"})}}, 201, 201, vibejobs.RoleWrite},
-		{"/v1/subscriptions", map[string]any{"url": "https://shared-hooks.example.com/idem"}, 201, 201, vibejobs.RoleWrite},
+		{"/v1/subscriptions", map[string]any{"url": "https://shared-hooks.example.test/idem"}, 201, 201, vibejobs.RoleWrite},
 		{"/v1/jobs/" + aJobID + "/pause", nil, 200, 404, vibejobs.RoleWrite},
 		{"/v1/jobs/" + aJobID + "/resume", nil, 200, 404, vibejobs.RoleWrite},
 		{"/v1/jobs/" + aJobID + "/runs", nil, 202, 404, vibejobs.RoleWrite},
@@ -372,7 +372,7 @@ func crossProjectAudit(t *testing.T, e *tenantEnv) {
 
 	// A's things are as they were.
 	j, err := e.st.GetJob(ctx, aID, aJobID)
-	if err != nil || j.Name != "alpha-job-one" || j.URL != "https://alpha-target.example.com/hook" || !j.Enabled {
+	if err != nil || j.Name != "alpha-job-one" || j.URL != "https://alpha-target.example.test/hook" || !j.Enabled {
 		t.Errorf("A's job after B's attempts: %+v, %v", j, err)
 	} else if got, _ := e.keys.Open(j.Secret, aJobID); got != aSecret {
 		t.Error("A's job secret was rotated by B")
@@ -381,7 +381,7 @@ func crossProjectAudit(t *testing.T, e *tenantEnv) {
 		t.Errorf("A's second job after B's attempts: %v", err)
 	}
 	sub, err := e.st.GetSubscription(ctx, aID, aSubID)
-	if err != nil || sub.URL != "https://alpha-hooks.example.com/feed" || len(sub.Types) != 0 || sub.PreviousExpiresAt != nil {
+	if err != nil || sub.URL != "https://alpha-hooks.example.test/feed" || len(sub.Types) != 0 || sub.PreviousExpiresAt != nil {
 		t.Errorf("A's subscription after B's attempts: %+v, %v", sub, err)
 	} else if got, _ := e.keys.Open(sub.Secret, aSubID); got != aSubSecret {
 		t.Error("A's subscription secret was rotated by B")

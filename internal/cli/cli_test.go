@@ -104,19 +104,19 @@ func TestJobCommands(t *testing.T) {
 
 	// create: a table and the secret, once.
 	out := a.ok(t, "jobs", "create", "--name", "nightly", "--schedule", "0 3 * * *", "--timezone", "Europe/Paris",
-		"--url", "https://example.com/hook", "--max-attempts", "3", "--min-backoff", "10s", "--max-backoff", "2h",
+		"--url", "https://example.test/hook", "--max-attempts", "3", "--min-backoff", "10s", "--max-backoff", "2h",
 		"--timeout", "15s", "--catch-up", "latest")
 	for _, want := range []string{"FIELD", "VALUE", "nightly", "0 3 * * *", "Europe/Paris", "3 attempts, backoff 10s to 2h", "15s", "latest", "secret: vjs_"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("create output lacks %q:\n%s", want, out)
 		}
 	}
-	created := a.okJSON(t, "jobs", "create", "--name", "every minute", "--schedule", "@every 1m", "--url", "https://example.com/2")
+	created := a.okJSON(t, "jobs", "create", "--name", "every minute", "--schedule", "@every 1m", "--url", "https://example.test/2")
 	id := created["id"].(string)
 	if s, _ := created["secret"].(string); !strings.HasPrefix(s, "vjs_") {
 		t.Errorf("create --json: %v", created)
 	}
-	oneOff := a.okJSON(t, "jobs", "create", "--name", "once", "--at", "2026-10-10T00:00:00Z", "--url", "https://example.com/3", "--paused")
+	oneOff := a.okJSON(t, "jobs", "create", "--name", "once", "--at", "2026-10-10T00:00:00Z", "--url", "https://example.test/3", "--paused")
 	if oneOff["state"] != "paused" || oneOff["at"] != "2026-10-10T00:00:00.000Z" {
 		t.Errorf("one-off paused: %v", oneOff)
 	}
@@ -211,7 +211,7 @@ func TestJobCommands(t *testing.T) {
 
 func TestAPIErrorText(t *testing.T) {
 	a := startAPI(t, nil)
-	_, _, err := a.cli(t, "jobs", "create", "--name", "x", "--schedule", "@every 1ms", "--url", "https://example.com/")
+	_, _, err := a.cli(t, "jobs", "create", "--name", "x", "--schedule", "@every 1ms", "--url", "https://example.test/")
 	if err == nil || !strings.HasPrefix(err.Error(), "every_too_short: ") || !strings.HasSuffix(err.Error(), " (schedule)") {
 		t.Errorf("error text %q", err)
 	}
@@ -232,12 +232,12 @@ func TestUsageErrors(t *testing.T) {
 		{"jobs", "get", "job_a", "job_b"},
 		{"jobs", "list", "--bogus"},
 		{"jobs", "list", "--limit", "many"},
-		{"jobs", "create", "--schedule", "@daily", "--url", "https://example.com/"},
-		{"jobs", "create", "--name", "x", "--url", "https://example.com/"},
-		{"jobs", "create", "--name", "x", "--url", "https://example.com/", "--schedule", "@daily", "--at", "2026-10-10T00:00:00Z"},
+		{"jobs", "create", "--schedule", "@daily", "--url", "https://example.test/"},
+		{"jobs", "create", "--name", "x", "--url", "https://example.test/"},
+		{"jobs", "create", "--name", "x", "--url", "https://example.test/", "--schedule", "@daily", "--at", "2026-10-10T00:00:00Z"},
 		{"jobs", "update", "job_a"},
 		{"jobs", "update", "job_a", "--enabled", "maybe"},
-		{"jobs", "list", "--server", "ftp://example.com"},
+		{"jobs", "list", "--server", "ftp://example.test"},
 		// Paths appended after a query or a fragment named no route: the
 		// answer was "http_303: See Other".
 		{"jobs", "list", "--server", a.url + "?x=1"},
@@ -261,7 +261,7 @@ func TestUsageErrors(t *testing.T) {
 		}
 	}
 	// Both given, the error said one of them was needed.
-	if _, _, err := a.cli(t, "jobs", "create", "--name", "x", "--url", "https://example.com/", "--schedule", "@daily", "--at", "2026-10-10T00:00:00Z"); err == nil ||
+	if _, _, err := a.cli(t, "jobs", "create", "--name", "x", "--url", "https://example.test/", "--schedule", "@daily", "--at", "2026-10-10T00:00:00Z"); err == nil ||
 		!strings.Contains(err.Error(), "not both") {
 		t.Errorf("--schedule and --at: %v, want an error saying not both", err)
 	}
@@ -360,7 +360,7 @@ func TestEmptyConnectionFlagsAreRefused(t *testing.T) {
 	}
 	// A bad VIBEJOBS_SERVER is named as such, not as --server.
 	err := run(context.Background(), []string{"jobs", "list"}, func(k string) string {
-		return map[string]string{"VIBEJOBS_SERVER": "ftp://example.com", "VIBEJOBS_TOKEN": a.token}[k]
+		return map[string]string{"VIBEJOBS_SERVER": "ftp://example.test", "VIBEJOBS_TOKEN": a.token}[k]
 	}, io.Discard, io.Discard, nil)
 	if err == nil || !strings.Contains(err.Error(), "VIBEJOBS_SERVER") {
 		t.Errorf("bad VIBEJOBS_SERVER: %v; want an error naming it", err)
@@ -419,7 +419,7 @@ func TestUnsendableHeaderValuesAreRefused(t *testing.T) {
 		}
 	}
 	// A key the API takes is sent as given.
-	id := a.okJSON(t, "jobs", "create", "--name", "n", "--schedule", "@daily", "--url", "https://example.com/",
+	id := a.okJSON(t, "jobs", "create", "--name", "n", "--schedule", "@daily", "--url", "https://example.test/",
 		"--idempotency-key", strings.Repeat("~", 255))["id"]
 	if id == nil {
 		t.Error("a 255-character key was not taken")
@@ -450,12 +450,12 @@ func TestIdempotencyKeyOnlyOnPosts(t *testing.T) {
 		sent = nil
 		return s
 	}
-	job := a.okJSON(t, "jobs", "create", "--name", "n", "--schedule", "@daily", "--url", "https://example.com/")["id"].(string)
-	sub := a.okJSON(t, "subscriptions", "create", "--url", "https://example.com/feed")["id"].(string)
+	job := a.okJSON(t, "jobs", "create", "--name", "n", "--schedule", "@daily", "--url", "https://example.test/")["id"].(string)
+	sub := a.okJSON(t, "subscriptions", "create", "--url", "https://example.test/feed")["id"].(string)
 	tok := a.okJSON(t, "tokens", "create", "--name", "t", "--role", "read")["id"].(string)
 	// Arguments that get each command past its own checks to the API.
 	args := map[string][]string{
-		"jobs create":                 {"--name", "n", "--schedule", "@daily", "--url", "https://example.com/"},
+		"jobs create":                 {"--name", "n", "--schedule", "@daily", "--url", "https://example.test/"},
 		"jobs list":                   nil,
 		"jobs get":                    {job},
 		"jobs update":                 {job, "--name", "z"},
@@ -468,7 +468,7 @@ func TestIdempotencyKeyOnlyOnPosts(t *testing.T) {
 		"runs list":                   nil,
 		"runs get":                    {"run_01a11fad1800000000000000000"},
 		"events tail":                 {"--after", "0", "--follow=false"},
-		"subscriptions create":        {"--url", "https://example.com/feed2"},
+		"subscriptions create":        {"--url", "https://example.test/feed2"},
 		"subscriptions list":          nil,
 		"subscriptions get":           {sub},
 		"subscriptions update":        {sub, "--types", "run.failed"},
@@ -556,7 +556,7 @@ func TestRetriesReuseKey(t *testing.T) {
 			}
 		})
 	})
-	j := a.okJSON(t, "jobs", "create", "--name", "retried", "--schedule", "@daily", "--url", "https://example.com/")
+	j := a.okJSON(t, "jobs", "create", "--name", "retried", "--schedule", "@daily", "--url", "https://example.test/")
 	if len(keys) != 4 || keys[0] == "" || keys[0] != keys[1] || keys[1] != keys[2] || keys[2] != keys[3] {
 		t.Errorf("keys sent: %q", keys)
 	}
@@ -710,7 +710,7 @@ func TestTokenCommandsDefaultToTheTokensProject(t *testing.T) {
 // runs of every job or state, or followed the events of every job or type.
 func TestEmptyFiltersAreRefused(t *testing.T) {
 	a := startAPI(t, nil)
-	id := a.okJSON(t, "jobs", "create", "--name", "n", "--schedule", "@daily", "--url", "https://example.com/")["id"].(string)
+	id := a.okJSON(t, "jobs", "create", "--name", "n", "--schedule", "@daily", "--url", "https://example.test/")["id"].(string)
 	a.ok(t, "jobs", "trigger", id)
 	for _, args := range [][]string{
 		{"runs", "list", "--job", ""},
@@ -731,7 +731,7 @@ func TestEmptyFiltersAreRefused(t *testing.T) {
 // the first page, --after -5 started at the head.
 func TestOutOfRangePagingIsRefused(t *testing.T) {
 	a := startAPI(t, nil)
-	a.ok(t, "jobs", "create", "--name", "n", "--schedule", "@daily", "--url", "https://example.com/")
+	a.ok(t, "jobs", "create", "--name", "n", "--schedule", "@daily", "--url", "https://example.test/")
 	for _, c := range []struct {
 		args []string
 		flag string

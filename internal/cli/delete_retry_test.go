@@ -32,7 +32,7 @@ func TestDeleteRetryAfterDroppedAnswer(t *testing.T) {
 			conn.Close()
 		})
 	})
-	j := a.okJSON(t, "jobs", "create", "--name", "d", "--schedule", "@daily", "--url", "https://example.com/")
+	j := a.okJSON(t, "jobs", "create", "--name", "d", "--schedule", "@daily", "--url", "https://example.test/")
 	id := j["id"].(string)
 	out, _, err := a.cli(t, "jobs", "delete", id)
 	if _, _, gerr := a.cli(t, "jobs", "get", id); gerr == nil {

@@ -18,7 +18,7 @@ func TestEventsTail(t *testing.T) {
 	if out := a.ok(t, "events", "tail", "--follow=false"); out != "" {
 		t.Errorf("tail from the head of an empty feed: %q", out)
 	}
-	id := a.okJSON(t, "jobs", "create", "--name", "n", "--schedule", "@daily", "--url", "https://example.com/")["id"].(string)
+	id := a.okJSON(t, "jobs", "create", "--name", "n", "--schedule", "@daily", "--url", "https://example.test/")["id"].(string)
 	a.ok(t, "jobs", "pause", id)
 	a.ok(t, "jobs", "resume", id)
 
@@ -28,7 +28,7 @@ func TestEventsTail(t *testing.T) {
 		!strings.HasPrefix(lines[2], "3 ") || !strings.Contains(lines[2], "next run 2026-10-10T00:00:00.000Z") {
 		t.Errorf("tail:\n%s", out)
 	}
-	if strings.Contains(out, "example.com") {
+	if strings.Contains(out, "example.test") {
 		t.Errorf("an event shows the URL:\n%s", out)
 	}
 	out = a.ok(t, "events", "tail", "--after", "0", "--follow=false", "--type", "job.paused,job.resumed", "--job", id, "--json")
@@ -73,16 +73,16 @@ func TestEventsTail(t *testing.T) {
 
 func TestSubscriptionCommands(t *testing.T) {
 	a := startAPI(t, nil)
-	out := a.ok(t, "subscriptions", "create", "--url", "https://hooks.example.com/vj", "--types", "run.failed,job.paused")
-	for _, want := range []string{"FIELD", "https://hooks.example.com/vj", "run.failed,job.paused", "all", "status", "ok", "secret: vjs_"} {
+	out := a.ok(t, "subscriptions", "create", "--url", "https://hooks.example.test/vj", "--types", "run.failed,job.paused")
+	for _, want := range []string{"FIELD", "https://hooks.example.test/vj", "run.failed,job.paused", "all", "status", "ok", "secret: vjs_"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("create lacks %q:\n%s", want, out)
 		}
 	}
 	// A subscription's jobIds must name jobs of the project.
-	jobA := a.okJSON(t, "jobs", "create", "--name", "a", "--schedule", "@daily", "--url", "https://example.com/a")["id"].(string)
-	jobB := a.okJSON(t, "jobs", "create", "--name", "b", "--schedule", "@daily", "--url", "https://example.com/b")["id"].(string)
-	s := a.okJSON(t, "subscriptions", "create", "--url", "https://hooks.example.com/2", "--jobs", jobA+","+jobB)
+	jobA := a.okJSON(t, "jobs", "create", "--name", "a", "--schedule", "@daily", "--url", "https://example.test/a")["id"].(string)
+	jobB := a.okJSON(t, "jobs", "create", "--name", "b", "--schedule", "@daily", "--url", "https://example.test/b")["id"].(string)
+	s := a.okJSON(t, "subscriptions", "create", "--url", "https://hooks.example.test/2", "--jobs", jobA+","+jobB)
 	id := s["id"].(string)
 	if sec, _ := s["secret"].(string); !strings.HasPrefix(sec, "vjs_") {
 		t.Errorf("create --json: %v", s)
@@ -113,7 +113,7 @@ func TestSubscriptionCommands(t *testing.T) {
 		t.Errorf("reset: %v", r)
 	}
 	// A reset past events names them, and how to read them.
-	a.okJSON(t, "jobs", "create", "--name", "after-reset", "--schedule", "@daily", "--url", "https://example.com/")
+	a.okJSON(t, "jobs", "create", "--name", "after-reset", "--schedule", "@daily", "--url", "https://example.test/")
 	if out := a.ok(t, "subscriptions", "reset", id); !strings.Contains(out, "skipped events 3 to 3") ||
 		!strings.Contains(out, "events tail --after 2") {
 		t.Errorf("reset past an event:\n%s", out)

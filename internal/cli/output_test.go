@@ -69,7 +69,7 @@ func assertTerminalSafe(t *testing.T, what, s string) {
 func TestServerTextIsEscaped(t *testing.T) {
 	const (
 		job = `{"id":"job_1","name":"report\u202Eexe.pdf","schedule":"*/5\t* * * *","timezone":"UTC\u001b[2J",` +
-			`"url":"https://example.com/\u009b31m","enabled":true,"state":"active\u0007","retry":{"maxAttempts":4,"minBackoff":"30s","maxBackoff":"1h"},` +
+			`"url":"https://example.test/\u009b31m","enabled":true,"state":"active\u0007","retry":{"maxAttempts":4,"minBackoff":"30s","maxBackoff":"1h"},` +
 			`"timeout":"10s","catchUp":"all","nextRunAt":null,"lastRun":{"id":"run_1","state":"failed\u2066","scheduledFor":"x"},` +
 			`"skippedRuns":0,"createdAt":"c","updatedAt":"u","secret":"vjs_\u001b]0;owned\u0007"}`
 		run = `{"id":"run_1","jobId":"job_1","trigger":"manual","scheduledFor":"s","deadlineAt":"d","late":false,"state":"failed",` +
@@ -87,7 +87,7 @@ func TestServerTextIsEscaped(t *testing.T) {
 		"GET /v1/projects":                  {200, invalidUTF8},
 		"GET /v1/projects/prj_1/tokens": {200, `{"tokens":[{"id":"tok_1","projectId":"prj_1","name":"ci\r\u001b[K","role":"admin",` +
 			`"prefix":"vjt_ab","createdAt":"c","revokedAt":null}]}`},
-		"GET /v1/subscriptions": {200, `{"subscriptions":[{"id":"sub_1","url":"https://example.com/","types":["run.failed\u202D"],` +
+		"GET /v1/subscriptions": {200, `{"subscriptions":[{"id":"sub_1","url":"https://example.test/","types":["run.failed\u202D"],` +
 			`"jobIds":[],"cursor":1,"failing":true,"errorCode":"timeout\u001b[5m","attempts":2,"createdAt":"c","updatedAt":"u"}]}`},
 		"GET /v1/events": {200, `{"items":[{"sequence":1,"type":"run.failed","occurredAt":"o","jobId":"job_1\u001b[0m","runId":"run_1",` +
 			`"data":{"state":"failed","reason":"refused\u001b]52;c;aGk=\u0007"}}],"head":1,"oldest":1,"next":1}`},

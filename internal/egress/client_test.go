@@ -282,14 +282,14 @@ func TestForbiddenURLIsBlockedBeforeResolving(t *testing.T) {
 	c, g := mustClient(t, egress.Config{Policy: mustPolicy(t)}) // resolver fails the test if asked
 	for _, raw := range []string{
 		"http://10.0.0.1/", "https://169.254.169.254/latest/meta-data/", "https://0xa9fea9fe/",
-		"https://[::ffff:169.254.169.254]/", "https://localhost:8080/", "http://example.com/",
-		"ftp://example.com/", "https://user:pw@example.com/", "not a url",
+		"https://[::ffff:169.254.169.254]/", "https://localhost:8080/", "http://example.test/",
+		"ftp://example.test/", "https://user:pw@example.test/", "not a url",
 	} {
 		res := c.Post(context.Background(), raw, nil, nil, time.Second)
 		if res.ErrorCode != egress.CodeBlocked {
 			t.Errorf("%s: %+v", raw, res)
 		}
-		checkNoDestination(t, res, raw, "169.254", "10.0.0.1", "example.com", "8080")
+		checkNoDestination(t, res, raw, "169.254", "10.0.0.1", "example.test", "8080")
 	}
 	if d := g.Dialed(); len(d) != 0 {
 		t.Errorf("dialed %v", d)

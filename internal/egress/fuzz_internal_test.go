@@ -50,7 +50,7 @@ func FuzzExchange(f *testing.F) {
 	if err != nil {
 		f.Fatal(err)
 	}
-	t0, err := c.target("https://example.com/hook")
+	t0, err := c.target("https://example.test/hook")
 	if err != nil {
 		f.Fatal(err)
 	}

@@ -60,7 +60,7 @@ func TestSocketCheckRefusesBeforeConnect(t *testing.T) {
 
 func TestCheckSocketAddresses(t *testing.T) {
 	c, _ := NewClient(Config{})
-	for _, addr := range []string{"10.0.0.1:80", "169.254.169.254:80", "[::1]:80", "[::ffff:10.0.0.1]:80", "[fe80::1%eth0]:80", "garbage", "example.com:80"} {
+	for _, addr := range []string{"10.0.0.1:80", "169.254.169.254:80", "[::1]:80", "[::ffff:10.0.0.1]:80", "[fe80::1%eth0]:80", "garbage", "example.test:80"} {
 		if err := c.checkSocket(context.Background(), "tcp", addr, nil); err == nil {
 			t.Errorf("%s: allowed", addr)
 		}
@@ -145,8 +145,8 @@ func TestTargetIsWorkedOutOnce(t *testing.T) {
 	cases := []struct{ raw, key, addr, serverName, head string }{
 		{"http://0x7f.1:8080/hook?a=b c", "http://127.0.0.1:8080", "127.0.0.1:8080", "",
 			"POST /hook?a=b%20c HTTP/1.1\r\nHost: 127.0.0.1:8080\r\n"},
-		{"https://Example.COM", "https://example.com:443", "example.com:443", "example.com",
-			"POST / HTTP/1.1\r\nHost: example.com\r\n"},
+		{"https://Example.TEST", "https://example.test:443", "example.test:443", "example.test",
+			"POST / HTTP/1.1\r\nHost: example.test\r\n"},
 		{"https://[fe80::1%25eth0]:8443/a%2Fb", "https://[fe80::1%eth0]:8443", "[fe80::1%eth0]:8443", "fe80::1",
 			"POST /a%2Fb HTTP/1.1\r\nHost: [fe80::1]:8443\r\n"},
 	}

@@ -47,50 +47,50 @@ var forbiddenSpellings = []string{
 func TestValidateURLDefaultPolicy(t *testing.T) {
 	p := mustPolicy(t)
 	cases := []urlCase{
-		{"https://example.com/hook", ok, "example.com"},
-		{"https://example.com:8443/x?y=1&z=%20", ok, "example.com:8443"},
-		{"HTTPS://Example.COM/Path", ok, "example.com"},
-		{"https://example.com./", ok, "example.com."},
+		{"https://example.test/hook", ok, "example.test"},
+		{"https://example.test:8443/x?y=1&z=%20", ok, "example.test:8443"},
+		{"HTTPS://Example.TEST/Path", ok, "example.test"},
+		{"https://example.test./", ok, "example.test."},
 		{"https://exa_mple.internal/", ok, ""},
 		{"https://8.8.8.8/", ok, "8.8.8.8"},
 		{"https://134744072/", ok, "8.8.8.8"},
 		{"https://0x8.0x8.0x8.0x8/", ok, "8.8.8.8"},
 		{"https://[2606:4700:4700::1111]:443/", ok, "[2606:4700:4700::1111]:443"},
 		{"https://[2606:4700:4700:0:0:0:0:1111]/", ok, "[2606:4700:4700::1111]"},
-		{"https://example.com:/", ok, "example.com"},
-		{"https://example.com:0443/", ok, "example.com:443"},
-		{"https://example.com:65535/", ok, ""},
-		{"https://xn--exmple-cua.com/", ok, ""},
+		{"https://example.test:/", ok, "example.test"},
+		{"https://example.test:0443/", ok, "example.test:443"},
+		{"https://example.test:65535/", ok, ""},
+		{"https://xn--exmple-cua.test/", ok, ""},
 		{"https://1.2.3.example/", ok, ""},
 		{"https://" + strings.Repeat("a", 2048-len("https://.com")) + ".com", invalid, ""}, // labels too long
-		{"http://example.com/", notAllowed, ""},
+		{"http://example.test/", notAllowed, ""},
 		{"http://8.8.8.8/", notAllowed, ""},
-		{"ftp://example.com/", invalid, ""},
+		{"ftp://example.test/", invalid, ""},
 		{"file:///etc/passwd", invalid, ""},
-		{"gopher://example.com/", invalid, ""},
+		{"gopher://example.test/", invalid, ""},
 		{"javascript:alert(1)", invalid, ""},
-		{"https:example.com", invalid, ""},
-		{"//example.com/", invalid, ""},
-		{"example.com", invalid, ""},
+		{"https:example.test", invalid, ""},
+		{"//example.test/", invalid, ""},
+		{"example.test", invalid, ""},
 		{"", invalid, ""},
 		{"https://", invalid, ""},
 		{"https:///path", invalid, ""},
 		{"https://:443/", invalid, ""},
-		{"https://user:pass@example.com/", invalid, ""},
-		{"https://user@example.com/", invalid, ""},
-		{"https://@example.com/", invalid, ""},
-		{"https://127.0.0.1\\@example.com/", invalid, ""},
-		{"https://example.com/#frag", invalid, ""},
-		{"https://example.com/#", invalid, ""},
-		{"https://example.com:0/", invalid, ""},
-		{"https://example.com:65536/", invalid, ""},
-		{"https://example.com:99999999999999999999/", invalid, ""},
-		{"https://example.com:-1/", invalid, ""},
+		{"https://user:pass@example.test/", invalid, ""},
+		{"https://user@example.test/", invalid, ""},
+		{"https://@example.test/", invalid, ""},
+		{"https://127.0.0.1\\@example.test/", invalid, ""},
+		{"https://example.test/#frag", invalid, ""},
+		{"https://example.test/#", invalid, ""},
+		{"https://example.test:0/", invalid, ""},
+		{"https://example.test:65536/", invalid, ""},
+		{"https://example.test:99999999999999999999/", invalid, ""},
+		{"https://example.test:-1/", invalid, ""},
 		{"https://exämple.com/", invalid, ""},
 		{"https://ex ample.com/", invalid, ""},
-		{"https://-example.com/", invalid, ""},
+		{"https://-example.test/", invalid, ""},
 		{"https://a..b/", invalid, ""},
-		{"https://example.com%2f@x/", invalid, ""},
+		{"https://example.test%2f@x/", invalid, ""},
 		{"https://1.2.3.4.5/", invalid, ""},
 		{"https://256.1.1.1/", invalid, ""},
 		{"https://1.2.3.256/", invalid, ""},
@@ -106,10 +106,10 @@ func TestValidateURLDefaultPolicy(t *testing.T) {
 		{"https://0xg/", ok, "0xg"},          // not a number: a name
 		{"https://1.2.3.0x1g/", ok, ""},
 		{"https://[127.0.0.1]/", invalid, ""},
-		{"https://[example.com]/", invalid, ""},
+		{"https://[example.test]/", invalid, ""},
 		{"https://[fe80::1%eth0]/", invalid, ""},
-		{" https://example.com/", invalid, ""},
-		{"https://example.com/\n", invalid, ""},
+		{" https://example.test/", invalid, ""},
+		{"https://example.test/\n", invalid, ""},
 		{"https://%31%32%37.0.0.1/", invalid, ""}, // browsers decode it; Go's parser refuses it
 		{"https://exa%6dple.com/", invalid, ""},
 	}
@@ -139,10 +139,10 @@ func TestValidateURLInternationalizedName(t *testing.T) {
 
 func TestValidateURLLength(t *testing.T) {
 	p := mustPolicy(t)
-	base := "https://example.com/"
+	base := "https://example.test/"
 	exact := base + strings.Repeat("a", egress.MaxURLLength-len(base))
 	runURLCases(t, p, []urlCase{
-		{exact, ok, "example.com"},
+		{exact, ok, "example.test"},
 		{exact + "a", invalid, ""},
 		{base + strings.Repeat("a", 1<<20), invalid, ""},
 	})
@@ -156,11 +156,11 @@ func TestValidateURLLength(t *testing.T) {
 func TestValidateURLNormalForm(t *testing.T) {
 	p := mustPolicy(t)
 	for raw, want := range map[string]string{
-		"https://example.com/hook?team=a b":       "https://example.com/hook?team=a%20b",
-		"https://example.com/?q=%zz&r=%4":         "https://example.com/?q=%25zz&r=%254",
-		"https://example.com/?q=é&x=\"<>{}|^`\\":  "https://example.com/?q=%C3%A9&x=%22%3C%3E%7B%7D%7C%5E%60%5C",
-		"https://example.com/p?a=%41&b=c/d?e:f@g": "https://example.com/p?a=%41&b=c/d?e:f@g",
-		"https://example.com/é?":                  "https://example.com/%C3%A9?",
+		"https://example.test/hook?team=a b":       "https://example.test/hook?team=a%20b",
+		"https://example.test/?q=%zz&r=%4":         "https://example.test/?q=%25zz&r=%254",
+		"https://example.test/?q=é&x=\"<>{}|^`\\":  "https://example.test/?q=%C3%A9&x=%22%3C%3E%7B%7D%7C%5E%60%5C",
+		"https://example.test/p?a=%41&b=c/d?e:f@g": "https://example.test/p?a=%41&b=c/d?e:f@g",
+		"https://example.test/é?":                  "https://example.test/%C3%A9?",
 	} {
 		u, err := p.ValidateURL(raw)
 		if err != nil || u.String() != want {
@@ -171,11 +171,11 @@ func TestValidateURLNormalForm(t *testing.T) {
 			t.Errorf("ValidateURL of the normal form %s = %v, %v", want, again, err)
 		}
 	}
-	long := "https://example.com/" + strings.Repeat("é", 600)
+	long := "https://example.test/" + strings.Repeat("é", 600)
 	if len(long) > egress.MaxURLLength {
 		t.Fatalf("the test URL is %d bytes", len(long))
 	}
-	for _, raw := range []string{long, "https://example.com/?" + strings.Repeat("é", 600)} {
+	for _, raw := range []string{long, "https://example.test/?" + strings.Repeat("é", 600)} {
 		var ue *egress.URLError
 		if u, err := p.ValidateURL(raw); !errors.As(err, &ue) || ue.Code != egress.CodeInvalidURL {
 			t.Errorf("ValidateURL of %d bytes, longer than %d once encoded = %v, %v; want invalid_url", len(raw), egress.MaxURLLength, u, err)
@@ -202,7 +202,7 @@ func TestValidateURLLoopbackOpened(t *testing.T) {
 		{"https://api.localhost/", ok, ""},
 		{"https://127.0.0.1/", ok, ""},
 		{"http://api.localhost/", notAllowed, ""},
-		{"http://example.com/", notAllowed, ""},
+		{"http://example.test/", notAllowed, ""},
 		{"http://8.8.8.8/", notAllowed, ""},
 		{"http://10.0.0.1/", notAllowed, ""},
 		{"http://[::127.0.0.1]/", notAllowed, ""}, // IPv4-compatible: not the IPv4 address itself
@@ -290,9 +290,9 @@ func FuzzValidateURL(f *testing.F) {
 		f.Add(s)
 	}
 	for _, s := range []string{
-		"https://example.com/hook?x=1", "http://localhost:8080/", "http://127.0.0.1:9/",
+		"https://example.test/hook?x=1", "http://localhost:8080/", "http://127.0.0.1:9/",
 		"https://[2606:4700::1111]/", "https://0x8.8.8.8/", "https://1.2.3.4.5/",
-		"https://u:p@example.com/", "https://example.com/#f", "ftp://x/", "http://[::1]/",
+		"https://u:p@example.test/", "https://example.test/#f", "ftp://x/", "http://[::1]/",
 		"https://exa%6dple.com/", "https://1e1/", "https://0x/", "https://0x.0x.0x.0x/",
 	} {
 		f.Add(s)
@@ -365,7 +365,7 @@ func FuzzValidateURL(f *testing.F) {
 // destinations do not.
 func TestHostKey(t *testing.T) {
 	same := [][]string{
-		{"https://example.com/a", "https://Example.COM:443/b", "https://example.com:0443?x=1"},
+		{"https://example.test/a", "https://Example.TEST:443/b", "https://example.test:0443?x=1"},
 		{"http://127.0.0.1:8080/a", "http://0x7f.0.0.1:8080/b", "http://2130706433:8080", "http://127.1:8080"},
 		{"https://[::1]/", "https://[0:0::1]:443/x"},
 		{"http://localhost/", "http://LOCALHOST:80/"},
@@ -387,9 +387,9 @@ func TestHostKey(t *testing.T) {
 		}
 	}
 	for _, pair := range [][2]string{
-		{"https://example.com/", "https://example.com:8443/"},
-		{"https://example.com/", "http://example.com:443/"},
-		{"https://example.com/", "https://example.org/"},
+		{"https://example.test/", "https://example.test:8443/"},
+		{"https://example.test/", "http://example.test:443/"},
+		{"https://example.test/", "https://other.example/"},
 	} {
 		if a, b := egress.HostKey(pair[0]), egress.HostKey(pair[1]); a == b {
 			t.Errorf("HostKey(%q) = HostKey(%q) = %q, want different keys", pair[0], pair[1], a)

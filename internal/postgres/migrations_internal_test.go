@@ -159,7 +159,7 @@ func TestRunQueueMigrationKeepsTheQueue(t *testing.T) {
 		INSERT INTO jobs (id, project_id, name, schedule, timezone, url, enabled, state, max_attempts,
 			min_backoff_ns, max_backoff_ns, timeout_ns, catch_up, schedule_anchor, secret_key_id,
 			secret_ciphertext, created_at, updated_at)
-		VALUES ('job_1', 'prj_1', 'j', '@every 1s', 'UTC', 'https://example.com/hook', true, 'active', 4,
+		VALUES ('job_1', 'prj_1', 'j', '@every 1s', 'UTC', 'https://example.test/hook', true, 'active', 4,
 			1000000000, 60000000000, 10000000000, 'all', $1, 'k1', 'sealed', $1, $1);
 		INSERT INTO runs (id, job_id, project_id, trigger, scheduled_for, deadline_at, state, attempt,
 			next_attempt_at, attempt_started_at, lease_owner, lease_expires_at, created_at, finished_at)

@@ -57,7 +57,7 @@ func TestRowsLockedByCTIDAreFetchedByCTID(t *testing.T) {
 			next := t0
 			jobs[i] = &vibejobs.Job{
 				ID: id("job_"), ProjectID: project.ID, Name: "tick", Schedule: "@every 1s", Timezone: "UTC",
-				URL: "https://example.com/hook", Enabled: true, State: vibejobs.JobActive,
+				URL: "https://example.test/hook", Enabled: true, State: vibejobs.JobActive,
 				Retry: vibejobs.DefaultRetryPolicy(), Timeout: 10 * time.Second, CatchUp: vibejobs.CatchUpAll,
 				ScheduleAnchor: t0, NextRunAt: &next, CreatedAt: t0, UpdatedAt: t0,
 				Secret: vibejobs.SealedSecret{KeyID: "k1", Ciphertext: []byte("sealed")},
@@ -289,7 +289,7 @@ func queueTestJob(t *testing.T) (*Store, *vibejobs.Job, func(prefix string) stri
 	next := t0.Add(time.Hour)
 	job := &vibejobs.Job{
 		ID: id("job_"), ProjectID: project.ID, Name: "tick", Schedule: "@every 1s", Timezone: "UTC",
-		URL: "https://example.com/hook", Enabled: true, State: vibejobs.JobActive,
+		URL: "https://example.test/hook", Enabled: true, State: vibejobs.JobActive,
 		Retry: vibejobs.DefaultRetryPolicy(), Timeout: 10 * time.Second, CatchUp: vibejobs.CatchUpAll,
 		ScheduleAnchor: t0, NextRunAt: &next, CreatedAt: t0, UpdatedAt: t0,
 		Secret: vibejobs.SealedSecret{KeyID: "k1", Ciphertext: []byte("sealed")},

@@ -68,7 +68,7 @@ func jobFor(projectID string) *vibejobs.Job {
 	next := t0
 	return &vibejobs.Job{
 		ID: id("job_"), ProjectID: projectID, Name: "every second", Schedule: "@every 1s", Timezone: "UTC",
-		URL: "https://example.com/hook", Enabled: true, State: vibejobs.JobActive,
+		URL: "https://example.test/hook", Enabled: true, State: vibejobs.JobActive,
 		Retry: vibejobs.DefaultRetryPolicy(), Timeout: 10 * time.Second, CatchUp: vibejobs.CatchUpAll,
 		ScheduleAnchor: t0, NextRunAt: &next,
 		Secret:    vibejobs.SealedSecret{KeyID: "k1", Ciphertext: []byte("sealed")},
@@ -955,7 +955,7 @@ func TestJobChangeNotifications(t *testing.T) {
 	j := jobs[0]
 	update(b, j, func(j *vibejobs.Job) { j.Name = "renamed"; j.Enabled = false })
 	nothingOn(t, changes, "rename and pause")
-	update(b, j, func(j *vibejobs.Job) { j.URL = "https://example.com/other" })
+	update(b, j, func(j *vibejobs.Job) { j.URL = "https://example.test/other" })
 	wantJobChange(t, changes, j.ID, "URL changed on another replica")
 	update(b, j, func(j *vibejobs.Job) { j.Timeout = 20 * time.Second })
 	wantJobChange(t, changes, j.ID, "timeout changed")
@@ -963,11 +963,11 @@ func TestJobChangeNotifications(t *testing.T) {
 	wantJobChange(t, changes, j.ID, "retry changed")
 	update(b, j, func(j *vibejobs.Job) { j.Secret.Ciphertext = []byte("resealed") })
 	wantJobChange(t, changes, j.ID, "secret changed")
-	update(other, oj, func(j *vibejobs.Job) { j.URL = "https://example.com/other" })
+	update(other, oj, func(j *vibejobs.Job) { j.URL = "https://example.test/other" })
 	nothingOn(t, changes, "a job of another schema")
 	// Rolled back: nothing.
 	err := b.Update(ctx, func(tx vibejobs.Tx) error {
-		jobs[1].URL = "https://example.com/rolled-back"
+		jobs[1].URL = "https://example.test/rolled-back"
 		if err := tx.UpdateJob(ctx, jobs[1]); err != nil {
 			return err
 		}
@@ -984,7 +984,7 @@ func TestJobChangeNotifications(t *testing.T) {
 		t.Fatal(err)
 	}
 	wantJobChange(t, changes, "", "after reconnecting")
-	update(b, j, func(j *vibejobs.Job) { j.URL = "https://example.com/again" })
+	update(b, j, func(j *vibejobs.Job) { j.URL = "https://example.test/again" })
 	wantJobChange(t, changes, j.ID, "listening again")
 
 	cancel()
@@ -1130,7 +1130,7 @@ func TestSubscriptionEditLocksItsRow(t *testing.T) {
 	schema := postgres.NewTestSchema(t)
 	a, b := open(t, schema), open(t, schema)
 	prj := newProject(t, a)
-	sub := &vibejobs.Subscription{ID: "sub_locked", ProjectID: prj, URL: "https://hooks.example.com/",
+	sub := &vibejobs.Subscription{ID: "sub_locked", ProjectID: prj, URL: "https://hooks.example.test/",
 		Secret: vibejobs.SealedSecret{KeyID: "k", Ciphertext: []byte{1}}, CreatedAt: t0, UpdatedAt: t0}
 	mustUpdate(t, a, func(tx vibejobs.Tx) error { return tx.CreateSubscription(ctx, sub, 16) })
 	mustUpdate(t, a, func(tx vibejobs.Tx) error {
@@ -1148,11 +1148,11 @@ func TestSubscriptionEditLocksItsRow(t *testing.T) {
 		if err == nil {
 			t.Error("a reset committed between an edit's read of the subscription and its write")
 		}
-		cur.URL, cur.UpdatedAt = "https://hooks.example.com/new", t0.Add(time.Second)
+		cur.URL, cur.UpdatedAt = "https://hooks.example.test/new", t0.Add(time.Second)
 		return tx.UpdateSubscription(ctx, cur)
 	})
 	got, err := a.GetSubscription(ctx, prj, sub.ID)
-	if err != nil || got.URL != "https://hooks.example.com/new" {
+	if err != nil || got.URL != "https://hooks.example.test/new" {
 		t.Fatalf("after the edit: %+v, %v", got, err)
 	}
 }
@@ -1318,7 +1318,7 @@ func TestResealWaitsForASecretRotation(t *testing.T) {
 	a, b := open(t, schema), open(t, schema)
 	prj := newProject(t, a)
 	j := newJobs(t, a, prj, 1)[0]
-	sub := &vibejobs.Subscription{ID: id("sub_"), ProjectID: prj, URL: "https://hooks.example.com/x",
+	sub := &vibejobs.Subscription{ID: id("sub_"), ProjectID: prj, URL: "https://hooks.example.test/x",
 		Secret: vibejobs.SealedSecret{KeyID: "old", Ciphertext: []byte("s0")}, CreatedAt: t0, UpdatedAt: t0}
 	mustUpdate(t, a, func(tx vibejobs.Tx) error { return tx.CreateSubscription(ctx, sub, 10) })
 	rotated := vibejobs.SealedSecret{KeyID: "old", Ciphertext: []byte("rotated")}

@@ -63,7 +63,7 @@ func openStore(t *testing.T, jobs ...*vibejobs.Job) *sqlite.Store {
 // everything a store needs set.
 func storedJob(id string, catchUp vibejobs.CatchUp, next time.Time) *vibejobs.Job {
 	return &vibejobs.Job{ID: id, ProjectID: "prj_x", Name: "x", Schedule: "* * * * *", Timezone: "UTC",
-		URL: "https://example.com/", Enabled: true, State: vibejobs.JobActive, Retry: vibejobs.DefaultRetryPolicy(),
+		URL: "https://example.test/", Enabled: true, State: vibejobs.JobActive, Retry: vibejobs.DefaultRetryPolicy(),
 		Timeout: 10 * time.Second, CatchUp: catchUp, ScheduleAnchor: t0.Add(-time.Hour), NextRunAt: &next,
 		Secret: vibejobs.SealedSecret{KeyID: "k", Ciphertext: []byte{1}}, CreatedAt: t0.Add(-time.Hour), UpdatedAt: t0.Add(-time.Hour)}
 }

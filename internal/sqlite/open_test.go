@@ -88,7 +88,7 @@ func TestTwoStoresOnOneFile(t *testing.T) {
 	now := storetest.T0
 	next := now
 	j := &vibejobs.Job{ID: "job_shared", ProjectID: "prj_shared", Name: "shared", Schedule: "@every 1s", Timezone: "UTC",
-		URL: "https://example.com/", Enabled: true, State: vibejobs.JobActive, Retry: vibejobs.DefaultRetryPolicy(),
+		URL: "https://example.test/", Enabled: true, State: vibejobs.JobActive, Retry: vibejobs.DefaultRetryPolicy(),
 		Timeout: time.Second, CatchUp: vibejobs.CatchUpAll, ScheduleAnchor: now, NextRunAt: &next,
 		Secret: vibejobs.SealedSecret{KeyID: "k", Ciphertext: []byte("c")}, CreatedAt: now, UpdatedAt: now}
 	const n = 400

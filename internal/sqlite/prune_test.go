@@ -27,7 +27,7 @@ func TestPruneRunsTakesTheirAttempts(t *testing.T) {
 	}
 	defer s.Close()
 	j := &vibejobs.Job{ID: "job_prune", ProjectID: "prj_prune", Name: "j", Schedule: "0 0 1 1 *", Timezone: "UTC",
-		URL: "https://example.com/", Enabled: true, State: vibejobs.JobActive, Retry: vibejobs.DefaultRetryPolicy(),
+		URL: "https://example.test/", Enabled: true, State: vibejobs.JobActive, Retry: vibejobs.DefaultRetryPolicy(),
 		Timeout: time.Second, CatchUp: vibejobs.CatchUpAll, ScheduleAnchor: t0, CreatedAt: t0, UpdatedAt: t0,
 		Secret: vibejobs.SealedSecret{KeyID: "k", Ciphertext: []byte("x")}}
 	done := vibejobs.NewRun("run_done", j, vibejobs.TriggerManual, t0.Add(-time.Second), t0.Add(-time.Second))

@@ -310,7 +310,7 @@ func testListEventsFilters(t *testing.T, f *fixture) {
 func (f *fixture) newSubscription(projectID string, mods ...func(*vibejobs.Subscription)) *vibejobs.Subscription {
 	exp := T0.Add(24 * time.Hour)
 	s := &vibejobs.Subscription{
-		ID: f.id("sub_"), ProjectID: projectID, URL: "https://hooks.example.com/vibejobs",
+		ID: f.id("sub_"), ProjectID: projectID, URL: "https://hooks.example.test/vibejobs",
 		Types:             []vibejobs.EventType{vibejobs.EventRunFailed, vibejobs.EventRunSucceeded},
 		JobIDs:            []string{"job_a", "job_b"},
 		Secret:            vibejobs.SealedSecret{KeyID: "key1", Ciphertext: []byte{0, 1, 2, 0}},
@@ -376,7 +376,7 @@ func testSubscriptions(t *testing.T, f *fixture) {
 		t.Errorf("ListSubscriptions of another project: %v %v", list, err)
 	}
 
-	s.URL = "https://other.example.com/"
+	s.URL = "https://other.example.test/"
 	s.Types = []vibejobs.EventType{vibejobs.EventJobDeleted}
 	s.JobIDs = nil
 	s.UpdatedAt = T0.Add(time.Minute)

@@ -85,7 +85,7 @@ func (f *fixture) newJob(projectID string, mods ...func(*vibejobs.Job)) *vibejob
 		Name:           "nightly report",
 		Schedule:       "*/5 * * * *",
 		Timezone:       "UTC",
-		URL:            "https://app.example.com/hooks/report",
+		URL:            "https://app.example.test/hooks/report",
 		Enabled:        true,
 		State:          vibejobs.JobActive,
 		Retry:          vibejobs.DefaultRetryPolicy(),

@@ -66,7 +66,7 @@ func testUpdateJob(t *testing.T, f *fixture) {
 	u.Schedule = ""
 	u.At = ptr(T0.Add(time.Hour))
 	u.Timezone = "America/New_York"
-	u.URL = "https://new.example.com/x"
+	u.URL = "https://new.example.test/x"
 	u.Enabled = false
 	u.State = vibejobs.JobPaused
 	u.Retry = vibejobs.RetryPolicy{MaxAttempts: 1, MinBackoff: time.Second, MaxBackoff: 2 * time.Second}

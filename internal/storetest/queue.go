@@ -98,7 +98,7 @@ func testClaimUsesCurrentJobSettings(t *testing.T, f *fixture) {
 	j := f.job(projectA)
 	r := f.run(j, T0)
 	u := f.getJob(projectA, j.ID)
-	u.URL = "https://moved.example.com/new"
+	u.URL = "https://moved.example.test/new"
 	u.Timeout = 20 * time.Second
 	u.Retry = vibejobs.RetryPolicy{MaxAttempts: 2, MinBackoff: 5 * time.Second, MaxBackoff: 10 * time.Minute}
 	u.Secret = vibejobs.SealedSecret{KeyID: "key2", Ciphertext: []byte("rotated")}

@@ -102,7 +102,7 @@ func UpgradeData() *Upgrade {
 	job := func(id string, b byte) vibejobs.Job {
 		return vibejobs.Job{
 			ID: id, ProjectID: upProject, Name: "job " + id, Schedule: "@every 1m", Timezone: "UTC",
-			URL: "https://app.example.com/hooks/" + id, Enabled: true, State: vibejobs.JobActive,
+			URL: "https://app.example.test/hooks/" + id, Enabled: true, State: vibejobs.JobActive,
 			Retry:   vibejobs.RetryPolicy{MaxAttempts: 5, MinBackoff: time.Second, MaxBackoff: time.Minute},
 			Timeout: 10 * time.Second, CatchUp: vibejobs.CatchUpAll, ScheduleAnchor: T0.Add(-30 * 24 * time.Hour),
 			NextRunAt: at(time.Minute), Secret: secret(b),
@@ -183,7 +183,7 @@ func UpgradeData() *Upgrade {
 	u.Events = []vibejobs.Event{ev(1, vibejobs.EventJobCreated, -30*24*time.Hour, upJob, "", string(vibejobs.JobActive)), e2, e3}
 
 	u.Subscription = vibejobs.Subscription{
-		ID: upSub, ProjectID: upProject, URL: "https://app.example.com/feed",
+		ID: upSub, ProjectID: upProject, URL: "https://app.example.test/feed",
 		Types: []vibejobs.EventType{vibejobs.EventRunFailed}, JobIDs: []string{},
 		Secret: secret(201), Cursor: 2,
 		CreatedAt: T0.Add(-24 * time.Hour), UpdatedAt: T0.Add(-time.Hour),

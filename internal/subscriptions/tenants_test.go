@@ -53,7 +53,7 @@ func eachSubscriptionGetsItsOwnProjectsFeed(t *testing.T, e *env, st vibejobs.St
 		now := e.clock.Now()
 		tn := &tenant{project: project, recv: newRecv(t)}
 		tn.job = &vibejobs.Job{ID: "job_" + project, ProjectID: project, Name: project, Schedule: "0 0 1 1 *",
-			Timezone: "UTC", URL: "https://example.com/", Enabled: true, State: vibejobs.JobActive,
+			Timezone: "UTC", URL: "https://example.test/", Enabled: true, State: vibejobs.JobActive,
 			Retry:   vibejobs.RetryPolicy{MaxAttempts: 1, MinBackoff: time.Second, MaxBackoff: time.Second},
 			Timeout: 5 * time.Second, CatchUp: vibejobs.CatchUpAll, ScheduleAnchor: now, CreatedAt: now, UpdatedAt: now}
 		tn.sub = &vibejobs.Subscription{ID: "sub_" + project, ProjectID: project, URL: tn.recv.srv.URL, CreatedAt: now, UpdatedAt: now}

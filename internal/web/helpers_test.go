@@ -153,7 +153,7 @@ func (e *env) newJob(projectID string, mods ...func(*vibejobs.Job)) *vibejobs.Jo
 		Name:           "nightly report",
 		Schedule:       "*/5 * * * *",
 		Timezone:       "Europe/Berlin",
-		URL:            "https://app.example.com/hooks/report?key=url-marker",
+		URL:            "https://app.example.test/hooks/report?key=url-marker",
 		Enabled:        true,
 		State:          vibejobs.JobActive,
 		Retry:          vibejobs.DefaultRetryPolicy(),

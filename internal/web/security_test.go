@@ -27,7 +27,7 @@ func TestTargetURLNeverALink(t *testing.T) {
 		"javascript:alert(1)",
 		"JaVaScRiPt:alert(1)",
 		"data:text/html,<script>alert(1)</script>",
-		`https://app.example.com/"><a href="javascript:alert(1)">x</a>`,
+		`https://app.example.test/"><a href="javascript:alert(1)">x</a>`,
 	} {
 		j := e.job(e.projectA, named(target), func(j *vibejobs.Job) { j.URL = target })
 		r := e.deliver(j, t0.Add(-time.Hour), 500, `<a href="`+target+`">click</a>`,

@@ -17,7 +17,7 @@ func TestAnotherProjectOnEveryStore(t *testing.T) {
 	onEveryStore(t, func(t *testing.T, e *env) {
 		own := e.job(e.projectA)
 		ownRun := e.run(own, t0.Add(time.Minute))
-		other := e.job(e.projectB, named("beta job"), func(j *vibejobs.Job) { j.URL = "https://beta-target.example.com/hook" })
+		other := e.job(e.projectB, named("beta job"), func(j *vibejobs.Job) { j.URL = "https://beta-target.example.test/hook" })
 		e.clock.Advance(time.Millisecond)
 		other2 := e.job(e.projectB, named("beta job two"))
 		otherRun := e.deliver(other, t0.Add(-time.Hour), 200, "beta-snippet", vibejobs.Step{State: vibejobs.RunSucceeded})

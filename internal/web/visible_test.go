@@ -43,7 +43,7 @@ func TestPagesShowInvisibleCharacters(t *testing.T) {
 			Role: vibejobs.RoleRead, Prefix: value[:12], Hash: sum[:], CreatedAt: t0}, vibejobs.MaxTokensPerProject)
 	})
 	j := e.job(projectID, named(spoof+" "+all.String()), func(j *vibejobs.Job) {
-		j.URL = "https://app.example.com/\u202ehook"
+		j.URL = "https://app.example.test/\u202ehook"
 	})
 	r := e.deliver(j, t0.Add(-time.Hour), 500, "error\u202e: line one\nline\ttwo", vibejobs.Step{State: vibejobs.RunFailed, FailureReason: vibejobs.ReasonAttemptsExhausted})
 
@@ -64,7 +64,7 @@ func TestPagesShowInvisibleCharacters(t *testing.T) {
 	}
 	for path, wants := range map[string][]string{
 		"/":             {`report\u202egpj.exe`, `Alpha\u2067 Beta\u2069`, `ops\u200b`, `\U000e0041`},
-		"/jobs/" + j.ID: {`<title>report\u202egpj.exe`, `<h1>report\u202egpj.exe`, `https://app.example.com/\u202ehook`},
+		"/jobs/" + j.ID: {`<title>report\u202egpj.exe`, `<h1>report\u202egpj.exe`, `https://app.example.test/\u202ehook`},
 		"/runs/" + r.ID: {`report\u202egpj.exe`, "error\\u202e: line one\nline\ttwo"},
 	} {
 		for _, want := range wants {

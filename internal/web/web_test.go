@@ -435,7 +435,7 @@ func TestOldestSessionEvicted(t *testing.T) {
 func TestPagesEscapeWhatTheyShow(t *testing.T) {
 	e := newEnv(t)
 	j := e.job(e.projectA, named(`<script>alert("name")</script>`), func(j *vibejobs.Job) {
-		j.URL = `https://app.example.com/"><script>alert("url")</script>`
+		j.URL = `https://app.example.test/"><script>alert("url")</script>`
 	})
 	r := e.deliver(j, t0.Add(-time.Hour), 503, `<img src=x onerror=alert("snippet")></pre><script>x()</script>`,
 		vibejobs.Step{State: vibejobs.RunFailed, FailureReason: vibejobs.ReasonAttemptsExhausted})

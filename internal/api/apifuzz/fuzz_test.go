@@ -44,7 +44,7 @@ func FuzzDecodeJobRequest(f *testing.F) {
 		h.ServeHTTP(w, r)
 		return w
 	}
-	w := send("POST", "/v1/jobs", []byte(`{"name":"n","schedule":"@daily","url":"https://example.com/"}`))
+	w := send("POST", "/v1/jobs", []byte(`{"name":"n","schedule":"@daily","url":"https://example.test/"}`))
 	var job struct{ ID string }
 	if w.Code != http.StatusCreated || json.Unmarshal(w.Body.Bytes(), &job) != nil {
 		f.Fatalf("creating the job to patch: %d %s", w.Code, w.Body)
@@ -151,7 +151,7 @@ func FuzzListQuery(f *testing.F) {
 	}
 	var jobID string
 	for i := range 3 {
-		w := send("POST", "/v1/jobs", "", "k"+strconv.Itoa(i), `{"name":"n","schedule":"@daily","url":"https://example.com/"}`)
+		w := send("POST", "/v1/jobs", "", "k"+strconv.Itoa(i), `{"name":"n","schedule":"@daily","url":"https://example.test/"}`)
 		var job struct{ ID string }
 		if w.Code != http.StatusCreated || json.Unmarshal(w.Body.Bytes(), &job) != nil {
 			f.Fatalf("creating a job: %d %s", w.Code, w.Body)
