@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -135,6 +136,16 @@ type slowReceiver struct {
 	mu      sync.Mutex
 	byRun   map[string]int
 	aborted map[string]int
+	// arrived, when set, is called with each delivery as it arrives,
+	// before the receiver holds it.
+	arrived func(r *http.Request)
+}
+
+// watch sets the function called with each delivery as it arrives.
+func (sr *slowReceiver) watch(arrived func(r *http.Request)) {
+	sr.mu.Lock()
+	defer sr.mu.Unlock()
+	sr.arrived = arrived
 }
 
 func newSlowReceiver(t *testing.T, delay time.Duration) *slowReceiver {
@@ -144,7 +155,11 @@ func newSlowReceiver(t *testing.T, delay time.Duration) *slowReceiver {
 		id := runIDOf(b)
 		sr.mu.Lock()
 		sr.byRun[id]++
+		arrived := sr.arrived
 		sr.mu.Unlock()
+		if arrived != nil {
+			arrived(r)
+		}
 		select {
 		case <-time.After(delay):
 		case <-r.Context().Done():
@@ -318,10 +333,34 @@ func TestReplicasSurviveSIGKILL(t *testing.T) {
 	_, ids := createEveryJobs(t, r1.api, 20, rc.URL)
 	project := projectOf(t, st)
 	time.Sleep(4 * time.Second) // load runs on all three
+	// Killed while the receiver holds one of its deliveries: with the
+	// runs due at one instant a second, another replica may claim them all
+	// at times, and a kill at a set time could find the replica idle.
+	pid := r2.cmd.Process.Pid
+	inFlight := make(chan struct{}, 1)
+	rc.watch(func(r *http.Request) {
+		ap, err := netip.ParseAddrPort(r.RemoteAddr)
+		if err != nil {
+			return
+		}
+		if owns, ok := ownsLocalPort(pid, int(ap.Port())); owns || !ok {
+			// Without /proc, kill at once, as a set time would.
+			select {
+			case inFlight <- struct{}{}:
+			default:
+			}
+		}
+	})
+	select {
+	case <-inFlight:
+	case <-time.After(30 * time.Second):
+		t.Fatal("no delivery of the replica to kill reached the receiver in 30 s")
+	}
 	if err := r2.cmd.Process.Signal(syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
 	killedAt := time.Now()
+	rc.watch(nil)
 	time.Sleep(4 * time.Second)
 	pauseAll(t, r3.api, ids)
 	all := waitAllFinished(t, st, project, ids, 60*time.Second)
