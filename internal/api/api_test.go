@@ -41,6 +41,35 @@ func TestHealthAndReady(t *testing.T) {
 	}
 }
 
+// TestReadyzWhileStopping: once the server stops, /readyz answers 503
+// stopping, a reason a load balancer's operator can read, without asking
+// the database or the loops (neither is consulted: a closed store and a
+// failing Ready still give stopping); /healthz and the API answer as
+// before, until the server closes its listener.
+func TestReadyzWhileStopping(t *testing.T) {
+	var stopping bool
+	e := newEnv(t, func(c *api.Config) {
+		c.Ready = func(context.Context) error { return errors.New("scheduler stalled") }
+		c.Stopping = func() bool { return stopping }
+	})
+	if res := e.do("GET", "/readyz", "", nil); res.status != 503 {
+		t.Fatalf("readyz with Ready failing = %s", res)
+	} else if code, _ := res.errorCode(t); code != "not_ready" {
+		t.Fatalf("readyz with Ready failing, before the stop: %s, want not_ready", res)
+	}
+	stopping = true
+	res := e.do("GET", "/readyz", "", nil)
+	if code, _ := res.errorCode(t); res.status != 503 || code != "stopping" {
+		t.Fatalf("readyz while stopping = %s, want 503 stopping", res)
+	}
+	e.must(200, "GET", "/healthz", "", nil)
+	e.must(200, "GET", "/v1/jobs", e.admin, nil)
+	e.store.Close()
+	if code, _ := e.do("GET", "/readyz", "", nil).errorCode(t); code != "stopping" {
+		t.Fatalf("readyz while stopping, the store closed: %s, want stopping", code)
+	}
+}
+
 // TestProbesIgnoreQuery: /healthz and /readyz answer as if the request had
 // no query, however malformed: a probe that adds one of its own (a cache
 // buster, a bad escape) must not read a 400 as the platform being down, nor

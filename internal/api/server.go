@@ -85,6 +85,11 @@ type Config struct {
 	RunCreated func()
 	// Ready is checked by /readyz besides Store.Ping.
 	Ready func(ctx context.Context) error
+	// Stopping, when set and true, makes /readyz answer 503 stopping, the
+	// one reason it gives, without asking Store or Ready: the server is
+	// stopping and a load balancer should send requests elsewhere. Every
+	// other route answers as before until the server closes its listener.
+	Stopping func() bool
 	// Metrics, when set, is served at GET /metrics without a token: it must
 	// name no project. InstallationMetrics, when set, is served there
 	// instead to a request with the installation administrator's token (a
@@ -125,6 +130,7 @@ type Server struct {
 	changed    func(jobID string)
 	runCreated func()
 	ready      func(ctx context.Context) error
+	stopping   func() bool
 	metrics    http.Handler
 	// installationMetrics: see Config.InstallationMetrics.
 	installationMetrics http.Handler
@@ -163,6 +169,7 @@ func New(cfg Config) *Server {
 		changed:             cfg.JobChanged,
 		runCreated:          cfg.RunCreated,
 		ready:               cfg.Ready,
+		stopping:            cfg.Stopping,
 		metrics:             cfg.Metrics,
 		installationMetrics: cfg.InstallationMetrics,
 		extra:               cfg.Extra,
@@ -638,6 +645,12 @@ func (s *Server) healthz(ctx context.Context, c *call) (*response, error) {
 }
 
 func (s *Server) readyz(ctx context.Context, c *call) (*response, error) {
+	if s.stopping != nil && s.stopping() {
+		// Said plainly, unlike not_ready: it tells nothing of the
+		// database, and an operator watching a rollout wants to tell a
+		// replica on its way out from a sick one.
+		return errorResponse(&vibejobs.Error{Kind: vibejobs.EUNAVAILABLE, Code: "stopping", Message: "the server is stopping"}), nil
+	}
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	err := s.store.Ping(ctx)
