@@ -38,6 +38,9 @@ const (
 	// silent without a reset (a dropped route, a failover) would otherwise
 	// hang the loop until TCP gives up, a quarter of an hour or more.
 	DefaultStoreTimeout = 10 * time.Second
+	// DefaultStopRecordTimeout bounds the writing of outcomes at a stop
+	// (see Config.StopRecordTimeout).
+	DefaultStopRecordTimeout = 10 * time.Second
 	// SecretUnavailablePause is how long a claim whose job secret this
 	// process cannot open waits, given back unsent, before it is due again
 	// (see Observer.SecretUnavailable).
@@ -112,7 +115,18 @@ type Config struct {
 	ClaimAhead time.Duration
 	// StoreTimeout bounds each store call (DefaultStoreTimeout).
 	StoreTimeout time.Duration
-	Observer     Observer
+	// StopRecordTimeout bounds, once Run is stopping and the last attempt
+	// in flight has finished, how long the outcomes the store has not
+	// taken yet are retried (each call cut at what is left of it);
+	// DefaultStopRecordTimeout when zero. Those still not written then
+	// are given up: their runs stay leased, and once the leases end lease
+	// recovery records the lost attempts as interrupted and sends them
+	// again under the same number (at least once; the app dedupes on the
+	// run id). Waiting longer for a database that is down would only hold
+	// up the stop, and an orchestrator ends a stop that outlasts its grace
+	// period with SIGKILL, to the same effect.
+	StopRecordTimeout time.Duration
+	Observer          Observer
 }
 
 // Dispatcher claims and delivers runs. Run loops until its context ends.
@@ -161,9 +175,14 @@ type Dispatcher struct {
 	// CPU in a burst. Unbuffered: a send succeeds only to a worker waiting,
 	// and otherwise a new worker starts.
 	tasks chan task
-	// stopping is closed when Run's context ends: from then on the record
-	// loop gives up on outcomes it cannot write (see recordLoop).
+	// stopping is closed when Run's context ends: idle workers end.
 	stopping chan struct{}
+	// records bounds the record loop's store calls: it ends
+	// StopRecordTimeout after Run, stopping, saw its last attempt finish,
+	// and the record loop then gives up what it could not write (see
+	// recordLoop). endRecords ends it.
+	records    context.Context
+	endRecords context.CancelFunc
 	// retryWait is the pause before the record loop's retry number
 	// attempt+1.
 	retryWait func(attempt int) time.Duration
@@ -194,16 +213,20 @@ func New(cfg Config) *Dispatcher {
 	cfg.LeaseMargin = cmp.Or(cfg.LeaseMargin, DefaultLeaseMargin)
 	cfg.PollInterval = cmp.Or(cfg.PollInterval, DefaultPollInterval)
 	cfg.StoreTimeout = cmp.Or(cfg.StoreTimeout, DefaultStoreTimeout)
+	cfg.StopRecordTimeout = cmp.Or(cfg.StopRecordTimeout, DefaultStopRecordTimeout)
 	cfg.UserAgent = cmp.Or(cfg.UserAgent, "vibejobs/dev")
 	// A claim waits for its host until LeaseMargin/2 after its hold (see
 	// waiter): the hold must leave the attempt room within the lease.
 	cfg.ClaimAhead = min(max(cmp.Or(cfg.ClaimAhead, DefaultClaimAhead), 0), cfg.LeaseMargin/4)
+	records, endRecords := context.WithCancel(context.Background())
 	return &Dispatcher{
-		cfg:     cfg,
-		wake:    make(chan struct{}, 1),
-		perHost: map[string]int{},
-		waiting: map[string][]waiter{},
-		held:    map[*vibejobs.Claim]*heldClaim{},
+		records:    records,
+		endRecords: endRecords,
+		cfg:        cfg,
+		wake:       make(chan struct{}, 1),
+		perHost:    map[string]int{},
+		waiting:    map[string][]waiter{},
+		held:       map[*vibejobs.Claim]*heldClaim{},
 
 		secretLogged: map[string]time.Time{},
 		outcomes:     make(chan vibejobs.Outcome, cfg.Concurrency),
@@ -244,7 +267,8 @@ func (d *Dispatcher) Wake() {
 
 // Run claims and delivers until ctx is done. Then it stops claiming, lets the
 // attempts in flight finish within their own budget, records their outcomes
-// and returns.
+// (for up to Config.StopRecordTimeout after the last one finished, while the
+// store does not take them) and returns.
 func (d *Dispatcher) Run(ctx context.Context) {
 	flushed := make(chan struct{})
 	go func() {
@@ -259,8 +283,11 @@ func (d *Dispatcher) Run(ctx context.Context) {
 		d.wg.Wait()
 		// And those withdrawn while the attempts finished.
 		d.expireWaiting(context.Background(), d.cfg.Now(), true)
+		giveUp := time.AfterFunc(d.cfg.StopRecordTimeout, d.endRecords)
 		close(d.outcomes)
 		<-flushed
+		giveUp.Stop()
+		d.endRecords()
 	}()
 
 	timer := time.NewTimer(0)
@@ -888,14 +915,26 @@ func (d *Dispatcher) secretUnavailable(c *vibejobs.Claim, err error) {
 // ended, after a database outage as short as 21 s. While a batch waits, the
 // outcomes behind it fill the channel and hold their slots, so no more is
 // claimed. A batch refused for another reason, which retrying will not
-// mend, is given up after 20 retries (about 20 s), as is any batch once Run
-// is stopping: its runs go to lease recovery.
+// mend, is given up after 20 retries (about 20 s): its runs go to lease
+// recovery. Once Run is stopping and its last attempt has finished, every
+// batch not written within Config.StopRecordTimeout is given up, the call
+// in progress then cut; until then, a stop changes nothing here.
 func (d *Dispatcher) recordLoop() {
 	batch := make([]vibejobs.Outcome, 0, DefaultFlushBatch)
+	// drop gives the batch up, for lease recovery; reason is "refused" or
+	// "stopping".
+	drop := func(reason string) {
+		d.cfg.Logger.Error("dispatcher.outcomes_dropped", "outcomes", len(batch), "reason", reason)
+		d.recordFailing.Clear() // nothing left to fail: idle until the next outcome
+	}
 	flush := func() {
-		left := 20 // retries of a refused batch, or once stopping
+		left := 20 // retries of a refused batch
 		for attempt := 0; len(batch) > 0; attempt++ {
-			ctx, cancel := d.storeCtx(context.Background())
+			if d.records.Err() != nil {
+				drop("stopping")
+				break
+			}
+			ctx, cancel := d.storeCtx(d.records)
 			err := d.cfg.Store.RecordOutcomes(ctx, d.cfg.Owner, batch)
 			cancel()
 			if err == nil {
@@ -905,20 +944,18 @@ func (d *Dispatcher) recordLoop() {
 			d.cfg.Logger.Error("dispatcher.record_failed", "error", err, "outcomes", len(batch))
 			d.recordFailing.Fail(d.cfg.Now())
 			outage := vibejobs.ErrorKind(err) == vibejobs.EUNAVAILABLE || errors.Is(err, context.DeadlineExceeded)
-			stopping := false
-			select {
-			case <-d.stopping:
-				stopping = true
-			default:
-			}
-			if !outage || stopping {
+			if !outage {
 				if left--; left < 0 {
-					d.cfg.Logger.Error("dispatcher.outcomes_dropped", "outcomes", len(batch))
-					d.recordFailing.Clear() // nothing left to fail: idle until the next outcome
+					drop("refused")
 					break
 				}
 			}
-			time.Sleep(d.retryWait(attempt))
+			pause := time.NewTimer(d.retryWait(attempt))
+			select {
+			case <-pause.C:
+			case <-d.records.Done():
+				pause.Stop()
+			}
 		}
 		batch = batch[:0]
 	}

@@ -1755,3 +1755,153 @@ func TestStopDuringAClaimLosesNoClaim(t *testing.T) {
 		t.Fatalf("sent %v", x.payload["runId"])
 	}
 }
+
+// stallingRecords fails RecordOutcomes while fail is set, as a database
+// that is down does, or, while silent is set, makes it wait until its
+// context ends, as one gone silent without a reset does (or until
+// testDone is closed). entered receives each call that found the database
+// down or silent, without blocking.
+type stallingRecords struct {
+	vibejobs.DispatchStore
+	fail, silent atomic.Bool
+	calls        atomic.Int64
+	entered      chan struct{}
+	testDone     chan struct{}
+}
+
+func newStallingRecords(s vibejobs.DispatchStore) *stallingRecords {
+	return &stallingRecords{DispatchStore: s, entered: make(chan struct{}, 1), testDone: make(chan struct{})}
+}
+
+func (r *stallingRecords) RecordOutcomes(ctx context.Context, owner string, outcomes []vibejobs.Outcome) error {
+	r.calls.Add(1)
+	switch {
+	case r.silent.Load():
+		select {
+		case r.entered <- struct{}{}:
+		default:
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-r.testDone:
+			return errors.New("test over")
+		}
+	case r.fail.Load():
+		select {
+		case r.entered <- struct{}{}:
+		default:
+		}
+		return vibejobs.Errorf(vibejobs.EUNAVAILABLE, "database_unavailable", "database unavailable")
+	}
+	return r.DispatchStore.RecordOutcomes(ctx, owner, outcomes)
+}
+
+// TestStopGivesUpUnwrittenOutcomesWithinItsBudget: at a stop, outcomes a
+// database gone silent does not take are given up StopRecordTimeout after
+// the last attempt finished, the call in progress cut, and Run returns. A
+// stop retried them 20 times, each call waiting up to StoreTimeout: about
+// 4 min with the defaults, past any orchestrator's grace period, for
+// nothing a SIGKILL would not give. The run stays leased: once its lease
+// ends, lease recovery records the attempt as interrupted and the run is
+// due again under the same attempt number (at least once).
+func TestStopGivesUpUnwrittenOutcomesWithinItsBudget(t *testing.T) {
+	e := newEnv(t)
+	s := newStallingRecords(e.store)
+	s.silent.Store(true)
+	var logs syncbuf.Buffer
+	d := dispatcher.New(dispatcher.Config{
+		Store: s, Sender: e.sender, Opener: plainOpener{}, Owner: "test-owner",
+		Now: e.clock.Now, Rand: func() float64 { return 0.5 }, Concurrency: 8,
+		PollInterval: 20 * time.Millisecond, Logger: slog.New(slog.NewTextHandler(&logs, nil)),
+		StoreTimeout: time.Hour, StopRecordTimeout: 50 * time.Millisecond,
+	})
+	dispatcher.SetRetryWait(d, func(int) time.Duration { return time.Millisecond })
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { d.Run(ctx); close(done) }()
+	t.Cleanup(func() { close(s.testDone); cancel(); <-done })
+
+	j := e.job(t, "job_silent", "https://app.example/hook")
+	r := e.run(t, j, "run_silent", e.clock.Now())
+	d.Wake()
+	e.sender.next(t) // sent and accepted
+	select {
+	case <-s.entered: // its outcome's write hangs
+	case <-time.After(10 * time.Second):
+		t.Fatal("the outcome was never written")
+	}
+	cancel()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("Run still waits for a database gone silent 10 s into the stop, its attempt long finished")
+	}
+	if !strings.Contains(logs.String(), "dispatcher.outcomes_dropped") || !strings.Contains(logs.String(), "reason=stopping") {
+		t.Errorf("the log does not say the outcome was given up at the stop:\n%s", logs.String())
+	}
+	got, err := e.store.GetRun(context.Background(), e.project, r.ID)
+	if err != nil || got.State != vibejobs.RunDelivering || len(got.Attempts) != 0 {
+		t.Fatalf("the run whose outcome was given up: %+v, %v; want delivering, for lease recovery", got, err)
+	}
+	n, err := e.store.RecoverExpiredLeases(context.Background(), e.clock.Now().Add(j.Timeout+dispatcher.DefaultLeaseMargin+time.Second), 10)
+	if err != nil || n != 1 {
+		t.Fatalf("RecoverExpiredLeases = %d, %v; want the run's lease ended", n, err)
+	}
+	got, err = e.store.GetRun(context.Background(), e.project, r.ID)
+	if err != nil || len(got.Attempts) != 1 || got.Attempts[0].ErrorCode != vibejobs.ErrorCodeInterrupted || got.State.Finished() {
+		t.Fatalf("the run after lease recovery: %+v, %v; want its attempt interrupted and the run due again", got, err)
+	}
+}
+
+// TestStopBudgetStartsWhenTheAttemptsEnd: the stop's budget for outcomes
+// the database does not take starts when the last attempt in flight has
+// finished, not when the stop began: an outcome that failed to be written
+// while another attempt was still running is retried until that one ends,
+// and both are written once the database is back.
+func TestStopBudgetStartsWhenTheAttemptsEnd(t *testing.T) {
+	e := newEnv(t)
+	s := newStallingRecords(e.store)
+	s.fail.Store(true)
+	d := dispatcher.New(dispatcher.Config{
+		Store: s, Sender: e.sender, Opener: plainOpener{}, Owner: "test-owner",
+		Now: e.clock.Now, Rand: func() float64 { return 0.5 }, Concurrency: 8,
+		PollInterval: 20 * time.Millisecond, StopRecordTimeout: time.Second,
+	})
+	dispatcher.SetRetryWait(d, func(int) time.Duration { return 100 * time.Millisecond })
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { d.Run(ctx); close(done) }()
+	slow := e.job(t, "job_slow", "https://slow.example/hook")
+	unblock := e.blockHost(slow.URL)
+	t.Cleanup(func() { close(s.testDone); unblock(); cancel(); <-done })
+	fast := e.job(t, "job_fast", "https://fast.example/hook")
+	rs := e.run(t, slow, "run_slow", e.clock.Now())
+	d.Wake()
+	e.sender.next(t) // the slow attempt is in flight
+	rf := e.run(t, fast, "run_fast", e.clock.Now())
+	d.Wake()
+	e.sender.next(t) // the fast one is accepted; its outcome is refused
+	select {
+	case <-s.entered:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the outcome was never written")
+	}
+	cancel()
+	// Twelve retries after the stop began, at least 1.1 s later: past the
+	// budget, had it started with the stop.
+	waitCalls(t, &s.calls, 12, "retries of the refused outcome")
+	s.fail.Store(false)
+	unblock()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("Run did not return 10 s after its last attempt ended, the database back")
+	}
+	for _, id := range []string{rs.ID, rf.ID} {
+		got, err := e.store.GetRun(context.Background(), e.project, id)
+		if err != nil || got.State != vibejobs.RunSucceeded || len(got.Attempts) != 1 {
+			t.Fatalf("run %s after the stop: %+v, %v; want succeeded, its attempt recorded", id, got, err)
+		}
+	}
+}
