@@ -97,14 +97,15 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stdou
 }
 
 // signalContext returns a context that ends at the first SIGINT or SIGTERM
-// (a graceful stop: serve lets its attempts in flight finish), and stop to
-// release it. From that signal on, both signals have their default effect
-// again, before the context ends: a second one ends the process at once.
-// serve's stop waits up to a job's timeout for its attempts in flight,
-// longer while the database does not take their outcomes, and an operator
-// who would rather not wait must not need SIGKILL: the attempts cut off are
-// sent again, under the same number, once their lease ends, as after a
-// crash.
+// (a graceful stop, see Main.Close: serve lets its attempts in flight
+// finish), and stop to release it. From that signal on, both signals have
+// their default effect again, before the context ends: a second one ends
+// the process at once. serve's stop waits up to a job's timeout for its
+// attempts in flight, then up to dispatcher.DefaultStopRecordTimeout for
+// outcomes the database does not take and DefaultDrainTimeout for API
+// requests, and an operator who would rather not wait must not need
+// SIGKILL: the attempts cut off are sent again, under the same number, once
+// their lease ends, as after a crash.
 func signalContext() (ctx context.Context, stop context.CancelFunc) {
 	ctx, cancel := context.WithCancel(context.Background())
 	ch := make(chan os.Signal, 1)

@@ -32,6 +32,49 @@ type replica struct {
 	// err.
 	exited chan struct{}
 	err    error
+	// log holds what the process wrote to stderr: its log.
+	log *logWatch
+}
+
+// logWatch keeps what is written to it and lets a test wait for a line.
+type logWatch struct {
+	mu   sync.Mutex
+	text strings.Builder
+	// grew is closed, and replaced, at each write.
+	grew chan struct{}
+}
+
+func newLogWatch() *logWatch { return &logWatch{grew: make(chan struct{})} }
+
+func (w *logWatch) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.text.Write(p)
+	close(w.grew)
+	w.grew = make(chan struct{})
+	return len(p), nil
+}
+
+// waitLog waits until r's log holds s, failing the test if r exits first
+// or after 20 s.
+func (r *replica) waitLog(t *testing.T, s string) {
+	t.Helper()
+	timeout := time.After(20 * time.Second)
+	for {
+		r.log.mu.Lock()
+		found, grew := strings.Contains(r.log.text.String(), s), r.log.grew
+		r.log.mu.Unlock()
+		if found {
+			return
+		}
+		select {
+		case <-grew:
+		case <-r.exited:
+			t.Fatalf("the server exited (%v) before logging %q", r.err, s)
+		case <-timeout:
+			t.Fatalf("the server did not log %q within 20 s", s)
+		}
+	}
 }
 
 // startReplica starts a server process on database (SQLite path or
@@ -53,14 +96,15 @@ func spawnReplica(t *testing.T, dataDir, database string, env ...string) *replic
 	cmd.Env = append(os.Environ(), "VIBEJOBS_E2E_CHILD=serve", "VIBEJOBS_LISTEN="+addr,
 		"VIBEJOBS_DATA_DIR="+dataDir, "VIBEJOBS_DATABASE="+database, "VIBEJOBS_ALLOW_PRIVATE=127.0.0.0/8")
 	cmd.Env = append(cmd.Env, env...)
-	cmd.Stdout, cmd.Stderr = io.Discard, io.Discard
+	logs := newLogWatch()
+	cmd.Stdout, cmd.Stderr = io.Discard, logs
 	if testing.Verbose() {
-		cmd.Stderr = os.Stderr
+		cmd.Stderr = io.MultiWriter(os.Stderr, logs)
 	}
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	r := &replica{cmd: cmd, api: apiClient{t: t, base: "http://" + addr}, exited: make(chan struct{})}
+	r := &replica{cmd: cmd, api: apiClient{t: t, base: "http://" + addr}, exited: make(chan struct{}), log: logs}
 	go func() { r.err = cmd.Wait(); close(r.exited) }()
 	t.Cleanup(func() {
 		_ = cmd.Process.Signal(syscall.SIGTERM)

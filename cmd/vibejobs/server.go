@@ -19,6 +19,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/vibejobs/vibejobs"
@@ -67,13 +68,14 @@ type Config struct {
 	// keeps each loop's default (10 s, 30 s for maintenance). Not a flag:
 	// tests shorten it.
 	StoreTimeout time.Duration
-	// DrainTimeout is how long Close waits for the API requests in
-	// progress; zero is DefaultDrainTimeout. Not a flag: tests shorten it.
+	// DrainTimeout is how long Close, once the deliveries have stopped,
+	// waits for the API requests in progress; zero is DefaultDrainTimeout.
+	// Not a flag: tests shorten it.
 	DrainTimeout time.Duration
 }
 
 // DefaultDrainTimeout is how long a stop waits for the API requests in
-// progress.
+// progress once the deliveries have stopped (see Main.Close).
 const DefaultDrainTimeout = 10 * time.Second
 
 // badDuration marks a duration setting whose environment value did not
@@ -99,12 +101,17 @@ type Main struct {
 	// benchmark that prices the egress policy sets it.
 	RunSender dispatcher.Sender
 
-	logger  *slog.Logger
-	store   vibejobs.Store
-	sealer  *keyFile
-	ln      net.Listener
-	srv     *http.Server
-	cancel  context.CancelFunc
+	logger *slog.Logger
+	store  vibejobs.Store
+	sealer *keyFile
+	ln     net.Listener
+	srv    *http.Server
+	// served is closed when the HTTP server's Serve returned.
+	served chan struct{}
+	// stopping is set when Close begins: /readyz answers 503 stopping.
+	stopping atomic.Bool
+	cancel   context.CancelFunc
+	// wg counts the background loops (the HTTP server apart).
 	wg      sync.WaitGroup
 	closeMu sync.Mutex
 	closed  bool
@@ -560,6 +567,7 @@ func (m *Main) Run(ctx context.Context) error {
 		JobChanged:          disp.JobChanged,
 		RunCreated:          met.ManualRunCreated,
 		Ready:               func(context.Context) error { return loopsMoving(now(), sched, disp) },
+		Stopping:            m.stopping.Load,
 		Metrics:             met.Handler(),
 		InstallationMetrics: met.InstallationHandler(),
 		Extra:               dashboard,
@@ -605,11 +613,13 @@ func (m *Main) Run(ctx context.Context) error {
 	m.goRun(func() { disp.Run(workCtx) })
 	m.goRun(func() { subs.Run(workCtx) })
 	m.goRun(func() { maint.Run(workCtx) })
-	m.goRun(func() {
+	m.served = make(chan struct{})
+	go func() {
+		defer close(m.served)
 		if err := m.srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			m.logger.Error("http.serve_failed", "error", err)
 		}
-	})
+	}()
 	m.logger.Info("server.started", "listen", ln.Addr().String(), "owner", owner, "version", Version)
 	return nil
 }
@@ -625,8 +635,29 @@ func (m *Main) Addr() string { return m.ln.Addr().String() }
 // Store is the open store (after Run); tests inspect it.
 func (m *Main) Store() vibejobs.Store { return m.store }
 
-// Close stops accepting requests and claiming runs, lets attempts in flight
-// finish within their budget, records their outcomes and closes the database.
+// Close stops the server, in the order a load balancer or an orchestrator
+// expects of a replica on its way out:
+//
+//  1. At once, /readyz answers 503 stopping, while the listener stays open
+//     and every other route answers as before; responses close their
+//     connections (idle ones are closed), so that clients come back
+//     through the load balancer, which sends them elsewhere.
+//  2. The background loops stop: no run is claimed, no occurrence planned.
+//     Claims waiting for their host go back to the queue unsent, claims
+//     held ahead go out at their time, and every attempt in flight runs to
+//     its answer or its job's timeout and its outcome is recorded (an
+//     outcome the database does not take is given up
+//     dispatcher.DefaultStopRecordTimeout after the last attempt ended,
+//     for lease recovery to send again). Webhook deliveries in flight
+//     finish too.
+//  3. Then the listener closes and the API requests in progress get up to
+//     DrainTimeout; connections still busy after it are cut.
+//  4. The database is closed.
+//
+// With nothing in flight and no request held open, each step is immediate.
+// The deliveries come before the drain: they are what a stop must not
+// lose, and a SIGKILL past the grace period then cuts only requests from
+// clients that ignored /readyz.
 func (m *Main) Close() error {
 	m.closeMu.Lock()
 	defer m.closeMu.Unlock()
@@ -638,11 +669,19 @@ func (m *Main) Close() error {
 	if m.srv == nil && m.ln != nil {
 		errs = append(errs, m.ln.Close()) // Run failed before serving
 	}
+	drain := cmp.Or(m.Config.DrainTimeout, DefaultDrainTimeout)
 	if m.srv != nil {
+		m.stopping.Store(true)
+		m.srv.SetKeepAlivesEnabled(false)
 		// Said at once: the stop can take a job's timeout and more, and an
 		// operator watching the log should see that it began.
-		drain := cmp.Or(m.Config.DrainTimeout, DefaultDrainTimeout)
 		m.logger.Info("server.stopping", "drain", drain.String())
+	}
+	if m.cancel != nil {
+		m.cancel()
+	}
+	m.wg.Wait()
+	if m.srv != nil {
 		sctx, cancel := context.WithTimeout(context.Background(), drain)
 		if err := m.srv.Shutdown(sctx); errors.Is(err, context.DeadlineExceeded) {
 			// A client holds a request open (a body that never comes):
@@ -654,11 +693,10 @@ func (m *Main) Close() error {
 			errs = append(errs, err)
 		}
 		cancel()
+		if m.served != nil {
+			<-m.served
+		}
 	}
-	if m.cancel != nil {
-		m.cancel()
-	}
-	m.wg.Wait()
 	if m.store != nil {
 		errs = append(errs, m.store.Close())
 	}

@@ -73,28 +73,22 @@ func (h *holdingReceiver) waitHeld(t *testing.T) {
 	}
 }
 
-// waitNotReady waits until r no longer answers /readyz with 200, or fails
-// the test if its process ended first.
-func (r *replica) waitNotReady(t *testing.T) {
+// waitStopping waits until r logged that its stop began, then checks that
+// /readyz answers 503 stopping and closes its connection: the listener
+// stays open while the deliveries end, so a load balancer's probe learns
+// why rather than finding the port closed.
+func (r *replica) waitStopping(t *testing.T) {
 	t.Helper()
-	client := &http.Client{Timeout: time.Second}
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
-		select {
-		case <-r.exited:
-			t.Fatalf("the server exited (%v) with an attempt in flight", r.err)
-		default:
-		}
-		resp, err := client.Get(r.api.base + "/readyz")
-		if err != nil {
-			return
-		}
-		resp.Body.Close()
-		if resp.StatusCode != 200 {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("/readyz still answers 200 10 s after SIGTERM")
-		}
+	r.waitLog(t, "msg=server.stopping")
+	resp, err := (&http.Client{Timeout: 10 * time.Second}).Get(r.api.base + "/readyz")
+	if err != nil {
+		t.Fatalf("/readyz once the stop began: %v; want 503 stopping", err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 503 || !strings.Contains(string(body), `"code":"stopping"`) || !resp.Close {
+		t.Fatalf("/readyz once the stop began: %d %s (connection closed: %v); want 503 stopping, closing its connection",
+			resp.StatusCode, body, resp.Close)
 	}
 }
 
@@ -110,8 +104,8 @@ func manualRun(t *testing.T, api apiClient, jobID string) string {
 
 // TestSIGTERMFinishesAttemptsAndGivesBackTheRest: a server told to stop
 // (SIGTERM) with an attempt in flight and another run of the same host
-// claimed and waiting for its slot (--per-host 1) stops answering /readyz
-// at once, waits for the attempt's answer and records it, exits 0 and
+// claimed and waiting for its slot (--per-host 1) answers /readyz 503
+// stopping at once, waits for the attempt's answer and records it, exits 0 and
 // leaves its database closed (SQLite: no write-ahead log left). The next
 // start opens it; every run is delivered once, as its first attempt.
 // (Which way the waiting run goes depends on when the answer comes: see
@@ -155,7 +149,7 @@ func TestSIGTERMFinishesAttemptsAndGivesBackTheRest(t *testing.T) {
 			if err := r.cmd.Process.Signal(syscall.SIGTERM); err != nil {
 				t.Fatal(err)
 			}
-			r.waitNotReady(t)
+			r.waitStopping(t)
 			rc.release()
 			select {
 			case <-r.exited:
@@ -184,8 +178,8 @@ func TestSIGTERMFinishesAttemptsAndGivesBackTheRest(t *testing.T) {
 				t.Fatalf("the run in flight at SIGTERM: %+v, %v; want succeeded with its one attempt", got1, err)
 			}
 			// The waiting run was given back unsent, or, when the first
-			// answer came before the dispatcher stopped (the HTTP server
-			// closes first), it had the slot and went out: either way
+			// answer came before the dispatcher stopped (the signal and
+			// the answer race), it had the slot and went out: either way
 			// once, and nothing is left in flight.
 			got2, err := st.GetRun(context.Background(), projectID, second)
 			switch {
@@ -212,6 +206,67 @@ func TestSIGTERMFinishesAttemptsAndGivesBackTheRest(t *testing.T) {
 				t.Fatalf("deliveries: %d of the run in flight, %d of the one waiting; want 1 each", n, m)
 			}
 		})
+	}
+}
+
+// TestStopServesUntilTheDeliveriesEnd: from SIGTERM until its attempt in
+// flight has its answer, recorded, a server answers /readyz with 503
+// stopping and keeps answering /healthz and the API; then it closes its
+// listener and exits 0. It closed its listener first: /readyz refused the
+// connection instead of saying why, and requests sent before a load
+// balancer noticed failed, for up to a job's timeout while the deliveries
+// went on.
+func TestStopServesUntilTheDeliveriesEnd(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts server processes")
+	}
+	dataDir := t.TempDir()
+	rc := newHoldingReceiver(t)
+	r := startReplica(t, dataDir, "")
+	code, job := r.api.do("POST", "/v1/jobs", map[string]any{
+		"name": "serving", "schedule": "0 0 1 1 *", "url": rc.URL, "timeout": "30s",
+	})
+	if code != 201 {
+		t.Fatalf("create: %d %v", code, job)
+	}
+	run := manualRun(t, r.api, job["id"].(string))
+	rc.waitHeld(t)
+	t.Cleanup(func() { _ = r.cmd.Process.Kill() }) // on failure: before the receiver's release
+	if err := r.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	r.waitStopping(t)
+	client := &http.Client{Timeout: 10 * time.Second}
+	resp, err := client.Get(r.api.base + "/healthz")
+	if err != nil {
+		t.Fatalf("/healthz while the stop waits for an attempt: %v", err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 200 {
+		t.Fatalf("/healthz while the stop waits for an attempt: %d, want 200", resp.StatusCode)
+	}
+	// The API answers, with the run still delivering: its attempt waits
+	// for the receiver.
+	if code, got := r.api.do("GET", "/v1/runs/"+run, nil); code != 200 || got["state"] != "delivering" {
+		t.Fatalf("GET the run while the stop waits for its attempt: %d %v; want 200, delivering", code, got)
+	}
+	rc.release()
+	select {
+	case <-r.exited:
+		if r.err != nil {
+			t.Fatalf("the server exited with %v after SIGTERM; want 0", r.err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("the server did not exit within 20 s of its last attempt's answer")
+	}
+	s, err := sqlite.Open(context.Background(), filepath.Join(dataDir, "vibejobs.db"), sqlite.Options{Logger: discardLogger()})
+	if err != nil {
+		t.Fatalf("reopening the database: %v", err)
+	}
+	defer s.Close()
+	got, err := s.GetRun(context.Background(), projectOf(t, s), run)
+	if err != nil || got.State != vibejobs.RunSucceeded || len(got.Attempts) != 1 {
+		t.Fatalf("the run in flight at SIGTERM: %+v, %v; want succeeded, its attempt recorded", got, err)
 	}
 }
 
@@ -242,7 +297,7 @@ func TestSecondSignalStopsAtOnce(t *testing.T) {
 			if err := r.cmd.Process.Signal(sig); err != nil {
 				t.Fatal(err)
 			}
-			r.waitNotReady(t)
+			r.waitStopping(t)
 			if err := r.cmd.Process.Signal(sig); err != nil {
 				t.Fatal(err)
 			}
