@@ -23,8 +23,10 @@ import (
 	"github.com/vibejobs/vibejobs/internal/display"
 )
 
-// UsageError is a command line that does not parse: the command printed its
-// usage; the process should exit with status 2.
+// UsageError is a command line, or a variable (VIBEJOBS_SERVER,
+// VIBEJOBS_TOKEN), that the command cannot use as it is: the command
+// printed its usage; the process should exit with status 2. A failure of
+// the work, a token file's content included, is no UsageError (status 1).
 type UsageError struct{ Msg string }
 
 func (e *UsageError) Error() string { return e.Msg }
@@ -285,7 +287,8 @@ func hasControl(s string) bool {
 
 // resolveToken takes --token, else VIBEJOBS_TOKEN, else the token file. A
 // token holding a control character cannot be sent: it is refused before
-// any request, naming where it came from (for --token, a *UsageError).
+// any request, naming where it came from (for --token and VIBEJOBS_TOKEN,
+// settings wrong in themselves, a *UsageError; for the token file, not).
 func (e *env) resolveToken(g globalFlags) (string, error) {
 	if g.token != "" {
 		if hasControl(g.token) {
@@ -295,7 +298,7 @@ func (e *env) resolveToken(g globalFlags) (string, error) {
 	}
 	if t := strings.TrimSpace(e.getenv("VIBEJOBS_TOKEN")); t != "" {
 		if hasControl(t) {
-			return "", errors.New("VIBEJOBS_TOKEN holds a control character: it must hold the token alone")
+			return "", usagef("VIBEJOBS_TOKEN holds a control character: it must hold the token alone")
 		}
 		return t, nil
 	}

@@ -383,11 +383,12 @@ func TestUnsendableHeaderValuesAreRefused(t *testing.T) {
 		args  []string
 		env   map[string]string
 		names string // where the value came from
-		usage bool   // a usage error: the value is on the command line
+		usage bool   // a usage error (exit 2): the value is a flag's or a variable's
 	}{
 		{[]string{"jobs", "list", "--token", a.token + "\n"}, nil, "--token", true},
 		{[]string{"jobs", "list", "--token", "\x7f" + a.token}, nil, "--token", true},
-		{[]string{"jobs", "list"}, map[string]string{"VIBEJOBS_TOKEN": a.token[:8] + "\r\n" + a.token[8:]}, "VIBEJOBS_TOKEN", false},
+		// As a bad VIBEJOBS_SERVER is: it exited with 1, a failure.
+		{[]string{"jobs", "list"}, map[string]string{"VIBEJOBS_TOKEN": a.token[:8] + "\r\n" + a.token[8:]}, "VIBEJOBS_TOKEN", true},
 		{[]string{"jobs", "list", "--token-file", tokenFile}, nil, tokenFile, false},
 		{[]string{"jobs", "trigger", "job_x", "--idempotency-key", "a\nb"}, map[string]string{"VIBEJOBS_TOKEN": a.token}, "--idempotency-key", true},
 		{[]string{"jobs", "trigger", "job_x", "--idempotency-key", "a b"}, map[string]string{"VIBEJOBS_TOKEN": a.token}, "--idempotency-key", true},
