@@ -38,7 +38,10 @@ func storeFlags(name string, args []string, getenv func(string) string, stderr i
 	if fs.NArg() > 0 {
 		return nil, fmt.Errorf("%w: unexpected argument %q", errUsage, fs.Arg(0))
 	}
-	return &c, c.validateStore()
+	if err := c.validateStore(); err != nil {
+		return nil, badInput(err)
+	}
+	return &c, nil
 }
 
 // isServeFlag reports whether name is a flag of vibejobs serve.

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"io"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -297,5 +298,82 @@ func TestBadCAFileStopsTheStartFirst(t *testing.T) {
 		if m.AdminToken != "" || stdout.Len() > 0 {
 			t.Errorf("CA file %s: an admin token was minted and printed", filepath.Base(ca))
 		}
+	}
+}
+
+// TestExitCodes: through the command's entry point, a command line or an
+// environment wrong in itself (a flag or a variable that does not parse, a
+// value out of range or malformed) exits with 2, as the flag package's own
+// refusals do, before anything is opened; a failure of the work a
+// well-formed setting asks for (a port taken, a file missing) exits with
+// 1. Values the flag package parsed but the command then refused, and
+// every refused variable, exited with 1.
+func TestExitCodes(t *testing.T) {
+	taken, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer taken.Close()
+	dir := t.TempDir()
+	missing := filepath.Join(dir, "missing")
+	for _, tc := range []struct {
+		name string
+		args []string
+		env  map[string]string
+		// osenv is set in the process's environment, which the API
+		// commands read.
+		osenv map[string]string
+		code  int
+		want  string // in stderr
+	}{
+		// A flag that does not parse, or an argument: the flag package's kind.
+		{"flag not an integer", []string{"serve", "--concurrency", "abc"}, nil, nil, 2, "must be an integer"},
+		{"unknown flag", []string{"serve", "--colour", "red"}, nil, nil, 2, "colour"},
+		{"argument", []string{"serve", "now"}, nil, nil, 2, `"now"`},
+		// A flag's value out of range or malformed.
+		{"flag out of range", []string{"serve", "--concurrency", "0"}, nil, nil, 2, "--concurrency (VIBEJOBS_CONCURRENCY)"},
+		{"log format", []string{"serve", "--log-format", "xml"}, nil, nil, 2, "--log-format"},
+		{"listen without a port", []string{"serve", "--listen", "8080"}, nil, nil, 2, "--listen (VIBEJOBS_LISTEN)"},
+		{"listen port out of range", []string{"serve", "--listen", "127.0.0.1:70000"}, nil, nil, 2, "--listen (VIBEJOBS_LISTEN)"},
+		{"database URL that does not parse", []string{"serve", "--database", "postgres://app@127.0.0.1:port/jobs"}, nil, nil, 2, "--database (VIBEJOBS_DATABASE)"},
+		{"database of another kind", []string{"serve", "--database", "mysql://db.example/jobs"}, nil, nil, 2, "--database"},
+		// The same from the environment.
+		{"variable not an integer", []string{"serve"}, map[string]string{"VIBEJOBS_CONCURRENCY": "abc"}, nil, 2, "VIBEJOBS_CONCURRENCY"},
+		{"variable out of range", []string{"serve"}, map[string]string{"VIBEJOBS_RETENTION_DAYS": "1"}, nil, 2, "VIBEJOBS_RETENTION_DAYS"},
+		{"variable duration", []string{"serve"}, map[string]string{"VIBEJOBS_CLAIM_AHEAD": "5s"}, nil, 2, "VIBEJOBS_CLAIM_AHEAD"},
+		{"variable allow list", []string{"serve"}, map[string]string{"VIBEJOBS_ALLOW_PRIVATE": "intranet"}, nil, 2, "VIBEJOBS_ALLOW_PRIVATE"},
+		{"variable listen", []string{"serve"}, map[string]string{"VIBEJOBS_LISTEN": "localhost"}, nil, 2, "VIBEJOBS_LISTEN"},
+		{"migrate flag", []string{"migrate", "--log-level", "loud"}, nil, nil, 2, "--log-level"},
+		{"migrate variable", []string{"migrate"}, map[string]string{"VIBEJOBS_LOG_FORMAT": "xml"}, nil, 2, "VIBEJOBS_LOG_FORMAT"},
+		{"migrate serve flag", []string{"migrate", "--concurrency", "4"}, nil, nil, 2, "setting of vibejobs serve"},
+		{"rotate empty data dir", []string{"master-key", "rotate", "--data-dir", ""}, nil, nil, 2, "--data-dir"},
+		{"rotate variable", []string{"master-key", "rotate"}, map[string]string{"VIBEJOBS_DATABASE": "host=db user=app"}, nil, 2, "VIBEJOBS_DATABASE"},
+		// Well-formed settings whose use fails.
+		{"port taken", []string{"serve", "--listen", taken.Addr().String()}, nil, nil, 1, "listening"},
+		{"CA file missing", []string{"serve", "--ca-file", missing}, nil, nil, 1, "--ca-file"},
+		{"database directory missing", []string{"migrate", "--database", filepath.Join(missing, "vibejobs.db")}, nil, nil, 1, "migrating"},
+		{"master key file missing", []string{"master-key", "rotate"}, nil, nil, 1, "master key file"},
+		// The API commands, which read the process's environment; none
+		// gets as far as a request.
+		{"CLI flag", []string{"jobs", "list", "--limit", "many"}, nil, nil, 2, "--limit"},
+		{"CLI server variable", []string{"jobs", "list"}, nil, map[string]string{"VIBEJOBS_SERVER": "ftp://127.0.0.1", "VIBEJOBS_TOKEN": "vjt_x"}, 2, "VIBEJOBS_SERVER"},
+		{"CLI token variable", []string{"jobs", "list"}, nil, map[string]string{"VIBEJOBS_TOKEN": "vjt_x\nvjt_y"}, 2, "VIBEJOBS_TOKEN"},
+		{"CLI token file missing", []string{"jobs", "list"}, nil, map[string]string{"VIBEJOBS_TOKEN": "", "VIBEJOBS_DATA_DIR": missing}, 1, "no API token"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			// Were a refusal missed, serve would start on a port of its own.
+			env := map[string]string{"VIBEJOBS_DATA_DIR": filepath.Join(t.TempDir(), "data"), "VIBEJOBS_LISTEN": "127.0.0.1:0"}
+			for k, v := range tc.env {
+				env[k] = v
+			}
+			for k, v := range tc.osenv {
+				t.Setenv(k, v)
+			}
+			var stderr bytes.Buffer
+			code := run(context.Background(), tc.args, func(k string) string { return env[k] }, io.Discard, &stderr)
+			if code != tc.code || !strings.Contains(stderr.String(), tc.want) {
+				t.Errorf("vibejobs %s: exit %d, stderr %q; want %d and %q", strings.Join(tc.args, " "), code, stderr.String(), tc.code, tc.want)
+			}
+		})
 	}
 }

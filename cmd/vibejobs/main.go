@@ -81,7 +81,28 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	return 1
 }
 
+// errUsage marks the errors of a command line or an environment that is
+// wrong in itself: a flag or an argument that does not parse, or a setting,
+// from a flag or a variable, whose value is malformed or out of range. run
+// exits with 2 for them, as the flag package does, and with 1 for every
+// failure of the work itself, such as a file, a port or the database that
+// a well-formed setting names and that fails when used.
 var errUsage = errors.New("usage")
+
+// inputError is a setting refused for its value (see errUsage), with the
+// text of its cause alone.
+type inputError struct{ err error }
+
+func (e inputError) Error() string   { return e.err.Error() }
+func (e inputError) Unwrap() []error { return []error{e.err, errUsage} }
+
+// badInput marks err, a refused setting, as bad input; nil stays nil.
+func badInput(err error) error {
+	if err == nil {
+		return nil
+	}
+	return inputError{err}
+}
 
 func serve(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
 	m := NewMain(stdout, stderr)

@@ -28,6 +28,7 @@ import (
 	"github.com/vibejobs/vibejobs/internal/egress"
 	"github.com/vibejobs/vibejobs/internal/maintenance"
 	"github.com/vibejobs/vibejobs/internal/metrics"
+	"github.com/vibejobs/vibejobs/internal/pgurl"
 	"github.com/vibejobs/vibejobs/internal/postgres"
 	"github.com/vibejobs/vibejobs/internal/privatefile"
 	"github.com/vibejobs/vibejobs/internal/ratelimit"
@@ -256,6 +257,10 @@ func (c *Config) validate() error {
 		// Left out, it is 127.0.0.1:8080; given empty, it is a mistake (an
 		// unset shell variable), not a request for the default.
 		return errors.New("--listen (VIBEJOBS_LISTEN) must not be empty: give a host:port such as 127.0.0.1:8080")
+	case !isListenAddr(c.Listen):
+		// Caught here rather than by Listen, with the other settings:
+		// a value that can never work is refused as such (exit 2).
+		return fmt.Errorf("--listen (VIBEJOBS_LISTEN) must be a host:port such as 127.0.0.1:8080, not %q", c.Listen)
 	case c.RotationGrace != 0 && (c.RotationGrace < time.Minute || c.RotationGrace > 720*time.Hour):
 		return errors.New("--subscription-rotation-grace (VIBEJOBS_SUBSCRIPTION_ROTATION_GRACE) must be a duration from 1m to 720h")
 	}
@@ -266,6 +271,18 @@ func (c *Config) validate() error {
 		return fmt.Errorf("--trusted-proxies (VIBEJOBS_TRUSTED_PROXIES): %w", err)
 	}
 	return nil
+}
+
+// isListenAddr reports whether addr has the form net.Listen takes for TCP:
+// host:port, the host possibly empty, the port a number up to 65535 or a
+// service name of the system's table (no network involved).
+func isListenAddr(addr string) bool {
+	_, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return false
+	}
+	_, err = net.LookupPort("tcp", port)
+	return err == nil
 }
 
 // validateStore checks the settings of storeFlagSet, which every command
@@ -297,6 +314,14 @@ func (c *Config) validateStore() error {
 		// Not quoted: it may hold a password. Taken as a SQLite path, it
 		// was a file named after it, or an error that printed it whole.
 		return errors.New("--database (VIBEJOBS_DATABASE) is a key=value connection string: give a postgres://… URL, or a SQLite file path")
+	}
+	if pgURL, ok := postgresURL(c.Database); ok {
+		// A URL that does not parse can never connect: refused here, with
+		// the settings, rather than by Open (pgurl's errors quote none of
+		// it). Parsing reads no more than local files (a passfile).
+		if _, err := pgurl.ParseConfig(pgURL); err != nil {
+			return fmt.Errorf("--database (VIBEJOBS_DATABASE): %w", err)
+		}
 	}
 	if _, ok := logLevel(c.LogLevel); !ok {
 		return fmt.Errorf("--log-level (VIBEJOBS_LOG_LEVEL) must be debug, info, warn or error, not %q", c.LogLevel)
@@ -332,7 +357,7 @@ func (m *Main) ParseFlags(args []string, getenv func(string) string) error {
 	if fs.NArg() > 0 {
 		return fmt.Errorf("%w: unexpected argument %q", errUsage, fs.Arg(0))
 	}
-	return m.Config.validate()
+	return badInput(m.Config.validate())
 }
 
 func (c *Config) masterKeyPath() string {
