@@ -28,8 +28,8 @@ func TestHealthAndReady(t *testing.T) {
 	}
 	notReady = errors.New("scheduler not started: secret detail")
 	res := e.do("GET", "/readyz", "", nil)
-	if code, _ := res.errorCode(t); res.status != 503 || code != "not_ready" {
-		t.Errorf("readyz when not ready = %s", res)
+	if code, _ := res.errorCode(t); res.status != 503 || code != "not_ready" || res.header.Get("Retry-After") != "2" {
+		t.Errorf("readyz when not ready = %s (Retry-After %q), want 503 not_ready, Retry-After 2", res, res.header.Get("Retry-After"))
 	}
 	if strings.Contains(string(res.body), "secret detail") {
 		t.Errorf("readyz shows the internal error: %s", res.body)
@@ -59,8 +59,8 @@ func TestReadyzWhileStopping(t *testing.T) {
 	}
 	stopping = true
 	res := e.do("GET", "/readyz", "", nil)
-	if code, _ := res.errorCode(t); res.status != 503 || code != "stopping" {
-		t.Fatalf("readyz while stopping = %s, want 503 stopping", res)
+	if code, _ := res.errorCode(t); res.status != 503 || code != "stopping" || res.header.Get("Retry-After") != "" {
+		t.Fatalf("readyz while stopping = %s (Retry-After %q), want 503 stopping, no Retry-After", res, res.header.Get("Retry-After"))
 	}
 	e.must(200, "GET", "/healthz", "", nil)
 	e.must(200, "GET", "/v1/jobs", e.admin, nil)

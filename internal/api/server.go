@@ -659,7 +659,10 @@ func (s *Server) readyz(ctx context.Context, c *call) (*response, error) {
 	}
 	if err != nil {
 		c.info.err = err
-		return errorResponse(&vibejobs.Error{Kind: vibejobs.EUNAVAILABLE, Code: "not_ready", Message: "the platform is not ready"}), nil
+		// A passing state, as database_unavailable is: the same
+		// Retry-After. A server stopping gives none; it is not coming back.
+		return errorResponse(&vibejobs.Error{Kind: vibejobs.EUNAVAILABLE, Code: "not_ready", Message: "the platform is not ready"}).
+			with("Retry-After", "2"), nil
 	}
 	return jsonResponse(http.StatusOK, map[string]string{"status": "ready"}), nil
 }
