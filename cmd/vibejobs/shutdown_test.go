@@ -102,6 +102,35 @@ func manualRun(t *testing.T, api apiClient, jobID string) string {
 	return run["id"].(string)
 }
 
+// heldJob creates on r a job to rc with a 30 s timeout whose schedule is
+// not due for months (its runs are manual), and returns its id.
+func heldJob(t *testing.T, r *replica, rc *holdingReceiver, name string) string {
+	t.Helper()
+	code, job := r.api.do("POST", "/v1/jobs", map[string]any{
+		"name": name, "schedule": "0 0 1 1 *", "url": rc.URL, "timeout": "30s",
+	})
+	if code != 201 {
+		t.Fatalf("create: %d %v", code, job)
+	}
+	return job["id"].(string)
+}
+
+// stopWithAttemptHeld starts a run of a new job of r and, while rc holds
+// its attempt, sends r sig and waits until r logged that its stop began.
+// It returns the run's id. r is killed at the test's end, before rc lets
+// the attempt go, so that a failing test leaves no server behind.
+func stopWithAttemptHeld(t *testing.T, r *replica, rc *holdingReceiver, sig syscall.Signal) string {
+	t.Helper()
+	run := manualRun(t, r.api, heldJob(t, r, rc, "held"))
+	rc.waitHeld(t)
+	t.Cleanup(func() { _ = r.cmd.Process.Kill() })
+	if err := r.cmd.Process.Signal(sig); err != nil {
+		t.Fatal(err)
+	}
+	r.waitStopping(t)
+	return run
+}
+
 // TestSIGTERMFinishesAttemptsAndGivesBackTheRest: a server told to stop
 // (SIGTERM) with an attempt in flight and another run of the same host
 // claimed and waiting for its slot (--per-host 1) answers /readyz 503
@@ -125,13 +154,7 @@ func TestSIGTERMFinishesAttemptsAndGivesBackTheRest(t *testing.T) {
 			}
 			rc := newHoldingReceiver(t)
 			r := startReplica(t, dataDir, database, "VIBEJOBS_PER_HOST=1")
-			code, job := r.api.do("POST", "/v1/jobs", map[string]any{
-				"name": "stop", "schedule": "0 0 1 1 *", "url": rc.URL, "timeout": "30s",
-			})
-			if code != 201 {
-				t.Fatalf("create: %d %v", code, job)
-			}
-			jobID := job["id"].(string)
+			jobID := heldJob(t, r, rc, "stop")
 			// The receiver holds the first run's attempt; the second run,
 			// for the same host, waits for its slot.
 			first := manualRun(t, r.api, jobID)
@@ -223,19 +246,7 @@ func TestStopServesUntilTheDeliveriesEnd(t *testing.T) {
 	dataDir := t.TempDir()
 	rc := newHoldingReceiver(t)
 	r := startReplica(t, dataDir, "")
-	code, job := r.api.do("POST", "/v1/jobs", map[string]any{
-		"name": "serving", "schedule": "0 0 1 1 *", "url": rc.URL, "timeout": "30s",
-	})
-	if code != 201 {
-		t.Fatalf("create: %d %v", code, job)
-	}
-	run := manualRun(t, r.api, job["id"].(string))
-	rc.waitHeld(t)
-	t.Cleanup(func() { _ = r.cmd.Process.Kill() }) // on failure: before the receiver's release
-	if err := r.cmd.Process.Signal(syscall.SIGTERM); err != nil {
-		t.Fatal(err)
-	}
-	r.waitStopping(t)
+	run := stopWithAttemptHeld(t, r, rc, syscall.SIGTERM)
 	client := &http.Client{Timeout: 10 * time.Second}
 	resp, err := client.Get(r.api.base + "/healthz")
 	if err != nil {
@@ -285,19 +296,7 @@ func TestSecondSignalStopsAtOnce(t *testing.T) {
 			dataDir := t.TempDir()
 			rc := newHoldingReceiver(t)
 			r := startReplica(t, dataDir, "")
-			code, job := r.api.do("POST", "/v1/jobs", map[string]any{
-				"name": "stuck", "schedule": "0 0 1 1 *", "url": rc.URL, "timeout": "30s",
-			})
-			if code != 201 {
-				t.Fatalf("create: %d %v", code, job)
-			}
-			run := manualRun(t, r.api, job["id"].(string))
-			rc.waitHeld(t)
-			t.Cleanup(func() { _ = r.cmd.Process.Kill() }) // on failure: before the receiver's release
-			if err := r.cmd.Process.Signal(sig); err != nil {
-				t.Fatal(err)
-			}
-			r.waitStopping(t)
+			run := stopWithAttemptHeld(t, r, rc, sig)
 			if err := r.cmd.Process.Signal(sig); err != nil {
 				t.Fatal(err)
 			}
