@@ -316,21 +316,15 @@ func nonNilStrings(s []string) []string {
 	return s
 }
 
-// CreateSubscription locks the project row first, then counts in a new
-// statement (whose snapshot sees every subscription committed before the
-// lock was granted), so concurrent creations cannot pass the limit together.
+// CreateSubscription counts the project's subscriptions under lockProject
+// and refuses one past limit.
 func (t *tx) CreateSubscription(ctx context.Context, s *vibejobs.Subscription, limit int) error {
-	var one int
-	err := t.q.QueryRow(ctx, `SELECT 1 FROM projects WHERE id = $1 FOR NO KEY UPDATE`, s.ProjectID).Scan(&one)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return vibejobs.ErrNotFound("project")
-	}
-	if err != nil {
-		return mapError(err, "creating a subscription")
+	if err := t.lockProject(ctx, s.ProjectID, "creating a subscription"); err != nil {
+		return err
 	}
 	var n int
 	var head int64
-	err = t.q.QueryRow(ctx, `SELECT (SELECT count(*) FROM subscriptions WHERE project_id = $1),
+	err := t.q.QueryRow(ctx, `SELECT (SELECT count(*) FROM subscriptions WHERE project_id = $1),
 		coalesce((SELECT head FROM event_heads WHERE project_id = $1), 0)`, s.ProjectID).Scan(&n, &head)
 	if err != nil {
 		return mapError(err, "creating a subscription")

@@ -121,22 +121,30 @@ func (t *tx) UpdateProject(ctx context.Context, p *vibejobs.Project) error {
 	return nil
 }
 
-// CreateToken locks the project row first, then counts in a new statement
-// (whose snapshot sees every token committed before the lock was granted),
-// so concurrent creations cannot pass the limit together, as
-// CreateSubscription. An existing id or hash gives ECONFLICT, a missing
-// project ENOTFOUND.
-func (t *tx) CreateToken(ctx context.Context, tok *vibejobs.Token, limit int) error {
+// lockProject locks the project's row until the transaction ends, or gives
+// ENOTFOUND; doing names the operation in an error. A capped creation
+// (tokens, subscriptions) takes it first and counts in a later statement,
+// whose snapshot sees every row committed before the lock was granted, so
+// concurrent creations cannot pass the limit together. FOR NO KEY UPDATE
+// leaves the foreign-key checks of other inserts free to go on.
+func (t *tx) lockProject(ctx context.Context, projectID, doing string) error {
 	var one int
-	err := t.q.QueryRow(ctx, `SELECT 1 FROM projects WHERE id = $1 FOR NO KEY UPDATE`, tok.ProjectID).Scan(&one)
+	err := t.q.QueryRow(ctx, `SELECT 1 FROM projects WHERE id = $1 FOR NO KEY UPDATE`, projectID).Scan(&one)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return vibejobs.ErrNotFound("project")
 	}
-	if err != nil {
-		return mapError(err, "creating a token")
+	return mapError(err, doing)
+}
+
+// CreateToken counts the project's live tokens under lockProject and
+// refuses one past limit. An existing id or hash gives ECONFLICT, a missing
+// project ENOTFOUND.
+func (t *tx) CreateToken(ctx context.Context, tok *vibejobs.Token, limit int) error {
+	if err := t.lockProject(ctx, tok.ProjectID, "creating a token"); err != nil {
+		return err
 	}
 	var live int
-	err = t.q.QueryRow(ctx, `SELECT count(*) FROM tokens WHERE project_id = $1 AND revoked_at IS NULL`,
+	err := t.q.QueryRow(ctx, `SELECT count(*) FROM tokens WHERE project_id = $1 AND revoked_at IS NULL`,
 		tok.ProjectID).Scan(&live)
 	if err != nil {
 		return mapError(err, "creating a token")
