@@ -131,6 +131,33 @@ func stopWithAttemptHeld(t *testing.T, r *replica, rc *holdingReceiver, sig sysc
 	return run
 }
 
+// releaseAndWaitExit lets rc answer the attempt it holds and waits for r,
+// told to stop, to exit 0 within 20 s.
+func releaseAndWaitExit(t *testing.T, r *replica, rc *holdingReceiver) {
+	t.Helper()
+	rc.release()
+	select {
+	case <-r.exited:
+		if r.err != nil {
+			t.Fatalf("the server exited with %v after SIGTERM; want 0", r.err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("the server did not exit within 20 s of its last attempt's answer")
+	}
+}
+
+// reopenSQLite opens the SQLite database a stopped server left in
+// dataDir, closed at the test's end.
+func reopenSQLite(t *testing.T, dataDir string) *sqlite.Store {
+	t.Helper()
+	s, err := sqlite.Open(context.Background(), filepath.Join(dataDir, "vibejobs.db"), sqlite.Options{Logger: discardLogger()})
+	if err != nil {
+		t.Fatalf("reopening the database: %v", err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s
+}
+
 // TestSIGTERMFinishesAttemptsAndGivesBackTheRest: a server told to stop
 // (SIGTERM) with an attempt in flight and another run of the same host
 // claimed and waiting for its slot (--per-host 1) answers /readyz 503
@@ -173,27 +200,14 @@ func TestSIGTERMFinishesAttemptsAndGivesBackTheRest(t *testing.T) {
 				t.Fatal(err)
 			}
 			r.waitStopping(t)
-			rc.release()
-			select {
-			case <-r.exited:
-				if r.err != nil {
-					t.Fatalf("the server exited with %v after SIGTERM; want 0", r.err)
-				}
-			case <-time.After(20 * time.Second):
-				t.Fatal("the server did not exit within 20 s of its last attempt's answer")
-			}
+			releaseAndWaitExit(t, r, rc)
 			if store == "sqlite" {
 				for _, suffix := range []string{"-wal", "-shm"} {
 					if _, err := os.Stat(filepath.Join(dataDir, "vibejobs.db"+suffix)); !errors.Is(err, os.ErrNotExist) {
 						t.Errorf("vibejobs.db%s left behind (%v): the database was not closed", suffix, err)
 					}
 				}
-				s, err := sqlite.Open(context.Background(), filepath.Join(dataDir, "vibejobs.db"), sqlite.Options{Logger: discardLogger()})
-				if err != nil {
-					t.Fatalf("reopening the database: %v", err)
-				}
-				t.Cleanup(func() { s.Close() })
-				st = s
+				st = reopenSQLite(t, dataDir)
 			}
 			projectID := projectOf(t, st)
 			got1, err := st.GetRun(context.Background(), projectID, first)
@@ -261,20 +275,8 @@ func TestStopServesUntilTheDeliveriesEnd(t *testing.T) {
 	if code, got := r.api.do("GET", "/v1/runs/"+run, nil); code != 200 || got["state"] != "delivering" {
 		t.Fatalf("GET the run while the stop waits for its attempt: %d %v; want 200, delivering", code, got)
 	}
-	rc.release()
-	select {
-	case <-r.exited:
-		if r.err != nil {
-			t.Fatalf("the server exited with %v after SIGTERM; want 0", r.err)
-		}
-	case <-time.After(20 * time.Second):
-		t.Fatal("the server did not exit within 20 s of its last attempt's answer")
-	}
-	s, err := sqlite.Open(context.Background(), filepath.Join(dataDir, "vibejobs.db"), sqlite.Options{Logger: discardLogger()})
-	if err != nil {
-		t.Fatalf("reopening the database: %v", err)
-	}
-	defer s.Close()
+	releaseAndWaitExit(t, r, rc)
+	s := reopenSQLite(t, dataDir)
 	got, err := s.GetRun(context.Background(), projectOf(t, s), run)
 	if err != nil || got.State != vibejobs.RunSucceeded || len(got.Attempts) != 1 {
 		t.Fatalf("the run in flight at SIGTERM: %+v, %v; want succeeded, its attempt recorded", got, err)
@@ -309,11 +311,7 @@ func TestSecondSignalStopsAtOnce(t *testing.T) {
 			case <-time.After(10 * time.Second):
 				t.Fatalf("still running 10 s after a second %v, its attempt in flight", sig)
 			}
-			s, err := sqlite.Open(context.Background(), filepath.Join(dataDir, "vibejobs.db"), sqlite.Options{Logger: discardLogger()})
-			if err != nil {
-				t.Fatalf("reopening the database: %v", err)
-			}
-			defer s.Close()
+			s := reopenSQLite(t, dataDir)
 			got, err := s.GetRun(context.Background(), projectOf(t, s), run)
 			if err != nil || got.State != vibejobs.RunDelivering || len(got.Attempts) != 0 {
 				t.Fatalf("the run cut off: %+v, %v; want delivering, for lease recovery", got, err)
