@@ -330,11 +330,19 @@ func TestIdempotencyOnSkewedReplicas(t *testing.T) {
 	if res.status != http.StatusCreated {
 		t.Fatalf("the first request: %s, want 201", res)
 	}
-	replay := second.send("POST", "/v1/jobs", "skewed", body)
-	if replay.status != http.StatusCreated || !bytes.Equal(replay.body, res.body) || replay.header.Get("Idempotent-Replayed") != "true" {
-		t.Errorf("the retry after the first request completed: %s, want its answer replayed", replay)
+	wantReplayedOnce(t, second, "skewed", body, res, "the retry after the first request completed")
+}
+
+// wantReplayedOnce sends POST /v1/jobs with key and body to api and wants
+// done's answer replayed, and one job in the project: the request did its
+// work once.
+func wantReplayedOnce(t *testing.T, api *pgAPI, key string, body []byte, done *result, what string) {
+	t.Helper()
+	replay := api.send("POST", "/v1/jobs", key, body)
+	if replay.status != http.StatusCreated || !bytes.Equal(replay.body, done.body) || replay.header.Get("Idempotent-Replayed") != "true" {
+		t.Errorf("%s: %s, want %s replayed", what, replay, done)
 	}
-	if n := first.jobs(); n != 1 {
+	if n := api.jobs(); n != 1 {
 		t.Errorf("%d jobs, want 1", n)
 	}
 }
@@ -374,13 +382,7 @@ func TestIdempotencyTakenOverAnswersConflict(t *testing.T) {
 	if created.status != http.StatusCreated {
 		t.Fatalf("the request that took the key over: %s, want 201", created)
 	}
-	replay := first.send("POST", "/v1/jobs", "stalled", body)
-	if replay.status != http.StatusCreated || !bytes.Equal(replay.body, created.body) || replay.header.Get("Idempotent-Replayed") != "true" {
-		t.Errorf("the stalled request, retried: %s, want the taker's answer replayed", replay)
-	}
-	if n := first.jobs(); n != 1 {
-		t.Errorf("%d jobs, want 1", n)
-	}
+	wantReplayedOnce(t, first, "stalled", body, created, "the stalled request, retried")
 }
 
 // TestNoSecretAtRestOnPostgres: on PostgreSQL too, no job or subscription
