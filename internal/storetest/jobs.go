@@ -98,6 +98,33 @@ func testUpdateJob(t *testing.T, f *fixture) {
 	wantNotFound(t, "UpdateJob of a missing job", err, "job")
 }
 
+// pageIDs walks a list by pages of 3 from the first, through list (which
+// returns a page's ids and its next cursor), and returns every id in
+// order. It fails t on an error, an empty page or one over the limit, and
+// on cursors that do not end within 11 pages.
+func pageIDs(t *testing.T, what string, list func(vibejobs.Page) ([]string, string, error)) []string {
+	t.Helper()
+	var got []string
+	cursor := ""
+	for page := 0; ; page++ {
+		ids, next, err := list(vibejobs.Page{Limit: 3, Cursor: cursor})
+		if err != nil {
+			t.Fatalf("%s page %d: %v", what, page, err)
+		}
+		if len(ids) > 3 || len(ids) == 0 {
+			t.Fatalf("%s page %d: %d items, limit 3", what, page, len(ids))
+		}
+		got = append(got, ids...)
+		if next == "" {
+			return got
+		}
+		if page > 10 {
+			t.Fatalf("%s: cursors never end", what)
+		}
+		cursor = next
+	}
+}
+
 func testListJobsPagination(t *testing.T, f *fixture) {
 	f.projects()
 	var want []string
@@ -107,25 +134,10 @@ func testListJobsPagination(t *testing.T, f *fixture) {
 			f.job(projectB) // interleaved jobs of another project
 		}
 	}
-	var got []string
-	cursor := ""
-	for page := 0; ; page++ {
-		jobs, next, err := f.s.ListJobs(f.ctx, projectA, vibejobs.Page{Limit: 3, Cursor: cursor})
-		if err != nil {
-			t.Fatalf("ListJobs page %d: %v", page, err)
-		}
-		if len(jobs) > 3 {
-			t.Fatalf("ListJobs page %d: %d jobs, limit 3", page, len(jobs))
-		}
-		got = append(got, jobIDs(jobs)...)
-		if next == "" {
-			break
-		}
-		if page > 10 {
-			t.Fatal("ListJobs: cursors never end")
-		}
-		cursor = next
-	}
+	got := pageIDs(t, "ListJobs", func(p vibejobs.Page) ([]string, string, error) {
+		jobs, next, err := f.s.ListJobs(f.ctx, projectA, p)
+		return jobIDs(jobs), next, err
+	})
 	if !slices.Equal(got, want) {
 		t.Fatalf("ListJobs pages: got %v, want %v (ascending id)", got, want)
 	}

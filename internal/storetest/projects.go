@@ -132,27 +132,14 @@ func testListTokensPagination(t *testing.T, f *fixture) {
 			}
 		}
 	}
-	var got []string
-	cursor := ""
-	for page := 0; ; page++ {
-		tokens, next, err := f.s.ListTokens(f.ctx, projectA, vibejobs.Page{Limit: 3, Cursor: cursor})
-		if err != nil {
-			t.Fatalf("ListTokens page %d: %v", page, err)
+	got := pageIDs(t, "ListTokens", func(p vibejobs.Page) ([]string, string, error) {
+		tokens, next, err := f.s.ListTokens(f.ctx, projectA, p)
+		ids := make([]string, len(tokens))
+		for i, tok := range tokens {
+			ids[i] = tok.ID
 		}
-		if len(tokens) > 3 || len(tokens) == 0 {
-			t.Fatalf("ListTokens page %d: %d tokens, limit 3", page, len(tokens))
-		}
-		for _, tok := range tokens {
-			got = append(got, tok.ID)
-		}
-		if next == "" {
-			break
-		}
-		if page > 10 {
-			t.Fatal("ListTokens: cursors never end")
-		}
-		cursor = next
-	}
+		return ids, next, err
+	})
 	if !slices.Equal(got, want) {
 		t.Fatalf("ListTokens pages: got %v, want %v (ascending id)", got, want)
 	}
