@@ -5,6 +5,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/vibejobs/vibejobs/internal/pgurl/pgurltest"
 	"github.com/vibejobs/vibejobs/internal/postgres"
 )
 
@@ -16,25 +17,16 @@ import (
 // and a malformed one keeps them. An @ left unescaped in a password parses:
 // pgx ends the password at the first @ and takes the rest for the host
 // name, which the connect error names (after a DNS lookup of it). Each URL
-// here is refused before any lookup.
+// of pgurltest.Refused is refused before any lookup.
 func TestOpenErrorNeverQuotesThePassword(t *testing.T) {
-	const canary = "Canary7pw"
-	for _, url := range []string{
-		"host=127.0.0.1 user=app password='x " + canary,
-		"host=127.0.0.1 user=app password = " + canary + " port=x",
-		"postgres://app:" + canary + "@127.0.0.1:99999/db",
-		"postgres://app:x@" + canary + "@127.0.0.1:1/db",
-		"postgres://app:x@" + canary + "@127.0.0.1:1,127.0.0.1:2/db",
-		"postgres://app:x@127.0.0.1:1,x@" + canary + "@127.0.0.1:2/db",
-		"host=x@" + canary + "@127.0.0.1 port=1 user=app",
-	} {
+	for _, url := range pgurltest.Refused {
 		s, err := postgres.Open(context.Background(), url, postgres.Options{})
 		if err == nil {
 			s.Close()
 			t.Errorf("Open(%q) = nil error, want one", url)
 			continue
 		}
-		if strings.Contains(err.Error(), canary) {
+		if strings.Contains(err.Error(), pgurltest.Canary) {
 			t.Errorf("Open(%q): the error quotes the password: %v", url, err)
 		}
 	}

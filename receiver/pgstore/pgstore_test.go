@@ -16,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/vibejobs/vibejobs/internal/pgurl/pgurltest"
 	"github.com/vibejobs/vibejobs/receiver"
 	"github.com/vibejobs/vibejobs/receiver/internal/pgtest"
 	"github.com/vibejobs/vibejobs/receiver/internal/storetest"
@@ -587,19 +588,10 @@ func TestConcurrentMigrateUnderSerializableDefault(t *testing.T) {
 // An @ left unescaped in a URL's password parses: pgx ends the password at
 // the first @ and takes the rest for the host name, which every connect
 // error names (after a DNS lookup of it), and the handler logs the error of
-// each delivery it could not store. Each string here is refused before any
-// lookup.
+// each delivery it could not store. Each string of pgurltest.Refused is
+// refused before any lookup.
 func TestOpenErrorNeverQuotesThePassword(t *testing.T) {
-	const canary = "Canary7pw"
-	for _, dsn := range []string{
-		"host=127.0.0.1 user=app password='x " + canary,
-		"host=127.0.0.1 user=app password = " + canary + " port=x",
-		"host=127.0.0.1 user=app password=x\\ " + canary + " y",
-		"postgres://app:" + canary + "@127.0.0.1:99999/db",
-		"postgres://app:" + canary + "@127.0.0.1:1/db?pool_max_conns=x",
-		"postgres://app:x@" + canary + "@127.0.0.1:1/db",
-		"postgres://app:x@127.0.0.1:1,x@" + canary + "@127.0.0.1:2/db",
-	} {
+	for _, dsn := range pgurltest.Refused {
 		s, err := pgstore.Open(context.Background(), dsn)
 		if err == nil {
 			// What the app would see next.
@@ -608,7 +600,7 @@ func TestOpenErrorNeverQuotesThePassword(t *testing.T) {
 			t.Errorf("Open(%q) = nil error, want one; Accept: %v", dsn, err)
 			continue
 		}
-		if strings.Contains(err.Error(), canary) {
+		if strings.Contains(err.Error(), pgurltest.Canary) {
 			t.Errorf("Open(%q): the error quotes the password: %v", dsn, err)
 		}
 	}
