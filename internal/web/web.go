@@ -392,18 +392,36 @@ func (d *dashboard) secureRequest(r *http.Request) bool {
 	if r.TLS != nil {
 		return true
 	}
-	if !d.proxies.Forwarded(r) {
-		return false
-	}
-	values := r.Header.Values("X-Forwarded-Proto")
+	return d.proxies.Forwarded(r) && strings.EqualFold(lastForwarded(r, "X-Forwarded-Proto"), "https")
+}
+
+// lastForwarded is the last entry of r's header name (the values of all its
+// lines, comma-separated), trimmed: the entry the proxy that connected to us
+// wrote. It is "" when the header is missing. Read it only from a trusted
+// proxy.
+func lastForwarded(r *http.Request, name string) string {
+	values := r.Header.Values(name)
 	if len(values) == 0 {
-		return false
+		return ""
 	}
 	last := values[len(values)-1]
 	if i := strings.LastIndexByte(last, ','); i >= 0 {
 		last = last[i+1:]
 	}
-	return strings.EqualFold(strings.TrimSpace(last), "https")
+	return strings.TrimSpace(last)
+}
+
+// browserHost is the host (and port, if any) the browser addressed: the
+// request's Host, or, from a trusted proxy that sends it, the last entry of
+// X-Forwarded-Host, since a proxy may pass its own upstream address as Host
+// (nginx does by default).
+func (d *dashboard) browserHost(r *http.Request) string {
+	if d.proxies.Forwarded(r) {
+		if host := lastForwarded(r, "X-Forwarded-Host"); host != "" {
+			return host
+		}
+	}
+	return r.Host
 }
 
 // hostPrefix marks a cookie the browser accepts only when it is Secure, has
@@ -447,7 +465,7 @@ func (d *dashboard) clearCookie(w http.ResponseWriter, r *http.Request, base, pa
 // with the same scheme (https when secureRequest says so, else http), host
 // and port, a missing port being the scheme's default: http://host is not
 // the origin of a dashboard served at https://host, nor is host:8443 that
-// of host:443.
+// of host:443. The host is the one the browser addressed (browserHost).
 func (d *dashboard) sameOrigin(r *http.Request) bool {
 	if site := r.Header.Get("Sec-Fetch-Site"); site != "" {
 		return site == "same-origin" || site == "none"
@@ -464,7 +482,7 @@ func (d *dashboard) sameOrigin(r *http.Request) bool {
 	if d.secureRequest(r) {
 		scheme = "https"
 	}
-	ours := &url.URL{Host: r.Host}
+	ours := &url.URL{Host: d.browserHost(r)}
 	return strings.EqualFold(u.Scheme, scheme) && u.Hostname() != "" &&
 		strings.EqualFold(u.Hostname(), ours.Hostname()) && portOr(u, scheme) == portOr(ours, scheme)
 }

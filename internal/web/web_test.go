@@ -704,7 +704,8 @@ func TestLoginOriginIsSchemeHostAndPort(t *testing.T) {
 		host  string
 		tls   bool
 		peer  string
-		proto string // X-Forwarded-Proto
+		proto string   // X-Forwarded-Proto
+		fwd   []string // X-Forwarded-Host, one value per header line
 	}
 	plain := how{host: "dash.example:8080", peer: client}
 	bare := how{host: "dash.example", peer: client}
@@ -712,6 +713,12 @@ func TestLoginOriginIsSchemeHostAndPort(t *testing.T) {
 	proxied := how{host: "dash.example", peer: proxy, proto: "https"}
 	forged := how{host: "dash.example", peer: client, proto: "https"}
 	v6 := how{host: "[::1]:8080", peer: client}
+	// A proxy that passes its upstream address as Host and the browser's in
+	// X-Forwarded-Host (nginx's default Host); the header of an untrusted
+	// peer is not read.
+	upstream := how{host: "127.0.0.1:8080", peer: proxy, proto: "https", fwd: []string{"dash.example"}}
+	chained := how{host: "127.0.0.1:8080", peer: proxy, proto: "https", fwd: []string{"evil.example", "a.example, dash.example:8443"}}
+	forgedHost := how{host: "127.0.0.1:8080", peer: client, fwd: []string{"dash.example"}}
 	for _, tc := range []struct {
 		name   string
 		how    how
@@ -738,6 +745,13 @@ func TestLoginOriginIsSchemeHostAndPort(t *testing.T) {
 		{"trusted proxy, http origin", proxied, "http://dash.example", false},
 		{"untrusted peer says https", forged, "https://dash.example", false},
 		{"untrusted peer, http origin", forged, "http://dash.example", true},
+		{"trusted proxy, forwarded host", upstream, "https://dash.example", true},
+		{"trusted proxy, forwarded host, other origin", upstream, "https://evil.example", false},
+		{"trusted proxy, upstream address as origin", upstream, "https://127.0.0.1:8080", false},
+		{"trusted proxy, last forwarded host", chained, "https://dash.example:8443", true},
+		{"trusted proxy, earlier forwarded host", chained, "https://evil.example", false},
+		{"untrusted peer's forwarded host", forgedHost, "http://dash.example", false},
+		{"untrusted peer, its Host", forgedHost, "http://127.0.0.1:8080", true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			send := func(method string, form url.Values, header http.Header, cookies []*http.Cookie) *httptest.ResponseRecorder {
@@ -749,6 +763,9 @@ func TestLoginOriginIsSchemeHostAndPort(t *testing.T) {
 				}
 				if tc.how.proto != "" {
 					req.Header.Set("X-Forwarded-Proto", tc.how.proto)
+				}
+				for _, v := range tc.how.fwd {
+					req.Header.Add("X-Forwarded-Host", v)
 				}
 				if form != nil {
 					req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
