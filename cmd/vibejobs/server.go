@@ -671,10 +671,10 @@ func (m *Main) Store() vibejobs.Store { return m.store }
 //     Claims waiting for their host go back to the queue unsent, claims
 //     held ahead go out at their time, and every attempt in flight runs to
 //     its answer or its job's timeout and its outcome is recorded (an
-//     outcome the database does not take is given up
-//     dispatcher.DefaultStopRecordTimeout after the last attempt ended,
-//     for lease recovery to send again). Webhook deliveries in flight
-//     finish too.
+//     outcome the database does not take, or a claim it does not take
+//     back, is given up dispatcher.DefaultStopRecordTimeout after the last
+//     attempt ended, for lease recovery to send again). Webhook deliveries
+//     in flight finish too.
 //  3. Then the listener closes and the API requests in progress get up to
 //     DrainTimeout; connections still busy after it are cut.
 //  4. The database is closed.

@@ -38,8 +38,9 @@ const (
 	// silent without a reset (a dropped route, a failover) would otherwise
 	// hang the loop until TCP gives up, a quarter of an hour or more.
 	DefaultStoreTimeout = 10 * time.Second
-	// DefaultStopRecordTimeout bounds the writing of outcomes at a stop
-	// (see Config.StopRecordTimeout).
+	// DefaultStopRecordTimeout bounds the writing of outcomes, and the
+	// giving back of claims never sent, at a stop (see
+	// Config.StopRecordTimeout).
 	DefaultStopRecordTimeout = 10 * time.Second
 	// SecretUnavailablePause is how long a claim whose job secret this
 	// process cannot open waits, given back unsent, before it is due again
@@ -116,13 +117,17 @@ type Config struct {
 	// StoreTimeout bounds each store call (DefaultStoreTimeout).
 	StoreTimeout time.Duration
 	// StopRecordTimeout bounds, once Run is stopping and the last attempt
-	// in flight has finished, how long the outcomes the store has not
-	// taken yet are retried (each call cut at what is left of it);
-	// DefaultStopRecordTimeout when zero. Those still not written then
-	// are given up: their runs stay leased, and once the leases end lease
-	// recovery records the lost attempts as interrupted and sends them
-	// again under the same number (at least once; the app dedupes on the
-	// run id). Waiting longer for a database that is down would only hold
+	// in flight has finished, how long the store is waited for: the
+	// outcomes it has not taken yet are retried, and the claims being
+	// given back unsent (those that waited for their host's slot, or
+	// were withdrawn) are waited for, each call cut at what is left of
+	// it; DefaultStopRecordTimeout when zero. The claims given back as
+	// the stop begins go while the attempts finish, not before Run waits
+	// for them. What the store has not taken then is given up: the runs
+	// stay leased, and once the leases end lease recovery records the
+	// lost attempts as interrupted and sends them again under the same
+	// number (at least once; the app dedupes on the run id), as after a
+	// crash. Waiting longer for a database that is down would only hold
 	// up the stop, and an orchestrator ends a stop that outlasts its grace
 	// period with SIGKILL, to the same effect.
 	StopRecordTimeout time.Duration
@@ -177,12 +182,13 @@ type Dispatcher struct {
 	tasks chan task
 	// stopping is closed when Run's context ends: idle workers end.
 	stopping chan struct{}
-	// records bounds the record loop's store calls: it ends
-	// StopRecordTimeout after Run, stopping, saw its last attempt finish,
-	// and the record loop then gives up what it could not write (see
-	// recordLoop). endRecords ends it.
-	records    context.Context
-	endRecords context.CancelFunc
+	// writes bounds the store calls that hand back what the dispatcher
+	// holds: the record loop's, and the releases of claims never sent. It
+	// ends StopRecordTimeout after Run, stopping, saw its last attempt
+	// finish; the record loop then gives up what it could not write (see
+	// recordLoop), and a release in progress is cut. endWrites ends it.
+	writes    context.Context
+	endWrites context.CancelFunc
 	// retryWait is the pause before the record loop's retry number
 	// attempt+1.
 	retryWait func(attempt int) time.Duration
@@ -218,15 +224,15 @@ func New(cfg Config) *Dispatcher {
 	// A claim waits for its host until LeaseMargin/2 after its hold (see
 	// waiter): the hold must leave the attempt room within the lease.
 	cfg.ClaimAhead = min(max(cmp.Or(cfg.ClaimAhead, DefaultClaimAhead), 0), cfg.LeaseMargin/4)
-	records, endRecords := context.WithCancel(context.Background())
+	writes, endWrites := context.WithCancel(context.Background())
 	return &Dispatcher{
-		records:    records,
-		endRecords: endRecords,
-		cfg:        cfg,
-		wake:       make(chan struct{}, 1),
-		perHost:    map[string]int{},
-		waiting:    map[string][]waiter{},
-		held:       map[*vibejobs.Claim]*heldClaim{},
+		writes:    writes,
+		endWrites: endWrites,
+		cfg:       cfg,
+		wake:      make(chan struct{}, 1),
+		perHost:   map[string]int{},
+		waiting:   map[string][]waiter{},
+		held:      map[*vibejobs.Claim]*heldClaim{},
 
 		secretLogged: map[string]time.Time{},
 		outcomes:     make(chan vibejobs.Outcome, cfg.Concurrency),
@@ -265,10 +271,10 @@ func (d *Dispatcher) Wake() {
 	}
 }
 
-// Run claims and delivers until ctx is done. Then it stops claiming, lets the
-// attempts in flight finish within their own budget, records their outcomes
-// (for up to Config.StopRecordTimeout after the last one finished, while the
-// store does not take them) and returns.
+// Run claims and delivers until ctx is done. Then it stops claiming, gives
+// back the claims not sent while the attempts in flight finish within their
+// own budget, records their outcomes and returns; what the store has not
+// taken Config.StopRecordTimeout after the last attempt finished is given up.
 func (d *Dispatcher) Run(ctx context.Context) {
 	flushed := make(chan struct{})
 	go func() {
@@ -277,17 +283,23 @@ func (d *Dispatcher) Run(ctx context.Context) {
 	}()
 	defer func() {
 		close(d.stopping)
-		// Claims still waiting for their host go back to the queue; the
-		// attempts in flight finish.
-		d.expireWaiting(context.Background(), d.cfg.Now(), true)
+		// Claims still waiting for their host go back to the queue while
+		// the attempts in flight finish: a database that does not answer
+		// holds up neither, and the stop's budget bounds the wait.
+		released := make(chan struct{})
+		go func() {
+			defer close(released)
+			d.expireWaiting(d.cfg.Now(), true)
+		}()
 		d.wg.Wait()
+		giveUp := time.AfterFunc(d.cfg.StopRecordTimeout, d.endWrites)
+		<-released
 		// And those withdrawn while the attempts finished.
-		d.expireWaiting(context.Background(), d.cfg.Now(), true)
-		giveUp := time.AfterFunc(d.cfg.StopRecordTimeout, d.endRecords)
+		d.expireWaiting(d.cfg.Now(), true)
 		close(d.outcomes)
 		<-flushed
 		giveUp.Stop()
-		d.endRecords()
+		d.endWrites()
 	}()
 
 	timer := time.NewTimer(0)
@@ -326,7 +338,7 @@ func (d *Dispatcher) Run(ctx context.Context) {
 // for runs about to fall due, so that a run already due is judged late
 // against the true time.
 func (d *Dispatcher) dispatchOnce(ctx context.Context) (time.Duration, error) {
-	deadline := d.expireWaiting(ctx, d.cfg.Now(), false)
+	deadline := d.expireWaiting(d.cfg.Now(), false)
 	wait, err := d.claimOnce(ctx)
 	if !deadline.IsZero() {
 		wait = min(wait, max(deadline.Sub(d.cfg.Now()), time.Millisecond))
@@ -489,12 +501,15 @@ func latest(a, b time.Time) time.Time {
 // from due (a deleted job's run is cancelled at now, not at due). A claim whose
 // lease ran out while it waited (the claim loop held up by a slow database)
 // may have had its run recovered and claimed again by this dispatcher: the
-// store releases only the claim named, not that newer one.
-func (d *Dispatcher) release(ctx context.Context, claims []*vibejobs.Claim, now, due time.Time) {
+// store releases only the claim named, not that newer one. The call is
+// bounded by StoreTimeout and, at a stop, by the stop's budget (see
+// Config.StopRecordTimeout); a release that fails leaves the runs leased,
+// for lease recovery.
+func (d *Dispatcher) release(claims []*vibejobs.Claim, now, due time.Time) {
 	if len(claims) == 0 {
 		return
 	}
-	sctx, cancel := d.storeCtx(context.WithoutCancel(ctx))
+	sctx, cancel := d.storeCtx(d.writes)
 	defer cancel()
 	if err := d.cfg.Store.ReleaseClaims(sctx, d.cfg.Owner, claims, now, due); err != nil {
 		d.cfg.Logger.Error("dispatcher.release_failed", "error", err, "runs", len(claims))
@@ -729,7 +744,7 @@ func (d *Dispatcher) releaseSlot(host string, c *vibejobs.Claim) (next task, ok 
 // goes back once due, so that it is neither due early nor, for a deleted
 // job, cancelled at a time still to come), or all of them; it returns the
 // earliest deadline or hold of those left (zero if none).
-func (d *Dispatcher) expireWaiting(ctx context.Context, now time.Time, all bool) time.Time {
+func (d *Dispatcher) expireWaiting(now time.Time, all bool) time.Time {
 	var (
 		next    time.Time
 		release []waiter
@@ -765,7 +780,7 @@ func (d *Dispatcher) expireWaiting(ctx context.Context, now time.Time, all bool)
 		earliest(q[i].deadline)
 	}
 	d.mu.Unlock()
-	d.releaseHeld(ctx, release, now)
+	d.releaseHeld(release, now)
 	return next
 }
 
@@ -775,7 +790,7 @@ func (d *Dispatcher) expireWaiting(ctx context.Context, now time.Time, all bool)
 // those already due are claimable at once, the others from the latest of
 // their holds, at most ClaimAhead away (a deleted job's run among them is
 // cancelled at now, not then).
-func (d *Dispatcher) releaseHeld(ctx context.Context, ws []waiter, now time.Time) {
+func (d *Dispatcher) releaseHeld(ws []waiter, now time.Time) {
 	var due, ahead []*vibejobs.Claim
 	later := now
 	for _, w := range ws {
@@ -786,8 +801,8 @@ func (d *Dispatcher) releaseHeld(ctx context.Context, ws []waiter, now time.Time
 		ahead = append(ahead, w.c)
 		later = latest(later, w.hold)
 	}
-	d.release(ctx, due, now, now)
-	d.release(ctx, ahead, now, later)
+	d.release(due, now, now)
+	d.release(ahead, now, later)
 }
 
 // deliver makes one attempt of a claimed run, after holding it until its
@@ -815,7 +830,7 @@ func (d *Dispatcher) deliver(c *vibejobs.Claim, host string, h *heldClaim) {
 		// the run fails attempts_exhausted (see ReleaseClaims), unless the
 		// limit was raised again since the claim read it.
 		now := d.cfg.Now()
-		d.release(context.Background(), []*vibejobs.Claim{c}, now, now)
+		d.release([]*vibejobs.Claim{c}, now, now)
 		return
 	}
 	secret, err := d.cfg.Opener.Open(c.Secret, r.JobID)
@@ -903,7 +918,7 @@ func (d *Dispatcher) secretUnavailable(c *vibejobs.Claim, err error) {
 		d.cfg.Observer.SecretUnavailable()
 	}
 	// The store caps the due time at the run's deadline.
-	d.release(context.Background(), []*vibejobs.Claim{c}, now, now.Add(SecretUnavailablePause))
+	d.release([]*vibejobs.Claim{c}, now, now.Add(SecretUnavailablePause))
 }
 
 // recordLoop writes outcomes in batches until the channel closes. A batch
@@ -930,11 +945,11 @@ func (d *Dispatcher) recordLoop() {
 	flush := func() {
 		left := 20 // retries of a refused batch
 		for attempt := 0; len(batch) > 0; attempt++ {
-			if d.records.Err() != nil {
+			if d.writes.Err() != nil {
 				drop("stopping")
 				break
 			}
-			ctx, cancel := d.storeCtx(d.records)
+			ctx, cancel := d.storeCtx(d.writes)
 			err := d.cfg.Store.RecordOutcomes(ctx, d.cfg.Owner, batch)
 			cancel()
 			if err == nil {
@@ -953,7 +968,7 @@ func (d *Dispatcher) recordLoop() {
 			pause := time.NewTimer(d.retryWait(attempt))
 			select {
 			case <-pause.C:
-			case <-d.records.Done():
+			case <-d.writes.Done():
 				pause.Stop()
 			}
 		}

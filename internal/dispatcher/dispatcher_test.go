@@ -1905,3 +1905,87 @@ func TestStopBudgetStartsWhenTheAttemptsEnd(t *testing.T) {
 		}
 	}
 }
+
+// silentReleases makes ReleaseClaims wait until its context ends, as a
+// database gone silent without a reset does (or until testDone is closed).
+// entered receives each call, without blocking.
+type silentReleases struct {
+	vibejobs.DispatchStore
+	entered  chan struct{}
+	testDone chan struct{}
+}
+
+func (s *silentReleases) ReleaseClaims(ctx context.Context, owner string, claims []*vibejobs.Claim, now, due time.Time) error {
+	select {
+	case s.entered <- struct{}{}:
+	default:
+	}
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-s.testDone:
+		return errors.New("test over")
+	}
+}
+
+// TestStopGivesUpUnreleasedClaimsWithinItsBudget: at a stop, claims given
+// back unsent (here one waiting for its host's slot) that a database gone
+// silent does not take back are given up within the stop's budget, with
+// the outcomes: StopRecordTimeout after the last attempt finished. Each
+// release waited out StoreTimeout (with the defaults 10 s per call, and a
+// stop makes several) before the attempts were even waited for, so a stop
+// outlasted its documented bound. The run stays leased, for lease recovery.
+func TestStopGivesUpUnreleasedClaimsWithinItsBudget(t *testing.T) {
+	e := newEnv(t)
+	s := &silentReleases{DispatchStore: e.store, entered: make(chan struct{}, 1), testDone: make(chan struct{})}
+	var logs syncbuf.Buffer
+	d := dispatcher.New(dispatcher.Config{
+		Store: s, Sender: e.sender, Opener: plainOpener{}, Owner: "test-owner",
+		Now: e.clock.Now, Rand: func() float64 { return 0.5 }, Concurrency: 8, PerHost: 1,
+		PollInterval: 20 * time.Millisecond, Logger: slog.New(slog.NewTextHandler(&logs, nil)),
+		StoreTimeout: time.Hour, StopRecordTimeout: 50 * time.Millisecond,
+	})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	j := e.job(t, "job_a", "https://a.example/")
+	unblock := e.blockHost(j.URL)
+	t.Cleanup(func() { close(s.testDone); unblock(); cancel(); <-done })
+	first := e.run(t, j, "run_a", e.clock.Now())
+	go func() { d.Run(ctx); close(done) }()
+	e.sender.next(t) // the first run's attempt holds the host's one slot
+	second := e.run(t, j, "run_b", e.clock.Now())
+	d.Wake()
+	e.waitRun(t, second.ID, func(r *vibejobs.Run) bool { return r.State == vibejobs.RunDelivering })
+	cancel()
+	select {
+	case <-s.entered: // the waiting claim's release hangs
+	case <-time.After(10 * time.Second):
+		t.Fatal("the waiting claim was never given back")
+	}
+	unblock()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("Run still waits for a database gone silent 10 s into the stop, its attempt long finished")
+	}
+	if !strings.Contains(logs.String(), "dispatcher.release_failed") {
+		t.Errorf("the log does not say the claim could not be given back:\n%s", logs.String())
+	}
+	got, err := e.store.GetRun(context.Background(), e.project, first.ID)
+	if err != nil || got.State != vibejobs.RunSucceeded || len(got.Attempts) != 1 {
+		t.Fatalf("the run in flight at the stop: %+v, %v; want succeeded, its attempt recorded", got, err)
+	}
+	got, err = e.store.GetRun(context.Background(), e.project, second.ID)
+	if err != nil || got.State != vibejobs.RunDelivering || len(got.Attempts) != 0 {
+		t.Fatalf("the run that could not be given back: %+v, %v; want delivering, for lease recovery", got, err)
+	}
+	n, err := e.store.RecoverExpiredLeases(context.Background(), e.clock.Now().Add(j.Timeout+dispatcher.DefaultLeaseMargin+time.Second), 10)
+	if err != nil || n != 1 {
+		t.Fatalf("RecoverExpiredLeases = %d, %v; want the run's lease ended", n, err)
+	}
+	got, err = e.store.GetRun(context.Background(), e.project, second.ID)
+	if err != nil || got.State != vibejobs.RunScheduled || len(got.Attempts) != 1 || got.Attempts[0].ErrorCode != vibejobs.ErrorCodeInterrupted {
+		t.Fatalf("the run after lease recovery: %+v, %v; want an interrupted attempt and the run due again", got, err)
+	}
+	e.wantNothingSent(t, "after the stop")
+}
