@@ -36,6 +36,24 @@ func loadOpenAPI(t *testing.T, e *env) *openapiDoc {
 	return d
 }
 
+// TestOpenAPIIgnoresQuery: the document is served as is whatever query
+// the request carries, however malformed, as the probes do: it reads none,
+// and answered 400 invalid_query to a client or a cache buster that added
+// a bad escape. Its description lists no 400.
+func TestOpenAPIIgnoresQuery(t *testing.T) {
+	e := newEnv(t)
+	want := e.do("GET", "/v1/openapi.json", "", nil)
+	if want.status != 200 {
+		t.Fatalf("openapi.json: %s", want)
+	}
+	for _, q := range []string{"?%zz", "?v=%", "?a;b=1", "?x=%00", "?%FF=1", "?format=yaml", "?t=1&t=2"} {
+		res := e.do("GET", "/v1/openapi.json"+q, "", nil)
+		if res.status != 200 || res.header.Get("Content-Type") != "application/json" || string(res.body) != string(want.body) {
+			t.Errorf("openapi.json%s = %.200s; want 200 and the document", q, res)
+		}
+	}
+}
+
 // resolve follows a local $ref.
 func (d *openapiDoc) resolve(v any) map[string]any {
 	m, _ := v.(map[string]any)

@@ -241,7 +241,8 @@ type route struct {
 	query []string
 	// ignoreQuery serves the route as if its request had no query, however
 	// malformed: a probe (a load balancer, an orchestrator) may add one of
-	// its own, and must not read a 400 as the platform being down.
+	// its own, and must not read a 400 as the platform being down; a
+	// static document reads none, and a cache buster must not break it.
 	ignoreQuery bool
 }
 
@@ -249,7 +250,7 @@ func (s *Server) routeTable() []route {
 	rs := []route{
 		{method: "GET", path: "/healthz", access: accessPublic, serve: s.healthz, ignoreQuery: true},
 		{method: "GET", path: "/readyz", access: accessPublic, serve: s.readyz, ignoreQuery: true},
-		{method: "GET", path: "/v1/openapi.json", access: accessPublic, serve: s.openapiJSON},
+		{method: "GET", path: "/v1/openapi.json", access: accessPublic, serve: s.openapiJSON, ignoreQuery: true},
 
 		{method: "POST", path: "/v1/jobs", access: accessWrite, effect: s.createJob},
 		{method: "POST", path: "/v1/jobs/batch", access: accessWrite, effect: s.createJobs, maxBody: MaxBatchBodyBytes},
