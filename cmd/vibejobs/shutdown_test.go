@@ -275,11 +275,21 @@ func TestStopServesUntilTheDeliveriesEnd(t *testing.T) {
 	if code, got := r.api.do("GET", "/v1/runs/"+run, nil); code != 200 || got["state"] != "delivering" {
 		t.Fatalf("GET the run while the stop waits for its attempt: %d %v; want 200, delivering", code, got)
 	}
+	r.waitStopping(t) // a second probe
 	releaseAndWaitExit(t, r, rc)
 	s := reopenSQLite(t, dataDir)
 	got, err := s.GetRun(context.Background(), projectOf(t, s), run)
 	if err != nil || got.State != vibejobs.RunSucceeded || len(got.Attempts) != 1 {
 		t.Fatalf("the run in flight at SIGTERM: %+v, %v; want succeeded, its attempt recorded", got, err)
+	}
+	// The stop is logged once; the probes that it answered, at debug, not
+	// at the info level the server runs at.
+	r.log.mu.Lock()
+	logs := r.log.text.String()
+	r.log.mu.Unlock()
+	_, stop, _ := strings.Cut(logs, "msg=server.stopping")
+	if n := strings.Count(logs, "msg=server.stopping"); n != 1 || strings.Contains(stop, `route="GET /readyz"`) {
+		t.Errorf("the stop logged %d times, and /readyz after it as:\n%s\nwant the stop once and no probe", n, stop)
 	}
 }
 

@@ -1,9 +1,16 @@
 package api_test
 
 import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
 	"net/http"
+	"slices"
 	"strings"
 	"testing"
+
+	"github.com/vibejobs/vibejobs/internal/api"
 )
 
 // TestRequestLogTakesOnlyIDs: the request log names the job or run a
@@ -82,5 +89,43 @@ func TestRequestLogTakesOnlyKnownMethods(t *testing.T) {
 	e.must(200, "GET", "/v1/jobs", e.admin, nil)
 	if !strings.Contains(e.logs.String(), `"method":"GET"`) {
 		t.Errorf("a GET is not logged as one:\n%.2000s", e.logs.String())
+	}
+}
+
+// TestReadyzWhileStoppingLogsAtDebug: the answers /readyz gives while the
+// server stops are logged at debug, as passing probes are; they were each
+// an info line, one per probe every few seconds of a stop that can last a
+// job's timeout, saying again what the server logs once as it begins to
+// stop. A probe that finds the platform not ready is still logged as an
+// error, with its cause.
+func TestReadyzWhileStoppingLogsAtDebug(t *testing.T) {
+	var stopping bool
+	e := newEnv(t, func(c *api.Config) {
+		c.Ready = func(context.Context) error { return errors.New("scheduler stalled") }
+		c.Stopping = func() bool { return stopping }
+	})
+	e.do("GET", "/readyz", "", nil)
+	stopping = true
+	for range 3 {
+		if res := e.do("GET", "/readyz", "", nil); res.status != 503 {
+			t.Fatalf("readyz while stopping = %s", res)
+		}
+	}
+	var levels []string
+	for line := range strings.Lines(e.logs.String()) {
+		var l struct {
+			Level, Msg, Route, Error string
+			Status                   int
+		}
+		if err := json.Unmarshal([]byte(line), &l); err != nil {
+			t.Fatalf("log line %q: %v", line, err)
+		}
+		if l.Msg == "api request" && l.Route == "GET /readyz" {
+			levels = append(levels, fmt.Sprintf("%d %s %s", l.Status, l.Level, l.Error))
+		}
+	}
+	want := []string{"503 ERROR scheduler stalled", "503 DEBUG ", "503 DEBUG ", "503 DEBUG "}
+	if !slices.Equal(levels, want) {
+		t.Errorf("/readyz logged as %q; want %q (not ready, then stopping three times)", levels, want)
 	}
 }

@@ -89,6 +89,9 @@ type Config struct {
 	// one reason it gives, without asking Store or Ready: the server is
 	// stopping and a load balancer should send requests elsewhere. Every
 	// other route answers as before until the server closes its listener.
+	// Those answers are logged at debug, as passing probes are: a probe
+	// comes every few seconds of a stop that can last a job's timeout, and
+	// the caller logs the stop itself, once.
 	Stopping func() bool
 	// Metrics, when set, is served at GET /metrics without a token: it must
 	// name no project. InstallationMetrics, when set, is served there
@@ -317,6 +320,9 @@ func (c *call) projectID() string { return c.token.ProjectID }
 type logInfo struct {
 	route, project, tokenID, job, run string
 	err                               error // an internal error, logged, never shown
+	// stopping: /readyz answered stopping, logged at debug (see
+	// Config.Stopping).
+	stopping bool
 }
 
 type logInfoKey struct{}
@@ -418,7 +424,7 @@ func (s *Server) logRequest(r *http.Request, info *logInfo, status int, d time.D
 		}
 	}
 	level := slog.LevelInfo
-	if (info.route == "GET /healthz" || info.route == "GET /readyz" || info.route == "GET /metrics") && status < 300 {
+	if (info.route == "GET /healthz" || info.route == "GET /readyz" || info.route == "GET /metrics") && status < 300 || info.stopping {
 		level = slog.LevelDebug // probes every few seconds
 	}
 	if info.err != nil {
@@ -650,6 +656,7 @@ func (s *Server) readyz(ctx context.Context, c *call) (*response, error) {
 		// Said plainly, unlike not_ready: it tells nothing of the
 		// database, and an operator watching a rollout wants to tell a
 		// replica on its way out from a sick one.
+		c.info.stopping = true
 		return errorResponse(&vibejobs.Error{Kind: vibejobs.EUNAVAILABLE, Code: "stopping", Message: "the server is stopping"}), nil
 	}
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
