@@ -125,11 +125,7 @@ func startMain(t *testing.T, dataDir string) (*Main, apiClient) {
 	if testing.Verbose() {
 		m.Stderr = os.Stderr
 	}
-	m.Config = Config{
-		Listen: "127.0.0.1:0", DataDir: dataDir, AllowPrivate: "127.0.0.0/8",
-		LogFormat: "text", LogLevel: "info", Concurrency: 64, PerHost: 32,
-		RetentionDays: 90, MaxJobsPerProject: 1000,
-	}
+	m.Config = testConfig(dataDir)
 	if err := m.Run(context.Background()); err != nil {
 		t.Fatalf("Run: %v", err)
 	}
@@ -143,6 +139,16 @@ func startMain(t *testing.T, dataDir string) (*Main, apiClient) {
 		token = strings.TrimSpace(string(b))
 	}
 	return m, apiClient{t: t, base: "http://" + m.Addr(), token: token}
+}
+
+// testConfig is the configuration of a test's server on dataDir: on a
+// port of its own, its deliveries allowed to loopback receivers.
+func testConfig(dataDir string) Config {
+	return Config{
+		Listen: "127.0.0.1:0", DataDir: dataDir, AllowPrivate: "127.0.0.0/8",
+		LogFormat: "text", LogLevel: "info", Concurrency: 64, PerHost: 32,
+		RetentionDays: 90, MaxJobsPerProject: 1000,
+	}
 }
 
 // checkDelivery asserts the wire contract of SEMANTICS.md section 1 and

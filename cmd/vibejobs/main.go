@@ -123,8 +123,9 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stdou
 // their default effect again, before the context ends: a second one ends
 // the process at once. serve's stop waits up to a job's timeout for its
 // attempts in flight, then up to dispatcher.DefaultStopRecordTimeout for
-// outcomes the database does not take and DefaultDrainTimeout for API
-// requests, and an operator who would rather not wait must not need
+// outcomes the database does not take, DefaultDrainTimeout for API
+// requests and DefaultHandlerExitTimeout for the handlers of those cut
+// off, and an operator who would rather not wait must not need
 // SIGKILL: the attempts cut off are sent again, under the same number, once
 // their lease ends, as after a crash.
 func signalContext() (ctx context.Context, stop context.CancelFunc) {

@@ -73,11 +73,23 @@ type Config struct {
 	// waits for the API requests in progress; zero is DefaultDrainTimeout.
 	// Not a flag: tests shorten it.
 	DrainTimeout time.Duration
+	// HandlerExitTimeout is how long Close, once the drain's time is up
+	// and the connections still busy are cut, waits for their handlers to
+	// return before it closes the database; zero is
+	// DefaultHandlerExitTimeout. Not a flag: tests shorten it.
+	HandlerExitTimeout time.Duration
 }
 
 // DefaultDrainTimeout is how long a stop waits for the API requests in
 // progress once the deliveries have stopped (see Main.Close).
 const DefaultDrainTimeout = 10 * time.Second
+
+// DefaultHandlerExitTimeout is how long a stop waits for the handlers of
+// the requests the drain cut off (see Main.Close). Their connections are
+// closed and their contexts ended, so their store calls end at once; the
+// longest wait is the freeing of an idempotency key after a failed request,
+// which the API bounds at 5 s.
+const DefaultHandlerExitTimeout = 6 * time.Second
 
 // badDuration marks a duration setting whose environment value did not
 // parse; validate reports it (as out of range where it checks one).
@@ -107,6 +119,11 @@ type Main struct {
 	sealer *keyFile
 	ln     net.Listener
 	srv    *http.Server
+	// handlers counts the HTTP handlers running, for Close to wait for.
+	handlers runningHandlers
+	// wrapHandler, when set, wraps the API's handler; tests hold a
+	// request in it.
+	wrapHandler func(http.Handler) http.Handler
 	// served is closed when the HTTP server's Serve returned.
 	served chan struct{}
 	// stopping is set when Close begins: /readyz answers 503 stopping.
@@ -602,8 +619,12 @@ func (m *Main) Run(ctx context.Context) error {
 		TrustedProxies:      proxies,
 	})
 
+	handler := apiSrv.Handler()
+	if m.wrapHandler != nil {
+		handler = m.wrapHandler(handler)
+	}
 	m.srv = &http.Server{
-		Handler:           apiSrv.Handler(),
+		Handler:           m.handlers.wrap(handler),
 		ReadHeaderTimeout: 10 * time.Second,
 		ReadTimeout:       30 * time.Second,
 		WriteTimeout:      30 * time.Second,
@@ -676,8 +697,10 @@ func (m *Main) Store() vibejobs.Store { return m.store }
 //     attempt ended, for lease recovery to send again). Webhook deliveries
 //     in flight finish too.
 //  3. Then the listener closes and the API requests in progress get up to
-//     DrainTimeout; connections still busy after it are cut.
-//  4. The database is closed.
+//     DrainTimeout; connections still busy after it are cut, and their
+//     handlers get up to HandlerExitTimeout to return.
+//  4. The database is closed: no handler uses it afterwards, unless one
+//     outlasted HandlerExitTimeout (logged), whose store calls then fail.
 //
 // With nothing in flight and no request held open, each step is immediate.
 // The deliveries come before the drain: they are what a stop must not
@@ -720,6 +743,17 @@ func (m *Main) Close() error {
 		cancel()
 		if m.served != nil {
 			<-m.served
+		}
+		// Close cut the connections but does not wait for their handlers,
+		// which may still be on their way out through the store (freeing
+		// an idempotency key, say): closed under them, it failed their
+		// calls, and a key stayed claimed.
+		exit := cmp.Or(m.Config.HandlerExitTimeout, DefaultHandlerExitTimeout)
+		if n := m.handlers.stop(); n > 0 {
+			m.logger.Warn("http.handlers_running", "handlers", n, "wait", exit.String())
+			if n := m.handlers.wait(exit); n > 0 {
+				m.logger.Error("http.handlers_abandoned", "handlers", n)
+			}
 		}
 	}
 	if m.store != nil {
@@ -824,6 +858,67 @@ func loopsMoving(now time.Time, sched *scheduler.Scheduler, disp *dispatcher.Dis
 		}
 	}
 	return nil
+}
+
+// runningHandlers counts the HTTP handlers running. http.Server.Shutdown
+// waits for them, but Close, which cuts the connections Shutdown did not
+// see idle in time, does not. The zero value is ready for use.
+type runningHandlers struct {
+	mu      sync.Mutex
+	n       int
+	stopped bool
+	// idle is closed when n falls to 0 after stop; nil until then.
+	idle chan struct{}
+}
+
+// wrap counts h's calls. A call that begins after stop is aborted: its
+// connection is closed already.
+func (rh *runningHandlers) wrap(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		rh.mu.Lock()
+		if rh.stopped {
+			rh.mu.Unlock()
+			panic(http.ErrAbortHandler)
+		}
+		rh.n++
+		rh.mu.Unlock()
+		defer func() {
+			rh.mu.Lock()
+			if rh.n--; rh.n == 0 && rh.idle != nil {
+				close(rh.idle)
+			}
+			rh.mu.Unlock()
+		}()
+		h.ServeHTTP(w, r)
+	})
+}
+
+// stop refuses the handlers still to begin and returns how many run.
+func (rh *runningHandlers) stop() int {
+	rh.mu.Lock()
+	defer rh.mu.Unlock()
+	if !rh.stopped {
+		rh.stopped = true
+		rh.idle = make(chan struct{})
+		if rh.n == 0 {
+			close(rh.idle)
+		}
+	}
+	return rh.n
+}
+
+// wait waits, after stop, up to timeout for the running handlers to
+// return, and returns how many still run.
+func (rh *runningHandlers) wait(timeout time.Duration) int {
+	t := time.NewTimer(timeout)
+	defer t.Stop()
+	select {
+	case <-rh.idle:
+	case <-t.C:
+	}
+	rh.mu.Lock()
+	defer rh.mu.Unlock()
+	return rh.n
 }
 
 // wakeAfterRecord wakes the subscription deliverer after outcomes were

@@ -365,3 +365,137 @@ func TestStopCutsARequestThatOutlastsTheDrain(t *testing.T) {
 		t.Fatalf("the held request's connection: %v; want it closed", err)
 	}
 }
+
+// stuckHandler holds each request to /stuck, once its connection is cut,
+// until release is closed, then pings the store and sends the result on
+// pinged. entered is closed when the request arrived.
+type stuckHandler struct {
+	entered, release chan struct{}
+	pinged           chan error
+}
+
+func newStuckHandler() *stuckHandler {
+	return &stuckHandler{entered: make(chan struct{}), release: make(chan struct{}), pinged: make(chan error, 1)}
+}
+
+func (s *stuckHandler) wrap(m *Main) func(http.Handler) http.Handler {
+	return func(h http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if r.URL.Path != "/stuck" {
+				h.ServeHTTP(w, r)
+				return
+			}
+			close(s.entered)
+			<-r.Context().Done() // the drain's time is up: its connection is cut
+			<-s.release
+			s.pinged <- m.Store().Ping(context.Background())
+		})
+	}
+}
+
+// startStuck starts a server, HandlerExitTimeout exit, with a request to
+// /stuck held in s, and returns it and what it logs.
+func startStuck(t *testing.T, s *stuckHandler, exit time.Duration) (*Main, *logWatch) {
+	t.Helper()
+	logs := newLogWatch()
+	m := NewMain(io.Discard, logs)
+	m.Config = testConfig(t.TempDir())
+	m.Config.DrainTimeout = 100 * time.Millisecond
+	m.Config.HandlerExitTimeout = exit
+	m.wrapHandler = s.wrap(m)
+	if err := m.Run(context.Background()); err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	t.Cleanup(func() { m.Close() })
+	conn, err := net.Dial("tcp", m.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	fmt.Fprint(conn, "GET /stuck HTTP/1.1\r\nHost: vibejobs\r\n\r\n")
+	select {
+	case <-s.entered:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the request never reached its handler")
+	}
+	return m, logs
+}
+
+// waitLogOrDone waits until logs hold s, or done is closed, for up to 10 s;
+// it reports whether the log came first.
+func waitLogOrDone(t *testing.T, logs *logWatch, s string, done <-chan struct{}) bool {
+	t.Helper()
+	timeout := time.After(10 * time.Second)
+	for {
+		logs.mu.Lock()
+		found, grew := strings.Contains(logs.text.String(), s), logs.grew
+		logs.mu.Unlock()
+		if found {
+			return true
+		}
+		select {
+		case <-grew:
+		case <-done:
+			return false
+		case <-timeout:
+			t.Fatalf("neither %q was logged nor did Close return within 10 s", s)
+		}
+	}
+}
+
+// TestStopWaitsForHandlersBeforeClosingTheDatabase: a handler still
+// running when the drain's time is up, its connection cut, still finds
+// the database open: Close waits for it before closing the database. Close
+// cut the connection and closed the database at once, so such a handler
+// on its way out (an API request freeing its idempotency key after its
+// effect failed) had its store calls fail, and the key stayed claimed.
+func TestStopWaitsForHandlersBeforeClosingTheDatabase(t *testing.T) {
+	s := newStuckHandler()
+	m, logs := startStuck(t, s, 0)
+	closed := make(chan error, 1)
+	done := make(chan struct{})
+	go func() { closed <- m.Close(); close(done) }()
+	if !waitLogOrDone(t, logs, "msg=http.handlers_running", done) {
+		t.Error("Close returned while a handler still ran")
+	}
+	close(s.release)
+	if err := <-s.pinged; err != nil {
+		t.Errorf("the handler still running at the drain's end found the database closed: %v", err)
+	}
+	if err := <-closed; err != nil {
+		t.Errorf("Close: %v", err)
+	}
+}
+
+// TestStopWaitForHandlersIsBounded: a handler that outlasts
+// HandlerExitTimeout does not hold up the stop: Close logs it and closes
+// the database; the handler's store calls then fail, and nothing panics.
+func TestStopWaitForHandlersIsBounded(t *testing.T) {
+	s := newStuckHandler()
+	m, logs := startStuck(t, s, 50*time.Millisecond)
+	closed := make(chan error, 1)
+	go func() { closed <- m.Close() }()
+	select {
+	case err := <-closed:
+		if err != nil {
+			t.Errorf("Close: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Close still waits 10 s for a handler that does not return")
+	}
+	logs.mu.Lock()
+	text := logs.text.String()
+	logs.mu.Unlock()
+	if !strings.Contains(text, "msg=http.handlers_abandoned handlers=1") {
+		t.Errorf("the log does not say a handler was left running:\n%s", text)
+	}
+	close(s.release)
+	select {
+	case err := <-s.pinged:
+		if err == nil {
+			t.Error("the handler left running pinged a database Close had closed")
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the handler left running never got an answer from the closed store")
+	}
+}
