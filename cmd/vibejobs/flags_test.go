@@ -336,6 +336,8 @@ func TestExitCodes(t *testing.T) {
 		{"listen without a port", []string{"serve", "--listen", "8080"}, nil, nil, 2, "--listen (VIBEJOBS_LISTEN)"},
 		{"listen port out of range", []string{"serve", "--listen", "127.0.0.1:70000"}, nil, nil, 2, "--listen (VIBEJOBS_LISTEN)"},
 		{"database URL that does not parse", []string{"serve", "--database", "postgres://app@127.0.0.1:port/jobs"}, nil, nil, 2, "--database (VIBEJOBS_DATABASE)"},
+		{"database URL's sslrootcert missing", []string{"serve", "--database", "postgres://app@127.0.0.1:1/jobs?sslrootcert=" + missing}, nil, nil, 2,
+			"--database (VIBEJOBS_DATABASE): cannot read the sslrootcert file"},
 		{"database of another kind", []string{"serve", "--database", "mysql://db.example/jobs"}, nil, nil, 2, "--database"},
 		// The same from the environment.
 		{"variable not an integer", []string{"serve"}, map[string]string{"VIBEJOBS_CONCURRENCY": "abc"}, nil, 2, "VIBEJOBS_CONCURRENCY"},

@@ -335,7 +335,8 @@ func (c *Config) validateStore() error {
 	if pgURL, ok := postgresURL(c.Database); ok {
 		// A URL that does not parse can never connect: refused here, with
 		// the settings, rather than by Open (pgurl's errors quote none of
-		// it). Parsing reads no more than local files (a passfile).
+		// it). Parsing reads no more than local files (a passfile, the
+		// TLS files).
 		if _, err := pgurl.ParseConfig(pgURL); err != nil {
 			return fmt.Errorf("--database (VIBEJOBS_DATABASE): %w", err)
 		}

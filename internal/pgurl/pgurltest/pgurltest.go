@@ -12,7 +12,8 @@ const Canary = "Canary7pw"
 // escaped space, a pool setting that does not parse), and ones whose host
 // holds an @ (an @ left unescaped in a password), which pgx parses with the
 // rest of the password as the host name, named by every connect error after
-// a DNS lookup of it. Each is refused before any lookup.
+// a DNS lookup of it, and one naming a TLS file that does not exist,
+// which pgx reads as it parses. Each is refused before any lookup.
 var Refused = []string{
 	"host=127.0.0.1 user=app password='x " + Canary,
 	"host=127.0.0.1 user=app password = " + Canary + " port=x",
@@ -23,4 +24,5 @@ var Refused = []string{
 	"postgres://app:x@" + Canary + "@127.0.0.1:1,127.0.0.1:2/db",
 	"postgres://app:x@127.0.0.1:1,x@" + Canary + "@127.0.0.1:2/db",
 	"host=x@" + Canary + "@127.0.0.1 port=1 user=app",
+	"postgres://app:" + Canary + "@127.0.0.1:1/db?sslrootcert=/nonexistent/vibejobs-test/root.crt",
 }
