@@ -336,8 +336,6 @@ func TestExitCodes(t *testing.T) {
 		{"listen without a port", []string{"serve", "--listen", "8080"}, nil, nil, 2, "--listen (VIBEJOBS_LISTEN)"},
 		{"listen port out of range", []string{"serve", "--listen", "127.0.0.1:70000"}, nil, nil, 2, "--listen (VIBEJOBS_LISTEN)"},
 		{"database URL that does not parse", []string{"serve", "--database", "postgres://app@127.0.0.1:port/jobs"}, nil, nil, 2, "--database (VIBEJOBS_DATABASE)"},
-		{"database URL's sslrootcert missing", []string{"serve", "--database", "postgres://app@127.0.0.1:1/jobs?sslrootcert=" + missing}, nil, nil, 2,
-			"--database (VIBEJOBS_DATABASE): cannot read the sslrootcert file"},
 		{"database of another kind", []string{"serve", "--database", "mysql://db.example/jobs"}, nil, nil, 2, "--database"},
 		// The same from the environment.
 		{"variable not an integer", []string{"serve"}, map[string]string{"VIBEJOBS_CONCURRENCY": "abc"}, nil, 2, "VIBEJOBS_CONCURRENCY"},
@@ -353,6 +351,10 @@ func TestExitCodes(t *testing.T) {
 		// Well-formed settings whose use fails.
 		{"port taken", []string{"serve", "--listen", taken.Addr().String()}, nil, nil, 1, "listening"},
 		{"CA file missing", []string{"serve", "--ca-file", missing}, nil, nil, 1, "--ca-file"},
+		{"database URL's sslrootcert missing", []string{"serve", "--database", "postgres://app@127.0.0.1:1/jobs?sslrootcert=" + missing}, nil, nil, 1,
+			"--database (VIBEJOBS_DATABASE): cannot read the sslrootcert file"},
+		{"migrate sslrootcert missing", []string{"migrate", "--database", "postgres://app@127.0.0.1:1/jobs?sslrootcert=" + missing}, nil, nil, 1,
+			"cannot read the sslrootcert file"},
 		{"database directory missing", []string{"migrate", "--database", filepath.Join(missing, "vibejobs.db")}, nil, nil, 1, "migrating"},
 		{"master key file missing", []string{"master-key", "rotate"}, nil, nil, 1, "master key file"},
 		// The API commands, which read the process's environment; none

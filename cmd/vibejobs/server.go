@@ -336,8 +336,11 @@ func (c *Config) validateStore() error {
 		// A URL that does not parse can never connect: refused here, with
 		// the settings, rather than by Open (pgurl's errors quote none of
 		// it). Parsing reads no more than local files (a passfile, the
-		// TLS files).
-		if _, err := pgurl.ParseConfig(pgURL); err != nil {
+		// TLS files). A TLS file it names that cannot be read is no fault
+		// of the URL but of its use, as a missing --ca-file is: Run and
+		// Open report it (exit 1).
+		var fe *pgurl.FileError
+		if _, err := pgurl.ParseConfig(pgURL); err != nil && !errors.As(err, &fe) {
 			return fmt.Errorf("--database (VIBEJOBS_DATABASE): %w", err)
 		}
 	}
@@ -500,6 +503,13 @@ func (m *Main) Run(ctx context.Context) error {
 	client, err := newClient()
 	if err != nil {
 		return fmt.Errorf("--ca-file (VIBEJOBS_CA_FILE): %w", err)
+	}
+	// So are the TLS files the database URL names (sslrootcert, …),
+	// which validate leaves to the use.
+	if pgURL, ok := postgresURL(cfg.Database); ok {
+		if _, err := pgurl.ParseConfig(pgURL); err != nil {
+			return fmt.Errorf("--database (VIBEJOBS_DATABASE): %w", err)
+		}
 	}
 	// Bind before the rest: a taken port must stop the start before it
 	// creates anything (a first start prints the admin token only once).
