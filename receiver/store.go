@@ -36,7 +36,12 @@ type OutboxItem struct {
 	// equivalent document (PostgreSQL's jsonb reorders keys); the Worker
 	// restores the contract's exact bytes before calling the app.
 	Payload []byte
-	// Attempt counts the claims of this item, this one included.
+	// Attempt counts the attempts at this item, this one included. A claim
+	// counts one; a Worker that stops gives it back (ReleaseOutbox) when the
+	// app's function had not run the item to a result, so an item is not
+	// charged, in its backoff, for the worker's restarts. An attempt cut
+	// short by a crash or by the end of its lease stays counted: the function
+	// may have run, and nothing is left to say that it did not.
 	Attempt int
 }
 
@@ -54,6 +59,13 @@ type Outbox interface {
 	// FailOutbox releases the item leased by worker for a new claim at retryAt
 	// and records reason. It does nothing when worker no longer holds the item.
 	FailOutbox(ctx context.Context, runID, worker string, retryAt time.Time, reason string) error
+	// ReleaseOutbox gives back the item leased by worker unprocessed, without
+	// the attempt its claim counted: the next claim of the item carries the
+	// same Attempt. The item is due again at once (it was due when claimed,
+	// and its retry time is left as it was), and its last recorded error is
+	// kept, since no attempt replaced it. It does nothing when worker no
+	// longer holds the item.
+	ReleaseOutbox(ctx context.Context, runID, worker string) error
 }
 
 // RetentionStore deletes processed records.

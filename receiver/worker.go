@@ -22,7 +22,10 @@ import (
 // (a worker that dies after the effect and before recording success, a lease
 // that expires while the function still runs), and an outbox cannot prevent
 // that. payload is the delivery body, byte for byte as the platform signed it.
-// ctx ends when the item's lease ends or the worker stops.
+// ctx ends when the item's lease ends or the worker stops. An error returned
+// once the worker has stopped is taken for the stop's doing: the item is
+// given back for an immediate retry without counting the attempt (see
+// [Worker.ProcessBatch]).
 type ProcessFunc func(ctx context.Context, runID string, payload []byte) error
 
 // Worker defaults.
@@ -131,12 +134,16 @@ func NewWorker(cfg WorkerConfig) (*Worker, error) {
 func (w *Worker) ID() string { return w.id }
 
 // ProcessBatch claims up to Concurrency due items, runs them in parallel and
-// records each outcome: processed on success, a retry after Backoff on failure,
-// an immediate retry when ctx ended during the run. It returns once every item
-// it claimed is recorded, with how many it claimed and the errors of claiming
-// or recording (not the app's errors, which are recorded on the item and
-// logged). Calls must not overlap, nor run beside Run: their leases carry the
-// same ID.
+// records each outcome: processed on success (even one that returned after
+// ctx ended), a retry after Backoff on failure. Only an attempt that ran the
+// app's function to a result counts: an item that ctx, the worker's stop, kept
+// from one (ctx ended before its function began, or its function returned an
+// error once ctx had ended) is given back with [Outbox.ReleaseOutbox], due
+// again at once, and its next claim carries the same attempt number. It
+// returns once every item it claimed is recorded, with how many it claimed and
+// the errors of claiming or recording (not the app's errors, which are
+// recorded on the item and logged). Calls must not overlap, nor run beside
+// Run: their leases carry the same ID.
 func (w *Worker) ProcessBatch(ctx context.Context) (int, error) {
 	items, left, err := w.claim(ctx, w.concurrency)
 	if err != nil || len(items) == 0 {
@@ -174,29 +181,44 @@ func (w *Worker) claim(ctx context.Context, limit int) ([]OutboxItem, time.Durat
 	return items, left, nil
 }
 
-// runItem runs one item for at most left, the rest of its lease.
+// runItem runs one item for at most left, the rest of its lease, and records
+// its outcome (see ProcessBatch).
 func (w *Worker) runItem(ctx context.Context, it OutboxItem, left time.Duration) error {
-	pctx, cancel := context.WithTimeout(ctx, left)
-	err := w.call(pctx, it.RunID, canonicalPayload(it.RunID, it.Payload))
-	cancel()
+	var err error
+	ran := ctx.Err() == nil
+	if ran {
+		pctx, cancel := context.WithTimeout(ctx, left)
+		err = w.call(pctx, it.RunID, canonicalPayload(it.RunID, it.Payload))
+		cancel()
+	}
+	// Read as soon as the function returned: a failure of its own that came
+	// before a later stop still counts.
+	stopped := ctx.Err() != nil
 
 	sctx, scancel := context.WithTimeout(context.WithoutCancel(ctx), storeCallTimeout)
 	defer scancel()
-	if err == nil {
+	switch {
+	case ran && err == nil:
 		if err := w.outbox.CompleteOutbox(sctx, it.RunID, w.now()); err != nil {
 			return fmt.Errorf("recording run %s as processed: %w", it.RunID, err)
 		}
 		w.log.LogAttrs(ctx, slog.LevelInfo, "outbox item processed", slog.String("run_id", it.RunID), slog.Int("attempt", it.Attempt))
-		return nil
-	}
-	retryAt := w.now()
-	if ctx.Err() == nil {
-		retryAt = retryAt.Add(w.backoff(it.Attempt))
-	}
-	w.log.LogAttrs(ctx, slog.LevelWarn, "outbox item failed", slog.String("run_id", it.RunID),
-		slog.Int("attempt", it.Attempt), slog.Time("retry_at", retryAt), slog.String("error", err.Error()))
-	if ferr := w.outbox.FailOutbox(sctx, it.RunID, w.id, retryAt, truncate(err.Error(), 1024)); ferr != nil {
-		return fmt.Errorf("recording failure of run %s: %w", it.RunID, ferr)
+	case stopped:
+		attrs := []slog.Attr{slog.String("run_id", it.RunID), slog.Int("attempt", it.Attempt), slog.Bool("started", ran)}
+		if err != nil {
+			attrs = append(attrs, slog.String("error", err.Error()))
+		}
+		w.log.LogAttrs(ctx, slog.LevelInfo, "outbox item given back: the worker is stopping", attrs...)
+		if rerr := w.outbox.ReleaseOutbox(sctx, it.RunID, w.id); rerr != nil {
+			return fmt.Errorf("giving back run %s: %w", it.RunID, rerr)
+		}
+	default:
+		retryAt := w.now().Add(w.backoff(it.Attempt))
+		w.log.LogAttrs(ctx, slog.LevelWarn, "outbox item failed", slog.String("run_id", it.RunID),
+			slog.Int("attempt", it.Attempt), slog.Time("retry_at", retryAt), slog.String("error", err.Error()))
+		if ferr := w.outbox.FailOutbox(sctx, it.RunID, w.id, retryAt, truncate(err.Error(), 1024)); ferr != nil {
+			return fmt.Errorf("recording failure of run %s: %w", it.RunID, ferr)
+		}
 	}
 	return nil
 }
@@ -213,13 +235,14 @@ func (w *Worker) call(ctx context.Context, runID string, payload []byte) (err er
 }
 
 // Run processes items until ctx ends, then waits for the items in flight,
-// whose contexts end too, and returns nil. It keeps up to Concurrency items
-// running: when one finishes, the next due item is claimed at once while the
-// outbox had more work than was asked for at the last claim, and after
-// PollInterval otherwise, so one slow item never holds up the others. Errors
-// of the store are logged and retried after PollInterval. One Run per
-// Worker, and no ProcessBatch beside it: for more parallelism raise
-// Concurrency, or start more Workers.
+// whose contexts end too, records them as ProcessBatch does (an item stopped
+// short of a result is given back without counting its attempt), and returns
+// nil. It keeps up to Concurrency items running: when one finishes, the next
+// due item is claimed at once while the outbox had more work than was asked
+// for at the last claim, and after PollInterval otherwise, so one slow item
+// never holds up the others. Errors of the store are logged and retried
+// after PollInterval. One Run per Worker, and no ProcessBatch beside it: for
+// more parallelism raise Concurrency, or start more Workers.
 func (w *Worker) Run(ctx context.Context) error {
 	var wg sync.WaitGroup
 	defer wg.Wait()

@@ -18,8 +18,11 @@ type fakeOutbox struct {
 	completed []string
 	failed    map[string]time.Time
 	reasons   map[string]string
+	released  []string
 	// claimed, when set, runs inside ClaimOutbox (a claim that takes time).
 	claimed func()
+	// failedOnce, when set, is closed by the first FailOutbox.
+	failedOnce chan struct{}
 }
 
 func (o *fakeOutbox) ClaimOutbox(_ context.Context, _ string, _, _ time.Time, limit int) ([]receiver.OutboxItem, error) {
@@ -48,6 +51,17 @@ func (o *fakeOutbox) FailOutbox(_ context.Context, runID, _ string, retryAt time
 		o.failed, o.reasons = map[string]time.Time{}, map[string]string{}
 	}
 	o.failed[runID], o.reasons[runID] = retryAt, reason
+	if o.failedOnce != nil {
+		close(o.failedOnce)
+		o.failedOnce = nil
+	}
+	return nil
+}
+
+func (o *fakeOutbox) ReleaseOutbox(_ context.Context, runID, _ string) error {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.released = append(o.released, runID)
 	return nil
 }
 
@@ -93,8 +107,9 @@ func TestWorkerOutcomes(t *testing.T) {
 	}
 }
 
-// Stopping the worker cancels the running item and releases it for an
-// immediate retry instead of a backoff.
+// Stopping the worker cancels the running item and gives it back, due at
+// once and without counting the attempt, instead of recording a failure
+// that would charge the item an attempt and a backoff.
 func TestWorkerStopReleasesItem(t *testing.T) {
 	now := time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
 	o := &fakeOutbox{items: []receiver.OutboxItem{{RunID: "run_long", Payload: []byte(vectorBody), Attempt: 1}}}
@@ -117,8 +132,80 @@ func TestWorkerStopReleasesItem(t *testing.T) {
 	if err := <-stopped; err != nil {
 		t.Fatalf("Run = %v", err)
 	}
-	if got, ok := o.failed["run_long"]; !ok || !got.Equal(now) {
-		t.Fatalf("released for %v (%v), want now", got, ok)
+	if len(o.released) != 1 || o.released[0] != "run_long" || len(o.failed) != 0 || len(o.completed) != 0 {
+		t.Fatalf("released %v, failed %v, completed %v; want run_long released only", o.released, o.failed, o.completed)
+	}
+}
+
+// TestWorkerStopOutcomes: what a stop does to an item depends on what the
+// app's function made of it. Not started (the stop came during the claim):
+// given back unrun. Succeeded, even after the stop: processed. Failed before
+// the stop: a counted failure with its backoff.
+func TestWorkerStopOutcomes(t *testing.T) {
+	now := time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var ran []string
+	var mu sync.Mutex
+	o := &fakeOutbox{items: []receiver.OutboxItem{{RunID: "run_unstarted", Payload: []byte(vectorBody), Attempt: 2}}, claimed: cancel}
+	w, err := receiver.NewWorker(receiver.WorkerConfig{
+		Outbox: o,
+		Now:    func() time.Time { return now },
+		Logger: slog.New(slog.DiscardHandler),
+		Process: func(ctx context.Context, runID string, _ []byte) error {
+			mu.Lock()
+			ran = append(ran, runID)
+			mu.Unlock()
+			return nil
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n, err := w.ProcessBatch(ctx); n != 1 || err != nil {
+		t.Fatalf("ProcessBatch = %d, %v", n, err)
+	}
+	if len(ran) != 0 || len(o.released) != 1 || o.released[0] != "run_unstarted" || len(o.failed)+len(o.completed) != 0 {
+		t.Fatalf("stop during the claim: ran %v, released %v, failed %v, completed %v; want only a release", ran, o.released, o.failed, o.completed)
+	}
+
+	// The function sees the stop and still finishes its work.
+	ctx, cancel = context.WithCancel(context.Background())
+	defer cancel()
+	failedBeforeStop := make(chan struct{}) // its failure is recorded
+	o = &fakeOutbox{items: []receiver.OutboxItem{
+		{RunID: "run_done_after_stop", Payload: []byte(vectorBody), Attempt: 1},
+		{RunID: "run_failed_before_stop", Payload: []byte(vectorBody), Attempt: 3},
+	}, failedOnce: failedBeforeStop}
+	w, err = receiver.NewWorker(receiver.WorkerConfig{
+		Outbox:      o,
+		Concurrency: 2,
+		Now:         func() time.Time { return now },
+		Logger:      slog.New(slog.DiscardHandler),
+		Process: func(pctx context.Context, runID string, _ []byte) error {
+			if runID == "run_failed_before_stop" {
+				return errors.New("smtp 451")
+			}
+			<-failedBeforeStop
+			cancel()
+			<-pctx.Done()
+			return nil
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n, err := w.ProcessBatch(ctx); n != 2 || err != nil {
+		t.Fatalf("ProcessBatch = %d, %v", n, err)
+	}
+	if len(o.completed) != 1 || o.completed[0] != "run_done_after_stop" {
+		t.Fatalf("completed %v, want run_done_after_stop", o.completed)
+	}
+	if got, ok := o.failed["run_failed_before_stop"]; !ok || !got.Equal(now.Add(receiver.DefaultBackoff(3))) {
+		t.Fatalf("run_failed_before_stop: retry at %v (%v), want after its backoff", got, ok)
+	}
+	if len(o.released) != 0 {
+		t.Fatalf("released %v, want none", o.released)
 	}
 }
 

@@ -322,6 +322,17 @@ func (s *Store) FailOutbox(ctx context.Context, runID, worker string, retryAt ti
 	return nil
 }
 
+// ReleaseOutbox implements receiver.Outbox.
+func (s *Store) ReleaseOutbox(ctx context.Context, runID, worker string) error {
+	_, err := s.execReadCommitted(ctx, `UPDATE job_outbox
+		SET locked_by = NULL, locked_until = NULL, attempts = greatest(attempts - 1, 0)
+		WHERE run_id = $1 AND locked_by = $2 AND processed_at IS NULL`, runID, worker)
+	if err != nil {
+		return fmt.Errorf("pgstore: giving back outbox item: %w", err)
+	}
+	return nil
+}
+
 // DeleteProcessedOutbox implements receiver.RetentionStore.
 func (s *Store) DeleteProcessedOutbox(ctx context.Context, before time.Time, limit int) (int, error) {
 	tag, err := s.execReadCommitted(ctx, `DELETE FROM job_outbox WHERE run_id IN (

@@ -322,6 +322,20 @@ func (s *Store) FailOutbox(ctx context.Context, runID, worker string, retryAt ti
 	return nil
 }
 
+// ReleaseOutbox implements receiver.Outbox.
+func (s *Store) ReleaseOutbox(ctx context.Context, runID, worker string) error {
+	err := s.inTx(ctx, func(tx *sql.Tx) error {
+		_, err := tx.ExecContext(ctx, `UPDATE job_outbox
+			SET locked_by = NULL, locked_until = NULL, attempts = max(attempts - 1, 0)
+			WHERE run_id = ?1 AND locked_by = ?2 AND processed_at IS NULL`, runID, worker)
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("sqlitestore: giving back outbox item: %w", err)
+	}
+	return nil
+}
+
 // DeleteProcessedOutbox implements receiver.RetentionStore.
 func (s *Store) DeleteProcessedOutbox(ctx context.Context, before time.Time, limit int) (int, error) {
 	n, err := s.deleteBatch(ctx, `DELETE FROM job_outbox WHERE run_id IN (

@@ -52,6 +52,8 @@ func Run(t *testing.T, h Harness) {
 	t.Run("LeaseEndsNoEarlier", func(t *testing.T) { testLeaseEndsNoEarlier(t, h) })
 	t.Run("RetryComesNoEarlier", func(t *testing.T) { testRetryComesNoEarlier(t, h) })
 	t.Run("LateCompletionStands", func(t *testing.T) { testLateCompletionStands(t, h) })
+	t.Run("ReleaseGivesBackTheAttempt", func(t *testing.T) { testReleaseGivesBackTheAttempt(t, h) })
+	t.Run("WorkerStopGivesBackTheAttempt", func(t *testing.T) { testWorkerStopGivesBackTheAttempt(t, h) })
 	t.Run("WorkerRetriesWithBackoff", func(t *testing.T) { testWorkerRetries(t, h) })
 	t.Run("ConcurrentWorkers", func(t *testing.T) { testConcurrentWorkers(t, h) })
 	t.Run("Retention", func(t *testing.T) { testRetention(t, h) })
@@ -378,6 +380,128 @@ func testLateCompletionStands(t *testing.T, h Harness) {
 	}
 }
 
+// testReleaseGivesBackTheAttempt: an item given back by its holder is due
+// again at once with the attempt its claim counted taken back, and with the
+// error of the last attempt that counted; a worker that does not hold the
+// item cannot give it back, nor can anyone once it is processed.
+func testReleaseGivesBackTheAttempt(t *testing.T, h Harness) {
+	s, _ := h.New(t)
+	ctx := context.Background()
+	mustAccept(t, s, "run_1")
+	t0 := time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
+	if got, err := s.ClaimOutbox(ctx, "a", t0, t0.Add(time.Minute), 1); err != nil || len(got) != 1 || got[0].Attempt != 1 {
+		t.Fatalf("first claim: %v, %v", got, err)
+	}
+	retryAt := t0.Add(time.Minute)
+	if err := s.FailOutbox(ctx, "run_1", "a", retryAt, "boom"); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := s.ClaimOutbox(ctx, "b", retryAt, retryAt.Add(time.Minute), 1); err != nil || len(got) != 1 || got[0].Attempt != 2 {
+		t.Fatalf("claim at the retry time: %v, %v", got, err)
+	}
+	// Not b's to give back: nothing changes.
+	if err := s.ReleaseOutbox(ctx, "run_1", "a"); err != nil {
+		t.Fatal(err)
+	}
+	if st := h.Inspect(t, s, "run_1"); st.LockedBy != "b" || st.Attempts != 2 {
+		t.Fatalf("after a release by a worker that does not hold the item: %+v", st)
+	}
+	if err := s.ReleaseOutbox(ctx, "run_1", "b"); err != nil {
+		t.Fatal(err)
+	}
+	if st := h.Inspect(t, s, "run_1"); st.LockedBy != "" || st.Attempts != 1 || st.LastError != "boom" || st.Processed {
+		t.Fatalf("after b gave it back: %+v, want unlocked, 1 attempt, last error boom", st)
+	}
+	// Due at once, well inside b's lease, under the attempt number b had.
+	at := retryAt.Add(time.Second)
+	got, err := s.ClaimOutbox(ctx, "c", at, at.Add(time.Minute), 1)
+	if err != nil || len(got) != 1 || got[0].Attempt != 2 {
+		t.Fatalf("claim after the release: %v, %v; want the item at attempt 2", got, err)
+	}
+	if err := s.CompleteOutbox(ctx, "run_1", at); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.ReleaseOutbox(ctx, "run_1", "c"); err != nil {
+		t.Fatal(err)
+	}
+	if st := h.Inspect(t, s, "run_1"); !st.Processed || st.Attempts != 2 {
+		t.Fatalf("a release after completion changed the item: %+v", st)
+	}
+}
+
+// testWorkerStopGivesBackTheAttempt: a Worker stopped while the app's
+// function runs gives the item back without counting the attempt, and one
+// stopped between its claim and the function's start gives it back without
+// running it; either way the item's next claim is its first attempt again.
+func testWorkerStopGivesBackTheAttempt(t *testing.T, h Harness) {
+	s, _ := h.New(t)
+	mustAccept(t, s, "run_1")
+	newWorker := func(o receiver.Outbox, process receiver.ProcessFunc) *receiver.Worker {
+		t.Helper()
+		w, err := receiver.NewWorker(receiver.WorkerConfig{Outbox: o, Process: process, Logger: discardLogger(), PollInterval: time.Hour})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return w
+	}
+
+	// Stopped mid-run: the function sees ctx end and returns its error.
+	started := make(chan struct{})
+	w := newWorker(s, func(ctx context.Context, _ string, _ []byte) error {
+		close(started)
+		<-ctx.Done()
+		return ctx.Err()
+	})
+	ctx, cancel := context.WithCancel(context.Background())
+	stopped := make(chan error, 1)
+	go func() { stopped <- w.Run(ctx) }()
+	<-started
+	cancel()
+	if err := <-stopped; err != nil {
+		t.Fatalf("Run = %v", err)
+	}
+	if st := h.Inspect(t, s, "run_1"); st.Attempts != 0 || st.LockedBy != "" || st.Processed {
+		t.Fatalf("after a stop mid-run: %+v, want 0 attempts and unlocked", st)
+	}
+
+	// Stopped once the claim committed: the function never starts.
+	ctx, cancel = context.WithCancel(context.Background())
+	defer cancel()
+	ran := false
+	w = newWorker(cancelOnClaim{Outbox: s, cancel: cancel}, func(context.Context, string, []byte) error {
+		ran = true
+		return nil
+	})
+	if n, err := w.ProcessBatch(ctx); n != 1 || err != nil {
+		t.Fatalf("ProcessBatch = %d, %v", n, err)
+	}
+	if st := h.Inspect(t, s, "run_1"); ran || st.Attempts != 0 || st.LockedBy != "" || st.Processed {
+		t.Fatalf("after a stop during the claim: ran %v, %+v; want not run, 0 attempts, unlocked", ran, st)
+	}
+
+	// The next worker runs it as its first attempt.
+	w = newWorker(s, func(context.Context, string, []byte) error { return nil })
+	if n, err := w.ProcessBatch(context.Background()); n != 1 || err != nil {
+		t.Fatalf("ProcessBatch = %d, %v", n, err)
+	}
+	if st := h.Inspect(t, s, "run_1"); st.Attempts != 1 || !st.Processed {
+		t.Fatalf("after the run that completed it: %+v, want 1 attempt, processed", st)
+	}
+}
+
+// cancelOnClaim cancels the worker's context once its claim has committed:
+// a stop that comes between the claim and the run.
+type cancelOnClaim struct {
+	receiver.Outbox
+	cancel context.CancelFunc
+}
+
+func (o cancelOnClaim) ClaimOutbox(ctx context.Context, worker string, now, leaseUntil time.Time, limit int) ([]receiver.OutboxItem, error) {
+	items, err := o.Outbox.ClaimOutbox(ctx, worker, now, leaseUntil, limit)
+	o.cancel()
+	return items, err
+}
+
 func canonical(it receiver.OutboxItem) []byte {
 	var got []byte
 	w, _ := receiver.NewWorker(receiver.WorkerConfig{
@@ -399,6 +523,7 @@ func (staticOutbox) CompleteOutbox(context.Context, string, time.Time) error { r
 func (staticOutbox) FailOutbox(context.Context, string, string, time.Time, string) error {
 	return nil
 }
+func (staticOutbox) ReleaseOutbox(context.Context, string, string) error { return nil }
 
 func testWorkerRetries(t *testing.T, h Harness) {
 	s, _ := h.New(t)
