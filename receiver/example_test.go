@@ -73,6 +73,7 @@ func ExampleNewHandler() {
 	body := contract.Body(contract.Payload{JobID: "job_digest", RunID: "run_1", ScheduledFor: time.Now().UTC(), Attempt: 1, Trigger: "schedule"})
 	for range 2 { // the second delivery of the same run gets the same answer
 		req, _ := http.NewRequest(http.MethodPost, srv.URL, strings.NewReader(string(body)))
+		req.Header.Set("Content-Type", "application/json")
 		req.Header.Set("X-Vibe-Caller-Kind", "schedule")
 		req.Header.Set("Vibe-Signature", contract.Sign(secret, time.Now().Unix(), body))
 		resp, err := http.DefaultClient.Do(req)

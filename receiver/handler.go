@@ -7,9 +7,11 @@ import (
 	"errors"
 	"io"
 	"log/slog"
+	"mime"
 	"net"
 	"net/http"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/vibejobs/vibejobs/contract"
@@ -100,17 +102,23 @@ func newHandler(cfg Config) (*Handler, error) {
 // NewHandler returns the handler that receives deliveries and accepts them
 // durably through store. For each POST it, in this order:
 //
-//  1. reads the raw body through the 64 KiB bound before any parsing: 413 beyond
+//  1. requires exactly one Content-Type header whose media type is the one the
+//     platform sends, application/json (compared without regard to ASCII case,
+//     parameters allowed, but a charset, if given, must be utf-8): 415
+//     otherwise, before a byte of the body is read (closing an HTTP/1.x
+//     connection, as for 413). The platform retries a 415, so a proxy that
+//     rewrites the header can be fixed before the run's attempts run out;
+//  2. reads the raw body through the 64 KiB bound before any parsing: 413 beyond
 //     it (at once when Content-Length announces more), closing an HTTP/1.x
 //     connection rather than reading the rest;
-//  2. requires exactly one physical X-Vibe-Caller-Kind line with the value
+//  3. requires exactly one physical X-Vibe-Caller-Kind line with the value
 //     "schedule" and exactly one physical Vibe-Signature line, and verifies the
 //     signature: 401 otherwise; but 503 while the Verifier holds no secret
 //     yet (a zero Verifier before SetSecrets), since the platform takes 401
 //     as a refusal for good and would fail the run;
-//  3. validates the body with [ValidatePayload] and the job id against
+//  4. validates the body with [ValidatePayload] and the job id against
 //     Config.JobIDs: 400 otherwise;
-//  4. calls store.Accept with the run id and the raw body and answers with the
+//  5. calls store.Accept with the run id and the raw body and answers with the
 //     stored response, which is 202 {"accepted":true} for the first and every
 //     repeated delivery of a run. A store error is answered 503, a stored
 //     response that is not 2xx 500: never 2xx without a commit.
@@ -136,7 +144,7 @@ func NewHandler(cfg Config, store Store) (*Handler, error) {
 	return h, nil
 }
 
-// NewMiddleware returns a handler that does steps 1–3 of [NewHandler] and then
+// NewMiddleware returns a handler that does steps 1–4 of [NewHandler] and then
 // calls next with the verified request: its Body rereads the exact raw bytes
 // and [PayloadFromContext] returns the parsed payload. next is responsible for
 // durable deduplication on the run id, and should commit it under a context
@@ -168,6 +176,7 @@ var (
 	errBodyTooLarge   = errors.New("receiver: body larger than 64 KiB")
 	errBodyConnection = errors.New("receiver: the connection failed or timed out while the body was read")
 	errNoSecret       = errors.New("receiver: no secret configured: the Verifier has none yet (SetSecrets)")
+	errContentType    = errors.New("receiver: Content-Type is not a single application/json header")
 )
 
 // ServeHTTP implements http.Handler.
@@ -177,18 +186,16 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		h.reject(w, r, http.StatusMethodNotAllowed, "method_not_allowed", "", nil)
 		return
 	}
+	if !jsonContentType(r.Header) {
+		closeUnreadBody(w, r)
+		h.reject(w, r, http.StatusUnsupportedMediaType, "unsupported_media_type", "", errContentType)
+		return
+	}
 	body, err := h.readBody(w, r)
 	switch {
 	case err == nil:
 	case errors.Is(err, errBodyTooLarge):
-		if r.ProtoMajor == 1 {
-			// Without it net/http reads and discards up to 256 KiB of the
-			// unread body before answering on a connection it keeps, so an
-			// announced oversized body would not be answered at once.
-			// http.MaxBytesReader does the same when it trips. (On HTTP/2
-			// this header would shut down every stream of the connection.)
-			w.Header().Set("Connection", "close")
-		}
+		closeUnreadBody(w, r)
 		h.reject(w, r, http.StatusRequestEntityTooLarge, "body_too_large", "", nil)
 		return
 	default:
@@ -239,6 +246,40 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	h.accept(w, r, p, body)
+}
+
+// closeUnreadBody makes an answer given before the body was read (or read
+// whole) the connection's last on HTTP/1.x. Without it net/http reads and
+// discards up to 256 KiB of the unread body before answering on a connection
+// it keeps, so the refusal would wait for a body it does not need, or for a
+// timeout when the client waits for the answer first. http.MaxBytesReader
+// does the same when it trips. (On HTTP/2 the header would shut down every
+// stream of the connection.)
+func closeUnreadBody(w http.ResponseWriter, r *http.Request) {
+	if r.ProtoMajor == 1 {
+		w.Header().Set("Connection", "close")
+	}
+}
+
+// jsonContentType reports whether h holds exactly one Content-Type value,
+// under any ASCII case of the name, with the media type application/json in
+// any ASCII case (RFC 9110 §8.3.1) and, if it names a charset, utf-8: the
+// contract's body is UTF-8 JSON. Other parameters are allowed.
+func jsonContentType(h http.Header) bool {
+	v, n := headerLines(h, "Content-Type")
+	if n != 1 {
+		return false
+	}
+	base, _, _ := strings.Cut(v, ";")
+	if !asciiEqualFold(strings.Trim(base, " \t"), contract.ContentType) {
+		return false
+	}
+	_, params, err := mime.ParseMediaType(v)
+	if err != nil {
+		return false
+	}
+	charset, ok := params["charset"]
+	return !ok || asciiEqualFold(charset, "utf-8")
 }
 
 func (h *Handler) accept(w http.ResponseWriter, r *http.Request, p contract.Payload, body []byte) {

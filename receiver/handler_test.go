@@ -202,7 +202,7 @@ func TestHandlerDuplicateHeaderLines(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			resp := rawRequest(t, ts.addr(), c.lines, []byte(vectorBody))
+			resp := rawRequest(t, ts.addr(), append([]string{"Content-Type: application/json"}, c.lines...), []byte(vectorBody))
 			body := readBody(t, resp)
 			if resp.StatusCode != c.want {
 				t.Fatalf("status %d %s, want %d", resp.StatusCode, body, c.want)
@@ -235,7 +235,7 @@ func TestHandlerIgnoresTrailers(t *testing.T) {
 			}
 			defer conn.Close()
 			conn.SetDeadline(time.Now().Add(10 * time.Second))
-			fmt.Fprintf(conn, "POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n%s\r\n\r\n%x\r\n%s\r\n0\r\n%s\r\n\r\n",
+			fmt.Fprintf(conn, "POST / HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n%s\r\n\r\n%x\r\n%s\r\n0\r\n%s\r\n\r\n",
 				strings.Join(c.header, "\r\n"), len(vectorBody), vectorBody, strings.Join(c.trailers, "\r\n"))
 			resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
 			if err != nil {
@@ -267,6 +267,7 @@ func TestHandlerHTTP2HeaderFields(t *testing.T) {
 	} {
 		req, _ := http.NewRequest(http.MethodPost, ts.URL, strings.NewReader(vectorBody))
 		req.Header[contract.HeaderCallerKind] = c.caller
+		req.Header.Set("Content-Type", contract.ContentType)
 		req.Header[contract.HeaderSignature] = c.sig
 		resp, err := ts.Client().Do(req)
 		if err != nil {
@@ -282,6 +283,7 @@ func TestHandlerStatusCodes(t *testing.T) {
 	post := func(body string) *http.Request {
 		req, _ := http.NewRequest(http.MethodPost, "/", strings.NewReader(body))
 		req.Header.Set(contract.HeaderCallerKind, contract.CallerKindSchedule)
+		req.Header.Set("Content-Type", contract.ContentType)
 		req.Header.Set(contract.HeaderSignature, contract.Sign(vectorSecret, vectorT, []byte(body)))
 		return req
 	}
@@ -373,6 +375,7 @@ func TestHandlerBodyBound(t *testing.T) {
 		}
 		req, _ := http.NewRequest(http.MethodPost, ts.URL, r)
 		req.Header.Set(contract.HeaderCallerKind, contract.CallerKindSchedule)
+		req.Header.Set("Content-Type", contract.ContentType)
 		req.Header.Set(contract.HeaderSignature, contract.Sign(vectorSecret, vectorT, body))
 		resp, err := ts.Client().Do(req)
 		if err != nil {
@@ -455,6 +458,7 @@ func TestHandlerOversizeOverHTTP2KeepsTheConnection(t *testing.T) {
 		}}
 		req, _ := http.NewRequestWithContext(httptrace.WithClientTrace(context.Background(), trace), http.MethodPost, ts.URL, bytes.NewReader(body))
 		req.Header.Set(contract.HeaderCallerKind, contract.CallerKindSchedule)
+		req.Header.Set("Content-Type", contract.ContentType)
 		req.Header.Set(contract.HeaderSignature, contract.Sign(vectorSecret, vectorT, body))
 		resp, err := ts.Client().Do(req)
 		if err != nil {
@@ -648,6 +652,7 @@ func TestHandlerAcceptOutlivesTimeoutHandler(t *testing.T) {
 	}), time.Millisecond, "timeout")
 	req := httptest.NewRequest(http.MethodPost, "/", strings.NewReader(vectorBody))
 	req.Header.Set(contract.HeaderCallerKind, contract.CallerKindSchedule)
+	req.Header.Set("Content-Type", contract.ContentType)
 	req.Header.Set(contract.HeaderSignature, vectorHeader)
 	th.ServeHTTP(httptest.NewRecorder(), req)
 	<-returned
@@ -682,6 +687,7 @@ func TestHandlerAcceptContext(t *testing.T) {
 			h := newTestHandler(t, store, func(cfg *receiver.Config) { cfg.AcceptTimeout = c.timeout })
 			req, _ := http.NewRequestWithContext(ctx, http.MethodPost, "/", strings.NewReader(vectorBody))
 			req.Header.Set(contract.HeaderCallerKind, contract.CallerKindSchedule)
+			req.Header.Set("Content-Type", contract.ContentType)
 			req.Header.Set(contract.HeaderSignature, vectorHeader)
 			start := time.Now()
 			rec := httptest.NewRecorder()
@@ -722,6 +728,7 @@ func TestHandlerNeverLogsSecretSignatureOrBody(t *testing.T) {
 			for _, hh := range []*receiver.Handler{h, h2} {
 				r := httptest.NewRequest(http.MethodPost, "/", strings.NewReader(req.body))
 				r.Header.Set(contract.HeaderCallerKind, "schedule")
+				r.Header.Set("Content-Type", contract.ContentType)
 				r.Header.Set(contract.HeaderSignature, req.sig)
 				hh.ServeHTTP(httptest.NewRecorder(), r)
 			}
@@ -760,7 +767,7 @@ func TestMiddlewarePassesTheVerifiedRequest(t *testing.T) {
 	if resp.StatusCode != http.StatusNoContent || gotBody != vectorBody || gotPayload.RunID != "run_vector" {
 		t.Fatalf("next saw status %d body %q payload %+v", resp.StatusCode, gotBody, gotPayload)
 	}
-	resp = rawRequest(t, ts.addr(), []string{"X-Vibe-Caller-Kind: schedule", "Vibe-Signature: t=1,v1=" + vectorMAC}, []byte(vectorBody))
+	resp = rawRequest(t, ts.addr(), []string{"Content-Type: application/json", "X-Vibe-Caller-Kind: schedule", "Vibe-Signature: t=1,v1=" + vectorMAC}, []byte(vectorBody))
 	if readBody(t, resp); resp.StatusCode != 401 {
 		t.Fatalf("unsigned request reached %d", resp.StatusCode)
 	}
@@ -774,6 +781,7 @@ func BenchmarkHandlerInMemory(b *testing.B) {
 	for b.Loop() {
 		r := httptest.NewRequest(http.MethodPost, "/", bytes.NewReader(body))
 		r.Header.Set(contract.HeaderCallerKind, "schedule")
+		r.Header.Set("Content-Type", contract.ContentType)
 		r.Header.Set(contract.HeaderSignature, vectorHeader)
 		w := httptest.NewRecorder()
 		h.ServeHTTP(w, r)
@@ -801,6 +809,7 @@ func TestHandlerWithoutSecretAnswersUnavailable(t *testing.T) {
 	deliver := func() *httptest.ResponseRecorder {
 		r := httptest.NewRequest(http.MethodPost, "/", bytes.NewReader(body))
 		r.Header.Set(contract.HeaderCallerKind, contract.CallerKindSchedule)
+		r.Header.Set("Content-Type", contract.ContentType)
 		r.Header.Set(contract.HeaderSignature, contract.Sign(vectorSecret, time.Now().Unix(), body))
 		w := httptest.NewRecorder()
 		h.ServeHTTP(w, r)
@@ -844,6 +853,7 @@ func TestHandlerNilBody(t *testing.T) {
 			t.Fatal(err)
 		}
 		req.Header.Set(contract.HeaderCallerKind, contract.CallerKindSchedule)
+		req.Header.Set("Content-Type", contract.ContentType)
 		req.Header.Set(contract.HeaderSignature, contract.Sign(vectorSecret, vectorT, nil))
 		rec := httptest.NewRecorder()
 		func() {
@@ -860,5 +870,98 @@ func TestHandlerNilBody(t *testing.T) {
 		if store.calls.Load() != 0 {
 			t.Fatal("store called for an empty body")
 		}
+	}
+}
+
+// TestHandlerContentType: the platform sends Content-Type: application/json.
+// The media type is compared without regard to ASCII case and may carry
+// parameters (RFC 9110 §8.3.1), a charset only if utf-8; anything else, a
+// missing header or a repeated one is answered 415, retried by the
+// platform, before the body is read or anything is verified or stored.
+func TestHandlerContentType(t *testing.T) {
+	cases := []struct {
+		name  string
+		lines []string // Content-Type lines
+		want  int
+	}{
+		{"the contract's", []string{"Content-Type: application/json"}, 202},
+		{"charset utf-8", []string{"Content-Type: application/json; charset=utf-8"}, 202},
+		{"any ASCII case", []string{"content-type: Application/JSON; Charset=UTF-8"}, 202},
+		{"quoted charset, no space", []string{`Content-Type: application/json;charset="utf-8"`}, 202},
+		{"space before the semicolon", []string{"Content-Type: application/json ; charset=utf-8"}, 202},
+		{"another parameter", []string{"Content-Type: application/json; profile=x"}, 202},
+		{"missing", nil, 415},
+		{"empty", []string{"Content-Type:"}, 415},
+		{"text/plain", []string{"Content-Type: text/plain"}, 415},
+		{"form", []string{"Content-Type: application/x-www-form-urlencoded"}, 415},
+		{"octet-stream", []string{"Content-Type: application/octet-stream"}, 415},
+		{"a +json type", []string{"Content-Type: application/vnd.api+json"}, 415},
+		{"a longer subtype", []string{"Content-Type: application/json-seq"}, 415},
+		{"another charset", []string{"Content-Type: application/json; charset=iso-8859-1"}, 415},
+		{"malformed parameter", []string{"Content-Type: application/json; charset"}, 415},
+		{"a list", []string{"Content-Type: application/json, text/plain"}, 415},
+		{"twice", []string{"Content-Type: application/json", "Content-Type: application/json"}, 415},
+		{"twice, other case", []string{"Content-Type: application/json", "content-type: application/json"}, 415},
+	}
+	store := &memStore{}
+	var logs syncbuf.Buffer
+	ts := startServer(t, newTestHandler(t, store, func(c *receiver.Config) { c.Logger = slog.New(slog.NewTextHandler(&logs, nil)) }), nil)
+	accepted := 0
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			lines := append(c.lines[:len(c.lines):len(c.lines)], signedLines(vectorBody)[1:]...)
+			resp := rawRequest(t, ts.addr(), lines, []byte(vectorBody))
+			body := readBody(t, resp)
+			if resp.StatusCode != c.want {
+				t.Fatalf("answered %d %s, want %d", resp.StatusCode, body, c.want)
+			}
+			if c.want == 202 {
+				accepted++
+			} else if body != `{"error":"unsupported_media_type"}` {
+				t.Fatalf("body %s", body)
+			}
+			if n := int(store.calls.Load()); n != accepted {
+				t.Fatalf("store called %d times after %d deliveries with a JSON Content-Type", n, accepted)
+			}
+		})
+	}
+	if out := logs.String(); !strings.Contains(out, "reason=unsupported_media_type") || strings.Contains(out, "text/plain") {
+		t.Errorf("logs, want the refusal without the header's value:\n%s", out)
+	}
+
+	// The answer does not wait for the body: the client announces one and
+	// sends none, and the connection is not kept for the unread rest.
+	conn, err := net.Dial("tcp", ts.addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	conn.SetDeadline(time.Now().Add(10 * time.Second)) // a guard against a hang
+	fmt.Fprintf(conn, "POST / HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\nContent-Type: text/plain\r\n%s\r\n\r\n",
+		len(vectorBody), strings.Join(signedLines(vectorBody)[1:], "\r\n"))
+	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	if err != nil {
+		t.Fatalf("no answer before the body was sent: %v", err)
+	}
+	if b := readBody(t, resp); resp.StatusCode != http.StatusUnsupportedMediaType || !resp.Close {
+		t.Fatalf("answered %d %s (close %v), want 415 and the connection closed", resp.StatusCode, b, resp.Close)
+	}
+
+	// The middleware refuses alike and never calls next.
+	mw, err := receiver.NewMiddleware(receiver.Config{
+		Verifier: mustVerifier(t, receiver.Secrets{Current: vectorSecret}, fixedClock(vectorT)),
+		Logger:   slog.New(slog.DiscardHandler),
+	}, http.HandlerFunc(func(http.ResponseWriter, *http.Request) { t.Error("next called for a text/plain delivery") }))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req := httptest.NewRequest(http.MethodPost, "/", strings.NewReader(vectorBody))
+	req.Header.Set("Content-Type", "text/plain")
+	req.Header.Set(contract.HeaderCallerKind, contract.CallerKindSchedule)
+	req.Header.Set(contract.HeaderSignature, vectorHeader)
+	rec := httptest.NewRecorder()
+	mw.ServeHTTP(rec, req)
+	if rec.Code != http.StatusUnsupportedMediaType {
+		t.Fatalf("middleware answered %d %s, want 415", rec.Code, rec.Body)
 	}
 }

@@ -5,8 +5,9 @@
 //   - [Verifier] checks the Vibe-Signature header (exact form, freshness, HMAC in
 //     constant time) against the current job secret and, during a rotation, the
 //     previous one until its expiry.
-//   - [NewHandler] is an http.Handler that reads the raw body through the 64 KiB
-//     bound, counts physical header lines, verifies, validates the body against the
+//   - [NewHandler] is an http.Handler that refuses a Content-Type other than
+//     application/json (415), reads the raw body through the 64 KiB bound,
+//     counts physical header lines, verifies, validates the body against the
 //     contract's schema ([ValidatePayload]) and durably accepts the run through a
 //     [Store], answering with the stored response only after commit.
 //     [NewMiddleware] does the same checks and hands the request to the app's own

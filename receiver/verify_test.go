@@ -344,6 +344,7 @@ func TestZeroVerifier(t *testing.T) {
 		want int
 	}{{time.Now().Unix(), http.StatusAccepted}, {time.Now().Unix() - 3600, http.StatusUnauthorized}} {
 		r := httptest.NewRequest(http.MethodPost, "/", strings.NewReader(vectorBody))
+		r.Header.Set("Content-Type", "application/json")
 		r.Header.Set("X-Vibe-Caller-Kind", "schedule")
 		r.Header.Set("Vibe-Signature", contract.Sign(vectorSecret, c.ts, body))
 		w := httptest.NewRecorder()
