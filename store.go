@@ -488,6 +488,14 @@ type MaintenanceStore interface {
 	// pruned). A deleted job is already invisible; this bounds the rows
 	// that a project creating and deleting jobs leaves behind.
 	PruneDeletedJobs(ctx context.Context, projectID string, cutoff time.Time, limit int) (int, error)
+	// PruneRevokedTokens deletes up to limit of the project's tokens
+	// revoked before cutoff, the earliest revoked first. A live token is
+	// never pruned, so the live tokens MaxTokensPerProject counts are the
+	// same before and after. Revoked tokens are kept for the record (they
+	// are listed, and a request carrying one is told it was revoked) as
+	// long as the project's history; this bounds the rows a project
+	// minting and revoking tokens leaves behind.
+	PruneRevokedTokens(ctx context.Context, projectID string, cutoff time.Time, limit int) (int, error)
 	// PruneEvents deletes up to limit of the project's events from the start
 	// of its feed, in sequence order, that occurred before cutoff and that
 	// every subscription of the project has passed (its cursor is at or

@@ -144,7 +144,8 @@ type Token struct {
 // MaxTokensPerProject bounds a project's live tokens: those not revoked,
 // installation tokens included. Minting one more is refused (ECONFLICT
 // too_many_tokens) until one is revoked; revoked tokens are kept for the
-// record and do not count.
+// record, as long as the project's history (MaintenanceStore.
+// PruneRevokedTokens), and do not count.
 const MaxTokensPerProject = 100
 
 // RunRef is the short form of a run shown on its job.

@@ -204,9 +204,9 @@ func (m *Maintainer) ExpireOnce(ctx context.Context) {
 }
 
 // PruneOnce deletes finished history older than each project's retention
-// (runs with their attempts, the start of the event feed, and jobs deleted
-// before it that no run refers to any more), in small batches, and expired
-// idempotency records and dashboard sessions.
+// (runs with their attempts, the start of the event feed, jobs deleted
+// before it that no run refers to any more, and tokens revoked before it),
+// in small batches, and expired idempotency records and dashboard sessions.
 func (m *Maintainer) PruneOnce(ctx context.Context) {
 	now := m.cfg.Now()
 	sctx, cancel := m.storeCtx(ctx)
@@ -231,6 +231,11 @@ func (m *Maintainer) PruneOnce(ctx context.Context) {
 		// After the runs: a deleted job goes with its last run.
 		m.inBatches(ctx, "maintenance.prune_failed", func(ctx context.Context, limit int) (int, error) {
 			return m.cfg.Store.PruneDeletedJobs(ctx, p.ID, cutoff, limit)
+		})
+		// A revoked token is kept for the record as long as the history
+		// it may appear beside; live tokens are never pruned.
+		m.inBatches(ctx, "maintenance.prune_failed", func(ctx context.Context, limit int) (int, error) {
+			return m.cfg.Store.PruneRevokedTokens(ctx, p.ID, cutoff, limit)
 		})
 	}
 	for _, prune := range []func(context.Context, time.Time, int) (int, error){

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"log/slog"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -39,7 +40,7 @@ func finishedRun(t *testing.T, st vibejobs.Store, j *vibejobs.Job, id string, fi
 // project's retention goes (the installation's 90 days by default, a
 // project's own setting when it has one); unfinished runs always stay. The
 // start of each feed goes under the same retention, up to its first recent
-// event.
+// event, and so do revoked tokens (live ones stay however old).
 func TestPruneHonoursProjectRetention(t *testing.T) {
 	ctx := context.Background()
 	now := t0
@@ -92,8 +93,33 @@ func TestPruneHonoursProjectRetention(t *testing.T) {
 		}
 	}
 
+	// Tokens revoked 20 days ago: gone in the 10-day project, kept in the
+	// default one; a live token created long ago stays in both.
+	tokens := map[string]bool{} // id: kept
+	for _, p := range projects {
+		for i, revoked := range []bool{true, true, false} {
+			tok := &vibejobs.Token{ID: "tok_" + p.Name + strconv.Itoa(i), ProjectID: p.ID, Name: "t", Role: vibejobs.RoleRead,
+				Prefix: "vjt_", Hash: []byte(p.ID + strconv.Itoa(i)), CreatedAt: t0.AddDate(0, 0, -200)}
+			if err := st.Update(ctx, func(tx vibejobs.Tx) error {
+				if err := tx.CreateToken(ctx, tok, vibejobs.MaxTokensPerProject); err != nil || !revoked {
+					return err
+				}
+				return tx.RevokeToken(ctx, tok.ID, t0.AddDate(0, 0, -20))
+			}); err != nil {
+				t.Fatal(err)
+			}
+			tokens[tok.ID] = !revoked || p.ID == "prj_default"
+		}
+	}
+
 	m := maintenance.New(maintenance.Config{Store: st, Now: func() time.Time { return now }, Batch: 1})
 	m.PruneOnce(ctx)
+	for id, want := range tokens {
+		_, err := st.GetToken(ctx, id)
+		if got := err == nil; got != want {
+			t.Errorf("token %s kept = %v, want %v (%v)", id, got, want, err)
+		}
+	}
 	for p, want := range map[string]int{"prj_short": 0, "prj_default": 1} {
 		// What PruneOnce left of the deleted jobs.
 		if n, err := st.PruneDeletedJobs(ctx, p, now, 10); err != nil || n != want {

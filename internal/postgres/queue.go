@@ -949,6 +949,26 @@ func (s *Store) PruneDeletedJobs(ctx context.Context, projectID string, cutoff t
 	return int(tag.RowsAffected()), nil
 }
 
+// PruneRevokedTokens deletes up to limit of projectID's tokens revoked
+// before cutoff, the earliest revoked first, found on tokens_revoked_idx
+// (the revoked tokens alone); replicas pruning at once skip each other's
+// rows. Live tokens stay, so CreateToken's count of them is unchanged.
+func (s *Store) PruneRevokedTokens(ctx context.Context, projectID string, cutoff time.Time, limit int) (int, error) {
+	if limit <= 0 {
+		return 0, nil
+	}
+	tag, err := s.pool.Exec(ctx, `DELETE FROM tokens WHERE ctid = ANY(ARRAY(
+		SELECT ctid FROM tokens
+		WHERE project_id = $1 AND revoked_at IS NOT NULL AND revoked_at < $2
+		ORDER BY revoked_at
+		LIMIT $3
+		FOR UPDATE SKIP LOCKED))`, projectID, cutoff, limit)
+	if err != nil {
+		return 0, mapError(err, "pruning revoked tokens")
+	}
+	return int(tag.RowsAffected()), nil
+}
+
 // PruneIdempotencyKeys deletes up to limit records expired at now.
 func (s *Store) PruneIdempotencyKeys(ctx context.Context, now time.Time, limit int) (int, error) {
 	return s.pruneExpired(ctx, "idempotency_keys", now, limit)

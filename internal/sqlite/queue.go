@@ -825,6 +825,15 @@ func (s *Store) PruneDeletedJobs(ctx context.Context, projectID string, cutoff t
 		ORDER BY j.deleted_at LIMIT ?)`, projectID, ms(cutoff), limit)
 }
 
+// PruneRevokedTokens deletes up to limit of projectID's tokens revoked
+// before cutoff, the earliest revoked first (on tokens_revoked, which holds
+// the revoked tokens alone); live tokens stay.
+func (s *Store) PruneRevokedTokens(ctx context.Context, projectID string, cutoff time.Time, limit int) (int, error) {
+	return s.prune(ctx, "revoked tokens", limit, `DELETE FROM tokens WHERE id IN (SELECT id FROM tokens
+		WHERE project_id = ? AND revoked_at IS NOT NULL AND revoked_at < ?
+		ORDER BY revoked_at LIMIT ?)`, projectID, ms(cutoff), limit)
+}
+
 // PruneIdempotencyKeys deletes up to limit records with ExpiresAt ≤ now.
 func (s *Store) PruneIdempotencyKeys(ctx context.Context, now time.Time, limit int) (int, error) {
 	return s.pruneExpired(ctx, "idempotency_keys", "rowid", now, limit)

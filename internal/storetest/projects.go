@@ -254,6 +254,70 @@ func testTokenLimitConcurrent(t *testing.T, f *fixture) {
 	}
 }
 
+// testPruneRevokedTokens: PruneRevokedTokens deletes a project's tokens
+// revoked before the cutoff, in batches of at most limit, and nothing else:
+// not a token revoked at or after it, not a live token however old, not
+// another project's. The live tokens the limit counts stay as they were:
+// at the limit before, at the limit after.
+func testPruneRevokedTokens(t *testing.T, f *fixture) {
+	f.projects()
+	const limit = 3
+	newToken := func(projectID string, revokedAt *time.Time) *vibejobs.Token {
+		t.Helper()
+		tok := f.newToken(projectID)
+		tok.CreatedAt = T0.Add(-400 * 24 * time.Hour) // created long before any cutoff
+		if err := f.createToken(tok, vibejobs.MaxTokensPerProject); err != nil {
+			t.Fatalf("CreateToken: %v", err)
+		}
+		if revokedAt != nil {
+			f.update(func(tx vibejobs.Tx) error { return tx.RevokeToken(f.ctx, tok.ID, *revokedAt) })
+		}
+		return tok
+	}
+	var old []*vibejobs.Token
+	for i := range 3 {
+		old = append(old, newToken(projectA, ptr(T0.Add(-time.Duration(i+1)*time.Hour))))
+	}
+	atCutoff := newToken(projectA, ptr(T0))
+	recent := newToken(projectA, ptr(T0.Add(time.Second)))
+	var live []*vibejobs.Token
+	for range limit {
+		live = append(live, newToken(projectA, nil))
+	}
+	otherOld := newToken(projectB, ptr(T0.Add(-time.Hour)))
+	wantError(t, "a token beyond the limit before pruning", f.createToken(f.newToken(projectA), limit),
+		vibejobs.ECONFLICT, "too_many_tokens")
+
+	prune := func(projectID string, limit, want int) {
+		t.Helper()
+		if n, err := f.s.PruneRevokedTokens(f.ctx, projectID, T0, limit); err != nil || n != want {
+			t.Fatalf("PruneRevokedTokens(%s, limit %d) = %d, %v; want %d", projectID, limit, n, err, want)
+		}
+	}
+	prune(projectA, 0, 0)
+	prune(projectA, 2, 2)
+	prune(projectA, 10, 1)
+	prune(projectA, 10, 0)
+	for _, tok := range old {
+		_, err := f.s.GetToken(f.ctx, tok.ID)
+		wantNotFound(t, "GetToken of a pruned token", err, "token")
+		_, err = f.s.TokenByHash(f.ctx, tok.Hash)
+		wantNotFound(t, "TokenByHash of a pruned token", err, "token")
+	}
+	for _, tok := range append([]*vibejobs.Token{atCutoff, recent, otherOld}, live...) {
+		if _, err := f.s.GetToken(f.ctx, tok.ID); err != nil {
+			t.Errorf("GetToken of a token not to prune (revoked at %v): %v", tok.RevokedAt, err)
+		}
+	}
+	list, _, err := f.s.ListTokens(f.ctx, projectA, vibejobs.Page{})
+	if err != nil || len(list) != 2+limit {
+		t.Errorf("ListTokens after pruning: %d tokens, %v; want %d", len(list), err, 2+limit)
+	}
+	wantError(t, "a token beyond the limit after pruning", f.createToken(f.newToken(projectA), limit),
+		vibejobs.ECONFLICT, "too_many_tokens")
+	prune(projectB, 10, 1)
+}
+
 var errRollback = errors.New("storetest: roll back")
 
 func testUpdateRollsBack(t *testing.T, f *fixture) {

@@ -39,6 +39,7 @@ func Run(t *testing.T, open func(t *testing.T) vibejobs.Store) {
 		{"TokenLimit", testTokenLimit},
 		{"TokenLimitConcurrent", testTokenLimitConcurrent},
 		{"ListTokensPagination", testListTokensPagination},
+		{"PruneRevokedTokens", testPruneRevokedTokens},
 		{"UpdateRollsBack", testUpdateRollsBack},
 		{"TxReadsItsWrites", testTxReadsItsWrites},
 
