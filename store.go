@@ -48,7 +48,9 @@ type Store interface {
 // Reader holds the read methods, usable on a Store or inside a Tx.
 type Reader interface {
 	GetProject(ctx context.Context, id string) (*Project, error)
-	ListProjects(ctx context.Context) ([]*Project, error)
+	// ListProjects returns a page of every project of the installation in
+	// id order (oldest first).
+	ListProjects(ctx context.Context, p Page) (projects []*Project, nextCursor string, err error)
 	// TokenByHash returns a token, revoked or not, by the SHA-256 of its value.
 	TokenByHash(ctx context.Context, hash []byte) (*Token, error)
 	// ListTokens returns a page of a project's tokens, revoked ones

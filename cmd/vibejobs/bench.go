@@ -230,7 +230,7 @@ func startBenchMain(ctx context.Context, database string, conc int, opts ...func
 // createJobs inserts n jobs straight into the store (the API's per-request
 // cost is not what these benchmarks measure).
 func createJobs(ctx context.Context, m *Main, n int, mk func(i int, j *vibejobs.Job)) error {
-	projects, err := m.store.ListProjects(ctx)
+	projects, _, err := m.store.ListProjects(ctx, vibejobs.Page{Limit: 1})
 	if err != nil || len(projects) == 0 {
 		return fmt.Errorf("no project: %v", err)
 	}
@@ -346,7 +346,7 @@ func benchBurst(ctx context.Context, out io.Writer, n int, database string, raw,
 	}
 	fmt.Fprintf(out, "  cpu from due to the last record: %s (10 ms ticks)\n", cpu)
 	// Every recorded outcome appended its event in the same transaction.
-	if ps, err := m.store.ListProjects(ctx); err == nil && len(ps) > 0 {
+	if ps, _, err := m.store.ListProjects(ctx, vibejobs.Page{Limit: 1}); err == nil && len(ps) > 0 {
 		if p, err := m.store.ListEvents(ctx, ps[0].ID, vibejobs.EventFilter{After: 1 << 62}); err == nil {
 			fmt.Fprintf(out, "  feed: %d events appended alongside (%.0f events/s)\n", p.Head, float64(p.Head)/lastRec.Sub(due).Seconds())
 		}

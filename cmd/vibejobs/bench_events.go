@@ -140,7 +140,7 @@ func benchEvents(ctx context.Context, out io.Writer, n int, d time.Duration, sub
 	case <-time.After(time.Until(start.Add(d))):
 	}
 	// Stop the schedules, then let the last events land.
-	projects, err := m.store.ListProjects(ctx)
+	projects, _, err := m.store.ListProjects(ctx, vibejobs.Page{Limit: 1})
 	if err != nil {
 		return err
 	}

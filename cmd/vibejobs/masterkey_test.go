@@ -282,7 +282,7 @@ func TestRotationSkipsExpiredAnswers(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ps, err := st.ListProjects(ctx)
+	ps, _, err := st.ListProjects(ctx, vibejobs.Page{})
 	if err != nil || len(ps) != 1 {
 		t.Fatalf("projects: %v %v", ps, err)
 	}

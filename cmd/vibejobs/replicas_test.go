@@ -144,7 +144,7 @@ func TestReplicasBootstrapTogether(t *testing.T) {
 	for _, r := range rs {
 		r.awaitReady(t, dataDir)
 	}
-	ps, err := st.ListProjects(context.Background())
+	ps, _, err := st.ListProjects(context.Background(), vibejobs.Page{})
 	if err != nil || len(ps) != 1 {
 		t.Fatalf("projects after a concurrent first start: %d %v", len(ps), err)
 	}
@@ -354,7 +354,7 @@ func pauseAll(t *testing.T, api apiClient, ids []string) {
 
 func projectOf(t *testing.T, st vibejobs.Store) string {
 	t.Helper()
-	ps, err := st.ListProjects(context.Background())
+	ps, _, err := st.ListProjects(context.Background(), vibejobs.Page{})
 	if err != nil || len(ps) != 1 {
 		t.Fatalf("projects %v %v", ps, err)
 	}

@@ -98,7 +98,7 @@ func newEnv(t testing.TB, edit ...func(*api.Config)) *env {
 		t.Fatalf("Bootstrap: %v, created %v", err, created)
 	}
 	e.admin = tok
-	ps, err := st.ListProjects(context.Background())
+	ps, _, err := st.ListProjects(context.Background(), vibejobs.Page{})
 	if err != nil || len(ps) != 1 {
 		t.Fatalf("projects after bootstrap: %v %v", ps, err)
 	}

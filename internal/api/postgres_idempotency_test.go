@@ -59,7 +59,7 @@ func (p *pgAPI) send(method, path, key string, body []byte) *result {
 
 func (p *pgAPI) project() string {
 	p.t.Helper()
-	ps, err := p.store.ListProjects(context.Background())
+	ps, _, err := p.store.ListProjects(context.Background(), vibejobs.Page{})
 	if err != nil || len(ps) != 1 {
 		p.t.Fatalf("projects: %v, %v", ps, err)
 	}

@@ -166,7 +166,7 @@ func TestJobLimitHoldsAcrossConcurrentCreates(t *testing.T) {
 	}
 	close(st.release)
 	codes := []int{<-first, <-second}
-	projects, err := pg.ListProjects(context.Background())
+	projects, _, err := pg.ListProjects(context.Background(), vibejobs.Page{})
 	if err != nil || len(projects) != 1 {
 		t.Fatalf("projects: %v, %v", projects, err)
 	}

@@ -18,7 +18,8 @@ type projectJSON struct {
 }
 
 type projectListJSON struct {
-	Projects []projectJSON `json:"projects"`
+	Projects   []projectJSON `json:"projects"`
+	NextCursor *string       `json:"nextCursor"`
 }
 
 func projectView(p *vibejobs.Project) projectJSON {
@@ -100,12 +101,22 @@ func (s *Server) createProject(ctx context.Context, c *call, tx vibejobs.Tx) (*r
 	return jsonResponse(http.StatusCreated, projectView(p)).with("Location", "/v1/projects/"+p.ID), nil
 }
 
+// listProjects answers a page of the installation's projects, oldest
+// first, to the installation token; its cursors continue this list only.
 func (s *Server) listProjects(ctx context.Context, c *call) (*response, error) {
-	ps, err := s.store.ListProjects(ctx)
+	page, e := pageOf(c.r.URL.Query())
+	if e != nil {
+		return nil, e
+	}
+	sc := listcursor.Scope{Kind: listcursor.Projects}
+	if err := s.openCursor(ctx, &page, sc); err != nil {
+		return nil, err
+	}
+	ps, next, err := s.store.ListProjects(ctx, page)
 	if err != nil {
 		return nil, err
 	}
-	out := projectListJSON{Projects: make([]projectJSON, 0, len(ps))}
+	out := projectListJSON{Projects: make([]projectJSON, 0, len(ps)), NextCursor: boundCursor(next, sc)}
 	for _, p := range ps {
 		out.Projects = append(out.Projects, projectView(p))
 	}
@@ -278,7 +289,7 @@ func Bootstrap(ctx context.Context, store vibejobs.Store, now time.Time, r io.Re
 	now = now.UTC().Truncate(time.Millisecond)
 	err = store.Update(ctx, func(tx vibejobs.Tx) error {
 		token, created = "", false
-		ps, err := tx.ListProjects(ctx)
+		ps, _, err := tx.ListProjects(ctx, vibejobs.Page{Limit: 1})
 		if err != nil {
 			return err
 		}
@@ -303,7 +314,7 @@ func Bootstrap(ctx context.Context, store vibejobs.Store, now time.Time, r io.Re
 	})
 	if err != nil {
 		// Lost the race to another replica: its project is there now.
-		if ps, lerr := store.ListProjects(ctx); lerr == nil && len(ps) > 0 {
+		if ps, _, lerr := store.ListProjects(ctx, vibejobs.Page{Limit: 1}); lerr == nil && len(ps) > 0 {
 			return "", false, nil
 		}
 		return "", false, err

@@ -283,7 +283,8 @@ func (s *Server) routeTable() []route {
 		{method: "POST", path: "/v1/subscriptions/{id}/reset", access: accessWrite, effect: s.resetSubscription},
 
 		{method: "POST", path: "/v1/projects", access: accessInstallation, effect: s.createProject},
-		{method: "GET", path: "/v1/projects", access: accessInstallation, serve: s.listProjects},
+		{method: "GET", path: "/v1/projects", access: accessInstallation, serve: s.listProjects,
+			query: []string{"limit", "cursor"}},
 		{method: "GET", path: "/v1/projects/{id}", access: accessAdmin, serve: s.getProject},
 		{method: "POST", path: "/v1/projects/{id}/tokens", access: accessAdmin, effect: s.createToken},
 		{method: "GET", path: "/v1/projects/{id}/tokens", access: accessAdmin, serve: s.listTokens,

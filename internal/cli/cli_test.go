@@ -586,7 +586,26 @@ func TestProjectAndTokenCommands(t *testing.T) {
 	if out := a.ok(t, "projects", "list"); !strings.Contains(out, "RETENTION") || !strings.Contains(out, "30 days") || !strings.Contains(out, "default") {
 		t.Errorf("projects list:\n%s", out)
 	}
-	out := a.ok(t, "tokens", "create", "--project", pid, "--name", "ci", "--role", "write")
+	// A page at a time, as the other lists: --limit and --cursor, or --all
+	// (three projects: the bootstrap one, team and this one).
+	a.ok(t, "projects", "create", "--name", "other")
+	out, errOut, err := a.cli(t, "projects", "list", "--limit", "2")
+	if err != nil || strings.Count(out, "\nprj_") != 2 || !strings.Contains(errOut, "more: --cursor") {
+		t.Errorf("projects list --limit 2: %v\n%s%s", err, out, errOut)
+	}
+	page := a.okJSON(t, "projects", "list", "--limit", "2")
+	cursor, _ := page["nextCursor"].(string)
+	if rest := a.okJSON(t, "projects", "list", "--cursor", cursor); cursor == "" ||
+		len(rest["projects"].([]any)) != 1 || rest["nextCursor"] != nil {
+		t.Errorf("projects list --cursor %q: %v", cursor, rest)
+	}
+	if all := a.okJSON(t, "projects", "list", "--limit", "1", "--all"); len(all["projects"].([]any)) != 3 || all["nextCursor"] != nil {
+		t.Errorf("projects list --all: %v", all)
+	}
+	if _, _, err := a.cli(t, "projects", "list", "--limit", "0"); err == nil {
+		t.Error("projects list --limit 0: no error")
+	}
+	out = a.ok(t, "tokens", "create", "--project", pid, "--name", "ci", "--role", "write")
 	if !strings.Contains(out, "token: vjt_") || !strings.Contains(out, "ROLE") {
 		t.Errorf("tokens create:\n%s", out)
 	}
@@ -600,12 +619,12 @@ func TestProjectAndTokenCommands(t *testing.T) {
 	}
 	// A page at a time, as the other lists: --limit and --cursor, or --all.
 	a.ok(t, "tokens", "create", "--project", pid, "--name", "third", "--role", "read")
-	out, errOut, err := a.cli(t, "tokens", "list", "--project", pid, "--limit", "2")
+	out, errOut, err = a.cli(t, "tokens", "list", "--project", pid, "--limit", "2")
 	if err != nil || strings.Count(out, "\ntok_") != 2 || !strings.Contains(errOut, "more: --cursor") {
 		t.Errorf("tokens list --limit 2: %v\n%s%s", err, out, errOut)
 	}
-	page := a.okJSON(t, "tokens", "list", "--project", pid, "--limit", "2")
-	cursor, _ := page["nextCursor"].(string)
+	page = a.okJSON(t, "tokens", "list", "--project", pid, "--limit", "2")
+	cursor, _ = page["nextCursor"].(string)
 	if rest := a.okJSON(t, "tokens", "list", "--project", pid, "--cursor", cursor); cursor == "" ||
 		len(rest["tokens"].([]any)) != 1 || rest["nextCursor"] != nil {
 		t.Errorf("tokens list --cursor %q: %v", cursor, rest)

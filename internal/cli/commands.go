@@ -35,7 +35,7 @@ var resources = map[string]map[string]command{
 	},
 	"projects": {
 		"create": {summary: "Create a project (installation token only).", post: true, flags: projectCreate},
-		"list":   {summary: "List projects (installation token only).", flags: projectList},
+		"list":   {summary: "List projects, oldest first (installation token only).", flags: projectList},
 	},
 	"events": {
 		"tail": {summary: "Print the project's event feed as it grows (--follow=false: up to now).", flags: eventsTail},
@@ -420,21 +420,24 @@ func projectCreate(fs *flag.FlagSet) func(*call) error {
 }
 
 func projectList(fs *flag.FlagSet) func(*call) error {
+	var p pageFlags
+	p.register(fs)
 	return func(c *call) error {
-		rep, err := c.client.do(c.ctx, "GET", "/v1/projects", nil, "")
+		items, next, err := c.pages(&p, "/v1/projects", url.Values{}, "projects")
 		if err != nil {
 			return err
 		}
-		if c.json {
-			return c.raw(rep)
-		}
-		var l struct {
-			Projects []apiProject `json:"projects"`
-		}
-		if err := decode(rep, &l); err != nil {
-			return err
-		}
-		return c.projectTable(l.Projects)
+		return c.printPage("projects", items, next, func(items []json.RawMessage) error {
+			ps := make([]apiProject, 0, len(items))
+			for _, raw := range items {
+				var pr apiProject
+				if err := json.Unmarshal(raw, &pr); err != nil {
+					return err
+				}
+				ps = append(ps, pr)
+			}
+			return c.projectTable(ps)
+		})
 	}
 }
 

@@ -37,8 +37,8 @@ func (s *oneOfEach) holds(sc listcursor.Scope, id string) bool {
 	switch sc.Kind {
 	case listcursor.Jobs:
 		return sc.ProjectID == "prj_a" && (id == "job_a" || id == "job_b")
-	case listcursor.Tokens:
-		return false // a tokens list takes no bare position
+	case listcursor.Tokens, listcursor.Projects:
+		return false // a tokens or projects list takes no bare position
 	default:
 		return sc.ProjectID == "prj_a" && id == "run_a" && (sc.JobID == "" || sc.JobID == "job_a")
 	}
@@ -59,6 +59,7 @@ var scopes = []listcursor.Scope{
 	{Kind: listcursor.Runs, ProjectID: "prj_a", JobID: "job_a", State: "succeeded"},
 	{Kind: listcursor.Tokens, ProjectID: "prj_a"},
 	{Kind: listcursor.Tokens, ProjectID: "prj_b"},
+	{Kind: listcursor.Projects},
 }
 
 // FuzzOpen feeds Open whatever a client could send as a cursor, for list
@@ -70,8 +71,9 @@ func FuzzOpen(f *testing.F) {
 	job := base64.RawURLEncoding.EncodeToString([]byte("job_a"))
 	run := base64.RawURLEncoding.EncodeToString([]byte("run_a"))
 	tok := base64.RawURLEncoding.EncodeToString([]byte("tok_a"))
+	prj := base64.RawURLEncoding.EncodeToString([]byte("prj_a"))
 	for i, sc := range scopes {
-		for _, pos := range []string{job, run, tok} {
+		for _, pos := range []string{job, run, tok, prj} {
 			f.Add(sc.Bind(pos), uint8(i), uint8(i+1))
 			f.Add(pos, uint8(i), uint8(i+1))
 		}
@@ -98,7 +100,8 @@ func FuzzOpen(f *testing.F) {
 			return
 		}
 		raw, derr := base64.RawURLEncoding.Strict().DecodeString(pos)
-		prefix := map[listcursor.Kind]string{listcursor.Jobs: "job_", listcursor.Runs: "run_", listcursor.Tokens: "tok_"}[sc.Kind]
+		prefix := map[listcursor.Kind]string{listcursor.Jobs: "job_", listcursor.Runs: "run_", listcursor.Tokens: "tok_",
+			listcursor.Projects: "prj_"}[sc.Kind]
 		if derr != nil || !contract.ValidID(string(raw), prefix) {
 			t.Fatalf("Open(%q) in %+v gave %q, no position of a %s list", cursor, sc, pos, sc.Kind)
 		}

@@ -1,6 +1,6 @@
 // Package listcursor ties the page cursors of a project's lists (its jobs,
-// its runs, its tokens) to the list they page, so that a cursor continues only the list
-// it came from. The API and the dashboard hand out the same cursors for the
+// its runs, its tokens) and of the installation's list of projects to the
+// list they page, so that a cursor continues only the list it came from. The API and the dashboard hand out the same cursors for the
 // same list, and both refuse a cursor of another list rather than answer a
 // page that starts somewhere else.
 //
@@ -8,7 +8,8 @@
 // never hold) and a digest of its list. The digest needs no key: it keeps a
 // client from continuing one list with another's cursor by mistake, and a
 // made-up cursor can still read only the caller's own project, to which
-// every store query is confined.
+// every store query is confined (the projects list is the installation
+// token's alone, which reads every project anyway).
 package listcursor
 
 import (
@@ -25,16 +26,17 @@ import (
 type Kind string
 
 const (
-	Jobs   Kind = "jobs"
-	Runs   Kind = "runs"
-	Tokens Kind = "tokens"
+	Jobs     Kind = "jobs"
+	Runs     Kind = "runs"
+	Tokens   Kind = "tokens"
+	Projects Kind = "projects"
 )
 
 // Scope is the list a cursor continues: its kind, its project and its
 // filters; not the page size, which may change from page to page.
 type Scope struct {
 	Kind      Kind
-	ProjectID string
+	ProjectID string // "" for the projects list, the installation's
 	JobID     string // runs: of this job only ("" for every job)
 	State     string // runs: in this state only ("" for every state)
 }
@@ -73,8 +75,9 @@ type Reader interface {
 // provided it is a live job of the project for a jobs list, or a run of
 // the project (and of the filtered job) for a runs list. A state filter
 // cannot be checked, nor a job deleted since. This can go once no such
-// cursor can be in use. A tokens list was paged only once cursors were
-// bound: a bare position is never one of its cursors.
+// cursor can be in use. A tokens list and the projects list were paged
+// only once cursors were bound: a bare position is never one of their
+// cursors.
 func (sc Scope) Open(ctx context.Context, r Reader, c string) (pos string, ok bool, err error) {
 	pos, tag, bound := strings.Cut(c, ".")
 	id, ok := sc.positionID(pos)
@@ -88,7 +91,7 @@ func (sc Scope) Open(ctx context.Context, r Reader, c string) (pos string, ok bo
 		return pos, true, nil
 	}
 	switch sc.Kind {
-	case Tokens:
+	case Tokens, Projects:
 		return "", false, nil
 	case Jobs:
 		_, err = r.GetJob(ctx, sc.ProjectID, id)
@@ -122,6 +125,8 @@ func (sc Scope) positionID(pos string) (string, bool) {
 		return id, contract.ValidID(id, "run_")
 	case Tokens:
 		return id, contract.ValidID(id, "tok_")
+	case Projects:
+		return id, contract.ValidID(id, "prj_")
 	}
 	return "", false
 }

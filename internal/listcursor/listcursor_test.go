@@ -63,3 +63,27 @@ func TestTokenCursors(t *testing.T) {
 		}
 	}
 }
+
+// TestProjectCursors: the installation's list of projects takes only its
+// own bound cursors: never a bare position (it was paged only once cursors
+// were bound), nor a cursor of a project's jobs, runs or tokens, whose
+// position names no project.
+func TestProjectCursors(t *testing.T) {
+	ctx := context.Background()
+	const pos = "cHJqXzAxYTExZmFkMTg2OA" // base64url of prj_01a11fad1868
+	sc := listcursor.Scope{Kind: listcursor.Projects}
+	if got, ok, err := sc.Open(ctx, noStore{t}, sc.Bind(pos)); got != pos || !ok || err != nil {
+		t.Errorf("Open(Bind(pos)) = %q, %v, %v; want the position", got, ok, err)
+	}
+	for name, c := range map[string]string{
+		"a bare position":                  pos,
+		"a jobs cursor":                    listcursor.Scope{Kind: listcursor.Jobs, ProjectID: "prj_a"}.Bind(pos),
+		"a tokens cursor":                  listcursor.Scope{Kind: listcursor.Tokens, ProjectID: "prj_a"}.Bind(pos),
+		"a tokens cursor of no project":    listcursor.Scope{Kind: listcursor.Tokens}.Bind(pos),
+		"a bound position of another kind": sc.Bind("dG9rXzAxYTExZmFkMTg2OA"), // tok_01a11fad1868
+	} {
+		if got, ok, err := sc.Open(ctx, noStore{t}, c); got != "" || ok || err != nil {
+			t.Errorf("Open(%s) = %q, %v, %v; want it refused", name, got, ok, err)
+		}
+	}
+}

@@ -209,34 +209,23 @@ func (m *Maintainer) ExpireOnce(ctx context.Context) {
 // in small batches, and expired idempotency records and dashboard sessions.
 func (m *Maintainer) PruneOnce(ctx context.Context) {
 	now := m.cfg.Now()
-	sctx, cancel := m.storeCtx(ctx)
-	projects, err := m.cfg.Store.ListProjects(sctx)
-	cancel()
-	if err != nil {
-		m.logErr(ctx, "maintenance.prune_failed", err)
-		return
-	}
-	for _, p := range projects {
-		days := m.cfg.RetentionDays
-		if p.RetentionDays > 0 {
-			days = max(p.RetentionDays, MinRetentionDays)
+	// The projects a page at a time: an installation may hold many.
+	page := vibejobs.Page{Limit: projectsPage}
+	for {
+		sctx, cancel := m.storeCtx(ctx)
+		projects, next, err := m.cfg.Store.ListProjects(sctx, page)
+		cancel()
+		if err != nil {
+			m.logErr(ctx, "maintenance.prune_failed", err)
+			return
 		}
-		cutoff := now.AddDate(0, 0, -days)
-		m.inBatches(ctx, "maintenance.prune_failed", func(ctx context.Context, limit int) (int, error) {
-			return m.cfg.Store.PruneRuns(ctx, p.ID, cutoff, limit)
-		})
-		m.inBatches(ctx, "maintenance.prune_failed", func(ctx context.Context, limit int) (int, error) {
-			return m.cfg.Store.PruneEvents(ctx, p.ID, cutoff, limit)
-		})
-		// After the runs: a deleted job goes with its last run.
-		m.inBatches(ctx, "maintenance.prune_failed", func(ctx context.Context, limit int) (int, error) {
-			return m.cfg.Store.PruneDeletedJobs(ctx, p.ID, cutoff, limit)
-		})
-		// A revoked token is kept for the record as long as the history
-		// it may appear beside; live tokens are never pruned.
-		m.inBatches(ctx, "maintenance.prune_failed", func(ctx context.Context, limit int) (int, error) {
-			return m.cfg.Store.PruneRevokedTokens(ctx, p.ID, cutoff, limit)
-		})
+		for _, p := range projects {
+			m.pruneProject(ctx, p, now)
+		}
+		if next == "" || ctx.Err() != nil {
+			break
+		}
+		page.Cursor = next
 	}
 	for _, prune := range []func(context.Context, time.Time, int) (int, error){
 		m.cfg.Store.PruneIdempotencyKeys, m.cfg.Store.PruneSessions,
@@ -245,6 +234,34 @@ func (m *Maintainer) PruneOnce(ctx context.Context) {
 			return prune(ctx, now, limit)
 		})
 	}
+}
+
+// projectsPage is the page of projects PruneOnce reads at a time (the
+// largest a store answers).
+const projectsPage = 100
+
+// pruneProject deletes p's history older than its retention at now.
+func (m *Maintainer) pruneProject(ctx context.Context, p *vibejobs.Project, now time.Time) {
+	days := m.cfg.RetentionDays
+	if p.RetentionDays > 0 {
+		days = max(p.RetentionDays, MinRetentionDays)
+	}
+	cutoff := now.AddDate(0, 0, -days)
+	m.inBatches(ctx, "maintenance.prune_failed", func(ctx context.Context, limit int) (int, error) {
+		return m.cfg.Store.PruneRuns(ctx, p.ID, cutoff, limit)
+	})
+	m.inBatches(ctx, "maintenance.prune_failed", func(ctx context.Context, limit int) (int, error) {
+		return m.cfg.Store.PruneEvents(ctx, p.ID, cutoff, limit)
+	})
+	// After the runs: a deleted job goes with its last run.
+	m.inBatches(ctx, "maintenance.prune_failed", func(ctx context.Context, limit int) (int, error) {
+		return m.cfg.Store.PruneDeletedJobs(ctx, p.ID, cutoff, limit)
+	})
+	// A revoked token is kept for the record as long as the history
+	// it may appear beside; live tokens are never pruned.
+	m.inBatches(ctx, "maintenance.prune_failed", func(ctx context.Context, limit int) (int, error) {
+		return m.cfg.Store.PruneRevokedTokens(ctx, p.ID, cutoff, limit)
+	})
 }
 
 // inBatches calls task with the batch size until a batch comes back short,

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"path/filepath"
 	"strconv"
@@ -147,6 +148,48 @@ func TestPruneHonoursProjectRetention(t *testing.T) {
 	}
 }
 
+// TestPruneEveryProject: PruneOnce reads the projects a page at a time,
+// and prunes the history of every one of them, however many there are.
+func TestPruneEveryProject(t *testing.T) {
+	ctx := context.Background()
+	st, err := sqlite.Open(ctx, filepath.Join(t.TempDir(), "db"), sqlite.Options{Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	const n = 250 // more than two pages of projects
+	revoked := t0.AddDate(0, 0, -100)
+	if err := st.Update(ctx, func(tx vibejobs.Tx) error {
+		for i := range n {
+			p := &vibejobs.Project{ID: fmt.Sprintf("prj_%03d", i), Name: "p", CreatedAt: t0.AddDate(0, 0, -200)}
+			tok := &vibejobs.Token{ID: fmt.Sprintf("tok_%03d", i), ProjectID: p.ID, Name: "t", Role: vibejobs.RoleRead,
+				Prefix: "vjt_", Hash: []byte(p.ID), CreatedAt: p.CreatedAt}
+			if err := tx.CreateProject(ctx, p); err != nil {
+				return err
+			}
+			if err := tx.CreateToken(ctx, tok, vibejobs.MaxTokensPerProject); err != nil {
+				return err
+			}
+			if err := tx.RevokeToken(ctx, tok.ID, revoked); err != nil {
+				return err
+			}
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	maintenance.New(maintenance.Config{Store: st, Now: func() time.Time { return t0 }}).PruneOnce(ctx)
+	left := 0
+	for i := range n {
+		if _, err := st.GetToken(ctx, fmt.Sprintf("tok_%03d", i)); err == nil {
+			left++
+		}
+	}
+	if left != 0 {
+		t.Errorf("%d of %d projects kept their token revoked 100 days ago", left, n)
+	}
+}
+
 // vacuumingStore counts the vacuums asked of it.
 type vacuumingStore struct {
 	vibejobs.Store
@@ -264,8 +307,8 @@ type backlogStore struct {
 	pruning chan struct{}
 }
 
-func (b *backlogStore) ListProjects(context.Context) ([]*vibejobs.Project, error) {
-	return []*vibejobs.Project{{ID: "prj_busy", Name: "busy", CreatedAt: t0}}, nil
+func (b *backlogStore) ListProjects(context.Context, vibejobs.Page) ([]*vibejobs.Project, string, error) {
+	return []*vibejobs.Project{{ID: "prj_busy", Name: "busy", CreatedAt: t0}}, "", nil
 }
 
 func (b *backlogStore) PruneRuns(ctx context.Context, projectID string, cutoff time.Time, limit int) (int, error) {

@@ -52,14 +52,31 @@ func (r reader) GetProject(ctx context.Context, id string) (*vibejobs.Project, e
 	return p, mapError(err, "reading a project")
 }
 
-// ListProjects returns every project in id (creation) order.
-func (r reader) ListProjects(ctx context.Context) ([]*vibejobs.Project, error) {
-	rows, err := r.q.Query(ctx, `SELECT `+projectColumns+` FROM projects ORDER BY id`)
+// ListProjects returns a page of the projects in id (creation) order.
+func (r reader) ListProjects(ctx context.Context, p vibejobs.Page) ([]*vibejobs.Project, string, error) {
+	limit, err := pageLimit(p)
 	if err != nil {
-		return nil, mapError(err, "listing projects")
+		return nil, "", err
+	}
+	after, err := decodeCursor(p.Cursor)
+	if err != nil {
+		return nil, "", err
+	}
+	rows, err := r.q.Query(ctx, `SELECT `+projectColumns+` FROM projects WHERE id > $1 ORDER BY id LIMIT $2`,
+		after, limit+1)
+	if err != nil {
+		return nil, "", mapError(err, "listing projects")
 	}
 	ps, err := collect(rows, scanProject)
-	return ps, mapError(err, "listing projects")
+	if err != nil {
+		return nil, "", mapError(err, "listing projects")
+	}
+	var next string
+	if len(ps) > limit {
+		ps = ps[:limit]
+		next = encodeCursor(ps[limit-1].ID)
+	}
+	return ps, next, nil
 }
 
 const tokenColumns = `id, project_id, name, role, installation, prefix, hash, created_at, revoked_at`

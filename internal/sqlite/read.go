@@ -36,24 +36,35 @@ func (r reader) GetProject(ctx context.Context, id string) (*vibejobs.Project, e
 	return p, nil
 }
 
-func (r reader) ListProjects(ctx context.Context) ([]*vibejobs.Project, error) {
-	rows, err := r.q.QueryContext(ctx, `SELECT id, name, retention_days, created_at FROM projects ORDER BY id`)
+// ListProjects returns a page of the projects in id order.
+func (r reader) ListProjects(ctx context.Context, p vibejobs.Page) ([]*vibejobs.Project, string, error) {
+	limit, after, err := parsePage(p)
 	if err != nil {
-		return nil, fmt.Errorf("listing projects: %w", err)
+		return nil, "", err
+	}
+	rows, err := r.q.QueryContext(ctx, `SELECT id, name, retention_days, created_at FROM projects WHERE id > ?
+		ORDER BY id LIMIT ?`, after, limit+1)
+	if err != nil {
+		return nil, "", fmt.Errorf("listing projects: %w", err)
 	}
 	defer rows.Close()
-	var ps []*vibejobs.Project
+	ps := make([]*vibejobs.Project, 0, limit)
 	for rows.Next() {
 		p, err := scanProject(rows)
 		if err != nil {
-			return nil, fmt.Errorf("listing projects: %w", err)
+			return nil, "", fmt.Errorf("listing projects: %w", err)
 		}
 		ps = append(ps, p)
 	}
 	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("listing projects: %w", err)
+		return nil, "", fmt.Errorf("listing projects: %w", err)
 	}
-	return ps, nil
+	var next string
+	if len(ps) > limit {
+		ps = ps[:limit]
+		next = encodeCursor(ps[limit-1].ID)
+	}
+	return ps, next, nil
 }
 
 func scanProject(sc scanner) (*vibejobs.Project, error) {

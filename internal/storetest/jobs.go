@@ -213,6 +213,9 @@ func testPageValidation(t *testing.T, f *fixture) {
 			t.Fatalf("CreateToken: %v", err)
 		}
 	}
+	for range 55 - 2 { // and projectA and projectB
+		f.project()
+	}
 	listJobs := func(p vibejobs.Page) (int, string, error) {
 		jobs, next, err := f.s.ListJobs(f.ctx, projectA, p)
 		return len(jobs), next, err
@@ -225,8 +228,12 @@ func testPageValidation(t *testing.T, f *fixture) {
 		tokens, next, err := f.s.ListTokens(f.ctx, projectA, p)
 		return len(tokens), next, err
 	}
+	listProjects := func(p vibejobs.Page) (int, string, error) {
+		projects, next, err := f.s.ListProjects(f.ctx, p)
+		return len(projects), next, err
+	}
 	for name, list := range map[string]func(vibejobs.Page) (int, string, error){"ListJobs": listJobs, "ListRuns": listRuns,
-		"ListTokens": listTokens} {
+		"ListTokens": listTokens, "ListProjects": listProjects} {
 		n, next, err := list(vibejobs.Page{})
 		if err != nil || n != 50 || next == "" {
 			t.Errorf("%s with limit 0: %d items, next %q, %v; want 50 and a cursor", name, n, next, err)

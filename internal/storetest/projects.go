@@ -28,11 +28,10 @@ func testProjects(t *testing.T, f *fixture) {
 	}
 	wantEqual(t, "GetProject", got, a)
 
-	list, err := f.s.ListProjects(f.ctx)
-	if err != nil {
-		t.Fatalf("ListProjects: %v", err)
+	list, next, err := f.s.ListProjects(f.ctx, vibejobs.Page{})
+	if err != nil || next != "" {
+		t.Fatalf("ListProjects: next %q, %v; want no next page", next, err)
 	}
-	slices.SortFunc(list, func(x, y *vibejobs.Project) int { return cmpString(x.ID, y.ID) })
 	wantEqual(t, "ListProjects", list, []*vibejobs.Project{a, b})
 
 	a.Name, a.RetentionDays = "One renamed", 7
@@ -148,6 +147,57 @@ func testListTokensPagination(t *testing.T, f *fixture) {
 	if err != nil || len(tokens) != 7 || next != "" {
 		t.Errorf("ListTokens with limit 7 of 7: %d tokens, next %q, %v; want 7 and no cursor", len(tokens), next, err)
 	}
+}
+
+// testListProjectsPagination: ListProjects pages through every project of
+// the installation in id order, each once; a page that reaches the last
+// project has no next cursor.
+func testListProjectsPagination(t *testing.T, f *fixture) {
+	var want []string
+	for range 7 {
+		want = append(want, f.project().ID)
+	}
+	got := pageIDs(t, "ListProjects", func(p vibejobs.Page) ([]string, string, error) {
+		projects, next, err := f.s.ListProjects(f.ctx, p)
+		ids := make([]string, len(projects))
+		for i, p := range projects {
+			ids[i] = p.ID
+		}
+		return ids, next, err
+	})
+	if !slices.Equal(got, want) {
+		t.Fatalf("ListProjects pages: got %v, want %v (ascending id)", got, want)
+	}
+	projects, next, err := f.s.ListProjects(f.ctx, vibejobs.Page{Limit: 7})
+	if err != nil || len(projects) != 7 || next != "" {
+		t.Errorf("ListProjects with limit 7 of 7: %d projects, next %q, %v; want 7 and no cursor", len(projects), next, err)
+	}
+	// In a transaction too, which sees its own projects.
+	f.update(func(tx vibejobs.Tx) error {
+		p := &vibejobs.Project{ID: f.id("prj_"), Name: "in tx", CreatedAt: T0}
+		if err := tx.CreateProject(f.ctx, p); err != nil {
+			return err
+		}
+		cursor := ""
+		if projects, next, err := tx.ListProjects(f.ctx, vibejobs.Page{Limit: 7}); err != nil || len(projects) != 7 || next == "" {
+			t.Errorf("ListProjects in a transaction: %d projects, next %q, %v; want 7 and a cursor", len(projects), next, err)
+		} else {
+			cursor = next
+		}
+		if projects, next, err := tx.ListProjects(f.ctx, vibejobs.Page{Cursor: cursor}); err != nil || len(projects) != 1 ||
+			projects[0].ID != p.ID || next != "" {
+			t.Errorf("ListProjects in a transaction, page 2: %d projects, next %q, %v; want the one it created", len(projects), next, err)
+		}
+		return nil
+	})
+}
+
+// project creates a project with a fresh id, greater than every id before.
+func (f *fixture) project() *vibejobs.Project {
+	f.t.Helper()
+	p := &vibejobs.Project{ID: f.id("prj_"), Name: "project", CreatedAt: T0}
+	f.update(func(tx vibejobs.Tx) error { return tx.CreateProject(f.ctx, p) })
+	return p
 }
 
 // newToken returns a live token of projectID with a fresh id and hash.

@@ -35,6 +35,7 @@ func Run(t *testing.T, open func(t *testing.T) vibejobs.Store) {
 	}{
 		{"Ping", testPing},
 		{"Projects", testProjects},
+		{"ListProjectsPagination", testListProjectsPagination},
 		{"Tokens", testTokens},
 		{"TokenLimit", testTokenLimit},
 		{"TokenLimitConcurrent", testTokenLimitConcurrent},
