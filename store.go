@@ -292,7 +292,10 @@ type RunPlan struct {
 	// never reused, so a run another caller created for one of its
 	// occurrences is not among them. A caller sends a plan again only
 	// while every call that sent it failed: once one succeeded, its runs
-	// have been told of, and would be counted twice.
+	// have been told of, and would be counted twice. It need not send
+	// again a plan it knows no call applied: one whose job it read, after
+	// every call that sent the plan had failed, still at the plan's From
+	// and Anchor (applied, the plan would have moved the job on).
 	Resent bool
 }
 
@@ -324,9 +327,9 @@ type SchedulerStore interface {
 	// exist: a call that failed created them, and did not tell of them. So
 	// the runs a caller is told of sum to the runs its calls committed,
 	// once each, provided it resends the plans of every call that failed
-	// with its next call, until a call succeeds; but for a run deleted in
-	// between (withdrawn by a pause or a schedule change), which is found
-	// no more.
+	// (but those it knows no call applied) with its next call, until a
+	// call succeeds; but for a run deleted in between (withdrawn by a
+	// pause or a schedule change), which is found no more.
 	ApplyRunPlans(ctx context.Context, plans []RunPlan, now time.Time) (created int, skipped int64, err error)
 }
 

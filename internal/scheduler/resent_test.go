@@ -173,8 +173,9 @@ func TestRunsAnotherReplicaCreatedNotToldOf(t *testing.T) {
 	}
 }
 
-// TestResentPlansBounded: while every call fails, the plans kept to be
-// sent again are bounded by their runs, the newest kept.
+// TestResentPlansBounded: while every call fails after committing (each
+// moving the job on, so each plan may have created runs), the plans kept
+// to be sent again are bounded by their runs, the newest kept.
 func TestResentPlansBounded(t *testing.T) {
 	ctx := context.Background()
 	now := t0
@@ -183,9 +184,12 @@ func TestResentPlansBounded(t *testing.T) {
 	s := scheduler.New(scheduler.Config{Store: fs, Now: func() time.Time { return now }})
 	scheduler.SetMaxResentRuns(s, 3)
 	for i := range 6 {
-		fs.fail = true
+		fs.commit = true
 		if _, err := s.RunOnce(ctx); !errors.Is(err, errLost) {
 			t.Fatalf("RunOnce %d: %v", i, err)
+		}
+		if n := len(fs.runIDs(i)); n != 1 {
+			t.Fatalf("call %d planned %d runs, want 1", i, n)
 		}
 		var want []string
 		for j := max(0, i-3); j < i; j++ {
@@ -194,5 +198,106 @@ func TestResentPlansBounded(t *testing.T) {
 		if got := fs.resentRuns(i); !slices.Equal(got, want) {
 			t.Fatalf("call %d resent runs %v, want those of the newest failed calls, oldest first: %v", i, got, want)
 		}
+		now = now.Add(time.Minute) // the next occurrence
+	}
+}
+
+// TestResentPlansOneAJobWhileWritesFail: while the database answers reads
+// but refuses every write, each scan reads the due jobs still where they
+// were and plans them again, with new run IDs. A failed call's plan whose
+// job a later read found still at its From was never applied: only the
+// latest plan of each job is kept and sent again, not one a scan. Once
+// writes succeed, the runs told of are those the call created.
+func TestResentPlansOneAJobWhileWritesFail(t *testing.T) {
+	ctx := context.Background()
+	now := t0
+	st := openStore(t, storedJob("job_x", vibejobs.CatchUpAll, now.Add(-2*time.Minute)),
+		storedJob("job_y", vibejobs.CatchUpAll, now))
+	fs := &flakyStore{SchedulerStore: st}
+	var told counter
+	s := scheduler.New(scheduler.Config{Store: fs, Now: func() time.Time { return now }, OnRunsCreated: told.add})
+	for i := range 5 {
+		fs.fail = true
+		if _, err := s.RunOnce(ctx); !errors.Is(err, errLost) {
+			t.Fatalf("RunOnce %d: %v", i, err)
+		}
+		if n := len(fs.runIDs(i)); n != 4 {
+			t.Fatalf("call %d planned %d runs, want 4 (3 of job_x, 1 of job_y)", i, n)
+		}
+		if got := fs.resentRuns(i); len(got) != 0 {
+			t.Fatalf("call %d resent %d runs of earlier calls, want none: none of them applied", i, len(got))
+		}
+		now = now.Add(100 * time.Millisecond)
+	}
+	if n, err := s.RunOnce(ctx); err != nil || n != 4 {
+		t.Fatalf("RunOnce once writes succeed = %d, %v; want 4", n, err)
+	}
+	if got := fs.resentRuns(5); len(got) != 0 {
+		t.Errorf("the call that succeeded resent runs %v, want none", got)
+	}
+	if got := told.get(); got != 4 {
+		t.Errorf("runs told of: %d, want 4", got)
+	}
+}
+
+// TestResentPlansOfACommittedCallKept: a call that committed and lost its
+// answer moved its job on, so the scans after it plan the job from its
+// next occurrence: its plan is kept among theirs, and its runs are told
+// of once a call succeeds. The plans of the calls after it that failed
+// without committing are replaced by each new one of the same job.
+func TestResentPlansOfACommittedCallKept(t *testing.T) {
+	ctx := context.Background()
+	now := t0
+	st := openStore(t, storedJob("job_x", vibejobs.CatchUpAll, now.Add(-2*time.Minute)))
+	fs := &flakyStore{SchedulerStore: st, commit: true}
+	var told counter
+	s := scheduler.New(scheduler.Config{Store: fs, Now: func() time.Time { return now }, OnRunsCreated: told.add})
+	if _, err := s.RunOnce(ctx); !errors.Is(err, errLost) {
+		t.Fatalf("RunOnce whose answer was lost: %v", err)
+	}
+	committed := fs.runIDs(0)
+	now = now.Add(time.Minute) // the job's next occurrence is due
+	for i := 1; i <= 3; i++ {
+		fs.fail = true
+		if _, err := s.RunOnce(ctx); !errors.Is(err, errLost) {
+			t.Fatalf("RunOnce %d: %v", i, err)
+		}
+		if got := fs.resentRuns(i); !slices.Equal(got, committed) {
+			t.Fatalf("call %d resent runs %v, want those of the committed call alone: %v", i, got, committed)
+		}
+	}
+	if n, err := s.RunOnce(ctx); err != nil || n != 3+1 {
+		t.Fatalf("RunOnce once writes succeed = %d, %v; want the 3 runs of the lost answer and 1 of its own", n, err)
+	}
+	if got := told.get(); got != 4 {
+		t.Errorf("runs told of: %d, want 4", got)
+	}
+}
+
+// TestResentPlanOfACallEndingAfterTheReadKept: a scan whose read of the due
+// jobs began before a failed call ended learns nothing from it of that
+// call's plans: the call may have committed after the read. Here another
+// scan's call commits and loses its answer while the read is under way;
+// the read still shows the job at the plan's From, and the plan is kept
+// and its runs told of.
+func TestResentPlanOfACallEndingAfterTheReadKept(t *testing.T) {
+	ctx := context.Background()
+	now := t0
+	st := openStore(t, storedJob("job_x", vibejobs.CatchUpAll, now.Add(-2*time.Minute)))
+	fs := &flakyStore{SchedulerStore: st, commit: true}
+	rs := &racingStore{SchedulerStore: fs}
+	var told counter
+	s := scheduler.New(scheduler.Config{Store: rs, Now: func() time.Time { return now }, OnRunsCreated: told.add})
+	rs.other = func() {
+		rs.other = nil // the scan below reads alone
+		if _, err := s.RunOnce(ctx); !errors.Is(err, errLost) {
+			t.Errorf("the scan during the read: %v, want its answer lost", err)
+		}
+	}
+	if n, err := s.RunOnce(ctx); err != nil || n != 3 {
+		t.Fatalf("RunOnce whose read began before the lost call ended = %d, %v; want its 3 runs", n, err)
+	}
+	if got := told.get(); got != 3 {
+		t.Errorf("runs told of: %d, want 3", got)
 	}
 }

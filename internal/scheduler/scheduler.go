@@ -46,8 +46,13 @@ const (
 	maxRememberedUnplannable = 100_000
 	// maxResentRuns bounds the runs of failed calls' plans kept to be
 	// sent again (see Scheduler.resent): those of a full batch of
-	// caught-up jobs at the default batch size. Beyond it the oldest
-	// plans are forgotten, and the runs they created, if any, go uncounted.
+	// caught-up jobs at the default batch size. A job keeps at most one
+	// plan per NextRunAt it was planned from (see supersede),
+	// so while every call fails against a database that refuses writes
+	// the plans kept are one a job; more accumulate only for jobs that
+	// moved on between failed calls (a call that committed and lost its
+	// answer, or another replica's). Beyond the bound the oldest plans
+	// are forgotten, and the runs they created, if any, go uncounted.
 	maxResentRuns = DefaultBatchSize * vibejobs.MaxCatchUpRuns
 )
 
@@ -71,9 +76,10 @@ type Config struct {
 	// that failed after its commit (its answer lost) is told of by the
 	// next call that succeeds, which sends that call's plans again
 	// (RunPlan.Resent). None is told of twice; one goes untold only when
-	// it was deleted (withdrawn) before that call, or when calls failed
+	// it was deleted (withdrawn) before that call, when calls failed
 	// in a row for longer than the scheduler keeps their plans (the
-	// runs of a full batch of caught-up jobs).
+	// runs of a full batch of caught-up jobs), or when the failed call
+	// committed only after a later scan read its job (see supersede).
 	OnRunsCreated func(n int)
 	// OnSkipped is called with the number of occurrences skipped by catch-up.
 	OnSkipped func(n int64)
@@ -112,11 +118,22 @@ type Scheduler struct {
 	// committed and lost its answer, and the next call sends them again
 	// to learn of the runs it created. They are taken by the call that
 	// sends them, and given back if it fails too; resentRuns counts
-	// their runs, at most maxResentRuns.
-	resent     []vibejobs.RunPlan
-	resentRuns int
+	// their runs, at most maxResentRuns. failedCalls counts the calls
+	// that failed, the clock of keptPlan.failedAt.
+	resent      []keptPlan
+	resentRuns  int
+	failedCalls uint64
 	// maxResentRuns is maxResentRuns; tests lower it.
 	maxResentRuns int
+}
+
+// keptPlan is a plan of a failed call, kept to be sent again: failedAt
+// is the number of calls that had failed once that call had (see
+// Scheduler.failedCalls). A plan sent again by later calls keeps it:
+// they only counted its runs, and only its first call may have applied it.
+type keptPlan struct {
+	plan     vibejobs.RunPlan
+	failedAt uint64
 }
 
 // unplannableJob is a job whose schedule did not parse: what it was
@@ -243,21 +260,23 @@ type scanCursor struct {
 // runOnce plans and applies the batch of due jobs after c.after, moves
 // c.after to the batch's last job and reports whether the batch was full.
 // The plans of failed calls go with it, resent (see Scheduler.resent),
-// and with a call of their own when nothing is due.
+// but those its read of the due jobs shows never applied (see
+// supersede), and with a call of their own when nothing is due.
 func (s *Scheduler) runOnce(ctx context.Context, c *scanCursor) (created int, full bool, err error) {
 	now := s.cfg.Now()
+	readAfter := s.failedSoFar()
 	sctx, cancel := context.WithTimeout(ctx, s.cfg.StoreTimeout)
 	jobs, err := s.cfg.Store.DueJobs(sctx, now.Add(s.cfg.Lookahead), c.after, s.cfg.BatchSize)
 	cancel()
 	if err != nil {
 		return 0, false, fmt.Errorf("listing due jobs: %w", err)
 	}
-	resent := s.takeResent()
+	resent := supersede(s.takeResent(), jobs, readAfter)
 	if len(jobs) == 0 {
 		if len(resent) == 0 {
 			return 0, false, nil
 		}
-		created, _, err := s.apply(ctx, resent, now)
+		created, _, err := s.apply(ctx, resent, nil, now)
 		return created, false, err
 	}
 	last := jobs[len(jobs)-1]
@@ -292,7 +311,7 @@ func (s *Scheduler) runOnce(ctx context.Context, c *scanCursor) (created int, fu
 	}
 	// Skipped occurrences are counted only for the plans applied: a plan
 	// another replica applied first was counted there.
-	created, skipped, err := s.apply(ctx, append(resent, plans...), now)
+	created, skipped, err := s.apply(ctx, resent, plans, now)
 	if err != nil {
 		return 0, false, err
 	}
@@ -302,28 +321,42 @@ func (s *Scheduler) runOnce(ctx context.Context, c *scanCursor) (created int, fu
 	return created, len(jobs) == s.cfg.BatchSize, nil
 }
 
-// apply applies plans (those resent are only counted, see
-// vibejobs.RunPlan.Resent), and keeps them to be sent again when the call
-// fails. A batch catching up after downtime may hold 100
+// apply applies plans after sending the resent ones again (they are only
+// counted, see vibejobs.RunPlan.Resent), and keeps both to be sent again
+// when the call fails. A batch catching up after downtime may hold 100
 // runs a job: its time grows with its runs, or a slow database would time
 // the same batch out for ever.
-func (s *Scheduler) apply(ctx context.Context, plans []vibejobs.RunPlan, now time.Time) (created int, skipped int64, err error) {
+func (s *Scheduler) apply(ctx context.Context, resent []keptPlan, plans []vibejobs.RunPlan, now time.Time) (created int, skipped int64, err error) {
+	all := make([]vibejobs.RunPlan, 0, len(resent)+len(plans))
 	runs := 0
+	for _, k := range resent {
+		all = append(all, k.plan)
+		runs += len(k.plan.Runs)
+	}
 	for _, p := range plans {
+		all = append(all, p)
 		runs += len(p.Runs)
 	}
 	sctx, cancel := context.WithTimeout(ctx, max(s.cfg.StoreTimeout, time.Duration(runs)*applyTimePerRun))
-	created, skipped, err = s.cfg.Store.ApplyRunPlans(sctx, plans, now)
+	created, skipped, err = s.cfg.Store.ApplyRunPlans(sctx, all, now)
 	cancel()
 	if err != nil {
-		s.keepResent(plans)
+		s.keepResent(resent, plans)
 		return 0, 0, fmt.Errorf("applying run plans: %w", err)
 	}
 	return created, skipped, nil
 }
 
+// failedSoFar returns the number of calls that failed so far: a kept
+// plan whose failedAt is at most that failed before what follows.
+func (s *Scheduler) failedSoFar() uint64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.failedCalls
+}
+
 // takeResent takes the plans kept to be sent again.
-func (s *Scheduler) takeResent() []vibejobs.RunPlan {
+func (s *Scheduler) takeResent() []keptPlan {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	plans := s.resent
@@ -331,24 +364,65 @@ func (s *Scheduler) takeResent() []vibejobs.RunPlan {
 	return plans
 }
 
-// keepResent keeps the plans with runs of a call that failed, oldest
-// first, to be sent again, resent, by the next call: it may have
-// committed them and lost its answer. The oldest plans are forgotten
-// beyond maxResentRuns.
-func (s *Scheduler) keepResent(plans []vibejobs.RunPlan) {
+// supersede returns resent without the plans that jobs, read by a read
+// that began once readAfter calls had failed, shows were never applied:
+// those whose job the read found still at the plan's From and Anchor,
+// when the call that sent the plan first had failed before the read
+// began. A plan applies only while its job is at its From and Anchor,
+// and applied it moves the job on (to Next, after From, or to none), so
+// had that call committed, the read would have found the job moved on;
+// another plan of the job with the same From is made for each scan that
+// finds it so, and only the latest of them is kept.
+//
+// A call's commit is taken to have happened before the call returned, if
+// at all. A database that commits a statement whose client gave up (the
+// client's timeout fired, its connection was cut) after a read by another
+// connection can break that; so can a job paused and resumed, back at
+// the same From, between the call's commit and the read (the call's runs
+// are withdrawn then, and any of them already held and sent is found no
+// more). The runs of such a call go uncounted.
+func supersede(resent []keptPlan, jobs []*vibejobs.Job, readAfter uint64) []keptPlan {
+	if len(resent) == 0 || len(jobs) == 0 {
+		return resent
+	}
+	type at struct {
+		from, anchor time.Time
+	}
+	read := make(map[string]at, len(jobs))
+	for _, j := range jobs {
+		if j.NextRunAt != nil {
+			read[j.ID] = at{*j.NextRunAt, j.ScheduleAnchor}
+		}
+	}
+	return slices.DeleteFunc(resent, func(k keptPlan) bool {
+		a, ok := read[k.plan.JobID]
+		return ok && k.failedAt <= readAfter && a.from.Equal(k.plan.From) && a.anchor.Equal(k.plan.Anchor)
+	})
+}
+
+// keepResent keeps, oldest first, the plans sent again by a call that
+// failed and the plans with runs it applied, to be sent again, resent, by
+// the next call: it may have committed them and lost its answer. The
+// oldest plans are forgotten beyond maxResentRuns.
+func (s *Scheduler) keepResent(resent []keptPlan, plans []vibejobs.RunPlan) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	s.failedCalls++
+	for _, k := range resent {
+		s.resent = append(s.resent, k)
+		s.resentRuns += len(k.plan.Runs)
+	}
 	for _, p := range plans {
 		if len(p.Runs) == 0 {
 			continue // nothing to count
 		}
 		p.Resent = true
-		s.resent = append(s.resent, p)
+		s.resent = append(s.resent, keptPlan{plan: p, failedAt: s.failedCalls})
 		s.resentRuns += len(p.Runs)
 	}
 	drop := 0
 	for s.resentRuns > s.maxResentRuns {
-		s.resentRuns -= len(s.resent[drop].Runs)
+		s.resentRuns -= len(s.resent[drop].plan.Runs)
 		drop++
 	}
 	if drop > 0 {
