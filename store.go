@@ -290,7 +290,9 @@ type RunPlan struct {
 	// those of its Runs that exist, found by ID, are the runs such a call
 	// created, and ApplyRunPlans counts them in created. A run ID is
 	// never reused, so a run another caller created for one of its
-	// occurrences is not among them. A caller sends a plan again only
+	// occurrences is not among them. A resent plan with such a run was
+	// applied by that call, and ApplyRunPlans counts its Skipped in
+	// skipped too (see CountResent). A caller sends a plan again only
 	// while every call that sent it failed: once one succeeded, its runs
 	// have been told of, and would be counted twice. It need not send
 	// again a plan it knows no call applied: one whose job it read, after
@@ -324,12 +326,18 @@ type SchedulerStore interface {
 	// runs created and the skipped occurrences of the plans it applied (one it
 	// skipped counts neither: another replica applied it, or it is stale).
 	// The runs created include those of resent plans (RunPlan.Resent) that
-	// exist: a call that failed created them, and did not tell of them. So
+	// exist: a call that failed created them, and did not tell of them;
+	// and the skipped occurrences include those of each resent plan with
+	// a run that exists, which that call applied (see CountResent). So
 	// the runs a caller is told of sum to the runs its calls committed,
 	// once each, provided it resends the plans of every call that failed
 	// (but those it knows no call applied) with its next call, until a
 	// call succeeds; but for a run deleted in between (withdrawn by a
-	// pause or a schedule change), which is found no more.
+	// pause or a schedule change), which is found no more. The skipped
+	// occurrences it is told of sum likewise to those its calls applied,
+	// but for those of a plan that a failed call applied and that left
+	// no run of its own behind: nothing tells that plan's application
+	// from another caller's plan of the same job and From.
 	ApplyRunPlans(ctx context.Context, plans []RunPlan, now time.Time) (created int, skipped int64, err error)
 }
 

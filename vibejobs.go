@@ -253,6 +253,38 @@ func CheckPlans(plans []RunPlan) error {
 	return nil
 }
 
+// CountResent returns what the resent plans of plans (RunPlan.Resent) add
+// to ApplyRunPlans' answer, given found, the IDs of their runs that exist
+// (a store reads them in the call's own transaction): those runs, which a
+// failed call created and did not tell of, and the skipped occurrences of
+// each resent plan with a run among them. A run is inserted only by the
+// statement that applies its plan, and a run ID is never reused, so such
+// a plan was applied by that failed call, its skips added to the job and
+// told of by no one. A resent plan with no run found tells nothing: never
+// applied, or applied with every run met by one that existed or withdrawn
+// since; its skips, if any were applied, go uncounted.
+func CountResent(plans []RunPlan, found []string) (created int, skipped int64) {
+	if len(found) == 0 {
+		return 0, 0
+	}
+	exists := make(map[string]bool, len(found))
+	for _, id := range found {
+		exists[id] = true
+	}
+	for _, p := range plans {
+		if !p.Resent {
+			continue
+		}
+		for _, r := range p.Runs {
+			if exists[r.ID] {
+				skipped += p.Skipped
+				break
+			}
+		}
+	}
+	return len(exists), skipped
+}
+
 // IdempotencyRecord is a stored Idempotency-Key of the management API.
 type IdempotencyRecord struct {
 	ProjectID   string

@@ -137,7 +137,10 @@ func (m *Metrics) ManualRunCreated() {
 	m.runsCreated.WithLabelValues(string(vibejobs.TriggerManual)).Inc()
 }
 
-// Skipped counts occurrences skipped by catch-up.
+// Skipped counts occurrences skipped by catch-up. Those of an
+// ApplyRunPlans call that lost its answer after the commit are counted
+// when the scheduler's next call succeeds, if a run of their plan is
+// found then (see scheduler.Config.OnSkipped).
 func (m *Metrics) Skipped(n int64) { m.skipped.Add(float64(n)) }
 
 // Unplannable sets the number of due jobs the scheduler could not plan at

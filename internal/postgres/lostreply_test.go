@@ -292,3 +292,45 @@ func TestRunsCreatedToldOfOnceWhenTheAnswerIsLost(t *testing.T) {
 		t.Fatalf("runs: %d, %v; want 4", len(runs), err)
 	}
 }
+
+// TestSkipsToldOfOnceWhenTheAnswerIsLost: the catch-up skips of an
+// ApplyRunPlans whose statement committed but whose answer was lost were
+// added to the job, and told of by no call, so
+// vibejobs_skipped_occurrences_total never counted them. The scheduler's
+// next call sends the plan again, resent; the store finds a run of it, so
+// the lost call applied it, and tells of its skips: once.
+func TestSkipsToldOfOnceWhenTheAnswerIsLost(t *testing.T) {
+	ctx := context.Background()
+	schema := postgres.NewTestSchema(t)
+	direct := open(t, schema)
+	s, proxy := openThroughCutProxy(t, schema)
+	prj := newProject(t, direct)
+	j := jobFor(prj) // every second
+	j.CatchUp, j.ScheduleAnchor = vibejobs.CatchUpLatest, t0.Add(-time.Hour)
+	down := t0.Add(-10 * time.Second) // missed t0-10s to t0-6s: the latest runs, four are skipped
+	j.NextRunAt = &down
+	mustUpdate(t, direct, func(tx vibejobs.Tx) error { return tx.CreateJob(ctx, j) })
+
+	now := t0
+	var skipped atomic.Int64
+	a := scheduler.New(scheduler.Config{Store: &cutApplyStore{SchedulerStore: s, proxy: proxy},
+		Now: func() time.Time { return now }, Logger: quiet, OnSkipped: func(n int64) { skipped.Add(n) }})
+	if _, err := a.RunOnce(ctx); err == nil {
+		t.Fatal("RunOnce whose answer was lost succeeded")
+	}
+	if proxy.armed.Load() {
+		t.Fatal("the statement never went out: the test proved nothing")
+	}
+	got, err := direct.GetJob(ctx, prj, j.ID)
+	if err != nil || got.SkippedRuns != 4 {
+		t.Fatalf("job after the lost answer: %d skipped, %v; want 4: the statement did not commit", got.SkippedRuns, err)
+	}
+	for range 2 {
+		if _, err := a.RunOnce(ctx); err != nil {
+			t.Fatalf("RunOnce again: %v", err)
+		}
+	}
+	if n := skipped.Load(); n != 4 {
+		t.Errorf("skipped occurrences told of: %d, want the 4 the lost call applied", n)
+	}
+}

@@ -109,10 +109,10 @@ var applyPlansSQL = `WITH plan AS (
 	-- Resent plans are not among those above, and run ids are never
 	-- reused, so none is this statement's own run or another caller's.
 	-- Without resent plans the array is empty and no index is read.
-	SELECT count(*) AS n FROM runs r WHERE r.id = ANY($18::text[])
+	SELECT array_agg(r.id) AS ids FROM runs r WHERE r.id = ANY($18::text[])
 )` + enqueueSQL("created") + `
-SELECT c.n + (SELECT n FROM already), (SELECT COALESCE(sum(skipped), 0)::bigint FROM advanced),
-	CASE WHEN c.n > 0 THEN pg_notify($15, $16) END
+SELECT c.n, (SELECT COALESCE(sum(skipped), 0)::bigint FROM advanced),
+	CASE WHEN c.n > 0 THEN pg_notify($15, $16) END, (SELECT ids FROM already)
 FROM (SELECT count(*) AS n FROM created) c`
 
 // ApplyRunPlans applies plans in one transaction and returns the runs
@@ -123,52 +123,63 @@ FROM (SELECT count(*) AS n FROM created) c`
 // scheduledFor), enforced by a unique constraint.
 //
 // The runs created include those of resent plans that exist (see
-// vibejobs.RunPlan.Resent): a call whose statement committed but whose
-// answer was lost (a connection cut after the commit, a store timeout)
-// failed, and the caller sends its plans again, resent, with its next
-// call. They are counted by the first statement, in the same round trip;
-// a call of resent plans alone makes one statement for them.
+// vibejobs.RunPlan.Resent), and the skipped occurrences those of each
+// resent plan with one of them (see vibejobs.CountResent): a call whose
+// statement committed but whose answer was lost (a connection cut after
+// the commit, a store timeout) failed, and the caller sends its plans
+// again, resent, with its next call. The first statement reads them, in
+// the same round trip; a call of resent plans alone makes one statement
+// for them.
 func (s *Store) ApplyRunPlans(ctx context.Context, plans []vibejobs.RunPlan, now time.Time) (int, int64, error) {
 	if err := vibejobs.CheckPlans(plans); err != nil {
 		return 0, 0, err
 	}
-	plans, resent := splitResent(plans)
+	apply, resent := splitResent(plans)
 	// One statement takes each job at most once (an UPDATE … FROM changes a
 	// row once however many plan rows match), so plans for a job already in
 	// the batch start the next statement, in the order given.
-	batches := splitByKey(plans, func(p vibejobs.RunPlan) string { return p.JobID })
-	switch {
-	case len(batches) == 0 && len(resent) == 0:
-		return 0, 0, nil
-	case len(batches) == 0:
-		return s.applyPlans(ctx, s.pool, nil, resent)
-	case len(batches) == 1:
-		return s.applyPlans(ctx, s.pool, batches[0], resent)
-	}
+	batches := splitByKey(apply, func(p vibejobs.RunPlan) string { return p.JobID })
 	var (
 		created int
 		skipped int64
+		found   []string
 	)
-	err := pgx.BeginTxFunc(ctx, s.pool, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, func(tx pgx.Tx) error {
-		created, skipped = 0, 0
-		for i, b := range batches {
-			var ids []string
-			if i == 0 {
-				ids = resent
-			}
-			n, sk, err := s.applyPlans(ctx, tx, b, ids)
-			if err != nil {
-				return err
-			}
-			created += n
-			skipped += sk
+	switch {
+	case len(batches) == 0 && len(resent) == 0:
+		return 0, 0, nil
+	case len(batches) <= 1:
+		var b []vibejobs.RunPlan
+		if len(batches) == 1 {
+			b = batches[0]
 		}
-		return nil
-	})
-	if err != nil {
-		return 0, 0, mapError(err, "applying run plans")
+		var err error
+		if created, skipped, found, err = s.applyPlans(ctx, s.pool, b, resent); err != nil {
+			return 0, 0, err
+		}
+	default:
+		err := pgx.BeginTxFunc(ctx, s.pool, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, func(tx pgx.Tx) error {
+			created, skipped, found = 0, 0, nil
+			for i, b := range batches {
+				var ids []string
+				if i == 0 {
+					ids = resent
+				}
+				n, sk, f, err := s.applyPlans(ctx, tx, b, ids)
+				if err != nil {
+					return err
+				}
+				created += n
+				skipped += sk
+				found = append(found, f...)
+			}
+			return nil
+		})
+		if err != nil {
+			return 0, 0, mapError(err, "applying run plans")
+		}
 	}
-	return created, skipped, nil
+	n, sk := vibejobs.CountResent(plans, found)
+	return created + n, skipped + sk, nil
 }
 
 // splitResent returns the plans to apply and the run ids of the resent
@@ -191,18 +202,19 @@ func splitResent(plans []vibejobs.RunPlan) (apply []vibejobs.RunPlan, resent []s
 }
 
 // applyPlans applies plans of distinct jobs in one statement; it returns
-// the runs created, those of resentIDs that exist included, and the
-// skipped occurrences of the plans applied.
-func (s *Store) applyPlans(ctx context.Context, q querier, plans []vibejobs.RunPlan, resentIDs []string) (int, int64, error) {
+// the runs created and the skipped occurrences of the plans applied, and
+// those of resentIDs that are the ids of runs.
+func (s *Store) applyPlans(ctx context.Context, q querier, plans []vibejobs.RunPlan, resentIDs []string) (int, int64, []string, error) {
 	var (
 		created int
 		skipped int64
+		found   []string
 	)
-	err := q.QueryRow(ctx, applyPlansSQL, s.applyPlansArgs(plans, resentIDs)...).Scan(&created, &skipped, nil)
+	err := q.QueryRow(ctx, applyPlansSQL, s.applyPlansArgs(plans, resentIDs)...).Scan(&created, &skipped, nil, &found)
 	if err != nil {
-		return 0, 0, mapError(err, "applying run plans")
+		return 0, 0, nil, mapError(err, "applying run plans")
 	}
-	return created, skipped, nil
+	return created, skipped, found, nil
 }
 
 // applyPlansArgs are the arguments of applyPlansSQL for plans and the run

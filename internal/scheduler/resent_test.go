@@ -301,3 +301,70 @@ func TestResentPlanOfACallEndingAfterTheReadKept(t *testing.T) {
 		t.Errorf("runs told of: %d, want 3", got)
 	}
 }
+
+// skipCounter counts the skipped occurrences a scheduler tells of.
+type skipCounter struct {
+	mu sync.Mutex
+	n  int64
+}
+
+func (c *skipCounter) add(n int64) { c.mu.Lock(); c.n += n; c.mu.Unlock() }
+func (c *skipCounter) get() int64  { c.mu.Lock(); defer c.mu.Unlock(); return c.n }
+
+// TestSkipsOfALostAnswerToldOfOnce: a call that committed and lost its
+// answer skipped occurrences (catch-up) that nothing told of, so
+// vibejobs_skipped_occurrences_total never counted them. The call that
+// sends its plan again finds a run of that plan, so the plan was applied
+// by the lost call: it tells of its skips, once.
+func TestSkipsOfALostAnswerToldOfOnce(t *testing.T) {
+	ctx := context.Background()
+	now := t0
+	st := openStore(t, storedJob("job_x", vibejobs.CatchUpLatest, now.Add(-10*time.Minute))) // down for ten minutes
+	fs := &flakyStore{SchedulerStore: st, commit: true}
+	var skips skipCounter
+	s := scheduler.New(scheduler.Config{Store: fs, Now: func() time.Time { return now }, OnSkipped: skips.add})
+	if _, err := s.RunOnce(ctx); !errors.Is(err, errLost) {
+		t.Fatalf("RunOnce whose answer was lost: %v", err)
+	}
+	j, err := st.GetJob(ctx, "prj_x", "job_x")
+	if err != nil || j.SkippedRuns != 9 {
+		t.Fatalf("job after the lost call: %d skipped, %v; want 9 (the lost call committed)", j.SkippedRuns, err)
+	}
+	for range 3 {
+		if _, err := s.RunOnce(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := skips.get(); got != 9 {
+		t.Errorf("skipped occurrences told of: %d, want the 9 the lost call applied", got)
+	}
+}
+
+// TestSkipsOfAPlanAnotherReplicaAppliedToldOfOnce: a call that failed
+// without committing, and another replica then applied the same
+// occurrences, skips included. The plan sent again names runs that do not
+// exist: this replica tells of no skips, the other of its own.
+func TestSkipsOfAPlanAnotherReplicaAppliedToldOfOnce(t *testing.T) {
+	ctx := context.Background()
+	now := t0
+	st := openStore(t, storedJob("job_x", vibejobs.CatchUpLatest, now.Add(-10*time.Minute)))
+	fs := &flakyStore{SchedulerStore: st, fail: true}
+	var skipsA, skipsB skipCounter
+	a := scheduler.New(scheduler.Config{Store: fs, Now: func() time.Time { return now }, OnSkipped: skipsA.add})
+	b := scheduler.New(scheduler.Config{Store: st, Now: func() time.Time { return now }, OnSkipped: skipsB.add})
+	if _, err := a.RunOnce(ctx); !errors.Is(err, errLost) {
+		t.Fatalf("RunOnce that failed: %v", err)
+	}
+	if _, err := b.RunOnce(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.RunOnce(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if len(fs.resentRuns(1)) == 0 {
+		t.Fatal("the call after the failed one resent nothing: the test proved nothing")
+	}
+	if a, b := skipsA.get(), skipsB.get(); a != 0 || b != 9 {
+		t.Errorf("skipped occurrences told of: %d by the replica whose call failed, %d by the other; want 0 and 9", a, b)
+	}
+}

@@ -81,7 +81,13 @@ type Config struct {
 	// runs of a full batch of caught-up jobs), or when the failed call
 	// committed only after a later scan read its job (see supersede).
 	OnRunsCreated func(n int)
-	// OnSkipped is called with the number of occurrences skipped by catch-up.
+	// OnSkipped is called with the number of occurrences skipped by
+	// catch-up, each once. Those of a plan whose call failed after its
+	// commit are told of by the next call that succeeds, as its runs are,
+	// when a run of that plan is found: those of a plan that left no run
+	// of its own (it had none, each met a run that existed, or they were
+	// withdrawn since) go untold, since nothing tells its application
+	// apart from another replica's plan of the same occurrences.
 	OnSkipped func(n int64)
 	// OnUnplannable is called after each scan that lists every due job, with
 	// the number of them whose schedule does not parse here (a time zone
@@ -276,7 +282,10 @@ func (s *Scheduler) runOnce(ctx context.Context, c *scanCursor) (created int, fu
 		if len(resent) == 0 {
 			return 0, false, nil
 		}
-		created, _, err := s.apply(ctx, resent, nil, now)
+		created, skipped, err := s.apply(ctx, resent, nil, now)
+		if err == nil && skipped > 0 && s.cfg.OnSkipped != nil {
+			s.cfg.OnSkipped(skipped)
+		}
 		return created, false, err
 	}
 	last := jobs[len(jobs)-1]
@@ -310,7 +319,9 @@ func (s *Scheduler) runOnce(ctx context.Context, c *scanCursor) (created int, fu
 		plans = append(plans, p)
 	}
 	// Skipped occurrences are counted only for the plans applied: a plan
-	// another replica applied first was counted there.
+	// another replica applied first was counted there. Those of resent
+	// plans a failed call applied are counted too (see
+	// vibejobs.CountResent).
 	created, skipped, err := s.apply(ctx, resent, plans, now)
 	if err != nil {
 		return 0, false, err

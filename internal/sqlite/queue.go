@@ -57,10 +57,12 @@ func (s *Store) DueJobs(ctx context.Context, before time.Time, after vibejobs.Du
 // sees the job as the previous one left it.
 //
 // Resent plans (vibejobs.RunPlan.Resent) are not applied; those of their
-// runs that exist are counted in created, by one more statement in the
-// same transaction. Here they are none as a rule: a call fails only before
-// its commit or at it (the commit's answer is local and not lost, and
-// nothing after it fails), so a failed call created nothing.
+// runs that exist, read by one more statement in the same transaction,
+// are counted in created, and the skipped occurrences of each plan with
+// one of them in skipped (see vibejobs.CountResent). Here they are none
+// as a rule: a call fails only before its commit or at it (the commit's
+// answer is local and not lost, and nothing after it fails), so a failed
+// call created nothing.
 func (s *Store) ApplyRunPlans(ctx context.Context, plans []vibejobs.RunPlan, now time.Time) (int, int64, error) {
 	if len(plans) == 0 {
 		return 0, 0, nil
@@ -103,11 +105,13 @@ func (s *Store) ApplyRunPlans(ctx context.Context, plans []vibejobs.RunPlan, now
 			skipped += sk
 		}
 		if len(resent) > 0 {
-			var n int
-			if err := t.QueryRowContext(ctx, resentRunsSQL, jsonArray(resent)).Scan(&n); err != nil {
+			found, err := resentRuns(ctx, t, resent)
+			if err != nil {
 				return err
 			}
+			n, sk := vibejobs.CountResent(plans, found)
 			created += n
+			skipped += sk
 		}
 		return nil
 	})
@@ -115,6 +119,24 @@ func (s *Store) ApplyRunPlans(ctx context.Context, plans []vibejobs.RunPlan, now
 		return 0, 0, fmt.Errorf("applying run plans: %w", err)
 	}
 	return created, skipped, nil
+}
+
+// resentRuns returns those of ids that are the ids of runs.
+func resentRuns(ctx context.Context, t wtx, ids []string) ([]string, error) {
+	rows, err := t.QueryContext(ctx, resentRunsSQL, jsonArray(ids))
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var found []string
+	for rows.Next() {
+		var id string
+		if err := rows.Scan(&id); err != nil {
+			return nil, err
+		}
+		found = append(found, id)
+	}
+	return found, rows.Err()
 }
 
 // applyRound applies plans of distinct jobs; it returns the runs created and
@@ -514,8 +536,8 @@ const applyWantedSQL = `UPDATE runs SET withdrawn = 0
 		WHERE withdrawn = 1 AND (job_id, scheduled_for) IN (
 			SELECT value ->> 1, value ->> 4 FROM jsonb_each(?) WHERE value ->> 5 = 1)`
 
-// resentRunsSQL counts the runs, of a JSON array of ids, that exist.
-const resentRunsSQL = `SELECT count(*) FROM runs WHERE id IN (SELECT value FROM json_each(?))`
+// resentRunsSQL reads the ids, of a JSON array of ids, of runs that exist.
+const resentRunsSQL = `SELECT id FROM runs WHERE id IN (SELECT value FROM json_each(?))`
 
 // claimPickSQL picks the runs to claim, in due order.
 const claimPickSQL = `SELECT seq, id, late IS NOT NULL, next_attempt_at FROM runs

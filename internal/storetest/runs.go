@@ -384,20 +384,33 @@ func testApplyRunPlansCompletesOneOff(t *testing.T, f *fixture) {
 // A resent plan (RunPlan.Resent) is never applied, nor refused; ApplyRunPlans
 // counts those of its runs that exist, by ID: the runs an earlier call
 // that sent it created, its answer lost. Runs another caller created for
-// its occurrences, under their own IDs, are not counted.
+// its occurrences, under their own IDs, are not counted. A resent plan
+// with a run that exists was applied by that call: its skipped
+// occurrences are counted too, once; one with none, not at all.
 func testApplyRunPlansResent(t *testing.T, f *fixture) {
 	f.projects()
 	j := f.job(projectA)
 	sent := vibejobs.RunPlan{JobID: j.ID, Anchor: j.ScheduleAnchor, From: T0, Next: ptr(T0.Add(time.Hour)),
 		Runs: []*vibejobs.Run{f.schedRun(j, T0), f.schedRun(j, T0.Add(time.Minute))}, Skipped: 2}
-	f.apply(2, sent)
+	f.apply(2, sent) // as a call that lost its answer
 	resent := sent
 	resent.Resent = true
-	if sk := f.apply(2, resent); sk != 0 {
-		t.Errorf("a resent plan reported %d skipped occurrences, want 0: it is not applied", sk)
+	// Its runs exist: the failed call applied it. Sent again it is not
+	// applied again, and tells of the runs and the skips that call did.
+	if sk := f.apply(2, resent); sk != 2 {
+		t.Errorf("a resent plan whose runs exist reported %d skipped occurrences, want its 2", sk)
 	}
 	if got := f.getJob(projectA, j.ID); !got.NextRunAt.Equal(T0.Add(time.Hour)) || got.SkippedRuns != 2 {
 		t.Errorf("job after its plan resent: next %v skipped %d; want %s, 2", got.NextRunAt, got.SkippedRuns, T0.Add(time.Hour))
+	}
+	// One of its runs gone (withdrawn): the other still tells of the
+	// plan's skips, once.
+	f.update(func(tx vibejobs.Tx) error {
+		_, err := tx.DeleteFutureRuns(f.ctx, j.ID, T0)
+		return err
+	})
+	if sk := f.apply(1, resent); sk != 2 {
+		t.Errorf("a resent plan with one run left reported %d skipped occurrences, want its 2", sk)
 	}
 
 	// A resent plan whose job is still at its From is not applied: no call
@@ -407,27 +420,36 @@ func testApplyRunPlansResent(t *testing.T, f *fixture) {
 	late := f.schedRun(k, T0.Add(time.Minute))
 	late.NextAttemptAt = ptr(late.DeadlineAt.Add(time.Millisecond))
 	unsent := vibejobs.RunPlan{JobID: k.ID, Anchor: k.ScheduleAnchor, From: T0, Next: ptr(T0.Add(2 * time.Minute)),
-		Runs: []*vibejobs.Run{f.schedRun(k, T0), late}, Resent: true}
-	f.apply(0, unsent)
-	if got := f.getJob(projectA, k.ID); !got.NextRunAt.Equal(T0) {
-		t.Errorf("a resent plan moved its job to %v", got.NextRunAt)
+		Runs: []*vibejobs.Run{f.schedRun(k, T0), late}, Skipped: 5, Resent: true}
+	if sk := f.apply(0, unsent); sk != 0 {
+		t.Errorf("a resent plan no call applied reported %d skipped occurrences, want 0", sk)
+	}
+	if got := f.getJob(projectA, k.ID); !got.NextRunAt.Equal(T0) || got.SkippedRuns != 0 {
+		t.Errorf("a resent plan moved its job to %v, skipped %d", got.NextRunAt, got.SkippedRuns)
 	}
 	// The plan of k made afresh, in the same call, creates the run of an
-	// occurrence the resent plan names under another ID: counted once.
-	f.apply(1, unsent, vibejobs.RunPlan{JobID: k.ID, Anchor: k.ScheduleAnchor, From: T0, Next: ptr(T0.Add(time.Minute)),
-		Runs: []*vibejobs.Run{f.schedRun(k, T0)}})
+	// occurrence the resent plan names under another ID: counted once,
+	// and the skips of the fresh plan alone.
+	if sk := f.apply(1, unsent, vibejobs.RunPlan{JobID: k.ID, Anchor: k.ScheduleAnchor, From: T0, Next: ptr(T0.Add(time.Minute)),
+		Runs: []*vibejobs.Run{f.schedRun(k, T0)}, Skipped: 1}); sk != 1 {
+		t.Errorf("a resent plan and its job's fresh one reported %d skipped occurrences, want the fresh one's 1", sk)
+	}
 	for _, r := range unsent.Runs {
 		_, err := f.s.GetRun(f.ctx, projectA, r.ID)
 		wantNotFound(t, "GetRun of a resent plan's run", err, "run")
 	}
 
 	// Resent plans count once in a call that applies two plans of one
-	// job, one after the other.
-	f.apply(2+2, resent, unsent,
+	// job, one after the other; the skips of the one a call applied
+	// only.
+	sk := f.apply(1+2, resent, unsent,
 		vibejobs.RunPlan{JobID: k.ID, Anchor: k.ScheduleAnchor, From: T0.Add(time.Minute), Next: ptr(T0.Add(2 * time.Minute)),
 			Runs: []*vibejobs.Run{f.schedRun(k, T0.Add(time.Minute))}},
 		vibejobs.RunPlan{JobID: k.ID, Anchor: k.ScheduleAnchor, From: T0.Add(2 * time.Minute), Next: ptr(T0.Add(3 * time.Minute)),
 			Runs: []*vibejobs.Run{f.schedRun(k, T0.Add(2*time.Minute))}})
+	if sk != 2 {
+		t.Errorf("resent plans, one applied by the call that lost its answer: %d skipped occurrences, want its 2", sk)
+	}
 	if got := f.getJob(projectA, k.ID); !got.NextRunAt.Equal(T0.Add(3 * time.Minute)) {
 		t.Errorf("job after two plans in one call: next %v, want %s", got.NextRunAt, T0.Add(3*time.Minute))
 	}
