@@ -81,14 +81,15 @@ func (s *flakyStore) runIDs(i int) []string {
 	return ids
 }
 
-// counter counts the runs a scheduler tells of.
-type counter struct {
+// counter counts what a scheduler tells of: runs created (int) or
+// occurrences skipped (int64).
+type counter[T int | int64] struct {
 	mu sync.Mutex
-	n  int
+	n  T
 }
 
-func (c *counter) add(n int) { c.mu.Lock(); c.n += n; c.mu.Unlock() }
-func (c *counter) get() int  { c.mu.Lock(); defer c.mu.Unlock(); return c.n }
+func (c *counter[T]) add(n T) { c.mu.Lock(); c.n += n; c.mu.Unlock() }
+func (c *counter[T]) get() T  { c.mu.Lock(); defer c.mu.Unlock(); return c.n }
 
 // TestRunsOfALostAnswerToldOfOnce: an ApplyRunPlans call that committed
 // but lost its answer fails, and its job has moved on: the scheduler
@@ -101,7 +102,7 @@ func TestRunsOfALostAnswerToldOfOnce(t *testing.T) {
 	now := t0
 	st := openStore(t, storedJob("job_x", vibejobs.CatchUpAll, now.Add(-2*time.Minute)))
 	fs := &flakyStore{SchedulerStore: st, commit: true}
-	var told counter
+	var told counter[int]
 	s := scheduler.New(scheduler.Config{Store: fs, Now: func() time.Time { return now }, OnRunsCreated: told.add})
 
 	if _, err := s.RunOnce(ctx); !errors.Is(err, errLost) {
@@ -153,7 +154,7 @@ func TestRunsAnotherReplicaCreatedNotToldOf(t *testing.T) {
 	now := t0
 	st := openStore(t, storedJob("job_x", vibejobs.CatchUpAll, now))
 	fs := &flakyStore{SchedulerStore: st, fail: true}
-	var toldA, toldB counter
+	var toldA, toldB counter[int]
 	a := scheduler.New(scheduler.Config{Store: fs, Now: func() time.Time { return now }, OnRunsCreated: toldA.add})
 	b := scheduler.New(scheduler.Config{Store: st, Now: func() time.Time { return now }, OnRunsCreated: toldB.add})
 	if _, err := a.RunOnce(ctx); !errors.Is(err, errLost) {
@@ -214,7 +215,7 @@ func TestResentPlansOneAJobWhileWritesFail(t *testing.T) {
 	st := openStore(t, storedJob("job_x", vibejobs.CatchUpAll, now.Add(-2*time.Minute)),
 		storedJob("job_y", vibejobs.CatchUpAll, now))
 	fs := &flakyStore{SchedulerStore: st}
-	var told counter
+	var told counter[int]
 	s := scheduler.New(scheduler.Config{Store: fs, Now: func() time.Time { return now }, OnRunsCreated: told.add})
 	for i := range 5 {
 		fs.fail = true
@@ -250,7 +251,7 @@ func TestResentPlansOfACommittedCallKept(t *testing.T) {
 	now := t0
 	st := openStore(t, storedJob("job_x", vibejobs.CatchUpAll, now.Add(-2*time.Minute)))
 	fs := &flakyStore{SchedulerStore: st, commit: true}
-	var told counter
+	var told counter[int]
 	s := scheduler.New(scheduler.Config{Store: fs, Now: func() time.Time { return now }, OnRunsCreated: told.add})
 	if _, err := s.RunOnce(ctx); !errors.Is(err, errLost) {
 		t.Fatalf("RunOnce whose answer was lost: %v", err)
@@ -286,7 +287,7 @@ func TestResentPlanOfACallEndingAfterTheReadKept(t *testing.T) {
 	st := openStore(t, storedJob("job_x", vibejobs.CatchUpAll, now.Add(-2*time.Minute)))
 	fs := &flakyStore{SchedulerStore: st, commit: true}
 	rs := &racingStore{SchedulerStore: fs}
-	var told counter
+	var told counter[int]
 	s := scheduler.New(scheduler.Config{Store: rs, Now: func() time.Time { return now }, OnRunsCreated: told.add})
 	rs.other = func() {
 		rs.other = nil // the scan below reads alone
@@ -302,15 +303,6 @@ func TestResentPlanOfACallEndingAfterTheReadKept(t *testing.T) {
 	}
 }
 
-// skipCounter counts the skipped occurrences a scheduler tells of.
-type skipCounter struct {
-	mu sync.Mutex
-	n  int64
-}
-
-func (c *skipCounter) add(n int64) { c.mu.Lock(); c.n += n; c.mu.Unlock() }
-func (c *skipCounter) get() int64  { c.mu.Lock(); defer c.mu.Unlock(); return c.n }
-
 // TestSkipsOfALostAnswerToldOfOnce: a call that committed and lost its
 // answer skipped occurrences (catch-up) that nothing told of, so
 // vibejobs_skipped_occurrences_total never counted them. The call that
@@ -321,7 +313,7 @@ func TestSkipsOfALostAnswerToldOfOnce(t *testing.T) {
 	now := t0
 	st := openStore(t, storedJob("job_x", vibejobs.CatchUpLatest, now.Add(-10*time.Minute))) // down for ten minutes
 	fs := &flakyStore{SchedulerStore: st, commit: true}
-	var skips skipCounter
+	var skips counter[int64]
 	s := scheduler.New(scheduler.Config{Store: fs, Now: func() time.Time { return now }, OnSkipped: skips.add})
 	if _, err := s.RunOnce(ctx); !errors.Is(err, errLost) {
 		t.Fatalf("RunOnce whose answer was lost: %v", err)
@@ -349,7 +341,7 @@ func TestSkipsOfAPlanAnotherReplicaAppliedToldOfOnce(t *testing.T) {
 	now := t0
 	st := openStore(t, storedJob("job_x", vibejobs.CatchUpLatest, now.Add(-10*time.Minute)))
 	fs := &flakyStore{SchedulerStore: st, fail: true}
-	var skipsA, skipsB skipCounter
+	var skipsA, skipsB counter[int64]
 	a := scheduler.New(scheduler.Config{Store: fs, Now: func() time.Time { return now }, OnSkipped: skipsA.add})
 	b := scheduler.New(scheduler.Config{Store: st, Now: func() time.Time { return now }, OnSkipped: skipsB.add})
 	if _, err := a.RunOnce(ctx); !errors.Is(err, errLost) {
