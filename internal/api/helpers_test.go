@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -260,6 +261,42 @@ func (e *env) must(want int, method, path, token string, body any) map[string]an
 		return nil
 	}
 	return res.json(e.t)
+}
+
+// pageIDs returns the ids of the items of a list's page: the objects in
+// its field items.
+func pageIDs(page map[string]any, items string) []string {
+	var out []string
+	for _, it := range page[items].([]any) {
+		out = append(out, it.(map[string]any)["id"].(string))
+	}
+	return out
+}
+
+// walkPages lists path (which has no query) as token, limit items a page,
+// following nextCursor to the page where it is null, and returns the ids of
+// the items (the objects in field items) in the order read.
+func (e *env) walkPages(path, token, items string, limit int) []string {
+	e.t.Helper()
+	var walked []string
+	for cursor, pages := "", 0; ; pages++ {
+		q := path + "?limit=" + strconv.Itoa(limit)
+		if cursor != "" {
+			q += "&cursor=" + cursor
+		}
+		page := e.must(200, "GET", q, token, nil)
+		walked = append(walked, pageIDs(page, items)...)
+		nc, present := page["nextCursor"]
+		if !present {
+			e.t.Fatal("a page without nextCursor")
+		}
+		if nc == nil {
+			return walked
+		}
+		if cursor = nc.(string); pages > 1000 {
+			e.t.Fatal("the cursors never end")
+		}
+	}
 }
 
 func newKey() string {

@@ -24,13 +24,7 @@ func TestProjectListPages(t *testing.T) {
 				map[string]any{"name": "admin", "role": "admin"})["token"].(string)
 		}
 	}
-	ids := func(page map[string]any) []string {
-		var out []string
-		for _, p := range page["projects"].([]any) {
-			out = append(out, p.(map[string]any)["id"].(string))
-		}
-		return out
-	}
+	ids := func(page map[string]any) []string { return pageIDs(page, "projects") }
 	all := ids(e.must(200, "GET", "/v1/projects?limit=100", e.admin, nil))
 	if len(all) != 57 || !slices.IsSorted(all) || !slices.Contains(all, e.project) {
 		t.Fatalf("limit 100: %d projects (sorted: %v), want the 57 in id order, the bootstrap one among them", len(all), slices.IsSorted(all))
@@ -41,25 +35,7 @@ func TestProjectListPages(t *testing.T) {
 	}
 	// Walked 7 at a time: each project once, in order, the last page's
 	// nextCursor null.
-	var walked []string
-	for cursor, pages := "", 0; ; pages++ {
-		q := "/v1/projects?limit=7"
-		if cursor != "" {
-			q += "&cursor=" + cursor
-		}
-		page := e.must(200, "GET", q, e.admin, nil)
-		walked = append(walked, ids(page)...)
-		nc, present := page["nextCursor"]
-		if !present {
-			t.Fatal("a page without nextCursor")
-		}
-		if nc == nil {
-			break
-		}
-		if cursor = nc.(string); pages > 20 {
-			t.Fatal("the cursors never end")
-		}
-	}
+	walked := e.walkPages("/v1/projects", e.admin, "projects", 7)
 	if !slices.Equal(walked, all) {
 		t.Errorf("walked %d projects, want the %d listed at once, in the same order", len(walked), len(all))
 	}

@@ -83,13 +83,7 @@ func TestTokenListPages(t *testing.T) {
 			e.must(204, "DELETE", "/v1/tokens/"+id, admin, nil)
 		}
 	}
-	ids := func(page map[string]any) []string {
-		var out []string
-		for _, tk := range page["tokens"].([]any) {
-			out = append(out, tk.(map[string]any)["id"].(string))
-		}
-		return out
-	}
+	ids := func(page map[string]any) []string { return pageIDs(page, "tokens") }
 	all := ids(e.must(200, "GET", path+"?limit=100", admin, nil))
 	if len(all) != 60 || !slices.IsSorted(all) {
 		t.Fatalf("limit 100: %d tokens (sorted: %v), want the 60 in id order", len(all), slices.IsSorted(all))
@@ -100,25 +94,7 @@ func TestTokenListPages(t *testing.T) {
 	}
 	// Walked 7 at a time: each token once, in order, the last page's
 	// nextCursor null.
-	var walked []string
-	for cursor, pages := "", 0; ; pages++ {
-		q := path + "?limit=7"
-		if cursor != "" {
-			q += "&cursor=" + cursor
-		}
-		page := e.must(200, "GET", q, admin, nil)
-		walked = append(walked, ids(page)...)
-		nc, present := page["nextCursor"]
-		if !present {
-			t.Fatal("a page without nextCursor")
-		}
-		if nc == nil {
-			break
-		}
-		if cursor = nc.(string); pages > 20 {
-			t.Fatal("the cursors never end")
-		}
-	}
+	walked := e.walkPages(path, admin, "tokens", 7)
 	if !slices.Equal(walked, all) {
 		t.Errorf("walked %d tokens, want the %d listed at once, in the same order", len(walked), len(all))
 	}
