@@ -161,7 +161,8 @@ func (w *Worker) ProcessBatch(ctx context.Context) (int, error) {
 // claim leases up to limit due items and returns them with what is left of
 // their lease once the claim returned. A claim that outlasted the lease
 // returns the items it claimed (for the count) with an error, and they must
-// not be run.
+// not be run: it gives them back (ReleaseOutbox), without the attempts it
+// counted, unless another worker has claimed them since.
 func (w *Worker) claim(ctx context.Context, limit int) ([]OutboxItem, time.Duration, error) {
 	now := w.now()
 	leaseUntil := now.Add(w.lease)
@@ -175,8 +176,17 @@ func (w *Worker) claim(ctx context.Context, limit int) ([]OutboxItem, time.Durat
 	left := leaseUntil.Sub(w.now())
 	if left <= 0 && len(items) > 0 {
 		// The claim outlasted the lease: the items are another worker's to
-		// claim already, and are left to it.
-		return items, 0, fmt.Errorf("claiming outbox items took longer than the lease (%v): none run", w.lease)
+		// claim already, and are left to it. Those no worker has claimed
+		// since go back uncharged: their attempt never ran.
+		errs := []error{fmt.Errorf("claiming outbox items took longer than the lease (%v): none run", w.lease)}
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), storeCallTimeout)
+		defer cancel()
+		for _, it := range items {
+			if err := w.outbox.ReleaseOutbox(sctx, it.RunID, w.id); err != nil {
+				errs = append(errs, fmt.Errorf("giving back run %s: %w", it.RunID, err))
+			}
+		}
+		return items, 0, errors.Join(errs...)
 	}
 	return items, left, nil
 }

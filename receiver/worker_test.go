@@ -213,7 +213,7 @@ func TestWorkerStopOutcomes(t *testing.T) {
 // a claim that takes time leaves the app less of it; the app's context ends
 // when the lease does, not a whole lease after the claim returned (by then
 // another worker may run the item). A claim that outlasts the lease runs
-// nothing.
+// nothing, and gives its items back without counting their attempts.
 func TestWorkerContextEndsWithTheLease(t *testing.T) {
 	now := time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
 	var claimTook time.Duration
@@ -251,6 +251,9 @@ func TestWorkerContextEndsWithTheLease(t *testing.T) {
 	}
 	if ran != 1 || len(o.completed) != 1 || len(o.failed) != 0 {
 		t.Fatalf("an item whose lease ended during the claim was run (%d runs) or recorded (%v, %v)", ran, o.completed, o.failed)
+	}
+	if len(o.released) != 1 || o.released[0] != "run_late" {
+		t.Fatalf("given back %v after a claim as long as the lease, want run_late", o.released)
 	}
 }
 
