@@ -37,19 +37,11 @@ type Config struct {
 	// or leave JobIDs empty and answer 403 from a handler behind
 	// [NewMiddleware].
 	JobIDs []string
-	// BodyReadTimeout, when positive, bounds the time the handler spends
-	// reading the body of one request, in total however the bytes trickle
-	// in: a body not whole by then is answered 408 {"error":"body_timeout"}.
-	// The handler sets the connection's read deadline through
-	// http.ResponseController, which cuts the read itself. When the
-	// ResponseWriter does not lead to the connection (a middleware's wrapper
-	// without an Unwrap method), the handler reads in a goroutine of its own
-	// and stops waiting at the deadline: it answers and returns in time, and
-	// on HTTP/1.x closes the connection once the answer is sent, but the
-	// read it left goes on until the client sends, leaves, or the server's
-	// ReadTimeout cuts it. When zero, the server's ReadTimeout alone governs
-	// slow bodies, and a server without one waits for a stalled client for as
-	// long as the connection stays open: set ReadHeaderTimeout and
+	// BodyReadTimeout, when positive, bounds reading the body of one request by
+	// setting the connection's read deadline (through http.ResponseController)
+	// while the handler reads it. When zero, the server's ReadTimeout alone
+	// governs slow bodies, and a server without one waits for a stalled client
+	// for as long as the connection stays open: set ReadHeaderTimeout and
 	// ReadTimeout on the http.Server in any case.
 	BodyReadTimeout time.Duration
 	// AcceptTimeout (NewHandler only) bounds the store's acceptance of one
@@ -183,7 +175,6 @@ func PayloadFromContext(ctx context.Context) (contract.Payload, bool) {
 var (
 	errBodyTooLarge   = errors.New("receiver: body larger than 64 KiB")
 	errBodyConnection = errors.New("receiver: the connection failed or timed out while the body was read")
-	errBodyTimeout    = errors.New("receiver: the body was not read whole within BodyReadTimeout")
 	errNoSecret       = errors.New("receiver: no secret configured: the Verifier has none yet (SetSecrets)")
 	errContentType    = errors.New("receiver: Content-Type is not a single application/json header")
 )
@@ -211,13 +202,8 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		// Always answer, even when the client seems gone: returning without a
 		// status would make net/http send 200.
 		status, code := http.StatusBadRequest, "body_unreadable"
-		if ne, ok := errors.AsType[net.Error](err); errors.Is(err, errBodyTimeout) || ok && ne.Timeout() {
+		if ne, ok := errors.AsType[net.Error](err); ok && ne.Timeout() {
 			status, code = http.StatusRequestTimeout, "body_timeout"
-			// The rest of the body is not wanted. Without the close,
-			// net/http would discard it before answering, and so wait for
-			// a stalled client, or for readBody's goroutine, which holds
-			// the body while it waits for one.
-			closeUnreadBody(w, r)
 		}
 		if _, ok := errors.AsType[*net.OpError](err); ok {
 			// Not its text, which names this receiver's address (the
@@ -320,53 +306,25 @@ func (h *Handler) accept(w http.ResponseWriter, r *http.Request, p contract.Payl
 	w.Write(resp)
 }
 
-// readBody reads the whole body, at most contract.MaxBodyBytes, within
-// BodyReadTimeout when one is set.
-func (h *Handler) readBody(w http.ResponseWriter, r *http.Request) ([]byte, error) {
+// readBody reads the whole body, at most contract.MaxBodyBytes.
+func (h *Handler) readBody(w http.ResponseWriter, r *http.Request) (_ []byte, err error) {
 	if r.ContentLength > contract.MaxBodyBytes {
 		return nil, errBodyTooLarge
 	}
-	if h.bodyTimeout <= 0 {
-		return readBounded(w, r)
-	}
-	rc := http.NewResponseController(w)
-	if rc.SetReadDeadline(time.Now().Add(h.bodyTimeout)) == nil {
-		body, err := readBounded(w, r)
-		if err == nil {
-			// Once the body is in, lift the deadline: left in place it
-			// would cut the server's background read and cancel the
-			// request's context. After a failed read it must stay, or the
-			// server would wait for the unread rest of the body before
-			// answering.
-			rc.SetReadDeadline(time.Time{})
+	if h.bodyTimeout > 0 {
+		rc := http.NewResponseController(w)
+		if rc.SetReadDeadline(time.Now().Add(h.bodyTimeout)) == nil {
+			// Once the body is in, lift the deadline: left in place it would
+			// cut the server's background read and cancel the request's
+			// context. After a failed read it must stay, or the server would
+			// wait for the unread rest of the body before answering.
+			defer func() {
+				if err == nil {
+					rc.SetReadDeadline(time.Time{})
+				}
+			}()
 		}
-		return body, err
 	}
-	// The connection is out of reach: the deadline holds for the wait
-	// instead of the read. The goroutine may outlive the handler, so it gets
-	// no ResponseWriter, and its result is dropped after the deadline.
-	type result struct {
-		body []byte
-		err  error
-	}
-	done := make(chan result, 1)
-	go func() {
-		body, err := readBounded(nil, r)
-		done <- result{body, err}
-	}()
-	timer := time.NewTimer(h.bodyTimeout)
-	defer timer.Stop()
-	select {
-	case res := <-done:
-		return res.body, res.err
-	case <-timer.C:
-		return nil, errBodyTimeout
-	}
-}
-
-// readBounded reads r's whole body, at most contract.MaxBodyBytes. w, when
-// not nil, is told by http.MaxBytesReader when the bound trips.
-func readBounded(w http.ResponseWriter, r *http.Request) (_ []byte, err error) {
 	size := 512
 	if r.ContentLength >= 0 {
 		size = int(r.ContentLength) + 1 // +1: room to see EOF without growing
