@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/vibejobs/vibejobs/contract"
@@ -39,7 +40,12 @@ type Config struct {
 	JobIDs []string
 	// BodyReadTimeout, when positive, bounds reading the body of one request by
 	// setting the connection's read deadline (through http.ResponseController)
-	// while the handler reads it. When zero, the server's ReadTimeout alone
+	// while the handler reads it. A ResponseWriter that does not lead to the
+	// connection (a middleware's wrapper without an Unwrap method) leaves
+	// nothing to set it on: the handler then logs a warning, once, and the
+	// server's ReadTimeout alone bounds the body (a read cannot be cut
+	// otherwise, and the handler must not leave one running after it
+	// returns). Give such wrappers Unwrap. When zero, the server's ReadTimeout alone
 	// governs slow bodies, and a server without one waits for a stalled client
 	// for as long as the connection stays open: set ReadHeaderTimeout and
 	// ReadTimeout on the http.Server in any case.
@@ -70,8 +76,10 @@ type Handler struct {
 	bodyTimeout   time.Duration
 	acceptTimeout time.Duration
 	log           *slog.Logger
-	store         Store        // set by NewHandler
-	next          http.Handler // set by NewMiddleware
+	// noDeadline logs, once, that BodyReadTimeout could not be set.
+	noDeadline sync.Once
+	store      Store        // set by NewHandler
+	next       http.Handler // set by NewMiddleware
 }
 
 func newHandler(cfg Config) (*Handler, error) {
@@ -313,7 +321,13 @@ func (h *Handler) readBody(w http.ResponseWriter, r *http.Request) (_ []byte, er
 	}
 	if h.bodyTimeout > 0 {
 		rc := http.NewResponseController(w)
-		if rc.SetReadDeadline(time.Now().Add(h.bodyTimeout)) == nil {
+		if derr := rc.SetReadDeadline(time.Now().Add(h.bodyTimeout)); derr != nil {
+			h.noDeadline.Do(func() {
+				h.log.LogAttrs(r.Context(), slog.LevelWarn,
+					"BodyReadTimeout not applied: the ResponseWriter does not lead to the connection (a wrapper without Unwrap?); the server's ReadTimeout alone bounds request bodies",
+					slog.String("error", derr.Error()))
+			})
+		} else {
 			// Once the body is in, lift the deadline: left in place it would
 			// cut the server's background read and cancel the request's
 			// context. After a failed read it must stay, or the server would

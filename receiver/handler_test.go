@@ -965,3 +965,34 @@ func TestHandlerContentType(t *testing.T) {
 		t.Fatalf("middleware answered %d %s, want 415", rec.Code, rec.Body)
 	}
 }
+
+// hideConn is a middleware's ResponseWriter wrapper without Unwrap: through
+// it, http.ResponseController cannot reach the connection.
+type hideConn struct{ http.ResponseWriter }
+
+// TestHandlerWarnsWhenBodyReadTimeoutCannotBeSet: behind a wrapper without
+// Unwrap the handler cannot set the read deadline BodyReadTimeout asks
+// for. It says so, once, rather than leave the operator believing slow
+// bodies are bounded, and still answers the delivery.
+func TestHandlerWarnsWhenBodyReadTimeoutCannotBeSet(t *testing.T) {
+	var logs bytes.Buffer
+	store := &memStore{}
+	h := newTestHandler(t, store, func(cfg *receiver.Config) {
+		cfg.BodyReadTimeout = time.Second
+		cfg.Logger = slog.New(slog.NewTextHandler(&logs, nil))
+	})
+	for range 2 {
+		req := httptest.NewRequest(http.MethodPost, "/", strings.NewReader(vectorBody))
+		req.Header.Set(contract.HeaderCallerKind, contract.CallerKindSchedule)
+		req.Header.Set("Content-Type", contract.ContentType)
+		req.Header.Set(contract.HeaderSignature, vectorHeader)
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(hideConn{rec}, req)
+		if rec.Code/100 != 2 {
+			t.Fatalf("delivery behind the wrapper: %d %s", rec.Code, rec.Body)
+		}
+	}
+	if n := strings.Count(logs.String(), "BodyReadTimeout not applied"); n != 1 {
+		t.Errorf("warnings that BodyReadTimeout was not applied: %d, want 1; log:\n%s", n, logs.String())
+	}
+}
