@@ -172,7 +172,17 @@ type Dispatcher struct {
 	backlog bool
 
 	outcomes chan vibejobs.Outcome
-	wg       sync.WaitGroup // attempts in flight
+	// wg counts the tasks of workers, each until its worker has handed
+	// over its outcome; attempting counts them until their attempt ended,
+	// before that hand-over, which waits for the record loop. The stop's
+	// budget starts when attempting falls to zero (see waitAttempts): a
+	// worker waiting to hand over its outcome while the record loop
+	// retries a database that does not take them waits for that budget.
+	wg         sync.WaitGroup
+	attempting atomic.Int64
+	// attemptsIdle, set by waitAttempts, is closed when attempting falls
+	// to zero; guarded by mu.
+	attemptsIdle chan struct{}
 	// tasks hands an attempt to an idle worker, one whose attempt finished
 	// and that waits workerIdle for another, so that the stack the HTTP
 	// client grew serves the next attempt. A goroutine per attempt grew a
@@ -291,8 +301,11 @@ func (d *Dispatcher) Run(ctx context.Context) {
 			defer close(released)
 			d.expireWaiting(d.cfg.Now(), true)
 		}()
-		d.wg.Wait()
+		d.waitAttempts()
 		giveUp := time.AfterFunc(d.cfg.StopRecordTimeout, d.endWrites)
+		// Workers still handing over their outcomes: the record loop
+		// takes them, or drops them once writes ends.
+		d.wg.Wait()
 		<-released
 		// And those withdrawn while the attempts finished.
 		d.expireWaiting(d.cfg.Now(), true)
@@ -600,6 +613,7 @@ func (d *Dispatcher) taskLocked(host string, w waiter) task {
 		d.held[w.c] = h
 	}
 	d.wg.Add(1)
+	d.attempting.Add(1)
 	return task{c: w.c, host: host, h: h}
 }
 
@@ -810,6 +824,14 @@ func (d *Dispatcher) releaseHeld(ws []waiter, now time.Time) {
 // withdrawal releases it). The attempt is not cancelled by shutdown: it
 // ends within its own timeout.
 func (d *Dispatcher) deliver(c *vibejobs.Claim, host string, h *heldClaim) {
+	attemptEnded := false
+	endAttempt := func() {
+		if !attemptEnded {
+			attemptEnded = true
+			d.endAttempt()
+		}
+	}
+	defer endAttempt()
 	if h != nil {
 		if wait := h.hold.Sub(d.cfg.Now()); wait > 0 {
 			t := time.NewTimer(wait) // at most ClaimAhead
@@ -871,6 +893,8 @@ func (d *Dispatcher) deliver(c *vibejobs.Claim, host string, h *heldClaim) {
 	if len(snippet) > vibejobs.SnippetBytes {
 		snippet = snippet[:vibejobs.SnippetBytes]
 	}
+	// Ended: what remains, the hand-over, waits for the record loop.
+	endAttempt()
 	d.outcomes <- vibejobs.Outcome{
 		RunID:     r.ID,
 		ClaimedAt: c.ClaimedAt,
@@ -881,6 +905,35 @@ func (d *Dispatcher) deliver(c *vibejobs.Claim, host string, h *heldClaim) {
 		},
 		Step: step,
 	}
+}
+
+// endAttempt counts an attempt ended (or a task that ended without one),
+// and closes attemptsIdle when it was the last.
+func (d *Dispatcher) endAttempt() {
+	if d.attempting.Add(-1) != 0 {
+		return
+	}
+	d.mu.Lock()
+	// Unless a task counted since (see taskLocked, under mu).
+	if d.attemptsIdle != nil && d.attempting.Load() == 0 {
+		close(d.attemptsIdle)
+		d.attemptsIdle = nil
+	}
+	d.mu.Unlock()
+}
+
+// waitAttempts waits, once Run is stopping, until no attempt is in flight
+// (see Dispatcher.attempting).
+func (d *Dispatcher) waitAttempts() {
+	d.mu.Lock()
+	if d.attempting.Load() == 0 {
+		d.mu.Unlock()
+		return
+	}
+	idle := make(chan struct{})
+	d.attemptsIdle = idle
+	d.mu.Unlock()
+	<-idle
 }
 
 // secretUnavailable gives back unsent the claim c, whose job's secret

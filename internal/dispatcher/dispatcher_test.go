@@ -1989,3 +1989,53 @@ func TestStopGivesUpUnreleasedClaimsWithinItsBudget(t *testing.T) {
 	}
 	e.wantNothingSent(t, "after the stop")
 }
+
+// TestStopWithOutcomesWaitingToBeHandedOver: while the database takes
+// claims but not outcomes, the record loop retries its batch, the outcome
+// channel fills, and the next finished attempt's worker waits to hand its
+// outcome over. A stop then still ends StopRecordTimeout after the last
+// attempt ended: the budget started only once every worker had returned,
+// and that worker waited for the record loop, which waited for the
+// budget, so Run never returned.
+func TestStopWithOutcomesWaitingToBeHandedOver(t *testing.T) {
+	e := newEnv(t)
+	s := newStallingRecords(e.store)
+	s.fail.Store(true)
+	var logs syncbuf.Buffer
+	d := dispatcher.New(dispatcher.Config{
+		Store: s, Sender: e.sender, Opener: plainOpener{}, Owner: "test-owner",
+		Now: e.clock.Now, Rand: func() float64 { return 0.5 }, Concurrency: 1,
+		PollInterval: 10 * time.Millisecond, StopRecordTimeout: 50 * time.Millisecond,
+		Logger: slog.New(slog.NewTextHandler(&logs, nil)),
+	})
+	dispatcher.SetRetryWait(d, func(int) time.Duration { return time.Millisecond })
+	for i := range 4 {
+		j := e.job(t, fmt.Sprintf("job_%d", i), fmt.Sprintf("https://h%d.example/", i))
+		e.run(t, j, fmt.Sprintf("run_%d", i), e.clock.Now())
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { d.Run(ctx); close(done) }()
+	defer func() {
+		cancel()
+		select {
+		case <-done:
+		case <-time.After(10 * time.Second): // the defect: Run never returns
+		}
+	}()
+	// One outcome in the record loop's failing batch, one in the channel
+	// (its capacity is Concurrency), and the third attempt's worker left
+	// to wait for room.
+	for range 3 {
+		e.sender.next(t)
+	}
+	cancel()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("Run still waits 10 s into the stop (StopRecordTimeout 50 ms), its attempts long ended")
+	}
+	if !strings.Contains(logs.String(), "reason=stopping") {
+		t.Errorf("the log does not say the outcomes were given up at the stop:\n%s", logs.String())
+	}
+}
