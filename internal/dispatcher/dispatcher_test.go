@@ -1943,7 +1943,7 @@ func TestStopGivesUpUnreleasedClaimsWithinItsBudget(t *testing.T) {
 		Store: s, Sender: e.sender, Opener: plainOpener{}, Owner: "test-owner",
 		Now: e.clock.Now, Rand: func() float64 { return 0.5 }, Concurrency: 8, PerHost: 1,
 		PollInterval: 20 * time.Millisecond, Logger: slog.New(slog.NewTextHandler(&logs, nil)),
-		StoreTimeout: time.Hour, StopRecordTimeout: 50 * time.Millisecond,
+		StoreTimeout: time.Hour, StopRecordTimeout: time.Second,
 	})
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
