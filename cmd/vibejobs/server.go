@@ -86,9 +86,9 @@ const DefaultDrainTimeout = 10 * time.Second
 
 // DefaultHandlerExitTimeout is how long a stop waits for the handlers of
 // the requests the drain cut off (see Main.Close). Their connections are
-// closed, and a handler's context ends once the server notices (at once
-// while a read of the connection is pending, at the handler's next read or
-// write otherwise); each store call is bounded besides, and the longest
+// closed: a handler that read its body whole sees its context end at once,
+// another learns of it when its next read or write of the connection
+// fails; each store call is bounded besides, and the longest
 // call left after a failed request, the freeing of its idempotency key, is
 // bounded at 5 s.
 const DefaultHandlerExitTimeout = 6 * time.Second
