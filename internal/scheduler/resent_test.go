@@ -91,6 +91,15 @@ type counter[T int | int64] struct {
 func (c *counter[T]) add(n T) { c.mu.Lock(); c.n += n; c.mu.Unlock() }
 func (c *counter[T]) get() T  { c.mu.Lock(); defer c.mu.Unlock(); return c.n }
 
+// counted returns a scheduler on store whose clock reads *now, with
+// counters of the runs created and the occurrences skipped it tells of.
+func counted(store vibejobs.SchedulerStore, now *time.Time) (*scheduler.Scheduler, *counter[int], *counter[int64]) {
+	runs, skips := new(counter[int]), new(counter[int64])
+	s := scheduler.New(scheduler.Config{Store: store, Now: func() time.Time { return *now },
+		OnRunsCreated: runs.add, OnSkipped: skips.add})
+	return s, runs, skips
+}
+
 // TestRunsOfALostAnswerToldOfOnce: an ApplyRunPlans call that committed
 // but lost its answer fails, and its job has moved on: the scheduler
 // plans it no more, and nothing told of the runs that call created, so
@@ -102,8 +111,7 @@ func TestRunsOfALostAnswerToldOfOnce(t *testing.T) {
 	now := t0
 	st := openStore(t, storedJob("job_x", vibejobs.CatchUpAll, now.Add(-2*time.Minute)))
 	fs := &flakyStore{SchedulerStore: st, commit: true}
-	var told counter[int]
-	s := scheduler.New(scheduler.Config{Store: fs, Now: func() time.Time { return now }, OnRunsCreated: told.add})
+	s, told, _ := counted(fs, &now)
 
 	if _, err := s.RunOnce(ctx); !errors.Is(err, errLost) {
 		t.Fatalf("RunOnce whose answer was lost: %v", err)
@@ -154,9 +162,8 @@ func TestRunsAnotherReplicaCreatedNotToldOf(t *testing.T) {
 	now := t0
 	st := openStore(t, storedJob("job_x", vibejobs.CatchUpAll, now))
 	fs := &flakyStore{SchedulerStore: st, fail: true}
-	var toldA, toldB counter[int]
-	a := scheduler.New(scheduler.Config{Store: fs, Now: func() time.Time { return now }, OnRunsCreated: toldA.add})
-	b := scheduler.New(scheduler.Config{Store: st, Now: func() time.Time { return now }, OnRunsCreated: toldB.add})
+	a, toldA, _ := counted(fs, &now)
+	b, toldB, _ := counted(st, &now)
 	if _, err := a.RunOnce(ctx); !errors.Is(err, errLost) {
 		t.Fatalf("RunOnce that failed: %v", err)
 	}
@@ -182,7 +189,7 @@ func TestResentPlansBounded(t *testing.T) {
 	now := t0
 	st := openStore(t, storedJob("job_x", vibejobs.CatchUpAll, now))
 	fs := &flakyStore{SchedulerStore: st}
-	s := scheduler.New(scheduler.Config{Store: fs, Now: func() time.Time { return now }})
+	s, _, _ := counted(fs, &now)
 	scheduler.SetMaxResentRuns(s, 3)
 	for i := range 6 {
 		fs.commit = true
@@ -215,8 +222,7 @@ func TestResentPlansOneAJobWhileWritesFail(t *testing.T) {
 	st := openStore(t, storedJob("job_x", vibejobs.CatchUpAll, now.Add(-2*time.Minute)),
 		storedJob("job_y", vibejobs.CatchUpAll, now))
 	fs := &flakyStore{SchedulerStore: st}
-	var told counter[int]
-	s := scheduler.New(scheduler.Config{Store: fs, Now: func() time.Time { return now }, OnRunsCreated: told.add})
+	s, told, _ := counted(fs, &now)
 	for i := range 5 {
 		fs.fail = true
 		if _, err := s.RunOnce(ctx); !errors.Is(err, errLost) {
@@ -251,8 +257,7 @@ func TestResentPlansOfACommittedCallKept(t *testing.T) {
 	now := t0
 	st := openStore(t, storedJob("job_x", vibejobs.CatchUpAll, now.Add(-2*time.Minute)))
 	fs := &flakyStore{SchedulerStore: st, commit: true}
-	var told counter[int]
-	s := scheduler.New(scheduler.Config{Store: fs, Now: func() time.Time { return now }, OnRunsCreated: told.add})
+	s, told, _ := counted(fs, &now)
 	if _, err := s.RunOnce(ctx); !errors.Is(err, errLost) {
 		t.Fatalf("RunOnce whose answer was lost: %v", err)
 	}
@@ -287,8 +292,7 @@ func TestResentPlanOfACallEndingAfterTheReadKept(t *testing.T) {
 	st := openStore(t, storedJob("job_x", vibejobs.CatchUpAll, now.Add(-2*time.Minute)))
 	fs := &flakyStore{SchedulerStore: st, commit: true}
 	rs := &racingStore{SchedulerStore: fs}
-	var told counter[int]
-	s := scheduler.New(scheduler.Config{Store: rs, Now: func() time.Time { return now }, OnRunsCreated: told.add})
+	s, told, _ := counted(rs, &now)
 	rs.other = func() {
 		rs.other = nil // the scan below reads alone
 		if _, err := s.RunOnce(ctx); !errors.Is(err, errLost) {
@@ -313,8 +317,7 @@ func TestSkipsOfALostAnswerToldOfOnce(t *testing.T) {
 	now := t0
 	st := openStore(t, storedJob("job_x", vibejobs.CatchUpLatest, now.Add(-10*time.Minute))) // down for ten minutes
 	fs := &flakyStore{SchedulerStore: st, commit: true}
-	var skips counter[int64]
-	s := scheduler.New(scheduler.Config{Store: fs, Now: func() time.Time { return now }, OnSkipped: skips.add})
+	s, _, skips := counted(fs, &now)
 	if _, err := s.RunOnce(ctx); !errors.Is(err, errLost) {
 		t.Fatalf("RunOnce whose answer was lost: %v", err)
 	}
@@ -341,9 +344,8 @@ func TestSkipsOfAPlanAnotherReplicaAppliedToldOfOnce(t *testing.T) {
 	now := t0
 	st := openStore(t, storedJob("job_x", vibejobs.CatchUpLatest, now.Add(-10*time.Minute)))
 	fs := &flakyStore{SchedulerStore: st, fail: true}
-	var skipsA, skipsB counter[int64]
-	a := scheduler.New(scheduler.Config{Store: fs, Now: func() time.Time { return now }, OnSkipped: skipsA.add})
-	b := scheduler.New(scheduler.Config{Store: st, Now: func() time.Time { return now }, OnSkipped: skipsB.add})
+	a, _, skipsA := counted(fs, &now)
+	b, _, skipsB := counted(st, &now)
 	if _, err := a.RunOnce(ctx); !errors.Is(err, errLost) {
 		t.Fatalf("RunOnce that failed: %v", err)
 	}
