@@ -64,19 +64,7 @@ func (r reader) ListProjects(ctx context.Context, p vibejobs.Page) ([]*vibejobs.
 	}
 	rows, err := r.q.Query(ctx, `SELECT `+projectColumns+` FROM projects WHERE id > $1 ORDER BY id LIMIT $2`,
 		after, limit+1)
-	if err != nil {
-		return nil, "", mapError(err, "listing projects")
-	}
-	ps, err := collect(rows, scanProject)
-	if err != nil {
-		return nil, "", mapError(err, "listing projects")
-	}
-	var next string
-	if len(ps) > limit {
-		ps = ps[:limit]
-		next = encodeCursor(ps[limit-1].ID)
-	}
-	return ps, next, nil
+	return listPage(rows, err, limit, "listing projects", scanProject, func(v *vibejobs.Project) string { return v.ID })
 }
 
 const tokenColumns = `id, project_id, name, role, installation, prefix, hash, created_at, revoked_at`
@@ -113,19 +101,7 @@ func (r reader) ListTokens(ctx context.Context, projectID string, p vibejobs.Pag
 	}
 	rows, err := r.q.Query(ctx, `SELECT `+tokenColumns+` FROM tokens WHERE project_id = $1 AND id > $2
 		ORDER BY id LIMIT $3`, projectID, after, limit+1)
-	if err != nil {
-		return nil, "", mapError(err, "listing tokens")
-	}
-	ts, err := collect(rows, scanToken)
-	if err != nil {
-		return nil, "", mapError(err, "listing tokens")
-	}
-	var next string
-	if len(ts) > limit {
-		ts = ts[:limit]
-		next = encodeCursor(ts[limit-1].ID)
-	}
-	return ts, next, nil
+	return listPage(rows, err, limit, "listing tokens", scanToken, func(v *vibejobs.Token) string { return v.ID })
 }
 
 // GetToken returns the token id, or ENOTFOUND.
@@ -207,19 +183,7 @@ func (r reader) ListJobs(ctx context.Context, projectID string, p vibejobs.Page)
 	rows, err := r.q.Query(ctx, `SELECT `+jobColumns+` FROM jobs j`+lastRunJoin+`
 		WHERE j.project_id = $1 AND j.deleted_at IS NULL AND j.id > $2
 		ORDER BY j.id LIMIT $3`, projectID, after, limit+1)
-	if err != nil {
-		return nil, "", mapError(err, "listing jobs")
-	}
-	jobs, err := collect(rows, scanJob)
-	if err != nil {
-		return nil, "", mapError(err, "listing jobs")
-	}
-	var next string
-	if len(jobs) > limit {
-		jobs = jobs[:limit]
-		next = encodeCursor(jobs[limit-1].ID)
-	}
-	return jobs, next, nil
+	return listPage(rows, err, limit, "listing jobs", scanJob, func(v *vibejobs.Job) string { return v.ID })
 }
 
 // CountJobs returns the number of projectID's live jobs (committed ones;
@@ -323,19 +287,7 @@ func (r reader) ListRuns(ctx context.Context, projectID string, f vibejobs.RunFi
 	args = append(args, limit+1)
 	sb.WriteString(` ORDER BY r.id DESC LIMIT $` + strconv.Itoa(len(args)))
 	rows, err := r.q.Query(ctx, sb.String(), args...)
-	if err != nil {
-		return nil, "", mapError(err, "listing runs")
-	}
-	runs, err := collect(rows, func(row rowScanner) (*vibejobs.Run, error) { return scanRun(row) })
-	if err != nil {
-		return nil, "", mapError(err, "listing runs")
-	}
-	var next string
-	if len(runs) > limit {
-		runs = runs[:limit]
-		next = encodeCursor(runs[limit-1].ID)
-	}
-	return runs, next, nil
+	return listPage(rows, err, limit, "listing runs", func(row rowScanner) (*vibejobs.Run, error) { return scanRun(row) }, func(v *vibejobs.Run) string { return v.ID })
 }
 
 // GetIdempotencyKey returns the live record of key, or ENOTFOUND when there
@@ -383,6 +335,27 @@ func scanIdempotencyRow(row rowScanner, extra ...any) (*vibejobs.IdempotencyReco
 }
 
 // collect scans every row with scan and closes rows.
+// listPage reads a page of a list ordered by id (either way) from rows, the
+// answer of a query asking for limit+1 rows (or its error err): the first
+// limit, scanned with scan, and the cursor of the next page, from id of the
+// last of them, or "" when this is the last page. what names the list in
+// errors.
+func listPage[T any](rows pgx.Rows, err error, limit int, what string, scan func(rowScanner) (T, error), id func(T) string) ([]T, string, error) {
+	if err != nil {
+		return nil, "", mapError(err, what)
+	}
+	items, err := collect(rows, scan)
+	if err != nil {
+		return nil, "", mapError(err, what)
+	}
+	var next string
+	if len(items) > limit {
+		items = items[:limit]
+		next = encodeCursor(id(items[limit-1]))
+	}
+	return items, next, nil
+}
+
 func collect[T any](rows pgx.Rows, scan func(rowScanner) (T, error)) ([]T, error) {
 	defer rows.Close()
 	var out []T

@@ -44,27 +44,7 @@ func (r reader) ListProjects(ctx context.Context, p vibejobs.Page) ([]*vibejobs.
 	}
 	rows, err := r.q.QueryContext(ctx, `SELECT id, name, retention_days, created_at FROM projects WHERE id > ?
 		ORDER BY id LIMIT ?`, after, limit+1)
-	if err != nil {
-		return nil, "", fmt.Errorf("listing projects: %w", err)
-	}
-	defer rows.Close()
-	ps := make([]*vibejobs.Project, 0, limit)
-	for rows.Next() {
-		p, err := scanProject(rows)
-		if err != nil {
-			return nil, "", fmt.Errorf("listing projects: %w", err)
-		}
-		ps = append(ps, p)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, "", fmt.Errorf("listing projects: %w", err)
-	}
-	var next string
-	if len(ps) > limit {
-		ps = ps[:limit]
-		next = encodeCursor(ps[limit-1].ID)
-	}
-	return ps, next, nil
+	return listPage(rows, err, limit, "listing projects", scanProject, func(v *vibejobs.Project) string { return v.ID })
 }
 
 func scanProject(sc scanner) (*vibejobs.Project, error) {
@@ -119,27 +99,7 @@ func (r reader) ListTokens(ctx context.Context, projectID string, p vibejobs.Pag
 	}
 	rows, err := r.q.QueryContext(ctx, `SELECT `+tokenColumns+` FROM tokens WHERE project_id = ? AND id > ?
 		ORDER BY id LIMIT ?`, projectID, after, limit+1)
-	if err != nil {
-		return nil, "", fmt.Errorf("listing tokens: %w", err)
-	}
-	defer rows.Close()
-	ts := make([]*vibejobs.Token, 0, limit)
-	for rows.Next() {
-		t, err := scanToken(rows)
-		if err != nil {
-			return nil, "", fmt.Errorf("listing tokens: %w", err)
-		}
-		ts = append(ts, t)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, "", fmt.Errorf("listing tokens: %w", err)
-	}
-	var next string
-	if len(ts) > limit {
-		ts = ts[:limit]
-		next = encodeCursor(ts[limit-1].ID)
-	}
-	return ts, next, nil
+	return listPage(rows, err, limit, "listing tokens", scanToken, func(v *vibejobs.Token) string { return v.ID })
 }
 
 // jobColumns are the columns scanJob reads, prefixed by the alias j.
@@ -213,27 +173,7 @@ func (r reader) ListJobs(ctx context.Context, projectID string, p vibejobs.Page)
 	q += ` ORDER BY j.id LIMIT ?`
 	args = append(args, limit+1)
 	rows, err := r.q.QueryContext(ctx, q, args...)
-	if err != nil {
-		return nil, "", fmt.Errorf("listing jobs: %w", err)
-	}
-	defer rows.Close()
-	jobs := make([]*vibejobs.Job, 0, limit)
-	for rows.Next() {
-		j, err := scanJob(rows, true)
-		if err != nil {
-			return nil, "", fmt.Errorf("listing jobs: %w", err)
-		}
-		jobs = append(jobs, j)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, "", fmt.Errorf("listing jobs: %w", err)
-	}
-	var next string
-	if len(jobs) > limit {
-		jobs = jobs[:limit]
-		next = encodeCursor(jobs[limit-1].ID)
-	}
-	return jobs, next, nil
+	return listPage(rows, err, limit, "listing jobs", func(sc scanner) (*vibejobs.Job, error) { return scanJob(sc, true) }, func(v *vibejobs.Job) string { return v.ID })
 }
 
 func (r reader) CountJobs(ctx context.Context, projectID string) (int, error) {
@@ -324,27 +264,7 @@ func (r reader) ListRuns(ctx context.Context, projectID string, f vibejobs.RunFi
 	q.WriteString(` ORDER BY id DESC LIMIT ?`)
 	args = append(args, limit+1)
 	rows, err := r.q.QueryContext(ctx, q.String(), args...)
-	if err != nil {
-		return nil, "", fmt.Errorf("listing runs: %w", err)
-	}
-	defer rows.Close()
-	runs := make([]*vibejobs.Run, 0, limit)
-	for rows.Next() {
-		run, err := scanRun(rows)
-		if err != nil {
-			return nil, "", fmt.Errorf("listing runs: %w", err)
-		}
-		runs = append(runs, run)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, "", fmt.Errorf("listing runs: %w", err)
-	}
-	var next string
-	if len(runs) > limit {
-		runs = runs[:limit]
-		next = encodeCursor(runs[limit-1].ID)
-	}
-	return runs, next, nil
+	return listPage(rows, err, limit, "listing runs", scanRun, func(v *vibejobs.Run) string { return v.ID })
 }
 
 // GetIdempotencyKey returns the live record of key, or ENOTFOUND when there
@@ -409,6 +329,35 @@ func parsePage(p vibejobs.Page) (limit int, id string, err error) {
 		return 0, "", vibejobs.FieldError("invalid_cursor", "cursor", "cursor is not one this API returned")
 	}
 	return limit, id, nil
+}
+
+// listPage reads a page of a list ordered by id (either way) from rows, the
+// answer of a query asking for limit+1 rows (or its error err): the first
+// limit, scanned with scan, and the cursor of the next page, from id of the
+// last of them, or "" when this is the last page. what names the list in
+// errors.
+func listPage[T any](rows *sql.Rows, err error, limit int, what string, scan func(scanner) (T, error), id func(T) string) ([]T, string, error) {
+	if err != nil {
+		return nil, "", fmt.Errorf("%s: %w", what, err)
+	}
+	defer rows.Close()
+	items := make([]T, 0, limit)
+	for rows.Next() {
+		v, err := scan(rows)
+		if err != nil {
+			return nil, "", fmt.Errorf("%s: %w", what, err)
+		}
+		items = append(items, v)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, "", fmt.Errorf("%s: %w", what, err)
+	}
+	var next string
+	if len(items) > limit {
+		items = items[:limit]
+		next = encodeCursor(id(items[limit-1]))
+	}
+	return items, next, nil
 }
 
 // A cursor is the unpadded base64url of the last id of the previous page.
