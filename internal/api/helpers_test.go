@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -295,6 +296,37 @@ func (e *env) walkPages(path, token, items string, limit int) []string {
 		}
 		if cursor = nc.(string); pages > 1000 {
 			e.t.Fatal("the cursors never end")
+		}
+	}
+}
+
+// listCase is a request for a page of a list: its query, sent as token,
+// and the answer wanted (status, and for an error its code and field).
+type listCase struct {
+	query, token string
+	status       int
+	code, field  string
+}
+
+// checkListCases sends each case's query to path, a list of items (the
+// objects in field items): a 200 must hold exactly the ids in rest, an
+// error the code and field wanted.
+func (e *env) checkListCases(path, items string, rest []string, cases []listCase) {
+	e.t.Helper()
+	for _, c := range cases {
+		res := e.do("GET", path+c.query, c.token, nil)
+		if res.status != c.status {
+			e.t.Errorf("GET %s%s: %d, want %d", path, c.query, res.status, c.status)
+			continue
+		}
+		if c.status == 200 {
+			if got := pageIDs(res.json(e.t), items); !slices.Equal(got, rest) {
+				e.t.Errorf("GET %s%s: %d %s, want the last %d", path, c.query, len(got), items, len(rest))
+			}
+			continue
+		}
+		if code, field := res.errorCode(e.t); code != c.code || field != c.field {
+			e.t.Errorf("GET %s%s: %s (%s), want %s (%s)", path, c.query, code, field, c.code, c.field)
 		}
 	}
 }

@@ -44,11 +44,7 @@ func TestProjectListPages(t *testing.T) {
 	e.must(201, "POST", "/v1/projects/"+e.project+"/tokens", e.admin, map[string]any{"name": "second", "role": "read"})
 	tokensCursor := e.must(200, "GET", "/v1/projects/"+e.project+"/tokens?limit=1", e.admin, nil)["nextCursor"].(string)
 	bare, _, _ := strings.Cut(cursor, ".")
-	for _, c := range []struct {
-		query, token string
-		status       int
-		code, field  string
-	}{
+	e.checkListCases("/v1/projects", "projects", all[50:], []listCase{
 		{"?limit=0", e.admin, 400, "invalid_limit", "limit"},
 		{"?limit=101", e.admin, 400, "invalid_limit", "limit"},
 		{"?limit=x", e.admin, 400, "invalid_limit", "limit"},
@@ -63,22 +59,7 @@ func TestProjectListPages(t *testing.T) {
 		{"?cursor=" + cursor, admin, 403, "forbidden", ""}, // a project's admin
 		{"?cursor=" + cursor, e.admin, 200, "", ""},
 		{"?limit=100&cursor=" + cursor, e.admin, 200, "", ""},
-	} {
-		res := e.do("GET", "/v1/projects"+c.query, c.token, nil)
-		if res.status != c.status {
-			t.Errorf("GET projects%s: %d, want %d", c.query, res.status, c.status)
-			continue
-		}
-		if c.status == 200 {
-			if got := ids(res.json(t)); !slices.Equal(got, all[50:]) {
-				t.Errorf("GET projects%s: %d projects, want the last %d", c.query, len(got), len(all)-50)
-			}
-			continue
-		}
-		if code, field := res.errorCode(t); code != c.code || field != c.field {
-			t.Errorf("GET projects%s: %s (%s), want %s (%s)", c.query, code, field, c.code, c.field)
-		}
-	}
+	})
 	// A cursor of this list continues no project's list of tokens.
 	res := e.do("GET", "/v1/projects/"+e.project+"/tokens?cursor="+cursor, e.admin, nil)
 	if code, _ := res.errorCode(t); res.status != 400 || code != "invalid_cursor" {

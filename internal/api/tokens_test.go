@@ -108,11 +108,7 @@ func TestTokenListPages(t *testing.T) {
 		return e.must(200, "GET", "/v1/jobs?limit=1", e.admin, nil)["nextCursor"].(string)
 	}()
 	bare, _, _ := strings.Cut(cursor, ".")
-	for _, c := range []struct {
-		query, token string
-		status       int
-		code, field  string
-	}{
+	e.checkListCases(path, "tokens", all[50:], []listCase{
 		{"?limit=0", admin, 400, "invalid_limit", "limit"},
 		{"?limit=101", admin, 400, "invalid_limit", "limit"},
 		{"?limit=x", admin, 400, "invalid_limit", "limit"},
@@ -131,22 +127,7 @@ func TestTokenListPages(t *testing.T) {
 		{"?cursor=" + cursor, toks[vibejobs.RoleWrite], 403, "forbidden", ""},
 		{"?cursor=" + cursor, admin, 200, "", ""},
 		{"?cursor=" + cursor, e.admin, 200, "", ""}, // the installation token pages the same list
-	} {
-		res := e.do("GET", path+c.query, c.token, nil)
-		if res.status != c.status {
-			t.Errorf("GET tokens%s: %d, want %d", c.query, res.status, c.status)
-			continue
-		}
-		if c.status == 200 {
-			if got := ids(res.json(t)); !slices.Equal(got, all[50:]) {
-				t.Errorf("GET tokens%s: %d tokens, want the last %d", c.query, len(got), len(all)-50)
-			}
-			continue
-		}
-		if code, field := res.errorCode(t); code != c.code || field != c.field {
-			t.Errorf("GET tokens%s: %s (%s), want %s (%s)", c.query, code, field, c.code, c.field)
-		}
-	}
+	})
 
 	// A bound cursor positioned at another project's token pages exactly
 	// as one positioned just after it, where no token is: it tells nothing
