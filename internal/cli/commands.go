@@ -327,6 +327,19 @@ func (c *call) printPage(key string, items []json.RawMessage, next string, tbl f
 	return nil
 }
 
+// decodeItems decodes each item of a list's page as a T.
+func decodeItems[T any](items []json.RawMessage) ([]T, error) {
+	out := make([]T, 0, len(items))
+	for _, raw := range items {
+		var v T
+		if err := json.Unmarshal(raw, &v); err != nil {
+			return nil, err
+		}
+		out = append(out, v)
+	}
+	return out, nil
+}
+
 func jobList(fs *flag.FlagSet) func(*call) error {
 	var p pageFlags
 	p.register(fs)
@@ -336,12 +349,12 @@ func jobList(fs *flag.FlagSet) func(*call) error {
 			return err
 		}
 		return c.printPage("jobs", items, next, func(items []json.RawMessage) error {
+			js, err := decodeItems[apiJob](items)
+			if err != nil {
+				return err
+			}
 			t := c.table("ID", "NAME", "SCHEDULE", "TZ", "STATE", "NEXT RUN", "LAST RUN")
-			for _, raw := range items {
-				var j apiJob
-				if err := json.Unmarshal(raw, &j); err != nil {
-					return err
-				}
+			for _, j := range js {
 				t.row(j.ID, j.Name, j.when(), j.Timezone, j.State, dash(j.NextRunAt), j.lastRun())
 			}
 			return t.flush()
@@ -370,12 +383,12 @@ func runList(fs *flag.FlagSet) func(*call) error {
 			return err
 		}
 		return c.printPage("runs", items, next, func(items []json.RawMessage) error {
+			rs, err := decodeItems[apiRun](items)
+			if err != nil {
+				return err
+			}
 			t := c.table("ID", "JOB", "TRIGGER", "SCHEDULED FOR", "STATE", "ATTEMPT", "LATE", "FINISHED")
-			for _, raw := range items {
-				var r apiRun
-				if err := json.Unmarshal(raw, &r); err != nil {
-					return err
-				}
+			for _, r := range rs {
 				t.row(r.ID, r.JobID, r.Trigger, r.ScheduledFor, r.stateText(), strconv.Itoa(r.Attempt), yesNo(r.Late), dash(r.FinishedAt))
 			}
 			return t.flush()
@@ -428,13 +441,9 @@ func projectList(fs *flag.FlagSet) func(*call) error {
 			return err
 		}
 		return c.printPage("projects", items, next, func(items []json.RawMessage) error {
-			ps := make([]apiProject, 0, len(items))
-			for _, raw := range items {
-				var pr apiProject
-				if err := json.Unmarshal(raw, &pr); err != nil {
-					return err
-				}
-				ps = append(ps, pr)
+			ps, err := decodeItems[apiProject](items)
+			if err != nil {
+				return err
 			}
 			return c.projectTable(ps)
 		})
@@ -526,13 +535,9 @@ func tokenList(fs *flag.FlagSet) func(*call) error {
 			return err
 		}
 		return c.printPage("tokens", items, next, func(items []json.RawMessage) error {
-			ts := make([]apiToken, 0, len(items))
-			for _, raw := range items {
-				var tk apiToken
-				if err := json.Unmarshal(raw, &tk); err != nil {
-					return err
-				}
-				ts = append(ts, tk)
+			ts, err := decodeItems[apiToken](items)
+			if err != nil {
+				return err
 			}
 			return c.tokenTable(ts)
 		})
