@@ -764,8 +764,9 @@ func statusError(status int) error {
 }
 
 // parseRetryAfter reads a Retry-After value: delay-seconds or an HTTP date
-// (RFC 9110 section 10.2.3), relative to now. Past dates and invalid values
-// give 0; long ones are capped at MaxRetryAfter.
+// (RFC 9110 section 10.2.3) in any of its three formats, an rfc850-date's
+// two-digit year read as section 5.6.7 says, relative to now. Past dates and
+// invalid values give 0; long ones are capped at MaxRetryAfter.
 func parseRetryAfter(v string, now time.Time) time.Duration {
 	v = strings.TrimSpace(v)
 	if v == "" {
@@ -782,9 +783,28 @@ func parseRetryAfter(v string, now time.Time) time.Duration {
 	if err != nil {
 		return 0
 	}
+	if strings.IndexByte(v, '-') >= 0 {
+		// Of the three formats only the rfc850-date has a '-'.
+		t = rfc850Year(t, now)
+	}
 	d := t.Sub(now)
 	if d <= 0 {
 		return 0
 	}
 	return min(d, MaxRetryAfter)
+}
+
+// rfc850Year dates t, parsed from an rfc850-date, as RFC 9110 section 5.6.7
+// says: its two-digit year is the latest year with those digits that does
+// not put t more than 50 years after now. net/http reads 69–99 as 19xx and
+// 00–68 as 20xx whatever now is, so "01-Jan-70" asked for a wait until 2070
+// and was read as a date long past.
+func rfc850Year(t, now time.Time) time.Time {
+	limit := now.AddDate(50, 0, 0)
+	y := limit.Year() - (limit.Year()-t.Year()%100)%100
+	t = time.Date(y, t.Month(), t.Day(), t.Hour(), t.Minute(), t.Second(), t.Nanosecond(), t.Location())
+	if t.After(limit) {
+		t = t.AddDate(-100, 0, 0)
+	}
+	return t
 }

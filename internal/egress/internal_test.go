@@ -96,6 +96,34 @@ func TestParseRetryAfter(t *testing.T) {
 	}
 }
 
+// TestParseRetryAfterRFC850Year: an rfc850-date has a two-digit year, which
+// RFC 9110 section 5.6.7 reads as the year with those digits that is not
+// more than 50 years ahead. net/http alone reads 69–99 as 1969–1999 and the
+// rest as 2000–2068, whatever the date: a retry asked for in 2070 was taken
+// as one asked for in 1970 (no wait at all), and from 2069 on every such
+// date would be read a century early.
+func TestParseRetryAfterRFC850Year(t *testing.T) {
+	cases := []struct {
+		now  time.Time
+		in   string
+		want time.Duration
+	}{
+		{time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC), "Thursday, 01-Jan-70 00:00:00 GMT", MaxRetryAfter},
+		{time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC), "Monday, 30-Nov-26 12:01:00 GMT", time.Minute},
+		{time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC), "Friday, 01-Jan-77 00:00:00 GMT", 0},
+		// 50 years ahead to the second is still ahead; one second more is past.
+		{time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC), "Monday, 30-Nov-76 12:00:00 GMT", MaxRetryAfter},
+		{time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC), "Monday, 30-Nov-76 12:00:01 GMT", 0},
+		{time.Date(2080, 6, 1, 0, 0, 0, 0, time.UTC), "Saturday, 01-Jun-80 00:01:00 GMT", time.Minute},
+		{time.Date(2099, 12, 31, 23, 59, 0, 0, time.UTC), "Friday, 01-Jan-00 00:00:00 GMT", time.Minute},
+	}
+	for _, tc := range cases {
+		if got := parseRetryAfter(tc.in, tc.now); got != tc.want {
+			t.Errorf("at %s, parseRetryAfter(%q) = %v, want %v", tc.now.Format(time.DateOnly), tc.in, got, tc.want)
+		}
+	}
+}
+
 // Proxy settings in the environment are never consulted, and certificates
 // are verified (TestRedirectIsNotFollowed covers redirects).
 func TestProxySettingsAreIgnored(t *testing.T) {
