@@ -543,6 +543,12 @@ func TestUnknownRoutesAndMethods(t *testing.T) {
 		{"GET", "/v1/nothing", 404, "not_found"},
 		{"GET", "/", 404, "not_found"},
 		{"GET", "/v1/jobs/", 404, "not_found"},
+		// Unclean paths are not redirected to the route they clean to.
+		{"GET", "//v1/jobs", 404, "not_found"},
+		{"GET", "/v1//jobs", 404, "not_found"},
+		{"POST", "/v1/jobs/../projects", 404, "not_found"},
+		{"GET", "/v1/./jobs", 404, "not_found"},
+		{"GET", "/v1/../healthz", 404, "not_found"},
 		{"PUT", "/v1/jobs", 405, "method_not_allowed"},
 		{"DELETE", "/v1/jobs", 405, "method_not_allowed"},
 		{"POST", "/v1/jobs/job_x", 405, "method_not_allowed"},

@@ -16,6 +16,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/url"
+	"path"
 	"runtime/debug"
 	"slices"
 	"strconv"
@@ -373,6 +374,15 @@ func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
 	}()
 	r = r.WithContext(context.WithValue(r.Context(), logInfoKey{}, info))
 
+	if p, c := r.URL.EscapedPath(), cleanPath(r.URL.EscapedPath()); c != p && (isAPIPath(p) || isAPIPath(c)) {
+		// The mux would redirect to the clean path with a 307 in HTML, which
+		// a client follows with its method, body and Idempotency-Key to a
+		// route it did not name. An API path is taken only as written.
+		info.route = "not_found"
+		errorResponse(&vibejobs.Error{Kind: vibejobs.ENOTFOUND, Code: "not_found",
+			Message: "no such route: the path has an empty, . or .. segment"}).write(sw)
+		return
+	}
 	h, pattern := s.mux.Handler(r)
 	if pattern != "" {
 		s.mux.ServeHTTP(sw, r)
@@ -403,6 +413,19 @@ func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
 		info.route = "not_found"
 		errorResponse(&vibejobs.Error{Kind: vibejobs.ENOTFOUND, Code: "not_found", Message: "no such route"}).write(sw)
 	}
+}
+
+// cleanPath is p as http.ServeMux cleans it before matching: rooted,
+// without empty, . or .. segments, keeping a trailing slash.
+func cleanPath(p string) string {
+	if p == "" || p[0] != '/' {
+		p = "/" + p
+	}
+	c := path.Clean(p)
+	if strings.HasSuffix(p, "/") && c != "/" {
+		c += "/"
+	}
+	return c
 }
 
 func isAPIPath(p string) bool {
