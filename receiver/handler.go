@@ -115,7 +115,11 @@ func newHandler(cfg Config) (*Handler, error) {
 //     parameters allowed, but a charset, if given, must be utf-8): 415
 //     otherwise, before a byte of the body is read (closing an HTTP/1.x
 //     connection, as for 413). The platform retries a 415, so a proxy that
-//     rewrites the header can be fixed before the run's attempts run out;
+//     rewrites the header can be fixed before the run's attempts run out.
+//     Likewise a Content-Encoding naming any coding but identity (gzip added
+//     by a proxy, say) is answered 415 with Accept-Encoding: identity (RFC
+//     7694), not the 401 its changed bytes would earn, which would fail the
+//     run for good;
 //  2. reads the raw body through the 64 KiB bound before any parsing: 413 beyond
 //     it (at once when Content-Length announces more), closing an HTTP/1.x
 //     connection rather than reading the rest;
@@ -181,10 +185,11 @@ func PayloadFromContext(ctx context.Context) (contract.Payload, bool) {
 }
 
 var (
-	errBodyTooLarge   = errors.New("receiver: body larger than 64 KiB")
-	errBodyConnection = errors.New("receiver: the connection failed or timed out while the body was read")
-	errNoSecret       = errors.New("receiver: no secret configured: the Verifier has none yet (SetSecrets)")
-	errContentType    = errors.New("receiver: Content-Type is not a single application/json header")
+	errBodyTooLarge    = errors.New("receiver: body larger than 64 KiB")
+	errBodyConnection  = errors.New("receiver: the connection failed or timed out while the body was read")
+	errNoSecret        = errors.New("receiver: no secret configured: the Verifier has none yet (SetSecrets)")
+	errContentType     = errors.New("receiver: Content-Type is not a single application/json header")
+	errContentEncoding = errors.New("receiver: Content-Encoding names a coding other than identity")
 )
 
 // ServeHTTP implements http.Handler.
@@ -197,6 +202,13 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if !jsonContentType(r.Header) {
 		closeUnreadBody(w, r)
 		h.reject(w, r, http.StatusUnsupportedMediaType, "unsupported_media_type", "", errContentType)
+		return
+	}
+	if !identityContentEncoding(r.Header) {
+		// RFC 7694 §3: name the codings this receiver takes.
+		w.Header().Set("Accept-Encoding", "identity")
+		closeUnreadBody(w, r)
+		h.reject(w, r, http.StatusUnsupportedMediaType, "unsupported_media_type", "", errContentEncoding)
 		return
 	}
 	body, err := h.readBody(w, r)
@@ -288,6 +300,29 @@ func jsonContentType(h http.Header) bool {
 	}
 	charset, ok := params["charset"]
 	return !ok || asciiEqualFold(charset, "utf-8")
+}
+
+// identityContentEncoding reports whether the body in h is sent as it is: no
+// Content-Encoding header, or one whose codings, on any number of lines, are
+// all "identity" (any ASCII case; empty list elements are ignored, RFC 9110
+// §5.6.1). The signature covers the body's own bytes, which a coding (gzip
+// added by a proxy) would change: verifying them would fail, and answering
+// that 401 would make the platform fail the run for good, where the 415 of an
+// unsupported coding (RFC 7694) is retried.
+func identityContentEncoding(h http.Header) bool {
+	for k, vs := range h {
+		if !asciiEqualFold(k, "Content-Encoding") {
+			continue
+		}
+		for _, v := range vs {
+			for c := range strings.SplitSeq(v, ",") {
+				if c = strings.Trim(c, " \t"); c != "" && !asciiEqualFold(c, "identity") {
+					return false
+				}
+			}
+		}
+	}
+	return true
 }
 
 func (h *Handler) accept(w http.ResponseWriter, r *http.Request, p contract.Payload, body []byte) {

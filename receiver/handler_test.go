@@ -3,6 +3,7 @@ package receiver_test
 import (
 	"bufio"
 	"bytes"
+	"compress/gzip"
 	"context"
 	"errors"
 	"fmt"
@@ -957,6 +958,81 @@ func TestHandlerContentType(t *testing.T) {
 	}
 	req := httptest.NewRequest(http.MethodPost, "/", strings.NewReader(vectorBody))
 	req.Header.Set("Content-Type", "text/plain")
+	req.Header.Set(contract.HeaderCallerKind, contract.CallerKindSchedule)
+	req.Header.Set(contract.HeaderSignature, vectorHeader)
+	rec := httptest.NewRecorder()
+	mw.ServeHTTP(rec, req)
+	if rec.Code != http.StatusUnsupportedMediaType {
+		t.Fatalf("middleware answered %d %s, want 415", rec.Code, rec.Body)
+	}
+}
+
+// TestHandlerContentEncoding: the platform sends the body as it is, and signs
+// those bytes. A body in another content coding (a proxy that gzips requests)
+// no longer verifies, and a 401 would make the platform fail the run for good;
+// it is answered 415 with Accept-Encoding: identity (RFC 7694), which the
+// platform retries, before the body is read or anything is stored.
+// identity alone changes nothing and is accepted.
+func TestHandlerContentEncoding(t *testing.T) {
+	var gz bytes.Buffer
+	zw := gzip.NewWriter(&gz)
+	zw.Write([]byte(vectorBody))
+	zw.Close()
+	cases := []struct {
+		name  string
+		lines []string // Content-Encoding lines
+		body  []byte
+		want  int
+	}{
+		{"none", nil, []byte(vectorBody), 202},
+		{"identity", []string{"Content-Encoding: identity"}, []byte(vectorBody), 202},
+		{"identity, any case", []string{"content-encoding: IDENTITY"}, []byte(vectorBody), 202},
+		{"gzip, body compressed", []string{"Content-Encoding: gzip"}, gz.Bytes(), 415},
+		{"gzip, body as signed", []string{"Content-Encoding: gzip"}, []byte(vectorBody), 415},
+		{"deflate", []string{"Content-Encoding: deflate"}, []byte(vectorBody), 415},
+		{"br, other case", []string{"CONTENT-ENCODING: br"}, []byte(vectorBody), 415},
+		{"a list", []string{"Content-Encoding: identity, gzip"}, []byte(vectorBody), 415},
+		{"identity then gzip, two lines", []string{"Content-Encoding: identity", "Content-Encoding: gzip"}, []byte(vectorBody), 415},
+		{"unknown coding", []string{"Content-Encoding: x-custom"}, []byte(vectorBody), 415},
+	}
+	store := &memStore{}
+	ts := startServer(t, newTestHandler(t, store, nil), nil)
+	accepted := 0
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			lines := append(c.lines[:len(c.lines):len(c.lines)], signedLines(vectorBody)...)
+			resp := rawRequest(t, ts.addr(), lines, c.body)
+			body := readBody(t, resp)
+			if resp.StatusCode != c.want {
+				t.Fatalf("answered %d %s, want %d", resp.StatusCode, body, c.want)
+			}
+			if c.want == 202 {
+				accepted++
+			} else {
+				if body != `{"error":"unsupported_media_type"}` {
+					t.Fatalf("body %s", body)
+				}
+				if ae := resp.Header.Get("Accept-Encoding"); ae != "identity" {
+					t.Fatalf("Accept-Encoding %q, want identity", ae)
+				}
+			}
+			if n := int(store.calls.Load()); n != accepted {
+				t.Fatalf("store called %d times after %d deliveries without a coding", n, accepted)
+			}
+		})
+	}
+
+	// The middleware refuses alike and never calls next.
+	mw, err := receiver.NewMiddleware(receiver.Config{
+		Verifier: mustVerifier(t, receiver.Secrets{Current: vectorSecret}, fixedClock(vectorT)),
+		Logger:   slog.New(slog.DiscardHandler),
+	}, http.HandlerFunc(func(http.ResponseWriter, *http.Request) { t.Error("next called for a gzip delivery") }))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req := httptest.NewRequest(http.MethodPost, "/", bytes.NewReader(gz.Bytes()))
+	req.Header.Set("Content-Type", contract.ContentType)
+	req.Header.Set("Content-Encoding", "gzip")
 	req.Header.Set(contract.HeaderCallerKind, contract.CallerKindSchedule)
 	req.Header.Set(contract.HeaderSignature, vectorHeader)
 	rec := httptest.NewRecorder()

@@ -6,7 +6,8 @@
 //     constant time) against the current job secret and, during a rotation, the
 //     previous one until its expiry.
 //   - [NewHandler] is an http.Handler that refuses a Content-Type other than
-//     application/json (415), reads the raw body through the 64 KiB bound,
+//     application/json and a Content-Encoding other than identity (415),
+//     reads the raw body through the 64 KiB bound,
 //     counts physical header lines, verifies, validates the body against the
 //     contract's schema ([ValidatePayload]) and durably accepts the run through a
 //     [Store], answering with the stored response only after commit.
