@@ -52,7 +52,7 @@ func Open(ctx context.Context, path string) (*Store, error) {
 	q.Add("_pragma", "journal_mode(WAL)")
 	q.Add("_pragma", "synchronous(FULL)")
 	q.Add("_pragma", "foreign_keys(1)")
-	dsn := "file:" + uriPath.Replace(path) + "?" + q.Encode()
+	dsn := fileURI(path) + "?" + q.Encode()
 	db, err := sql.Open("sqlite", dsn)
 	if err != nil {
 		return nil, fmt.Errorf("sqlitestore: opening: %w", err)
@@ -81,6 +81,17 @@ func Open(ctx context.Context, path string) (*Store, error) {
 // uriPath escapes a file name for the path of a "file:" URI, in which SQLite
 // decodes %XX and the driver and SQLite end the path at '?' or '#'.
 var uriPath = strings.NewReplacer("%", "%25", "?", "%3f", "#", "%23")
+
+// fileURI returns the "file:" URI of the file name path. An absolute path
+// gets an empty authority ("file://" + path): after a bare "file:", a path
+// that starts with "//" (which POSIX reads as "/") would have SQLite take
+// its first component for an authority and refuse it.
+func fileURI(path string) string {
+	if strings.HasPrefix(path, "/") {
+		return "file://" + uriPath.Replace(path)
+	}
+	return "file:" + uriPath.Replace(path)
+}
 
 // migrateOnOpen is Migrate, which opens the store's connection, retried for
 // up to BusyTimeout while it fails with SQLITE_BUSY. The first connection to

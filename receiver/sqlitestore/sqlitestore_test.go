@@ -346,9 +346,24 @@ func TestOpenUsesTheFileNamed(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// A path may start with two slashes ("/" + "/var/db/app.db"), which
+	// POSIX takes as one: it still names the file, not a URI authority.
+	double := "/" + filepath.Join(dir, "double.db")
+	s, err := sqlitestore.Open(context.Background(), double)
+	if err != nil {
+		t.Fatalf("%q: %v", double, err)
+	}
+	s.Close()
+	if _, err := os.Stat(filepath.Join(dir, "double.db")); err != nil {
+		t.Errorf("Open(%q) did not create the file: %v", double, err)
+	}
+	ents, err = os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
 	for _, e := range ents {
 		switch n := e.Name(); n {
-		case "a%41b.db", "50% off.db", "what?x=1.db", "no#1.db":
+		case "a%41b.db", "50% off.db", "what?x=1.db", "no#1.db", "double.db":
 		default:
 			if filepath.Ext(n) == ".db" {
 				t.Errorf("Open created %q", n)
