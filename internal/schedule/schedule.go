@@ -198,6 +198,9 @@ func parseCron(fields []string, loc *time.Location) (*cronSchedule, error) {
 	if len(six) == 5 {
 		six = append([]string{"0"}, fields...)
 	}
+	if err := checkStars(six); err != nil {
+		return nil, err
+	}
 	parsed, err := cronParser.Parse(strings.Join(six, " "))
 	if err != nil {
 		return nil, cronFieldError(six, err)
@@ -218,6 +221,20 @@ func parseCron(fields []string, loc *time.Location) (*cronSchedule, error) {
 		dropInGap: spec.Hour&^star == 1<<24-1,
 		loc:       loc,
 	}, nil
+}
+
+// checkStars refuses a "*" or "?" given a range end ("*-5", "?-3", "*-"):
+// robfig reads it as the star alone and ignores the rest, so a typo for a
+// range would fire at every value of the field.
+func checkStars(six []string) *Error {
+	for i, f := range six {
+		for item := range strings.SplitSeq(f, ",") {
+			if strings.HasPrefix(item, "*-") || strings.HasPrefix(item, "?-") {
+				return scheduleError("%s field %q: %q stands for every value and takes no range end; write a range such as 0-5", fieldNames[i], clip(f), item[:1])
+			}
+		}
+	}
+	return nil
 }
 
 // cronFieldError names the first field robfig rejects, so the user sees which one

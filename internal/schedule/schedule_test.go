@@ -349,6 +349,13 @@ func TestParseErrors(t *testing.T) {
 		{"step 0", "*/0 * * * *", "", "invalid_schedule", "minute field"},
 		{"reversed range", "0 5-3 * * *", "", "invalid_schedule", "hour field"},
 		{"empty list", ", * * * *", "", "invalid_schedule", "never fires"},
+		// robfig reads a star with a range end as the star alone: "*-5" would
+		// fire every minute, not in minutes 0-5.
+		{"star with range end", "*-5 * * * *", "", "invalid_schedule", `minute field "*-5"`},
+		{"star with empty range end", "0 *- * * *", "", "invalid_schedule", "hour field"},
+		{"question mark with range end", "0 0 ?-3 * *", "", "invalid_schedule", "day-of-month field"},
+		{"star with range end and step", "0 0 * * *-5/2", "", "invalid_schedule", "day-of-week field"},
+		{"star with range end in a list", "1,*-5 * * * * *", "", "invalid_schedule", "second field"},
 		{"TZ prefix", "TZ=UTC * * * * *", "", "invalid_schedule", "time zone"},
 		{"CRON_TZ prefix", "CRON_TZ=Europe/London 0 9 * * *", "", "invalid_schedule", "time zone"},
 		{"never fires", "0 0 30 2 *", "", "invalid_schedule", "never fires"},
@@ -397,6 +404,7 @@ func TestParseAccepts(t *testing.T) {
 	for _, spec := range []string{
 		"* * * * *", "0 0 29 2 *", "0 0 29 2 1", "@every 1s", "@every 87600h", "@every 1h30m",
 		"0 0 * * 0-6", "0 0 1-31 * *", "0 0 12 * * ?", "@daily", "@midnight",
+		"*/5 * * * *", "?/5 * * * *", "1,*/20 * * * *", "0 0 1-5/2 * *",
 		"0 9 * * *" + strings.Repeat(" ", 256-len("0 9 * * *")),
 	} {
 		if _, err := schedule.Parse(spec, "Europe/Berlin", anchor); err != nil {
