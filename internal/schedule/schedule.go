@@ -12,9 +12,12 @@
 //
 // Cron fields are parsed by github.com/robfig/cron/v3 (names such as "mon" and "jan",
 // ranges, lists, steps, "?" as "*"). Day-of-month and day-of-week follow robfig's
-// rule: when neither field contains an unstepped "*" (or "?"), a day matches if
-// EITHER field matches; otherwise both must match. Fire times are computed here, not
-// by robfig, because of the daylight-saving rules below.
+// rule: when neither field contains a "*" (or "?") that is unstepped or stepped
+// by 1 ("*/1"), a day matches if EITHER field matches; otherwise both must match.
+// So "0 0 */2 * 1" fires on odd days and on Mondays (Vixie cron, which looks only
+// at the leading "*", would fire on odd Mondays), and "0 0 */1 * 1" on Mondays.
+// Fire times are computed here, not by robfig, because of the daylight-saving
+// rules below.
 //
 // # Time zones and daylight saving
 //

@@ -209,6 +209,14 @@ func TestNextCivil(t *testing.T) {
 			[]string{"2026-06-01T12:00:00Z", "2026-06-08T12:00:00Z", "2026-06-15T12:00:00Z", "2026-06-22T12:00:00Z", "2026-06-29T12:00:00Z", "2026-07-01T12:00:00Z"}},
 		{"dom star and dow", "0 12 * * 1", "", "", "2026-05-30T00:00:00Z",
 			[]string{"2026-06-01T12:00:00Z", "2026-06-08T12:00:00Z"}},
+		// A stepped star restricts its field, so either field matching
+		// suffices; a star stepped by 1 is still a star.
+		{"dom stepped star or dow", "0 12 */2 * 1", "", "", "2026-06-05T13:00:00Z",
+			[]string{"2026-06-07T12:00:00Z", "2026-06-08T12:00:00Z", "2026-06-09T12:00:00Z", "2026-06-11T12:00:00Z"}},
+		{"dom star stepped by 1 and dow", "0 12 */1 * 1", "", "", "2026-05-30T00:00:00Z",
+			[]string{"2026-06-01T12:00:00Z", "2026-06-08T12:00:00Z"}},
+		{"dom and dow star stepped by 1", "0 12 1 * */1", "", "", "2026-05-30T00:00:00Z",
+			[]string{"2026-06-01T12:00:00Z", "2026-07-01T12:00:00Z"}},
 		{"question mark is star", "0 12 ? * mon", "", "", "2026-05-30T00:00:00Z",
 			[]string{"2026-06-01T12:00:00Z", "2026-06-08T12:00:00Z"}},
 		{"names and ranges", "0 9 * jan-feb mon-fri", "", "", "2026-02-26T10:00:00Z",
