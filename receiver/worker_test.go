@@ -280,7 +280,10 @@ func TestWorkerRunIsNotHeldUpBySlowItem(t *testing.T) {
 		{RunID: "run_4", Payload: []byte(vectorBody), Attempt: 1},
 	}}
 	release := make(chan struct{})
+	releaseOnce := sync.OnceFunc(func() { close(release) })
+	t.Cleanup(releaseOnce)
 	fastDone := make(chan string, 4)
+	slowStarted := make(chan struct{})
 	w, err := receiver.NewWorker(receiver.WorkerConfig{
 		Outbox:       o,
 		Concurrency:  2,
@@ -288,12 +291,12 @@ func TestWorkerRunIsNotHeldUpBySlowItem(t *testing.T) {
 		Logger:       slog.New(slog.DiscardHandler),
 		Process: func(ctx context.Context, runID string, _ []byte) error {
 			if runID == "run_slow" {
-				select {
-				case <-release:
-					return nil
-				case <-ctx.Done():
-					return ctx.Err()
-				}
+				close(slowStarted)
+				// Not cut short by the stop: with both ready, a select
+				// could take ctx.Done and the item would be given back,
+				// not recorded.
+				<-release
+				return nil
 			}
 			fastDone <- runID
 			return nil
@@ -314,7 +317,14 @@ func TestWorkerRunIsNotHeldUpBySlowItem(t *testing.T) {
 			t.Fatalf("while run_slow ran, only %v of the 4 items behind it were processed", got)
 		}
 	}
-	close(release)
+	// An item whose function had not begun when the stop came would be
+	// given back, not recorded: its goroutine may start after the others.
+	select {
+	case <-slowStarted:
+	case <-time.After(10 * time.Second):
+		t.Fatal("run_slow never started")
+	}
+	releaseOnce()
 	// run_slow's outcome is recorded before Run returns.
 	cancel()
 	if err := <-stopped; err != nil {
