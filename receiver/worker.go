@@ -10,8 +10,10 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/vibejobs/vibejobs/contract"
@@ -60,8 +62,11 @@ type WorkerConfig struct {
 	Process ProcessFunc
 	// ID names this worker in lease columns: it must be unique among every
 	// Worker sharing the outbox, in this process or another, since a lease
-	// is checked by its holder's ID and two Workers with one ID could end
-	// each other's leases. Default: host name, process id and random bytes.
+	// is checked by its holder and two Workers with one ID could end each
+	// other's leases. Each claim holds its items as ID followed by "#" and
+	// the claim's sequence number in this Worker, so that an item whose
+	// lease ran out and which this Worker claimed again is held by the new
+	// claim alone. Default: host name, process id and random bytes.
 	ID string
 	// Lease is how long a claimed item stays reserved for this worker; after it
 	// any worker may claim the item again. Process must finish within it.
@@ -94,6 +99,8 @@ type Worker struct {
 	backoff     func(int) time.Duration
 	now         func() time.Time
 	log         *slog.Logger
+	// claims numbers this Worker's claims (see WorkerConfig.ID).
+	claims atomic.Uint64
 }
 
 // NewWorker returns a Worker for cfg, filling defaults.
@@ -130,7 +137,8 @@ func NewWorker(cfg WorkerConfig) (*Worker, error) {
 	}, nil
 }
 
-// ID returns the worker's id as recorded in the lease columns.
+// ID returns the worker's id, which the lease columns record followed by
+// "#" and the number of the claim (see WorkerConfig.ID).
 func (w *Worker) ID() string { return w.id }
 
 // ProcessBatch claims up to Concurrency due items, runs them in parallel and
@@ -143,32 +151,39 @@ func (w *Worker) ID() string { return w.id }
 // returns once every item it claimed is recorded, with how many it claimed and
 // the errors of claiming or recording (not the app's errors, which are
 // recorded on the item and logged). Calls must not overlap, nor run beside
-// Run: their leases carry the same ID.
+// Run: Concurrency bounds the items a Worker runs at once.
 func (w *Worker) ProcessBatch(ctx context.Context) (int, error) {
-	items, left, err := w.claim(ctx, w.concurrency)
+	items, holder, left, err := w.claim(ctx, w.concurrency)
 	if err != nil || len(items) == 0 {
 		return len(items), err
 	}
 	errs := make([]error, len(items))
 	var wg sync.WaitGroup
 	for i, it := range items {
-		wg.Go(func() { errs[i] = w.runItem(ctx, it, left) })
+		wg.Go(func() { errs[i] = w.runItem(ctx, it, holder, left) })
 	}
 	wg.Wait()
 	return len(items), errors.Join(errs...)
 }
 
-// claim leases up to limit due items and returns them with what is left of
-// their lease once the claim returned. A claim that outlasted the lease
-// returns the items it claimed (for the count) with an error, and they must
-// not be run: it gives them back (ReleaseOutbox), without the attempts it
-// counted, unless another worker has claimed them since.
-func (w *Worker) claim(ctx context.Context, limit int) ([]OutboxItem, time.Duration, error) {
+// claim leases up to limit due items and returns them with their holder,
+// the name of this claim in the lease columns, and what is left of their
+// lease once the claim returned. A claim that outlasted the lease returns
+// the items it claimed (for the count) with an error, and they must not be
+// run: it gives them back (ReleaseOutbox), without the attempts it counted,
+// unless another claim holds them since.
+//
+// Each claim has its own holder: a function that outlives its lease (it
+// ignored its context) could otherwise, on failing, end the lease of this
+// Worker's next claim of the same item, and let a third claim run it beside
+// the second.
+func (w *Worker) claim(ctx context.Context, limit int) ([]OutboxItem, string, time.Duration, error) {
+	holder := w.id + "#" + strconv.FormatUint(w.claims.Add(1), 10)
 	now := w.now()
 	leaseUntil := now.Add(w.lease)
-	items, err := w.outbox.ClaimOutbox(ctx, w.id, now, leaseUntil, limit)
+	items, err := w.outbox.ClaimOutbox(ctx, holder, now, leaseUntil, limit)
 	if err != nil {
-		return nil, 0, fmt.Errorf("claiming outbox items: %w", err)
+		return nil, "", 0, fmt.Errorf("claiming outbox items: %w", err)
 	}
 	// The app's context ends with the lease, which began before the claim:
 	// after it another worker may claim the item, so what is left of it is
@@ -182,18 +197,18 @@ func (w *Worker) claim(ctx context.Context, limit int) ([]OutboxItem, time.Durat
 		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), storeCallTimeout)
 		defer cancel()
 		for _, it := range items {
-			if err := w.outbox.ReleaseOutbox(sctx, it.RunID, w.id); err != nil {
+			if err := w.outbox.ReleaseOutbox(sctx, it.RunID, holder); err != nil {
 				errs = append(errs, fmt.Errorf("giving back run %s: %w", it.RunID, err))
 			}
 		}
-		return items, 0, errors.Join(errs...)
+		return items, holder, 0, errors.Join(errs...)
 	}
-	return items, left, nil
+	return items, holder, left, nil
 }
 
-// runItem runs one item for at most left, the rest of its lease, and records
-// its outcome (see ProcessBatch).
-func (w *Worker) runItem(ctx context.Context, it OutboxItem, left time.Duration) error {
+// runItem runs one item, which holder's claim holds, for at most left, the
+// rest of its lease, and records its outcome (see ProcessBatch).
+func (w *Worker) runItem(ctx context.Context, it OutboxItem, holder string, left time.Duration) error {
 	var err error
 	ran := ctx.Err() == nil
 	if ran {
@@ -219,14 +234,14 @@ func (w *Worker) runItem(ctx context.Context, it OutboxItem, left time.Duration)
 			attrs = append(attrs, slog.String("error", err.Error()))
 		}
 		w.log.LogAttrs(ctx, slog.LevelInfo, "outbox item given back: the worker is stopping", attrs...)
-		if rerr := w.outbox.ReleaseOutbox(sctx, it.RunID, w.id); rerr != nil {
+		if rerr := w.outbox.ReleaseOutbox(sctx, it.RunID, holder); rerr != nil {
 			return fmt.Errorf("giving back run %s: %w", it.RunID, rerr)
 		}
 	default:
 		retryAt := w.now().Add(w.backoff(it.Attempt))
 		w.log.LogAttrs(ctx, slog.LevelWarn, "outbox item failed", slog.String("run_id", it.RunID),
 			slog.Int("attempt", it.Attempt), slog.Time("retry_at", retryAt), slog.String("error", err.Error()))
-		if ferr := w.outbox.FailOutbox(sctx, it.RunID, w.id, retryAt, truncate(err.Error(), 1024)); ferr != nil {
+		if ferr := w.outbox.FailOutbox(sctx, it.RunID, holder, retryAt, truncate(err.Error(), 1024)); ferr != nil {
 			return fmt.Errorf("recording failure of run %s: %w", it.RunID, ferr)
 		}
 	}
@@ -287,7 +302,7 @@ func (w *Worker) Run(ctx context.Context) error {
 		if free == 0 {
 			continue // the first item to finish claims again
 		}
-		items, left, err := w.claim(ctx, free)
+		items, holder, left, err := w.claim(ctx, free)
 		if err != nil {
 			if ctx.Err() == nil {
 				w.log.LogAttrs(ctx, slog.LevelError, "outbox worker", slog.String("error", err.Error()))
@@ -298,7 +313,7 @@ func (w *Worker) Run(ctx context.Context) error {
 			running++
 			wg.Go(func() {
 				defer func() { finished <- struct{}{} }()
-				if err := w.runItem(ctx, it, left); err != nil {
+				if err := w.runItem(ctx, it, holder, left); err != nil {
 					w.log.LogAttrs(ctx, slog.LevelError, "outbox worker", slog.String("error", err.Error()))
 				}
 			})

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"reflect"
 	"sync"
 	"testing"
 	"time"
@@ -23,11 +24,16 @@ type fakeOutbox struct {
 	claimed func()
 	// failedOnce, when set, is closed by the first FailOutbox.
 	failedOnce chan struct{}
+	// holders lists the holder each call named: "claim holder",
+	// "complete run" (which names none), "fail run holder", "release run
+	// holder".
+	holders []string
 }
 
-func (o *fakeOutbox) ClaimOutbox(_ context.Context, _ string, _, _ time.Time, limit int) ([]receiver.OutboxItem, error) {
+func (o *fakeOutbox) ClaimOutbox(_ context.Context, holder string, _, _ time.Time, limit int) ([]receiver.OutboxItem, error) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
+	o.holders = append(o.holders, "claim "+holder)
 	if o.claimed != nil {
 		o.claimed()
 	}
@@ -41,12 +47,14 @@ func (o *fakeOutbox) CompleteOutbox(_ context.Context, runID string, _ time.Time
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	o.completed = append(o.completed, runID)
+	o.holders = append(o.holders, "complete "+runID)
 	return nil
 }
 
-func (o *fakeOutbox) FailOutbox(_ context.Context, runID, _ string, retryAt time.Time, reason string) error {
+func (o *fakeOutbox) FailOutbox(_ context.Context, runID, holder string, retryAt time.Time, reason string) error {
 	o.mu.Lock()
 	defer o.mu.Unlock()
+	o.holders = append(o.holders, "fail "+runID+" "+holder)
 	if o.failed == nil {
 		o.failed, o.reasons = map[string]time.Time{}, map[string]string{}
 	}
@@ -58,9 +66,10 @@ func (o *fakeOutbox) FailOutbox(_ context.Context, runID, _ string, retryAt time
 	return nil
 }
 
-func (o *fakeOutbox) ReleaseOutbox(_ context.Context, runID, _ string) error {
+func (o *fakeOutbox) ReleaseOutbox(_ context.Context, runID, holder string) error {
 	o.mu.Lock()
 	defer o.mu.Unlock()
+	o.holders = append(o.holders, "release "+runID+" "+holder)
 	o.released = append(o.released, runID)
 	return nil
 }
@@ -254,6 +263,51 @@ func TestWorkerContextEndsWithTheLease(t *testing.T) {
 	}
 	if len(o.released) != 1 || o.released[0] != "run_late" {
 		t.Fatalf("given back %v after a claim as long as the lease, want run_late", o.released)
+	}
+}
+
+// TestWorkerClaimsHoldItemsApart: each claim holds its items under a name
+// of its own, the Worker's ID and the claim's number, and records their
+// outcomes under it. Under the bare ID, a function that outlived its lease
+// and then failed would release the Worker's next claim of the same item
+// (the store checks only the holder), and a third claim could run it beside
+// the second.
+func TestWorkerClaimsHoldItemsApart(t *testing.T) {
+	now := time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
+	o := &fakeOutbox{}
+	ctx, stop := context.WithCancel(context.Background())
+	w, err := receiver.NewWorker(receiver.WorkerConfig{
+		Outbox: o,
+		ID:     "w1",
+		Now:    func() time.Time { return now },
+		Logger: slog.New(slog.DiscardHandler),
+		Process: func(ctx context.Context, runID string, _ []byte) error {
+			switch runID {
+			case "run_fails":
+				return errors.New("boom")
+			case "run_stopped":
+				stop()
+				return ctx.Err()
+			}
+			return nil
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range []string{"run_fails", "run_ok", "run_stopped"} {
+		o.items = []receiver.OutboxItem{{RunID: id, Payload: []byte(vectorBody), Attempt: 1}}
+		if n, err := w.ProcessBatch(ctx); n != 1 || err != nil {
+			t.Fatalf("ProcessBatch of %s = %d, %v", id, n, err)
+		}
+	}
+	want := []string{
+		"claim w1#1", "fail run_fails w1#1",
+		"claim w1#2", "complete run_ok",
+		"claim w1#3", "release run_stopped w1#3",
+	}
+	if !reflect.DeepEqual(o.holders, want) {
+		t.Fatalf("calls %q, want %q", o.holders, want)
 	}
 }
 
