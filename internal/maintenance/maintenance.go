@@ -246,7 +246,10 @@ func (m *Maintainer) pruneProject(ctx context.Context, p *vibejobs.Project, now 
 	if p.RetentionDays > 0 {
 		days = max(p.RetentionDays, MinRetentionDays)
 	}
-	cutoff := now.AddDate(0, 0, -days)
+	// Days of 24 hours, counted in UTC: on the calendar of a zone with
+	// summer time (now is in the host's zone), a week back across its
+	// start was 167 hours, under the retention promised.
+	cutoff := now.UTC().AddDate(0, 0, -days)
 	m.inBatches(ctx, "maintenance.prune_failed", func(ctx context.Context, limit int) (int, error) {
 		return m.cfg.Store.PruneRuns(ctx, p.ID, cutoff, limit)
 	})

@@ -372,3 +372,49 @@ func TestLongPruneHoldsUpNoRecovery(t *testing.T) {
 		wait(c.expiries, "deadline check while pruning")
 	}
 }
+
+// cutoffStore tells the cutoff each PruneRuns is asked with, and has one
+// project, of retention days.
+type cutoffStore struct {
+	vibejobs.Store
+	days    int
+	cutoffs []time.Time
+}
+
+func (c *cutoffStore) ListProjects(context.Context, vibejobs.Page) ([]*vibejobs.Project, string, error) {
+	return []*vibejobs.Project{{ID: "prj_week", Name: "week", RetentionDays: c.days, CreatedAt: t0}}, "", nil
+}
+
+func (c *cutoffStore) PruneRuns(ctx context.Context, projectID string, cutoff time.Time, limit int) (int, error) {
+	c.cutoffs = append(c.cutoffs, cutoff)
+	return 0, nil
+}
+
+// TestRetentionIsWholeDaysWhateverTheZone: a retention of n days keeps
+// the history of the last n × 24 h, whatever the zone of the clock's
+// times. time.Now reads in the host's zone: counted back on that zone's
+// calendar, a week across the start of summer time was 167 hours, and
+// runs 7 days old less an hour were pruned under the 7-day minimum.
+func TestRetentionIsWholeDaysWhateverTheZone(t *testing.T) {
+	ctx := context.Background()
+	st, err := sqlite.Open(ctx, filepath.Join(t.TempDir(), "db"), sqlite.Options{Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	ny, err := time.LoadLocation("America/New_York")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Two days after the clocks went forward on 8 March 2026.
+	now := time.Date(2026, 3, 10, 12, 0, 0, 0, ny)
+	for _, days := range []int{maintenance.MinRetentionDays, 30} {
+		c := &cutoffStore{Store: st, days: days}
+		maintenance.New(maintenance.Config{Store: c, Now: func() time.Time { return now }}).PruneOnce(ctx)
+		want := now.Add(-time.Duration(days) * 24 * time.Hour)
+		if len(c.cutoffs) != 1 || !c.cutoffs[0].Equal(want) {
+			t.Errorf("retention %d days at %s: PruneRuns cutoffs %v, want [%s] (%d × 24 h before)",
+				days, now, c.cutoffs, want, days)
+		}
+	}
+}
