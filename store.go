@@ -107,10 +107,15 @@ type Tx interface {
 	// secret and updatedAt.
 	UpdateJob(ctx context.Context, j *Job) error
 	// DeleteJob removes the job from view and cancels (reason job_deleted)
-	// every run of it that has no attempt in flight, appending a
+	// every run of it that waits in scheduled or retrying with no attempt
+	// in flight and whose deadline is not past at, appending a
 	// run.cancelled event for each (the caller appends job.deleted). A run
 	// in delivering finishes its attempt; RecordOutcomes then ends it
-	// instead of retrying.
+	// instead of retrying. A waiting run past its deadline is left to
+	// FailExpiredRuns: the deadline is scheduledFor + DeliveryLifetime, so
+	// the runs to cancel are found among the job's last DeliveryLifetime
+	// of occurrences by (job, scheduledFor), never by reading the job's
+	// whole history (millions of runs for a job that fires every second).
 	DeleteJob(ctx context.Context, projectID, id string, at time.Time) error
 	// DeleteFutureRuns deletes the job's schedule-triggered runs that no attempt
 	// has started and whose scheduledFor is after t: occurrences materialised

@@ -268,9 +268,12 @@ func (t *tx) DeleteJob(ctx context.Context, projectID, id string, at time.Time) 
 		ids  []string
 		dues []*time.Time
 	)
+	// The runs to cancel are those whose deadline is not past: scheduled at
+	// most DeliveryLifetime ago ($6), a range of runs_job_occurrence_idx,
+	// not the whole history of the job (see vibejobs.Store.DeleteJob).
 	err = t.q.QueryRow(ctx, `WITH waiting AS (
 		SELECT ctid AS tid, next_attempt_at AS old_due FROM runs
-		WHERE job_id = $1 AND state IN ('scheduled', 'retrying') AND lease_owner IS NULL
+		WHERE job_id = $1 AND scheduled_for >= $6 AND state IN ('scheduled', 'retrying') AND lease_owner IS NULL
 		FOR UPDATE
 	), cancelled AS (
 		UPDATE runs r SET state = 'cancelled', failure_reason = $2, finished_at = $3,
@@ -284,7 +287,7 @@ func (t *tx) DeleteJob(ctx context.Context, projectID, id string, at time.Time) 
 		FROM cancelled
 	)`+appendEventsTail+`
 	SELECT array_agg(id), array_agg(old_due), pg_notify($4, $5) FROM cancelled`,
-		id, vibejobs.ReasonJobDeleted, at, JobsChannel, t.s.jobPayload(id)).Scan(&ids, &dues, nil)
+		id, vibejobs.ReasonJobDeleted, at, JobsChannel, t.s.jobPayload(id), at.Add(-vibejobs.DeliveryLifetime)).Scan(&ids, &dues, nil)
 	if err != nil {
 		return mapError(err, "cancelling the runs of a deleted job")
 	}

@@ -138,6 +138,15 @@ func (t *tx) UpdateJob(ctx context.Context, j *vibejobs.Job) error {
 
 // DeleteJob marks the job deleted (its row stays, so its runs remain visible)
 // and cancels its runs waiting in scheduled or retrying, finished at at.
+// cancelJobRunsSQL cancels the waiting runs of a deleted job whose deadline
+// is not past (see vibejobs.Store.DeleteJob): those scheduled at most
+// DeliveryLifetime before, found by (job_id, scheduled_for) in the
+// occurrence key, not among the whole history of the job.
+const cancelJobRunsSQL = `UPDATE runs SET state = 'cancelled', failure_reason = ?, finished_at = ?,
+	next_attempt_at = NULL, redeliver = 0
+	WHERE job_id = ? AND scheduled_for >= ? AND state IN ('scheduled', 'retrying')
+	RETURNING ` + runEventColumns
+
 func (t *tx) DeleteJob(ctx context.Context, projectID, id string, at time.Time) error {
 	n, err := changed(t.t.ExecContext(ctx,
 		`UPDATE jobs SET deleted_at = ? WHERE id = ? AND project_id = ? AND deleted_at IS NULL`, ms(at), id, projectID))
@@ -150,10 +159,7 @@ func (t *tx) DeleteJob(ctx context.Context, projectID, id string, at time.Time) 
 	if err := t.addJobs(ctx, projectID, -1); err != nil {
 		return err
 	}
-	rows, err := t.t.QueryContext(ctx, `UPDATE runs SET state = 'cancelled', failure_reason = ?, finished_at = ?,
-		next_attempt_at = NULL, redeliver = 0
-		WHERE job_id = ? AND state IN ('scheduled', 'retrying')
-		RETURNING `+runEventColumns, vibejobs.ReasonJobDeleted, ms(at), id)
+	rows, err := t.t.QueryContext(ctx, cancelJobRunsSQL, vibejobs.ReasonJobDeleted, ms(at), id, ms(at.Add(-vibejobs.DeliveryLifetime)))
 	if err != nil {
 		return fmt.Errorf("deleting job: cancelling its runs: %w", err)
 	}

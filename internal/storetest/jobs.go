@@ -351,8 +351,14 @@ func testDeleteJob(t *testing.T, f *fixture) {
 	retry := f.retryingRun(j, T0.Add(time.Hour))
 	waiting := f.run(j, T0.Add(time.Minute))
 	other := f.run(keep, T0.Add(time.Minute))
-
 	at := T0.Add(30 * time.Second)
+	// A waiting run whose deadline is at itself is still cancelled; one
+	// whose deadline passed (the platform was down) is left to
+	// FailExpiredRuns: DeleteJob looks for runs to cancel only among the
+	// job's last DeliveryLifetime of occurrences.
+	lastDay := f.run(j, at.Add(-vibejobs.DeliveryLifetime))
+	expired := f.run(j, at.Add(-vibejobs.DeliveryLifetime-time.Millisecond))
+
 	f.update(func(tx vibejobs.Tx) error { return tx.DeleteJob(f.ctx, projectA, j.ID, at) })
 
 	_, err := f.s.GetJob(f.ctx, projectA, j.ID)
@@ -377,7 +383,7 @@ func testDeleteJob(t *testing.T, f *fixture) {
 	wantNotFound(t, "CreateRun of a deleted job", err, "job")
 
 	// Runs stay visible; waiting ones are cancelled.
-	for _, r := range []*vibejobs.Run{waiting, retry} {
+	for _, r := range []*vibejobs.Run{waiting, retry, lastDay} {
 		got := f.getRun(projectA, r.ID)
 		if got.State != vibejobs.RunCancelled || got.FailureReason != vibejobs.ReasonJobDeleted ||
 			got.FinishedAt == nil || !got.FinishedAt.Equal(at) {
@@ -390,6 +396,14 @@ func testDeleteJob(t *testing.T, f *fixture) {
 	}
 	if got := f.getRun(projectA, other.ID); got.State != vibejobs.RunScheduled {
 		t.Errorf("another job's run after DeleteJob: state %s, want scheduled", got.State)
+	}
+	if got := f.getRun(projectA, expired.ID); got.State != vibejobs.RunScheduled {
+		t.Errorf("expired run after DeleteJob: state %s, want scheduled (left to FailExpiredRuns)", got.State)
+	}
+	if n, err := f.s.FailExpiredRuns(f.ctx, at, 10); err != nil || n != 1 {
+		t.Errorf("FailExpiredRuns after DeleteJob = %d, %v; want the expired run", n, err)
+	} else if got := f.getRun(projectA, expired.ID); got.State != vibejobs.RunFailed || got.FailureReason != vibejobs.ReasonDeadlineExceeded {
+		t.Errorf("expired run of a deleted job: state %s reason %q, want failed deadline_exceeded", got.State, got.FailureReason)
 	}
 	for _, c := range []*vibejobs.Claim{inFlight, inFlight2, unsent} {
 		if got := f.getRun(projectA, c.Run.ID); got.State != vibejobs.RunDelivering {
@@ -425,8 +439,8 @@ func testDeleteJob(t *testing.T, f *fixture) {
 		t.Errorf("claim after DeleteJob: %v, want only %s", claimedIDs(cs), other.ID)
 	}
 	runs, _, err := f.s.ListRuns(f.ctx, projectA, vibejobs.RunFilter{JobID: j.ID}, vibejobs.Page{})
-	if err != nil || len(runs) != 6 {
-		t.Errorf("ListRuns of the deleted job: %d runs, %v; want 6", len(runs), err)
+	if err != nil || len(runs) != 8 {
+		t.Errorf("ListRuns of the deleted job: %d runs, %v; want 8", len(runs), err)
 	}
 }
 
