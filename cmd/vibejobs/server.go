@@ -152,7 +152,11 @@ func envOr(getenv func(string) string, name, def string) string {
 // every command that opens the database: where it is, and how to log.
 func (c *Config) storeFlagSet(fs *flag.FlagSet, getenv func(string) string) {
 	fs.StringVar(&c.DataDir, "data-dir", envOr(getenv, "DATA_DIR", "./vibejobs-data"), "data directory: SQLite database, master key, admin token (VIBEJOBS_DATA_DIR)")
-	fs.StringVar(&c.Database, "database", envOr(getenv, "DATABASE", ""), "postgres://… URL or SQLite file path; default <data-dir>/vibejobs.db (VIBEJOBS_DATABASE)")
+	// Declared without the variable's value as its default, which the
+	// usage (-h, or a mistyped flag) prints: it holds the database's
+	// password. Set after, it is still what a --database flag overrides.
+	fs.StringVar(&c.Database, "database", "", "postgres://… URL or SQLite file path; default <data-dir>/vibejobs.db (VIBEJOBS_DATABASE)")
+	c.Database = getenv("VIBEJOBS_DATABASE")
 	fs.StringVar(&c.LogFormat, "log-format", envOr(getenv, "LOG_FORMAT", "text"), "text or json (VIBEJOBS_LOG_FORMAT)")
 	fs.StringVar(&c.LogLevel, "log-level", envOr(getenv, "LOG_LEVEL", "info"), "debug, info, warn or error (VIBEJOBS_LOG_LEVEL)")
 }

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"io"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -107,5 +108,41 @@ func TestStoreCommandsIgnoreServeSettings(t *testing.T) {
 	if code := run(context.Background(), []string{"migrate"}, func(k string) string { return env[k] }, &out, &errb); code == 0 ||
 		!strings.Contains(errb.String(), "--log-level (VIBEJOBS_LOG_LEVEL)") {
 		t.Errorf("migrate with VIBEJOBS_LOG_LEVEL=trace: exit %d, stderr %q; want its own setting checked", code, errb.String())
+	}
+}
+
+// TestUsageHidesTheDatabaseURL: the usage that -h or a mistyped flag
+// prints does not show VIBEJOBS_DATABASE, which holds the database's
+// password: it was shown as the default of --database, so a typo in a
+// deployment's arguments put the password in its log.
+func TestUsageHidesTheDatabaseURL(t *testing.T) {
+	env := map[string]string{"VIBEJOBS_DATABASE": "postgres://app:hunter2@127.0.0.1:1/jobs"}
+	for _, args := range [][]string{
+		{"serve", "-h"}, {"serve", "--bogus"},
+		{"migrate", "-h"}, {"migrate", "--bogus"},
+		{"master-key", "rotate", "-h"}, {"master-key", "rotate", "--bogus"},
+	} {
+		var out, errb bytes.Buffer
+		run(context.Background(), args, func(k string) string { return env[k] }, &out, &errb)
+		all := out.String() + errb.String()
+		if !strings.Contains(all, "-database") {
+			t.Fatalf("vibejobs %s printed no usage: %q", strings.Join(args, " "), all)
+		}
+		if strings.Contains(all, "hunter2") {
+			t.Errorf("vibejobs %s printed the database password: %q", strings.Join(args, " "), all)
+		}
+	}
+	// The variable is still read, and the flag still overrides it.
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{nil, env["VIBEJOBS_DATABASE"]},
+		{[]string{"--database", "other.db"}, "other.db"},
+	} {
+		m := NewMain(io.Discard, io.Discard)
+		if err := m.ParseFlags(c.args, func(k string) string { return env[k] }); err != nil || m.Config.Database != c.want {
+			t.Errorf("serve %q: database %q (%v), want %q", c.args, m.Config.Database, err, c.want)
+		}
 	}
 }
