@@ -28,9 +28,11 @@ type keyFile struct {
 	info   os.FileInfo // of the file keys were read from; nil if unknown
 }
 
+// newKeyFile returns a keyFile starting with keys, read from path earlier.
+// What the file is now is not recorded as what keys came from: a rotation
+// may have replaced it since, and the first seal re-reads it.
 func newKeyFile(path string, keys *secretbox.Keyring, logger *slog.Logger) *keyFile {
-	info, _ := os.Stat(path)
-	return &keyFile{path: path, reloadEvery: 10 * time.Second, logger: logger, keys: keys, loaded: time.Now(), info: info}
+	return &keyFile{path: path, reloadEvery: 10 * time.Second, logger: logger, keys: keys, loaded: time.Now()}
 }
 
 func (k *keyFile) current(force bool) *secretbox.Keyring {

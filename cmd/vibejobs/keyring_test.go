@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/vibejobs/vibejobs/internal/privatefile"
 	"github.com/vibejobs/vibejobs/internal/secretbox"
 )
 
@@ -40,5 +41,30 @@ func TestKeyFileSaysWhenItCannotReload(t *testing.T) {
 	}
 	if strings.Contains(logs.String(), strings.TrimSpace(string(content))) {
 		t.Fatal("the log carries the key")
+	}
+}
+
+// TestKeyFileSeesARotationDuringTheStart: a rotation whose key file lands
+// between the start's read of the keys and the moment the server begins
+// to seal is seen at the first seal. The file's state was taken after the
+// read, so the new file looked like the one read: the server sealed under
+// the replaced key for up to the reload interval, after rotate's second
+// pass, and those secrets were lost once the older key left the file.
+func TestKeyFileSeesARotationDuringTheStart(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "master.key")
+	keys, _, err := secretbox.LoadOrCreate(path) // the start reads the keys
+	if err != nil {
+		t.Fatal(err)
+	}
+	old, _ := os.ReadFile(path)
+	nk, _ := secretbox.NewKey()
+	if err := privatefile.Replace(path, append([]byte(nk+"\n"), old...)); err != nil { // rotate's file lands
+		t.Fatal(err)
+	}
+	rotated, _ := secretbox.Parse([]byte(nk))
+	kf := newKeyFile(path, keys, slog.New(slog.DiscardHandler))
+	sealed, err := kf.Seal("vjs_secret", "job_1")
+	if err != nil || sealed.KeyID != rotated.CurrentID() {
+		t.Fatalf("Seal after a rotation: key %s (%v), want the new key %s", sealed.KeyID, err, rotated.CurrentID())
 	}
 }
