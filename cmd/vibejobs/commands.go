@@ -1,11 +1,13 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"flag"
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"strings"
 	"time"
 
@@ -89,6 +91,15 @@ func masterKey(ctx context.Context, args []string, getenv func(string) string, s
 	}
 	if _, err := secretbox.Parse(old); err != nil {
 		return err
+	}
+	if !isPostgresURL(c.Database) {
+		// Opened, a SQLite file that is not there would be created empty,
+		// and the rotation would succeed on it: a new key first in the
+		// file, and none of the real database's secrets under it.
+		db := cmp.Or(c.Database, filepath.Join(c.DataDir, "vibejobs.db"))
+		if _, err := os.Stat(db); err != nil {
+			return fmt.Errorf("no database to re-seal at %s (on PostgreSQL, give --database or VIBEJOBS_DATABASE): %w", db, err)
+		}
 	}
 	store, err := c.openStore(ctx, c.newLogger(stderr), time.Now)
 	if err != nil {

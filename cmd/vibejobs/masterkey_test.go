@@ -422,3 +422,35 @@ func TestRotationDropsPreviousSubscriptionSecretsItCannotUse(t *testing.T) {
 		}
 	}
 }
+
+// TestRotationRefusesAMissingDatabase: "master-key rotate" pointed at no
+// database (on a PostgreSQL host whose data directory holds the key file,
+// run without VIBEJOBS_DATABASE) fails and leaves the key file alone. It
+// created an empty SQLite database beside the key, "re-sealed" its 0
+// secrets and put a new key first in the file, which the servers then
+// sealed under, and said the older keys, which every stored secret needs,
+// could go.
+func TestRotationRefusesAMissingDatabase(t *testing.T) {
+	dataDir := t.TempDir()
+	key, _ := secretbox.NewKey()
+	path := filepath.Join(dataDir, "master.key")
+	if err := os.WriteFile(path, []byte(key+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, env := range []map[string]string{
+		{"VIBEJOBS_DATA_DIR": dataDir},
+		{"VIBEJOBS_DATA_DIR": dataDir, "VIBEJOBS_DATABASE": filepath.Join(dataDir, "jobs.db")},
+	} {
+		var out, errb bytes.Buffer
+		code := run(context.Background(), []string{"master-key", "rotate"}, func(k string) string { return env[k] }, &out, &errb)
+		if code != 1 || !strings.Contains(errb.String(), "no database") {
+			t.Errorf("rotate with %v: exit %d, stdout %q, stderr %q; want 1 and no database named", env, code, out.String(), errb.String())
+		}
+		if b, _ := os.ReadFile(path); string(b) != key+"\n" {
+			t.Errorf("rotate with %v changed the key file", env)
+		}
+		if entries, _ := os.ReadDir(dataDir); len(entries) != 1 {
+			t.Errorf("rotate with %v left %d files in the data directory, want the key file alone", env, len(entries))
+		}
+	}
+}
