@@ -949,21 +949,31 @@ func TestHandlerContentType(t *testing.T) {
 	}
 
 	// The middleware refuses alike and never calls next.
+	middlewareRefuses(t, []byte(vectorBody), map[string]string{"Content-Type": "text/plain"})
+}
+
+// middlewareRefuses checks that the middleware answers a signed delivery of
+// body with headers (set over the contract's) 415, without calling next.
+func middlewareRefuses(t *testing.T, body []byte, headers map[string]string) {
+	t.Helper()
 	mw, err := receiver.NewMiddleware(receiver.Config{
 		Verifier: mustVerifier(t, receiver.Secrets{Current: vectorSecret}, fixedClock(vectorT)),
 		Logger:   slog.New(slog.DiscardHandler),
-	}, http.HandlerFunc(func(http.ResponseWriter, *http.Request) { t.Error("next called for a text/plain delivery") }))
+	}, http.HandlerFunc(func(http.ResponseWriter, *http.Request) { t.Errorf("next called for a delivery with %v", headers) }))
 	if err != nil {
 		t.Fatal(err)
 	}
-	req := httptest.NewRequest(http.MethodPost, "/", strings.NewReader(vectorBody))
-	req.Header.Set("Content-Type", "text/plain")
+	req := httptest.NewRequest(http.MethodPost, "/", bytes.NewReader(body))
+	req.Header.Set("Content-Type", contract.ContentType)
 	req.Header.Set(contract.HeaderCallerKind, contract.CallerKindSchedule)
 	req.Header.Set(contract.HeaderSignature, vectorHeader)
+	for k, v := range headers {
+		req.Header.Set(k, v)
+	}
 	rec := httptest.NewRecorder()
 	mw.ServeHTTP(rec, req)
 	if rec.Code != http.StatusUnsupportedMediaType {
-		t.Fatalf("middleware answered %d %s, want 415", rec.Code, rec.Body)
+		t.Fatalf("middleware answered %d %s to a delivery with %v, want 415", rec.Code, rec.Body, headers)
 	}
 }
 
@@ -1023,23 +1033,7 @@ func TestHandlerContentEncoding(t *testing.T) {
 	}
 
 	// The middleware refuses alike and never calls next.
-	mw, err := receiver.NewMiddleware(receiver.Config{
-		Verifier: mustVerifier(t, receiver.Secrets{Current: vectorSecret}, fixedClock(vectorT)),
-		Logger:   slog.New(slog.DiscardHandler),
-	}, http.HandlerFunc(func(http.ResponseWriter, *http.Request) { t.Error("next called for a gzip delivery") }))
-	if err != nil {
-		t.Fatal(err)
-	}
-	req := httptest.NewRequest(http.MethodPost, "/", bytes.NewReader(gz.Bytes()))
-	req.Header.Set("Content-Type", contract.ContentType)
-	req.Header.Set("Content-Encoding", "gzip")
-	req.Header.Set(contract.HeaderCallerKind, contract.CallerKindSchedule)
-	req.Header.Set(contract.HeaderSignature, vectorHeader)
-	rec := httptest.NewRecorder()
-	mw.ServeHTTP(rec, req)
-	if rec.Code != http.StatusUnsupportedMediaType {
-		t.Fatalf("middleware answered %d %s, want 415", rec.Code, rec.Body)
-	}
+	middlewareRefuses(t, gz.Bytes(), map[string]string{"Content-Encoding": "gzip"})
 }
 
 // hideConn is a middleware's ResponseWriter wrapper without Unwrap: through
