@@ -49,7 +49,8 @@ type Store interface {
 type Reader interface {
 	GetProject(ctx context.Context, id string) (*Project, error)
 	// ListProjects returns a page of every project of the installation in
-	// id order (oldest first).
+	// id order: oldest first, but for the project created at the first
+	// start, whose fixed id (prj_default) sorts after generated ones.
 	ListProjects(ctx context.Context, p Page) (projects []*Project, nextCursor string, err error)
 	// TokenByHash returns a token, revoked or not, by the SHA-256 of its value.
 	TokenByHash(ctx context.Context, hash []byte) (*Token, error)

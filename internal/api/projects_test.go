@@ -10,7 +10,7 @@ import (
 
 // TestProjectListPages: the installation's projects come a page at a time,
 // as the other lists do: limit 1–100 (default 50), nextCursor to continue,
-// null on the last page; every project once, in id order (oldest first). A
+// null on the last page; every project once, in id order. A
 // bad limit answers 400 invalid_limit, a cursor this list did not hand out
 // 400 invalid_cursor; only the installation token lists projects.
 func TestProjectListPages(t *testing.T) {

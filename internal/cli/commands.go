@@ -35,7 +35,7 @@ var resources = map[string]map[string]command{
 	},
 	"projects": {
 		"create": {summary: "Create a project (installation token only).", post: true, flags: projectCreate},
-		"list":   {summary: "List projects, oldest first (installation token only).", flags: projectList},
+		"list":   {summary: "List projects in id order: those created through the API oldest first, then default (installation token only).", flags: projectList},
 	},
 	"events": {
 		"tail": {summary: "Print the project's event feed as it grows (--follow=false: up to now).", flags: eventsTail},
