@@ -13,6 +13,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"os/exec"
+	"os/signal"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -26,6 +27,11 @@ import (
 // TestMain lets the crash test re-execute this binary as a real server process.
 func TestMain(m *testing.M) {
 	if os.Getenv("VIBEJOBS_E2E_CHILD") == "serve" {
+		if os.Getenv("VIBEJOBS_E2E_SIGINT") == "ignored" {
+			// As a shell starts a command run with &: SIG_IGN, which
+			// the runtime keeps for SIGINT until it is asked for it.
+			signal.Ignore(os.Interrupt)
+		}
 		ctx, stop := signalContext()
 		defer stop()
 		os.Exit(run(ctx, []string{"serve"}, os.Getenv, os.Stdout, os.Stderr))

@@ -16,6 +16,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"sync"
 	"syscall"
 
 	"github.com/vibejobs/vibejobs/internal/cli"
@@ -119,26 +120,48 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stdou
 
 // signalContext returns a context that ends at the first SIGINT or SIGTERM
 // (a graceful stop, see Main.Close: serve lets its attempts in flight
-// finish), and stop to release it. From that signal on, both signals have
-// their default effect again, before the context ends: a second one ends
-// the process at once. serve's stop waits up to a job's timeout for its
-// attempts in flight, then up to dispatcher.DefaultStopRecordTimeout for
-// outcomes the database does not take, DefaultDrainTimeout for API
-// requests and DefaultHandlerExitTimeout for the handlers of those cut
-// off, and an operator who would rather not wait must not need
-// SIGKILL: the attempts cut off are sent again, under the same number, once
-// their lease ends, as after a crash.
+// finish), and stop to release it. From that signal on, a second one ends
+// the process at once: both signals have their default effect again, and a
+// SIGINT that was ignored when the process started (a shell starts a
+// command run with & so, and Go then takes the first SIGINT only because it
+// is asked for) ends it with status 130, as the default effect would.
+// serve's stop waits up to a job's timeout for its attempts in flight, then
+// up to dispatcher.DefaultStopRecordTimeout for outcomes the database does
+// not take, DefaultDrainTimeout for API requests and
+// DefaultHandlerExitTimeout for the handlers of those cut off, and an
+// operator who would rather not wait must not need SIGKILL: the attempts
+// cut off are sent again, under the same number, once their lease ends, as
+// after a crash.
 func signalContext() (ctx context.Context, stop context.CancelFunc) {
 	ctx, cancel := context.WithCancel(context.Background())
+	// Read before Notify: signal.Stop gives an inherited SIG_IGN back to
+	// SIGINT, which would then drop the second one.
+	intIgnored := signal.Ignored(os.Interrupt)
+	stopped := make(chan struct{})
 	ch := make(chan os.Signal, 1)
 	signal.Notify(ch, os.Interrupt, syscall.SIGTERM)
 	go func() {
 		select {
 		case <-ch:
-		case <-ctx.Done():
+		case <-stopped:
 		}
-		signal.Stop(ch)
+		if !intIgnored {
+			signal.Stop(ch)
+			cancel()
+			return
+		}
+		signal.Reset(syscall.SIGTERM)
 		cancel()
+		select {
+		case <-ch:
+			os.Exit(128 + int(syscall.SIGINT))
+		case <-stopped:
+			signal.Stop(ch)
+		}
 	}()
-	return ctx, cancel
+	var once sync.Once
+	return ctx, func() {
+		once.Do(func() { close(stopped) })
+		cancel()
+	}
 }
