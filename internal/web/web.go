@@ -56,9 +56,13 @@ const (
 )
 
 // The security headers of every response. The policy allows the dashboard's
-// own stylesheet and nothing else: no script, no inline style, no framing,
-// and forms post only to the dashboard.
-const contentSecurityPolicy = "default-src 'self'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'"
+// own stylesheet and nothing else: no script, plugin, frame, image or fetch,
+// not even one of this origin (where the API answers with text tenants
+// wrote), no inline style, no framing of the dashboard, and forms post only
+// to the dashboard. default-src 'none' rather than 'self': a markup
+// injection that html/template missed could otherwise still load this
+// origin's answers as script or plugin.
+const contentSecurityPolicy = "default-src 'none'; style-src 'self'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'"
 
 // pageSize is the number of jobs or runs on one page.
 const pageSize = 50
