@@ -11,6 +11,7 @@ import (
 	"strings"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/vibejobs/vibejobs"
 	"github.com/vibejobs/vibejobs/internal/api"
@@ -185,49 +186,8 @@ func TestOpenAPIShapes(t *testing.T) {
 	covered := map[string]bool{}
 	check := func(r req) *result {
 		t.Helper()
-		if r.token == "" {
-			r.token = e.admin
-		}
-		if r.token == "-" {
-			r.token = ""
-		}
-		if r.method == "POST" && r.key == "" {
-			r.key = keyAuto
-		}
-		res := e.send(r)
-		u := strings.SplitN(r.path, "?", 2)[0]
-		route := e.server.MuxPattern(httptest.NewRequest(r.method, u, nil))
-		op := d.operation(route)
-		if op == nil {
-			t.Fatalf("%s %s: no documented operation %q", r.method, r.path, route)
-		}
+		res, route := d.checkAnswer(t, e, r)
 		covered[route] = true
-		resp := d.resolve(op["responses"].(map[string]any)[fmt.Sprint(res.status)])
-		if resp == nil {
-			t.Errorf("%s: status %d is not documented (%s)", route, res.status, res.body)
-			return res
-		}
-		for h, hv := range asMap(resp["headers"]) {
-			if asMap(hv)["required"] == true && res.header.Get(h) == "" {
-				t.Errorf("%s %d: documented header %s missing", route, res.status, h)
-			}
-		}
-		content := asMap(resp["content"])
-		if len(content) == 0 {
-			if len(res.body) != 0 {
-				t.Errorf("%s %d: undocumented body %s", route, res.status, res.body)
-			}
-			return res
-		}
-		schema := asMap(asMap(content["application/json"])["schema"])
-		var v any
-		if err := json.Unmarshal(res.body, &v); err != nil {
-			t.Errorf("%s %d: %v", route, res.status, err)
-			return res
-		}
-		for _, p := range d.validate(schema, v, "$") {
-			t.Errorf("%s %d: %s\n%s", route, res.status, p, res.body)
-		}
 		return res
 	}
 
@@ -308,9 +268,73 @@ func TestOpenAPIShapes(t *testing.T) {
 	}
 }
 
+// checkAnswer sends r (as the installation administrator unless r.token
+// says otherwise, "-" for none; a POST with a fresh Idempotency-Key unless
+// r.key says otherwise) and checks the answer against the schema the
+// document gives for its operation and status: the status must be
+// documented, an error's code named by its description, the required
+// headers there, and the body valid.
+func (d *openapiDoc) checkAnswer(t *testing.T, e *env, r req) (*result, string) {
+	t.Helper()
+	if r.token == "" {
+		r.token = e.admin
+	}
+	if r.token == "-" {
+		r.token = ""
+	}
+	if r.method == "POST" && r.key == "" {
+		r.key = keyAuto
+	}
+	res := e.send(r)
+	u := strings.SplitN(r.path, "?", 2)[0]
+	route := e.server.MuxPattern(httptest.NewRequest(r.method, u, nil))
+	op := d.operation(route)
+	if op == nil {
+		t.Fatalf("%s %s: no documented operation %q", r.method, r.path, route)
+	}
+	resp := d.resolve(op["responses"].(map[string]any)[fmt.Sprint(res.status)])
+	if resp == nil {
+		t.Errorf("%s: status %d is not documented (%s)", route, res.status, res.body)
+		return res, route
+	}
+	for h, hv := range asMap(resp["headers"]) {
+		if asMap(hv)["required"] == true && res.header.Get(h) == "" {
+			t.Errorf("%s %d: documented header %s missing", route, res.status, h)
+		}
+	}
+	if res.status >= 400 {
+		// An error's code is one its answer's description names; a 400's
+		// may be a field-specific code, which the description leaves out.
+		var body struct{ Error struct{ Code string } }
+		json.Unmarshal(res.body, &body)
+		desc, _ := resp["description"].(string)
+		if res.status != 400 && !regexp.MustCompile(`\b`+regexp.QuoteMeta(body.Error.Code)+`\b`).MatchString(desc) {
+			t.Errorf("%s %d: code %q is not among those documented: %s", route, res.status, body.Error.Code, desc)
+		}
+	}
+	content := asMap(resp["content"])
+	if len(content) == 0 {
+		if len(res.body) != 0 {
+			t.Errorf("%s %d: undocumented body %s", route, res.status, res.body)
+		}
+		return res, route
+	}
+	schema := asMap(asMap(content["application/json"])["schema"])
+	var v any
+	if err := json.Unmarshal(res.body, &v); err != nil {
+		t.Errorf("%s %d: %v", route, res.status, err)
+		return res, route
+	}
+	for _, p := range d.validate(schema, v, "$") {
+		t.Errorf("%s %d: %s\n%s", route, res.status, p, res.body)
+	}
+	return res, route
+}
+
 // validate checks v against a small but strict subset of JSON Schema: $ref,
 // type (one or a list), properties with additionalProperties false (every
-// key documented) and required, items, enum, oneOf and pattern.
+// key documented) and required, items, enum, oneOf, pattern, minimum,
+// maximum, minLength, maxLength, minItems and maxItems.
 func (d *openapiDoc) validate(schema map[string]any, v any, at string) []string {
 	schema = d.resolve(schema)
 	if schema == nil {
@@ -346,8 +370,22 @@ func (d *openapiDoc) validate(schema map[string]any, v any, at string) []string 
 		}
 	}
 	var problems []string
+	bound := func(key string, n int, over bool) {
+		if b, ok := schema[key].(float64); ok && (over && float64(n) > b || !over && float64(n) < b) {
+			problems = append(problems, fmt.Sprintf("%s: %s is %v, got %d", at, key, b, n))
+		}
+	}
 	switch x := v.(type) {
+	case float64:
+		if b, ok := schema["minimum"].(float64); ok && x < b {
+			problems = append(problems, fmt.Sprintf("%s: %v under its minimum %v", at, x, b))
+		}
+		if b, ok := schema["maximum"].(float64); ok && x > b {
+			problems = append(problems, fmt.Sprintf("%s: %v over its maximum %v", at, x, b))
+		}
 	case string:
+		bound("minLength", utf8.RuneCountInString(x), false)
+		bound("maxLength", utf8.RuneCountInString(x), true)
 		if p, ok := schema["pattern"].(string); ok && !regexp.MustCompile(p).MatchString(x) {
 			problems = append(problems, fmt.Sprintf("%s: %q does not match %s", at, x, p))
 		}
@@ -378,6 +416,8 @@ func (d *openapiDoc) validate(schema map[string]any, v any, at string) []string 
 			}
 		}
 	case []any:
+		bound("minItems", len(x), false)
+		bound("maxItems", len(x), true)
 		if items, ok := schema["items"]; ok {
 			for i, it := range x {
 				problems = append(problems, d.validate(asMap(items), it, fmt.Sprintf("%s[%d]", at, i))...)
