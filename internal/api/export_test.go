@@ -35,3 +35,14 @@ func RequestHash(r *http.Request, tokenID string, body []byte) []byte {
 
 // WithoutIdempotency turns the Idempotency-Key layer off, for benchmarks.
 func (s *Server) WithoutIdempotency() { s.noIdempotency = true }
+
+// RouteForbids reports whether the route of operation op refuses some
+// roles (403): false for a route any role may call.
+func (s *Server) RouteForbids(op string) bool {
+	for _, rt := range s.routes {
+		if rt.method+" "+rt.path == op {
+			return rt.access != accessPublic && rt.access != accessRead
+		}
+	}
+	return false
+}

@@ -163,6 +163,11 @@ func TestOpenAPIMatchesRoutes(t *testing.T) {
 			if responses["401"] == nil || responses["429"] == nil {
 				t.Errorf("%s needs a token but documents no 401 or 429", o)
 			}
+			// A 403 is documented where a role may be refused, and only
+			// there: a client must not be told to handle what never comes.
+			if forbids := e.server.RouteForbids(o); forbids != (responses["403"] != nil) {
+				t.Errorf("%s documents a 403: %v; the route refuses roles: %v", o, responses["403"] != nil, forbids)
+			}
 			// Its token is looked up in the database, which may not answer.
 			if responses["503"] == nil {
 				t.Errorf("%s needs a token but documents no 503 (database_unavailable)", o)
