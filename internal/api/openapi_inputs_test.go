@@ -13,7 +13,6 @@ import (
 
 	"github.com/vibejobs/vibejobs"
 	"github.com/vibejobs/vibejobs/internal/api"
-	"github.com/vibejobs/vibejobs/internal/storetest"
 )
 
 // bodyCase is how TestOpenAPIRequestBodies sends one operation's body: the
@@ -364,11 +363,7 @@ func TestOpenAPIQueryParameters(t *testing.T) {
 // large, a POST without Idempotency-Key, a database that does not answer
 // and a token past its rate.
 func TestOpenAPIErrorAnswers(t *testing.T) {
-	var outage *storetest.Outage
-	e := newEnv(t, func(c *api.Config) {
-		outage = &storetest.Outage{Store: c.Store}
-		c.Store = outage
-	})
+	e, outage := newOutageEnv(t)
 	d := loadOpenAPI(t, e)
 	_, tokens := e.newProject("errors")
 	// A valid body per operation, so that only the refusal under test is

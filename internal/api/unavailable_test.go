@@ -15,11 +15,7 @@ import (
 // names no cause; the log does. A POST refused so is not the answer to its
 // Idempotency-Key: sent again once the database answers, it does its work.
 func TestDatabaseUnavailableIs503(t *testing.T) {
-	var st *storetest.Outage
-	e := newEnv(t, func(c *api.Config) {
-		st = &storetest.Outage{Store: c.Store}
-		c.Store = st
-	})
+	e, st := newOutageEnv(t)
 	doc := loadOpenAPI(t, e)
 	post := req{method: "POST", path: "/v1/jobs", token: e.admin, key: "during-outage", body: jobBody(nil)}
 	for _, tc := range []struct {
@@ -57,4 +53,16 @@ func TestDatabaseUnavailableIs503(t *testing.T) {
 	if res := e.send(post); res.status != 201 || res.header.Get("Idempotent-Replayed") != "" {
 		t.Errorf("the POST sent again once the database answers: %s", res)
 	}
+}
+
+// newOutageEnv is newEnv with its store behind a storetest.Outage, which
+// the test turns on to make the database stop answering.
+func newOutageEnv(t *testing.T) (*env, *storetest.Outage) {
+	t.Helper()
+	var outage *storetest.Outage
+	e := newEnv(t, func(c *api.Config) {
+		outage = &storetest.Outage{Store: c.Store}
+		c.Store = outage
+	})
+	return e, outage
 }
