@@ -136,8 +136,6 @@ func (t *tx) UpdateJob(ctx context.Context, j *vibejobs.Job) error {
 	return nil
 }
 
-// DeleteJob marks the job deleted (its row stays, so its runs remain visible)
-// and cancels its runs waiting in scheduled or retrying, finished at at.
 // cancelJobRunsSQL cancels the waiting runs of a deleted job whose deadline
 // is not past (see vibejobs.Store.DeleteJob): those scheduled at most
 // DeliveryLifetime before, found by (job_id, scheduled_for) in the
@@ -147,6 +145,9 @@ const cancelJobRunsSQL = `UPDATE runs SET state = 'cancelled', failure_reason = 
 	WHERE job_id = ? AND scheduled_for >= ? AND state IN ('scheduled', 'retrying')
 	RETURNING ` + runEventColumns
 
+// DeleteJob marks the job deleted (its row stays, so its runs remain visible)
+// and cancels its runs waiting in scheduled or retrying whose deadline is not
+// past at, finished at at (see cancelJobRunsSQL).
 func (t *tx) DeleteJob(ctx context.Context, projectID, id string, at time.Time) error {
 	n, err := changed(t.t.ExecContext(ctx,
 		`UPDATE jobs SET deleted_at = ? WHERE id = ? AND project_id = ? AND deleted_at IS NULL`, ms(at), id, projectID))
