@@ -3,6 +3,7 @@ package scheduler_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"sync"
 	"testing"
@@ -14,6 +15,15 @@ import (
 
 // errLost is the error of a call whose answer was lost.
 var errLost = vibejobs.Errorf(vibejobs.EUNAVAILABLE, "database_unavailable", "connection lost")
+
+// runLost runs one scan of s, named what, and fails the test unless its
+// call's answer was lost (errLost).
+func runLost(t *testing.T, s *scheduler.Scheduler, what string) {
+	t.Helper()
+	if _, err := s.RunOnce(context.Background()); !errors.Is(err, errLost) {
+		t.Fatalf("%s: %v, want its answer lost", what, err)
+	}
+}
 
 // flakyStore fails the ApplyRunPlans calls it is told to: after the store
 // committed them (commit, an answer lost after the commit, as a connection
@@ -113,9 +123,7 @@ func TestRunsOfALostAnswerToldOfOnce(t *testing.T) {
 	fs := &flakyStore{SchedulerStore: st, commit: true}
 	s, told, _ := counted(fs, &now)
 
-	if _, err := s.RunOnce(ctx); !errors.Is(err, errLost) {
-		t.Fatalf("RunOnce whose answer was lost: %v", err)
-	}
+	runLost(t, s, "RunOnce whose answer was lost")
 	created := fs.runIDs(0)
 	if len(created) != 3 {
 		t.Fatalf("the lost call planned %d runs, want 3", len(created))
@@ -164,9 +172,7 @@ func TestRunsAnotherReplicaCreatedNotToldOf(t *testing.T) {
 	fs := &flakyStore{SchedulerStore: st, fail: true}
 	a, toldA, _ := counted(fs, &now)
 	b, toldB, _ := counted(st, &now)
-	if _, err := a.RunOnce(ctx); !errors.Is(err, errLost) {
-		t.Fatalf("RunOnce that failed: %v", err)
-	}
+	runLost(t, a, "RunOnce that failed")
 	if n, err := b.RunOnce(ctx); err != nil || n != 1 {
 		t.Fatalf("the other replica's RunOnce = %d, %v; want 1", n, err)
 	}
@@ -185,7 +191,6 @@ func TestRunsAnotherReplicaCreatedNotToldOf(t *testing.T) {
 // moving the job on, so each plan may have created runs), the plans kept
 // to be sent again are bounded by their runs, the newest kept.
 func TestResentPlansBounded(t *testing.T) {
-	ctx := context.Background()
 	now := t0
 	st := openStore(t, storedJob("job_x", vibejobs.CatchUpAll, now))
 	fs := &flakyStore{SchedulerStore: st}
@@ -193,9 +198,7 @@ func TestResentPlansBounded(t *testing.T) {
 	scheduler.SetMaxResentRuns(s, 3)
 	for i := range 6 {
 		fs.commit = true
-		if _, err := s.RunOnce(ctx); !errors.Is(err, errLost) {
-			t.Fatalf("RunOnce %d: %v", i, err)
-		}
+		runLost(t, s, fmt.Sprintf("RunOnce %d", i))
 		if n := len(fs.runIDs(i)); n != 1 {
 			t.Fatalf("call %d planned %d runs, want 1", i, n)
 		}
@@ -225,9 +228,7 @@ func TestResentPlansOneAJobWhileWritesFail(t *testing.T) {
 	s, told, _ := counted(fs, &now)
 	for i := range 5 {
 		fs.fail = true
-		if _, err := s.RunOnce(ctx); !errors.Is(err, errLost) {
-			t.Fatalf("RunOnce %d: %v", i, err)
-		}
+		runLost(t, s, fmt.Sprintf("RunOnce %d", i))
 		if n := len(fs.runIDs(i)); n != 4 {
 			t.Fatalf("call %d planned %d runs, want 4 (3 of job_x, 1 of job_y)", i, n)
 		}
@@ -258,16 +259,12 @@ func TestResentPlansOfACommittedCallKept(t *testing.T) {
 	st := openStore(t, storedJob("job_x", vibejobs.CatchUpAll, now.Add(-2*time.Minute)))
 	fs := &flakyStore{SchedulerStore: st, commit: true}
 	s, told, _ := counted(fs, &now)
-	if _, err := s.RunOnce(ctx); !errors.Is(err, errLost) {
-		t.Fatalf("RunOnce whose answer was lost: %v", err)
-	}
+	runLost(t, s, "RunOnce whose answer was lost")
 	committed := fs.runIDs(0)
 	now = now.Add(time.Minute) // the job's next occurrence is due
 	for i := 1; i <= 3; i++ {
 		fs.fail = true
-		if _, err := s.RunOnce(ctx); !errors.Is(err, errLost) {
-			t.Fatalf("RunOnce %d: %v", i, err)
-		}
+		runLost(t, s, fmt.Sprintf("RunOnce %d", i))
 		if got := fs.resentRuns(i); !slices.Equal(got, committed) {
 			t.Fatalf("call %d resent runs %v, want those of the committed call alone: %v", i, got, committed)
 		}
@@ -318,9 +315,7 @@ func TestSkipsOfALostAnswerToldOfOnce(t *testing.T) {
 	st := openStore(t, storedJob("job_x", vibejobs.CatchUpLatest, now.Add(-10*time.Minute))) // down for ten minutes
 	fs := &flakyStore{SchedulerStore: st, commit: true}
 	s, _, skips := counted(fs, &now)
-	if _, err := s.RunOnce(ctx); !errors.Is(err, errLost) {
-		t.Fatalf("RunOnce whose answer was lost: %v", err)
-	}
+	runLost(t, s, "RunOnce whose answer was lost")
 	j, err := st.GetJob(ctx, "prj_x", "job_x")
 	if err != nil || j.SkippedRuns != 9 {
 		t.Fatalf("job after the lost call: %d skipped, %v; want 9 (the lost call committed)", j.SkippedRuns, err)
@@ -346,9 +341,7 @@ func TestSkipsOfAPlanAnotherReplicaAppliedToldOfOnce(t *testing.T) {
 	fs := &flakyStore{SchedulerStore: st, fail: true}
 	a, _, skipsA := counted(fs, &now)
 	b, _, skipsB := counted(st, &now)
-	if _, err := a.RunOnce(ctx); !errors.Is(err, errLost) {
-		t.Fatalf("RunOnce that failed: %v", err)
-	}
+	runLost(t, a, "RunOnce that failed")
 	if _, err := b.RunOnce(ctx); err != nil {
 		t.Fatal(err)
 	}
