@@ -310,15 +310,10 @@ func jsonContentType(h http.Header) bool {
 // that 401 would make the platform fail the run for good, where the 415 of an
 // unsupported coding (RFC 7694) is retried.
 func identityContentEncoding(h http.Header) bool {
-	for k, vs := range h {
-		if !asciiEqualFold(k, "Content-Encoding") {
-			continue
-		}
-		for _, v := range vs {
-			for c := range strings.SplitSeq(v, ",") {
-				if c = strings.Trim(c, " \t"); c != "" && !asciiEqualFold(c, "identity") {
-					return false
-				}
+	for v := range headerValues(h, "Content-Encoding") {
+		for c := range strings.SplitSeq(v, ",") {
+			if c = strings.Trim(c, " \t"); c != "" && !asciiEqualFold(c, "identity") {
+				return false
 			}
 		}
 	}

@@ -37,6 +37,7 @@ package receiver
 
 import (
 	"errors"
+	"iter"
 	"net/http"
 	"sync/atomic"
 	"time"
@@ -210,16 +211,29 @@ func (v *Verifier) VerifyHeaders(h http.Header, body []byte) error {
 // name is an ASCII token, and Unicode folding would let "\u212a" (the Kelvin
 // sign) stand for "k".
 func headerLines(h http.Header, name string) (first string, n int) {
-	for k, vs := range h {
-		if len(vs) == 0 || !asciiEqualFold(k, name) {
-			continue
-		}
+	for v := range headerValues(h, name) {
 		if n == 0 {
-			first = vs[0]
+			first = v
 		}
-		n += len(vs)
+		n++
 	}
 	return first, n
+}
+
+// headerValues yields every line of h whose name is name in any ASCII case.
+func headerValues(h http.Header, name string) iter.Seq[string] {
+	return func(yield func(string) bool) {
+		for k, vs := range h {
+			if !asciiEqualFold(k, name) {
+				continue
+			}
+			for _, v := range vs {
+				if !yield(v) {
+					return
+				}
+			}
+		}
+	}
 }
 
 func asciiEqualFold(a, b string) bool {
