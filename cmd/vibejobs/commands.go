@@ -1,13 +1,11 @@
 package main
 
 import (
-	"cmp"
 	"context"
 	"flag"
 	"fmt"
 	"io"
 	"os"
-	"path/filepath"
 	"strings"
 	"time"
 
@@ -96,7 +94,7 @@ func masterKey(ctx context.Context, args []string, getenv func(string) string, s
 		// Opened, a SQLite file that is not there would be created empty,
 		// and the rotation would succeed on it: a new key first in the
 		// file, and none of the real database's secrets under it.
-		db := cmp.Or(c.Database, filepath.Join(c.DataDir, "vibejobs.db"))
+		db := c.sqlitePath()
 		if _, err := os.Stat(db); err != nil {
 			return fmt.Errorf("no database to re-seal at %s (on PostgreSQL, give --database or VIBEJOBS_DATABASE): %w", db, err)
 		}

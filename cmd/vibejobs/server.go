@@ -471,14 +471,18 @@ func (c *Config) openStore(ctx context.Context, logger *slog.Logger, now func() 
 	if pgURL, ok := postgresURL(c.Database); ok {
 		return postgres.Open(ctx, pgURL, postgres.Options{Logger: logger, Now: now})
 	}
-	path := c.Database
-	if path == "" {
+	if c.Database == "" {
 		if err := os.MkdirAll(c.DataDir, 0o700); err != nil {
 			return nil, fmt.Errorf("creating data dir: %w", err)
 		}
-		path = filepath.Join(c.DataDir, "vibejobs.db")
 	}
-	return sqlite.Open(ctx, path, sqlite.Options{Logger: logger, Now: now})
+	return sqlite.Open(ctx, c.sqlitePath(), sqlite.Options{Logger: logger, Now: now})
+}
+
+// sqlitePath is the SQLite file of a configuration without a PostgreSQL
+// URL: --database, else vibejobs.db in the data directory.
+func (c *Config) sqlitePath() string {
+	return cmp.Or(c.Database, filepath.Join(c.DataDir, "vibejobs.db"))
 }
 
 // Run starts the server and returns once it is listening; the work goes on
