@@ -72,6 +72,25 @@ var forbiddenIPv6 = mustPrefixes(
 	"ff00::/8",        // multicast
 )
 
+// ietfProtocolIPv6 is IANA's 2001::/23, IETF protocol assignments: not
+// globally reachable, like its IPv4 counterpart 192.0.0.0/24, apart from
+// the sub-blocks the registry marks globally reachable
+// (globalIETFProtocolIPv6). Its forbidden sub-blocks (Teredo, benchmarking,
+// ORCHID) are in forbiddenIPv6 too; an address in none of the registry's
+// sub-blocks (2001:5::1) is forbidden as the /23 is.
+var (
+	ietfProtocolIPv6       = netip.MustParsePrefix("2001::/23")
+	globalIETFProtocolIPv6 = mustPrefixes(
+		"2001:1::1/128",   // Port Control Protocol anycast
+		"2001:1::2/128",   // TURN anycast
+		"2001:1::3/128",   // DNS-SD service registration protocol anycast
+		"2001:3::/32",     // AMT
+		"2001:4:112::/48", // AS112-v6
+		"2001:20::/28",    // ORCHIDv2
+		"2001:30::/28",    // drone remote ID entity tags
+	)
+)
+
 // Prefixes whose addresses carry an IPv4 address; see embeddedIPv4.
 var (
 	ipv4CompatiblePrefix = netip.MustParsePrefix("::/96")
@@ -239,6 +258,14 @@ func forbiddenByDefault(ip netip.Addr) bool {
 		if prefix.Contains(ip) {
 			return true
 		}
+	}
+	if ietfProtocolIPv6.Contains(ip) {
+		for _, prefix := range globalIETFProtocolIPv6 {
+			if prefix.Contains(ip) {
+				return false
+			}
+		}
+		return true
 	}
 	return false
 }

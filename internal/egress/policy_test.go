@@ -136,6 +136,10 @@ func TestAllowedPublicAddresses(t *testing.T) {
 	public6 := []string{
 		"2606:4700:4700::1111", "2001:4860:4860::8888", "2620:fe::fe", "2a00:1450:4001:80b::200e",
 		"2003::1", "2001:db7:ffff:ffff:ffff:ffff:ffff:ffff", "2001:db9::", "2001:1:0:0::1",
+		// 2001::/23's globally reachable sub-blocks.
+		"2001:1::2", "2001:1::3", "2001:3::1", "2001:3:ffff:ffff:ffff:ffff:ffff:ffff", "2001:4:112::1",
+		"2001:4:112:ffff::1", "2001:20::1", "2001:2f:ffff::1", "2001:30::1", "2001:3f:ffff::1",
+		"2001:200::1",
 		"3ffe:ffff::1", "3fff:1000::",
 	}
 	for _, s := range public6 {
@@ -146,6 +150,13 @@ func TestAllowedPublicAddresses(t *testing.T) {
 	for _, s := range []string{"1fff:ffff::1", "4000::1", "::2:1", "100:0:0:1::"} {
 		if a := netip.MustParseAddr(s); def.Allowed(a) {
 			t.Errorf("%s: outside 2000::/3, allowed by default", a)
+		}
+	}
+	// 2001::/23 outside the sub-blocks IANA marks globally reachable.
+	for _, s := range []string{"2001:1::", "2001:1::4", "2001:4::1", "2001:4:113::1", "2001:5::1",
+		"2001:40::1", "2001:1ff:ffff:ffff:ffff:ffff:ffff:ffff"} {
+		if a := netip.MustParseAddr(s); def.Allowed(a) {
+			t.Errorf("%s: in 2001::/23, IETF protocol assignments, allowed by default", a)
 		}
 	}
 }
