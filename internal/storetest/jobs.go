@@ -564,6 +564,40 @@ func testWithdrawHeldRuns(t *testing.T, f *fixture) {
 	}
 }
 
+// testRecoverWithdrawnRunOfDeletedJob: a run claimed ahead, withdrawn by a
+// pause, then its job deleted, and its holder dead. Its attempt may have
+// gone out, but no further attempt may follow a deletion (SEMANTICS.md
+// section 3): recovery ends it, cancelled (job_deleted), and never puts it
+// back to be sent, whatever the withdrawal mark says.
+func testRecoverWithdrawnRunOfDeletedJob(t *testing.T, f *fixture) {
+	f.projects()
+	j := f.job(projectA)
+	r := f.schedRun(j, T0.Add(time.Second))
+	f.apply(1, vibejobs.RunPlan{JobID: j.ID, Anchor: j.ScheduleAnchor, From: T0, Next: ptr(T0.Add(time.Hour)),
+		Runs: []*vibejobs.Run{r}})
+	c := f.claimIDs("w1", r.ScheduledFor, 1, r)[0]
+	f.update(func(tx vibejobs.Tx) error {
+		_, err := tx.DeleteFutureRuns(f.ctx, j.ID, T0)
+		return err
+	})
+	f.update(func(tx vibejobs.Tx) error { return tx.DeleteJob(f.ctx, projectA, j.ID, T0.Add(500*time.Millisecond)) })
+
+	now := r.ScheduledFor.Add(c.Timeout + Margin + time.Millisecond)
+	if n, err := f.s.RecoverExpiredLeases(f.ctx, now, 10); err != nil || n != 1 {
+		t.Fatalf("RecoverExpiredLeases = %d, %v; want 1", n, err)
+	}
+	got := f.getRun(projectA, r.ID)
+	if got.State != vibejobs.RunCancelled || got.FailureReason != vibejobs.ReasonJobDeleted ||
+		got.FinishedAt == nil || !got.FinishedAt.Equal(now) || got.NextAttemptAt != nil {
+		t.Errorf("recovered withdrawn run of a deleted job: state %s reason %q finished %v next %v; want cancelled job_deleted at %s",
+			got.State, got.FailureReason, got.FinishedAt, got.NextAttemptAt, now)
+	}
+	f.wantAttempts("recovered withdrawn run of a deleted job", got, "1:interrupted")
+	if cs := f.claim("w2", now.Add(time.Hour), 10); len(cs) != 0 {
+		t.Errorf("claim after recovery: %v, want none", claimedIDs(cs))
+	}
+}
+
 func testLastRun(t *testing.T, f *fixture) {
 	f.projects()
 	j := f.job(projectA)

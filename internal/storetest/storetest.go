@@ -86,6 +86,7 @@ func Run(t *testing.T, open func(t *testing.T) vibejobs.Store) {
 		{"RecoverExpiredLeasesRetrying", testRecoverExpiredLeasesRetrying},
 		{"RecoverExpiredLeasesEnds", testRecoverExpiredLeasesEnds},
 		{"RecoverExpiredLeasesLimit", testRecoverExpiredLeasesLimit},
+		{"RecoverWithdrawnRunOfDeletedJob", testRecoverWithdrawnRunOfDeletedJob},
 		{"ReleaseClaims", testReleaseClaims},
 		{"ReleaseOfARedelivery", testReleaseOfARedelivery},
 		{"ReleaseWithALaterDue", testReleaseWithALaterDue},
