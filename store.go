@@ -129,6 +129,12 @@ type Tx interface {
 	// loses the mark. On PostgreSQL the commit tells every replica to give
 	// back its held runs of the job.
 	DeleteFutureRuns(ctx context.Context, jobID string, after time.Time) (int, error)
+	// AddSkippedRuns adds n to the SkippedRuns of the live job id of
+	// projectID (ENOTFOUND otherwise): occurrences due and never planned
+	// that a pause or a schedule change skips for good, while the
+	// scheduler was behind. It adds to the count as stored, so it counts
+	// with the scheduler's own additions (ApplyRunPlans), never over them.
+	AddSkippedRuns(ctx context.Context, projectID, id string, n int64) error
 	// CreateRun inserts a manual run. Its job must be a live job of the
 	// run's project (ENOTFOUND otherwise). A run due after its deadline is
 	// refused (EINVALID, see Run.CheckDue).

@@ -369,6 +369,20 @@ func (t *tx) DeleteFutureRuns(ctx context.Context, jobID string, after time.Time
 	return len(ids), t.dequeue(ctx, ids, dues)
 }
 
+// AddSkippedRuns adds n to the skipped occurrences of the live job id of
+// projectID, to the row as stored: what ApplyRunPlans added is kept.
+func (t *tx) AddSkippedRuns(ctx context.Context, projectID, id string, n int64) error {
+	tag, err := t.q.Exec(ctx, `UPDATE jobs SET skipped_runs = skipped_runs + $3
+		WHERE id = $1 AND project_id = $2 AND deleted_at IS NULL`, id, projectID, n)
+	if err != nil {
+		return mapError(err, "adding skipped runs")
+	}
+	if tag.RowsAffected() == 0 {
+		return vibejobs.ErrNotFound("job")
+	}
+	return nil
+}
+
 // CreateRun inserts run for its live job: ENOTFOUND when the job is deleted
 // or of another project, ECONFLICT for a second schedule-triggered run of one
 // occurrence (a manual run is never merged). It share-locks the job row, so

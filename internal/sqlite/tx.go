@@ -195,6 +195,20 @@ func (t *tx) DeleteFutureRuns(ctx context.Context, jobID string, after time.Time
 	return int(n), nil
 }
 
+// AddSkippedRuns adds n to the skipped occurrences of the live job id of
+// projectID.
+func (t *tx) AddSkippedRuns(ctx context.Context, projectID, id string, n int64) error {
+	changedRows, err := changed(t.t.ExecContext(ctx, `UPDATE jobs SET skipped_runs = skipped_runs + ?
+		WHERE id = ? AND project_id = ? AND deleted_at IS NULL`, n, id, projectID))
+	if err != nil {
+		return fmt.Errorf("adding skipped runs: %w", err)
+	}
+	if changedRows == 0 {
+		return vibejobs.ErrNotFound("job")
+	}
+	return nil
+}
+
 // insertRunSQL inserts a run; a schedule-triggered run that exists for its
 // (job, scheduledFor) is skipped.
 const insertRunSQL = `INSERT INTO runs (id, job_id, project_id, trigger, scheduled_for, occurrence, deadline_at,

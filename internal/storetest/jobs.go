@@ -496,6 +496,23 @@ func testDeleteFutureRuns(t *testing.T, f *fixture) {
 	}
 }
 
+// testAddSkippedRuns: occurrences an API change skips add to those the
+// scheduler counted, on a live job of the project only.
+func testAddSkippedRuns(t *testing.T, f *fixture) {
+	f.projects()
+	j := f.job(projectA)
+	f.apply(0, vibejobs.RunPlan{JobID: j.ID, Anchor: j.ScheduleAnchor, From: T0, Next: ptr(T0.Add(time.Hour)), Skipped: 3})
+	f.update(func(tx vibejobs.Tx) error { return tx.AddSkippedRuns(f.ctx, projectA, j.ID, 4) })
+	if got := f.getJob(projectA, j.ID).SkippedRuns; got != 7 {
+		t.Errorf("SkippedRuns = %d, want 3 from a plan and 4 added", got)
+	}
+	err := f.s.Update(f.ctx, func(tx vibejobs.Tx) error { return tx.AddSkippedRuns(f.ctx, projectB, j.ID, 1) })
+	wantNotFound(t, "AddSkippedRuns of another project's job", err, "job")
+	f.update(func(tx vibejobs.Tx) error { return tx.DeleteJob(f.ctx, projectA, j.ID, T0) })
+	err = f.s.Update(f.ctx, func(tx vibejobs.Tx) error { return tx.AddSkippedRuns(f.ctx, projectA, j.ID, 1) })
+	wantNotFound(t, "AddSkippedRuns of a deleted job", err, "job")
+}
+
 // testWithdrawHeldRuns: a run claimed ahead of its time when a pause or a
 // schedule change withdraws its occurrence stays with its holder. Given back
 // unsent, it is deleted, as an unheld one was; sent, its outcome is

@@ -54,6 +54,7 @@ func Run(t *testing.T, open func(t *testing.T) vibejobs.Store) {
 		{"CountJobs", testCountJobs},
 		{"DeleteFutureRuns", testDeleteFutureRuns},
 		{"WithdrawHeldRuns", testWithdrawHeldRuns},
+		{"AddSkippedRuns", testAddSkippedRuns},
 		{"LastRun", testLastRun},
 		{"SecretRotation", testSecretRotation},
 		{"MasterKey", testMasterKey},

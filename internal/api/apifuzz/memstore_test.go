@@ -179,6 +179,16 @@ func (t *memTx) UpdateJob(ctx context.Context, j *vibejobs.Job) error {
 // AppendEvents keeps no feed: the fuzz target checks decoding, not events.
 func (t *memTx) AppendEvents(ctx context.Context, events ...*vibejobs.Event) error { return nil }
 
+func (t *memTx) AddSkippedRuns(ctx context.Context, projectID, id string, n int64) error {
+	j, err := t.GetJob(ctx, projectID, id)
+	if err != nil {
+		return err
+	}
+	j.SkippedRuns += n
+	t.jobs[id] = j
+	return nil
+}
+
 func (t *memTx) DeleteFutureRuns(ctx context.Context, jobID string, after time.Time) (int, error) {
 	return 0, nil
 }
