@@ -241,3 +241,28 @@ func BenchmarkPlanAfterLongOutage(b *testing.B) {
 		})
 	}
 }
+
+// TestUnplanned counts the occurrences due by now that a job's NextRunAt
+// has not passed yet: the ones a change moving it on skips.
+func TestUnplanned(t *testing.T) {
+	for _, c := range []struct {
+		what string
+		job  *vibejobs.Job
+		now  time.Time
+		want int64
+	}{
+		{"on time", everyMinuteJob(vibejobs.CatchUpAll, t0.Add(time.Minute)), t0, 0},
+		{"just before", everyMinuteJob(vibejobs.CatchUpAll, t0.Add(time.Minute)), t0.Add(time.Minute - time.Millisecond), 0},
+		{"at its instant", everyMinuteJob(vibejobs.CatchUpAll, t0.Add(time.Minute)), t0.Add(time.Minute), 1},
+		{"behind", everyMinuteJob(vibejobs.CatchUpAll, t0.Add(time.Minute)), t0.Add(10*time.Minute + 30*time.Second), 10},
+		{"a week behind", everyMinuteJob(vibejobs.CatchUpNone, t0), t0.Add(7 * 24 * time.Hour), 7*24*60 + 1},
+		{"paused", &vibejobs.Job{Schedule: "* * * * *", Timezone: "UTC"}, t0, 0},
+		{"a one-off", &vibejobs.Job{At: &t0, NextRunAt: &t0}, t0.Add(time.Hour), 1},
+		{"a schedule that does not parse here", &vibejobs.Job{Schedule: "* * * * *", Timezone: "Nowhere/Gone", NextRunAt: &t0},
+			t0.Add(time.Hour), 1},
+	} {
+		if got := scheduler.Unplanned(c.job, c.now); got != c.want {
+			t.Errorf("%s: Unplanned = %d, want %d", c.what, got, c.want)
+		}
+	}
+}

@@ -498,6 +498,25 @@ func JobSchedule(j *vibejobs.Job) (schedule.Schedule, error) {
 	return schedule.Parse(j.Schedule, j.Timezone, j.ScheduleAnchor)
 }
 
+// Unplanned returns how many occurrences of j, as it is, are due by now
+// and were never planned: those from its NextRunAt through now, which the
+// scheduler has not reached (the platform was down, the scan is behind, or
+// j's schedule does not parse on this replica). A change that moves
+// NextRunAt past now (a pause, a schedule change) skips them for good, and
+// counts them as the occurrences catch-up skips are counted (SEMANTICS.md
+// section 4). For a schedule that does not parse here it returns 1, the
+// occurrence at NextRunAt: how many follow it up to now is unknown.
+func Unplanned(j *vibejobs.Job, now time.Time) int64 {
+	if j.NextRunAt == nil || j.NextRunAt.After(now) {
+		return 0
+	}
+	sch, err := JobSchedule(j)
+	if err != nil {
+		return 1
+	}
+	return 1 + sch.Count(*j.NextRunAt, now)
+}
+
 // Plan decides the runs of job j at time now: every occurrence from
 // j.NextRunAt up to now + lookahead. Occurrences older than now − grace were
 // missed: those past the 96 h delivery lifetime are skipped, then the job's
