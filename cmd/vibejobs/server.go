@@ -629,6 +629,7 @@ func (m *Main) Run(ctx context.Context) error {
 		Wake:                func() { sched.Wake(); disp.Wake(); subs.Wake() },
 		JobChanged:          disp.JobChanged,
 		RunCreated:          met.ManualRunCreated,
+		OccurrencesSkipped:  met.Skipped,
 		Ready:               func(context.Context) error { return loopsMoving(now(), sched, disp) },
 		Stopping:            m.stopping.Load,
 		Metrics:             met.Handler(),

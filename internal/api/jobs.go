@@ -11,6 +11,7 @@ import (
 	"github.com/vibejobs/vibejobs/contract"
 	"github.com/vibejobs/vibejobs/internal/listcursor"
 	"github.com/vibejobs/vibejobs/internal/schedule"
+	"github.com/vibejobs/vibejobs/internal/scheduler"
 )
 
 // jobJSON is the wire form of a job. It never holds the secret; see jobWithSecret.
@@ -285,6 +286,15 @@ func (s *Server) changeJob(ctx context.Context, c *call, tx vibejobs.Tx, change 
 		// The runs held ahead of their time are the holders' to give back
 		// (see vibejobs.Tx.DeleteFutureRuns).
 		c.changedJob = j.ID
+		// The occurrences before now that the scheduler, behind, had not
+		// reached are skipped for good: counted, as catch-up counts those
+		// it skips.
+		if n := scheduler.Unplanned(&before, c.now); n > 0 {
+			if err := tx.AddSkippedRuns(ctx, c.projectID(), j.ID, n); err != nil {
+				return nil, err
+			}
+			c.skipped = n
+		}
 	}
 	var events []*vibejobs.Event
 	if settingsChanged(&before, j) {

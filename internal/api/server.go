@@ -84,6 +84,11 @@ type Config struct {
 	// RunCreated is called once the creation of a manual run has
 	// committed (the runs-created metric; the scheduler counts its own).
 	RunCreated func()
+	// OccurrencesSkipped is called with the occurrences a pause or a
+	// schedule change skipped, once it has committed: those due by then
+	// that the scheduler, behind, had not planned (the skipped
+	// occurrences metric; the scheduler counts those catch-up skips).
+	OccurrencesSkipped func(n int64)
 	// Ready is checked by /readyz besides Store.Ping.
 	Ready func(ctx context.Context) error
 	// Stopping, when set and true, makes /readyz answer 503 stopping, the
@@ -133,6 +138,7 @@ type Server struct {
 	wake       func()
 	changed    func(jobID string)
 	runCreated func()
+	skipped    func(n int64)
 	ready      func(ctx context.Context) error
 	stopping   func() bool
 	metrics    http.Handler
@@ -172,6 +178,7 @@ func New(cfg Config) *Server {
 		wake:                cfg.Wake,
 		changed:             cfg.JobChanged,
 		runCreated:          cfg.RunCreated,
+		skipped:             cfg.OccurrencesSkipped,
 		ready:               cfg.Ready,
 		stopping:            cfg.Stopping,
 		metrics:             cfg.Metrics,
@@ -196,6 +203,9 @@ func New(cfg Config) *Server {
 	}
 	if cfg.RunCreated == nil {
 		s.runCreated = func() {}
+	}
+	if cfg.OccurrencesSkipped == nil {
+		s.skipped = func(int64) {}
 	}
 	rl := cfg.RateLimit
 	if rl.PerSecond >= 0 {
@@ -311,6 +321,9 @@ type call struct {
 	// runCreated: a manual run was created; RunCreated is called once the
 	// effect committed.
 	runCreated bool
+	// skipped counts the occurrences the effect skipped:
+	// OccurrencesSkipped is called with them once it committed.
+	skipped int64
 	// changedJob names a job whose delivery settings changed or that was
 	// deleted: JobChanged is called with it once the effect committed.
 	changedJob string
@@ -630,6 +643,9 @@ func (s *Server) committed(c *call) {
 	}
 	if c.runCreated {
 		s.runCreated()
+	}
+	if c.skipped > 0 {
+		s.skipped(c.skipped)
 	}
 	if c.changedJob != "" {
 		s.changed(c.changedJob)

@@ -66,7 +66,7 @@ func New() *Metrics {
 		leases: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "vibejobs_leases_recovered_total", Help: "Runs whose lease expired, their attempt recorded as interrupted: made claimable again, or ended when past their deadline or their job was deleted."}),
 		skipped: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "vibejobs_skipped_occurrences_total", Help: "Occurrences skipped by catch-up rules, or already past the delivery lifetime when the scheduler reached them."}),
+			Name: "vibejobs_skipped_occurrences_total", Help: "Occurrences skipped by catch-up rules, or already past the delivery lifetime when the scheduler reached them, or due and not yet planned when a pause or a schedule change skipped them."}),
 		secrets: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "vibejobs_secret_unavailable_total", Help: "Claims this process gave back unsent because it could not open their job's secret (sealed under a master key its key file lacks, or corrupt): no attempt is sent or recorded; the run waits 30 s and is claimed again, by any replica, until its delivery lifetime ends."}),
 		unplannable: newLastKnown(0, func(n int, ch chan<- prometheus.Metric) {
@@ -137,7 +137,9 @@ func (m *Metrics) ManualRunCreated() {
 	m.runsCreated.WithLabelValues(string(vibejobs.TriggerManual)).Inc()
 }
 
-// Skipped counts occurrences skipped by catch-up. Those of an
+// Skipped counts occurrences skipped by catch-up, and those a pause or a
+// schedule change skipped before the scheduler reached them (see
+// api.Config.OccurrencesSkipped). Those of an
 // ApplyRunPlans call that lost its answer after the commit are counted
 // when the scheduler's next call succeeds, if a run of their plan is
 // found then (see scheduler.Config.OnSkipped).
