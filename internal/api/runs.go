@@ -129,7 +129,7 @@ func (s *Server) getRun(ctx context.Context, c *call) (*response, error) {
 }
 
 func (s *Server) listJobRuns(ctx context.Context, c *call) (*response, error) {
-	return s.runList(ctx, c, c.r.PathValue("id"))
+	return s.runList(ctx, c, c.r.PathValue("id"), false)
 }
 
 func (s *Server) listRuns(ctx context.Context, c *call) (*response, error) {
@@ -140,12 +140,16 @@ func (s *Server) listRuns(ctx context.Context, c *call) (*response, error) {
 		}
 		jobID = v[0]
 	}
-	return s.runList(ctx, c, jobID)
+	return s.runList(ctx, c, jobID, true)
 }
 
 // runList lists a project's runs, newest first; jobID (when set) must be a
 // job of the project, or the answer is 404 as for any other missing job.
-func (s *Server) runList(ctx context.Context, c *call, jobID string) (*response, error) {
+// With deleted, a deleted job of the project whose runs the history still
+// holds is one too: its runs are kept until retention prunes them, each
+// readable by id and in the unfiltered list, and the filter finds them
+// (a job's own path, /v1/jobs/{id}/runs, answers 404 once it is deleted).
+func (s *Server) runList(ctx context.Context, c *call, jobID string, deleted bool) (*response, error) {
 	q := c.r.URL.Query()
 	f := vibejobs.RunFilter{JobID: jobID}
 	if v, ok := q["state"]; ok {
@@ -160,7 +164,7 @@ func (s *Server) runList(ctx context.Context, c *call, jobID string) (*response,
 	}
 	if jobID != "" {
 		c.info.job = loggedID(jobID, "job_")
-		if _, err := s.store.GetJob(ctx, c.projectID(), jobID); err != nil {
+		if err := s.checkRunsJob(ctx, c.projectID(), jobID, deleted); err != nil {
 			return nil, err
 		}
 	}
@@ -179,4 +183,24 @@ func (s *Server) runList(ctx context.Context, c *call, jobID string) (*response,
 		out.Runs = append(out.Runs, runView(r))
 	}
 	return jsonResponse(http.StatusOK, out), nil
+}
+
+// checkRunsJob answers nil when jobID is a live job of projectID or, with
+// deleted, a deleted one of which a run of the project remains, and the
+// not-found error of GetJob otherwise. Runs carry their project, so
+// another project's job, deleted or not, is not found, as one that never
+// existed.
+func (s *Server) checkRunsJob(ctx context.Context, projectID, jobID string, deleted bool) error {
+	_, err := s.store.GetJob(ctx, projectID, jobID)
+	if !deleted || vibejobs.ErrorKind(err) != vibejobs.ENOTFOUND {
+		return err
+	}
+	runs, _, lerr := s.store.ListRuns(ctx, projectID, vibejobs.RunFilter{JobID: jobID}, vibejobs.Page{Limit: 1})
+	if lerr != nil {
+		return lerr
+	}
+	if len(runs) == 0 {
+		return err
+	}
+	return nil
 }
