@@ -207,6 +207,10 @@ func TestJobCommands(t *testing.T) {
 	if !errors.As(err, &ae) || ae.Status != 404 || err.Error() != "job_not_found: job not found" {
 		t.Errorf("get after delete: %v", err)
 	}
+	// Its runs stay listed while the history keeps them.
+	if out := a.ok(t, "runs", "list", "--job", id); !strings.Contains(out, runID) {
+		t.Errorf("runs list --job of the deleted job lacks %s:\n%s", runID, out)
+	}
 }
 
 func TestAPIErrorText(t *testing.T) {

@@ -374,11 +374,12 @@ func runList(fs *flag.FlagSet) func(*call) error {
 		if c.set["state"] {
 			q.Set("state", *state)
 		}
-		path := "/v1/runs"
+		// By the list's jobId filter, not the job's own runs path: a
+		// deleted job's runs stay listed while the history keeps them.
 		if c.set["job"] {
-			path = "/v1/jobs/" + url.PathEscape(*jobID) + "/runs"
+			q.Set("jobId", *jobID)
 		}
-		items, next, err := c.pages(&p, path, q, "runs")
+		items, next, err := c.pages(&p, "/v1/runs", q, "runs")
 		if err != nil {
 			return err
 		}
