@@ -199,7 +199,7 @@ type Tx interface {
 	// subscriptions already: ECONFLICT too_many_subscriptions, decided
 	// atomically against concurrent creations. It sets s.Cursor.
 	CreateSubscription(ctx context.Context, s *Subscription, limit int) error
-	// UpdateSubscription writes url, types, jobIDs, the secrets,
+	// UpdateSubscription writes url, types, jobIDs, the secrets, attempts,
 	// nextAttemptAt and updatedAt of s.
 	UpdateSubscription(ctx context.Context, s *Subscription) error
 	DeleteSubscription(ctx context.Context, projectID, id string) error

@@ -248,7 +248,10 @@ func (s *Server) getSubscription(ctx context.Context, c *call) (*response, error
 // patchSubscription changes url, types or jobIds. A new URL or new filters
 // are tried at once, even by a subscription waiting for its next retry:
 // either may be the fix for the event it is stuck at (filters that exclude
-// it pass over it without a request).
+// it pass over it without a request). A new URL also restarts the count of
+// failed attempts, and so the backoff: a refusal of the new receiver is a
+// first one, retried after the first pause, not after the old receiver's
+// hour.
 func (s *Server) patchSubscription(ctx context.Context, c *call) (*response, error) {
 	in, e := parseSubscriptionInput(c.body)
 	if e != nil {
@@ -266,7 +269,9 @@ func (s *Server) patchSubscription(ctx context.Context, c *call) (*response, err
 				return e
 			}
 			if u != sub.URL {
-				sub.URL, sub.NextAttemptAt = u, nil
+				// A new receiver: the refusals that set the backoff
+				// were the old one's, so its count starts again.
+				sub.URL, sub.NextAttemptAt, sub.Attempts = u, nil, 0
 			}
 		}
 		if in.types != nil {
@@ -315,9 +320,9 @@ func (s *Server) deleteSubscription(ctx context.Context, c *call) (*response, er
 // later master key rotation, which re-seals every previous secret.
 //
 // Like a new URL, a new secret is tried at once, even by a subscription
-// waiting for its next retry: it is how an operator revives one failing
-// with secret_unavailable, and may be the fix for a receiver that refused
-// the old signature.
+// waiting for its next retry, and restarts the count of failed attempts:
+// it is how an operator revives one failing with secret_unavailable, and
+// may be the fix for a receiver that refused the old signature.
 func (s *Server) rotateSubscriptionSecret(ctx context.Context, c *call, tx vibejobs.Tx) (*response, error) {
 	if e := decodeEmpty(c.body); e != nil {
 		return nil, e
@@ -339,7 +344,7 @@ func (s *Server) rotateSubscriptionSecret(ctx context.Context, c *call, tx vibej
 	if _, err := s.sealer.Open(sub.Secret, sub.ID); err != nil {
 		sub.PreviousSecret, sub.PreviousExpiresAt = vibejobs.SealedSecret{}, nil
 	}
-	sub.Secret, sub.NextAttemptAt, sub.UpdatedAt = sealed, nil, c.now
+	sub.Secret, sub.NextAttemptAt, sub.Attempts, sub.UpdatedAt = sealed, nil, 0, c.now
 	if err := tx.UpdateSubscription(ctx, sub); err != nil {
 		return nil, err
 	}

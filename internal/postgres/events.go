@@ -355,11 +355,11 @@ func (t *tx) CreateSubscription(ctx context.Context, s *vibejobs.Subscription, l
 func (t *tx) UpdateSubscription(ctx context.Context, s *vibejobs.Subscription) error {
 	tag, err := t.q.Exec(ctx, `UPDATE subscriptions SET url = $3, types = $4, job_ids = $5, secret_key_id = $6,
 			secret_ciphertext = $7, previous_key_id = $8, previous_ciphertext = $9, previous_expires_at = $10,
-			next_attempt_at = $11, updated_at = $12
+			next_attempt_at = $11, updated_at = $12, attempts = $13
 		WHERE id = $1 AND project_id = $2`,
 		s.ID, s.ProjectID, s.URL, typeStrings(s.Types), nonNilStrings(s.JobIDs), s.Secret.KeyID,
 		nonNil(s.Secret.Ciphertext), s.PreviousSecret.KeyID, nonNil(s.PreviousSecret.Ciphertext), s.PreviousExpiresAt,
-		s.NextAttemptAt, s.UpdatedAt)
+		s.NextAttemptAt, s.UpdatedAt, s.Attempts)
 	if err != nil {
 		return mapError(err, "updating a subscription")
 	}

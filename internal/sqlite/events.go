@@ -307,10 +307,10 @@ func (t *tx) UpdateSubscription(ctx context.Context, s *vibejobs.Subscription) e
 	types, jobIDs := filterJSON(s)
 	n, err := changed(t.t.ExecContext(ctx, `UPDATE subscriptions SET url = ?, types = ?, job_ids = ?,
 			secret_key_id = ?, secret_ciphertext = ?, previous_key_id = ?, previous_ciphertext = ?,
-			previous_expires_at = ?, next_attempt_at = ?, updated_at = ?
+			previous_expires_at = ?, attempts = ?, next_attempt_at = ?, updated_at = ?
 		WHERE id = ? AND project_id = ?`,
 		s.URL, types, jobIDs, s.Secret.KeyID, nonNil(s.Secret.Ciphertext), s.PreviousSecret.KeyID,
-		nonNil(s.PreviousSecret.Ciphertext), msPtr(s.PreviousExpiresAt), msPtr(s.NextAttemptAt), ms(s.UpdatedAt),
+		nonNil(s.PreviousSecret.Ciphertext), msPtr(s.PreviousExpiresAt), s.Attempts, msPtr(s.NextAttemptAt), ms(s.UpdatedAt),
 		s.ID, s.ProjectID))
 	if err != nil {
 		return fmt.Errorf("updating subscription: %w", err)

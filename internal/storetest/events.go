@@ -502,6 +502,20 @@ func testSubscriptionDelivery(t *testing.T, f *fixture) {
 	if got.Attempts != 2 || got.ErrorCode != "timeout" {
 		t.Fatalf("second failure: %+v", got)
 	}
+	// An edit writes the count of failed attempts (a new URL or secret
+	// restarts it) and keeps the rest of the failure state.
+	f.update(func(tx vibejobs.Tx) error {
+		cur, err := tx.GetSubscription(f.ctx, projectA, s.ID)
+		if err != nil {
+			return err
+		}
+		cur.Attempts = 0
+		return tx.UpdateSubscription(f.ctx, cur)
+	})
+	if got := f.getSubscription(projectA, s.ID); got.Attempts != 0 || got.ErrorCode != "timeout" ||
+		got.NextAttemptAt == nil || !got.NextAttemptAt.Equal(next.Add(24*time.Second)) {
+		t.Fatalf("an edit restarting the count of failed attempts: %+v", got)
+	}
 	claim("w1", next.Add(24*time.Second), s)
 	got = step("w1", vibejobs.SubscriptionStep{ID: s.ID, At: next.Add(25 * time.Second), Cursor: 1, Delivered: true, LeaseUntil: next.Add(time.Minute)})
 	if got.Cursor != 2 || got.Failing() || got.Attempts != 0 || got.NextAttemptAt != nil || !got.LastSuccessAt.Equal(next.Add(25*time.Second)) {
