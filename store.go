@@ -200,12 +200,16 @@ type Tx interface {
 	// atomically against concurrent creations. It sets s.Cursor.
 	CreateSubscription(ctx context.Context, s *Subscription, limit int) error
 	// UpdateSubscription writes url, types, jobIDs, the secrets, attempts,
-	// nextAttemptAt and updatedAt of s.
+	// nextAttemptAt and updatedAt of s. The stored updatedAt is s.UpdatedAt,
+	// or a millisecond after the one it replaces if s.UpdatedAt is not
+	// later, so that every change moves it (a delivery session notices a
+	// change by it); s.UpdatedAt is set to it.
 	UpdateSubscription(ctx context.Context, s *Subscription) error
 	DeleteSubscription(ctx context.Context, projectID, id string) error
 	// ResetSubscription moves the cursor to the project's head and clears
 	// the failure state (ErrorCode, Attempts, NextAttemptAt): the events
-	// in between are never sent. It returns the subscription as stored.
+	// in between are never sent. UpdatedAt becomes at, moved on as
+	// UpdateSubscription moves it. It returns the subscription as stored.
 	ResetSubscription(ctx context.Context, projectID, id string, at time.Time) (*Subscription, error)
 	// SubscriptionSecretsNotUnder lists subscriptions with a secret (current
 	// or previous) sealed under another key than keyID, for master key

@@ -351,22 +351,28 @@ func (t *tx) CreateSubscription(ctx context.Context, s *vibejobs.Subscription, l
 	return nil
 }
 
-// UpdateSubscription writes the settings and secrets of s.
+// laterUpdatedAt is the updated_at of a change at $n: that instant, or a
+// millisecond after the stored one when it is not later (two changes in
+// one millisecond, a clock stepped back), so that every change moves it.
+func laterUpdatedAt(n string) string {
+	return `greatest(` + n + `::timestamptz, updated_at + interval '1 millisecond')`
+}
+
+// UpdateSubscription writes the settings and secrets of s, and sets
+// s.UpdatedAt as stored.
 func (t *tx) UpdateSubscription(ctx context.Context, s *vibejobs.Subscription) error {
-	tag, err := t.q.Exec(ctx, `UPDATE subscriptions SET url = $3, types = $4, job_ids = $5, secret_key_id = $6,
+	err := t.q.QueryRow(ctx, `UPDATE subscriptions SET url = $3, types = $4, job_ids = $5, secret_key_id = $6,
 			secret_ciphertext = $7, previous_key_id = $8, previous_ciphertext = $9, previous_expires_at = $10,
-			next_attempt_at = $11, updated_at = $12, attempts = $13
-		WHERE id = $1 AND project_id = $2`,
+			next_attempt_at = $11, updated_at = `+laterUpdatedAt("$12")+`, attempts = $13
+		WHERE id = $1 AND project_id = $2
+		RETURNING updated_at`,
 		s.ID, s.ProjectID, s.URL, typeStrings(s.Types), nonNilStrings(s.JobIDs), s.Secret.KeyID,
 		nonNil(s.Secret.Ciphertext), s.PreviousSecret.KeyID, nonNil(s.PreviousSecret.Ciphertext), s.PreviousExpiresAt,
-		s.NextAttemptAt, s.UpdatedAt, s.Attempts)
-	if err != nil {
-		return mapError(err, "updating a subscription")
-	}
-	if tag.RowsAffected() == 0 {
+		s.NextAttemptAt, s.UpdatedAt, s.Attempts).Scan(&s.UpdatedAt)
+	if errors.Is(err, pgx.ErrNoRows) {
 		return vibejobs.ErrNotFound("subscription")
 	}
-	return nil
+	return mapError(err, "updating a subscription")
 }
 
 // DeleteSubscription deletes the subscription, or answers ENOTFOUND.
@@ -385,7 +391,7 @@ func (t *tx) DeleteSubscription(ctx context.Context, projectID, id string) error
 func (t *tx) ResetSubscription(ctx context.Context, projectID, id string, at time.Time) (*vibejobs.Subscription, error) {
 	s, err := scanSubscription(t.q.QueryRow(ctx, `UPDATE subscriptions SET
 			cursor_seq = greatest(cursor_seq, coalesce((SELECT head FROM event_heads WHERE project_id = $2), 0)),
-			error_code = '', attempts = 0, next_attempt_at = NULL, updated_at = $3
+			error_code = '', attempts = 0, next_attempt_at = NULL, updated_at = `+laterUpdatedAt("$3")+`
 		WHERE id = $1 AND project_id = $2
 		RETURNING `+subscriptionColumns, id, projectID, at))
 	if errors.Is(err, pgx.ErrNoRows) {

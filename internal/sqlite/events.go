@@ -303,21 +303,29 @@ func tooManySubscriptions(limit int) error {
 		"this project has reached its limit of %d subscriptions; delete one first", limit)
 }
 
+// laterUpdatedAt is the updated_at of a change at ?: that instant, or a
+// millisecond after the stored one when it is not later (two changes in
+// one millisecond, a clock stepped back), so that every change moves it.
+const laterUpdatedAt = `max(?, updated_at + 1)`
+
 func (t *tx) UpdateSubscription(ctx context.Context, s *vibejobs.Subscription) error {
 	types, jobIDs := filterJSON(s)
-	n, err := changed(t.t.ExecContext(ctx, `UPDATE subscriptions SET url = ?, types = ?, job_ids = ?,
+	var updated int64
+	err := t.t.QueryRowContext(ctx, `UPDATE subscriptions SET url = ?, types = ?, job_ids = ?,
 			secret_key_id = ?, secret_ciphertext = ?, previous_key_id = ?, previous_ciphertext = ?,
-			previous_expires_at = ?, attempts = ?, next_attempt_at = ?, updated_at = ?
-		WHERE id = ? AND project_id = ?`,
+			previous_expires_at = ?, attempts = ?, next_attempt_at = ?, updated_at = `+laterUpdatedAt+`
+		WHERE id = ? AND project_id = ?
+		RETURNING updated_at`,
 		s.URL, types, jobIDs, s.Secret.KeyID, nonNil(s.Secret.Ciphertext), s.PreviousSecret.KeyID,
 		nonNil(s.PreviousSecret.Ciphertext), msPtr(s.PreviousExpiresAt), s.Attempts, msPtr(s.NextAttemptAt), ms(s.UpdatedAt),
-		s.ID, s.ProjectID))
+		s.ID, s.ProjectID).Scan(&updated)
+	if errors.Is(err, sql.ErrNoRows) {
+		return vibejobs.ErrNotFound("subscription")
+	}
 	if err != nil {
 		return fmt.Errorf("updating subscription: %w", err)
 	}
-	if n == 0 {
-		return vibejobs.ErrNotFound("subscription")
-	}
+	s.UpdatedAt = fromMS(updated)
 	return nil
 }
 
@@ -335,7 +343,7 @@ func (t *tx) DeleteSubscription(ctx context.Context, projectID, id string) error
 func (t *tx) ResetSubscription(ctx context.Context, projectID, id string, at time.Time) (*vibejobs.Subscription, error) {
 	s, err := scanSubscription(t.t.QueryRowContext(ctx, `UPDATE subscriptions SET
 			cursor_seq = max(cursor_seq, coalesce((SELECT head FROM event_heads h WHERE h.project_id = ?2), 0)),
-			error_code = '', attempts = 0, next_attempt_at = NULL, updated_at = ?3
+			error_code = '', attempts = 0, next_attempt_at = NULL, updated_at = max(?3, updated_at + 1)
 		WHERE id = ?1 AND project_id = ?2
 		RETURNING `+subscriptionColumns, id, projectID, ms(at)))
 	if errors.Is(err, sql.ErrNoRows) {

@@ -382,6 +382,28 @@ func testSubscriptions(t *testing.T, f *fixture) {
 	s.UpdatedAt = T0.Add(time.Minute)
 	f.update(func(tx vibejobs.Tx) error { return tx.UpdateSubscription(f.ctx, s) })
 	wantEqual(t, "updated subscription", f.getSubscription(projectA, s.ID), s)
+	// Every change moves updatedAt, though it came in the same millisecond
+	// or from a clock stepped back: sessions notice a change by it.
+	for _, at := range []time.Time{T0.Add(time.Minute), T0} {
+		before := f.getSubscription(projectA, s.ID).UpdatedAt
+		s.UpdatedAt = at
+		f.update(func(tx vibejobs.Tx) error { return tx.UpdateSubscription(f.ctx, s) })
+		got := f.getSubscription(projectA, s.ID)
+		if !got.UpdatedAt.Equal(before.Add(time.Millisecond)) || !s.UpdatedAt.Equal(got.UpdatedAt) {
+			t.Errorf("an update at %v over updatedAt %v: stored %v, returned %v, want a millisecond later",
+				at, before, got.UpdatedAt, s.UpdatedAt)
+		}
+		var reset *vibejobs.Subscription
+		f.update(func(tx vibejobs.Tx) error {
+			var err error
+			reset, err = tx.ResetSubscription(f.ctx, projectA, s.ID, at)
+			return err
+		})
+		if !reset.UpdatedAt.Equal(got.UpdatedAt.Add(time.Millisecond)) {
+			t.Errorf("a reset at %v over updatedAt %v: %v, want a millisecond later", at, got.UpdatedAt, reset.UpdatedAt)
+		}
+		s.UpdatedAt = reset.UpdatedAt
+	}
 	other := *s
 	other.ProjectID = projectB
 	err = f.s.Update(f.ctx, func(tx vibejobs.Tx) error { return tx.UpdateSubscription(f.ctx, &other) })
