@@ -83,11 +83,8 @@ func masterKey(ctx context.Context, args []string, getenv func(string) string, s
 		return err
 	}
 	path := c.masterKeyPath()
-	old, err := os.ReadFile(path)
+	oldKeys, old, err := secretbox.Load(path)
 	if err != nil {
-		return fmt.Errorf("reading master key file: %w", err)
-	}
-	if _, err := secretbox.Parse(old); err != nil {
 		return err
 	}
 	if !isPostgresURL(c.Database) {
@@ -104,7 +101,6 @@ func masterKey(ctx context.Context, args []string, getenv func(string) string, s
 		return err
 	}
 	defer store.Close()
-	oldKeys, _ := secretbox.Parse(old)
 	if err := checkMasterKey(ctx, store, oldKeys); err != nil {
 		return err
 	}

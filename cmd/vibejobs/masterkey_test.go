@@ -454,3 +454,45 @@ func TestRotationRefusesAMissingDatabase(t *testing.T) {
 		}
 	}
 }
+
+// TestBadKeyFileIsNamed: serve and rotate, given a key file that does not
+// parse, name it and the line at fault, and print none of its keys. They
+// said "key file line 2" of a file the operator had to guess.
+func TestBadKeyFileIsNamed(t *testing.T) {
+	dataDir := t.TempDir()
+	path := filepath.Join(dataDir, "keys", "vibejobs.key")
+	good, _ := secretbox.NewKey()
+	bad, _ := secretbox.NewKey()
+	bad = bad[:len(bad)-1]
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, []byte(good+"\n"+bad+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	check := func(what, msg string) {
+		t.Helper()
+		if !strings.Contains(msg, path) || !strings.Contains(msg, "line 2") {
+			t.Errorf("%s with a bad key file said %q: want %s and its line 2 named", what, msg, path)
+		}
+		if strings.Contains(msg, good[5:]) || strings.Contains(msg, bad[5:]) {
+			t.Errorf("%s printed a key", what)
+		}
+	}
+	m := NewMain(io.Discard, io.Discard)
+	m.Config = testConfig(dataDir)
+	m.Config.MasterKeyFile = path
+	err := m.Run(context.Background())
+	m.Close()
+	if err == nil {
+		t.Fatal("serve started with a bad key file")
+	}
+	check("serve", err.Error())
+
+	var out, errb bytes.Buffer
+	env := map[string]string{"VIBEJOBS_DATA_DIR": dataDir, "VIBEJOBS_MASTER_KEY_FILE": path}
+	if code := run(context.Background(), []string{"master-key", "rotate"}, func(k string) string { return env[k] }, &out, &errb); code != 1 {
+		t.Errorf("rotate with a bad key file: exit %d, want 1", code)
+	}
+	check("rotate", errb.String())
+}

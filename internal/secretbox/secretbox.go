@@ -53,8 +53,32 @@ func NewKey() (string, error) {
 	return keyPrefix + base64.RawURLEncoding.EncodeToString(b[:]), nil
 }
 
-// Parse reads a key file's content.
+// Parse reads a key file's content. Its errors name the line at fault and
+// carry none of the file's content: no key is ever printed.
 func Parse(data []byte) (*Keyring, error) {
+	k, err := parse(data)
+	if err != nil {
+		return nil, fmt.Errorf("secretbox: key file %w", err)
+	}
+	return k, nil
+}
+
+// Load reads the key file at path and returns its keys and its content.
+// Its errors name the file, and the line at fault, never a key.
+func Load(path string) (*Keyring, []byte, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, nil, fmt.Errorf("secretbox: reading key file: %w", err)
+	}
+	k, err := parse(data)
+	if err != nil {
+		return nil, nil, fmt.Errorf("secretbox: key file %s %w", path, err)
+	}
+	return k, data, nil
+}
+
+// parse is Parse, its errors to follow the words "key file" and a name.
+func parse(data []byte) (*Keyring, error) {
 	k := &Keyring{aeads: map[string]cipher.AEAD{}}
 	line := 0
 	// Not a bufio.Scanner: it stops at a line over 64 KiB, and the keys
@@ -67,7 +91,7 @@ func Parse(data []byte) (*Keyring, error) {
 		}
 		raw, err := base64.RawURLEncoding.Strict().DecodeString(strings.TrimPrefix(s, keyPrefix))
 		if !strings.HasPrefix(s, keyPrefix) || err != nil || len(raw) != 32 {
-			return nil, fmt.Errorf("secretbox: key file line %d is not a %s key of 32 bytes", line, keyPrefix)
+			return nil, fmt.Errorf("line %d is not a %s key of 32 bytes", line, keyPrefix)
 		}
 		block, err := aes.NewCipher(raw)
 		if err != nil {
@@ -89,7 +113,7 @@ func Parse(data []byte) (*Keyring, error) {
 		k.order = append(k.order, id)
 	}
 	if k.current == "" {
-		return nil, errors.New("secretbox: key file holds no key")
+		return nil, errors.New("holds no key")
 	}
 	return k, nil
 }
@@ -102,33 +126,25 @@ func Parse(data []byte) (*Keyring, error) {
 // written, and a process that loses the race to create it reads the
 // winner's.
 func LoadOrCreate(path string) (k *Keyring, created bool, err error) {
-	data, err := os.ReadFile(path)
-	if errors.Is(err, fs.ErrNotExist) {
-		key, err := NewKey()
-		if err != nil {
-			return nil, false, err
-		}
-		if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
-			return nil, false, fmt.Errorf("secretbox: creating key file: %w", err)
-		}
-		if err := privatefile.Create(path, []byte(key+"\n")); errors.Is(err, fs.ErrExist) {
-			data, err = os.ReadFile(path) // another process created it first
-			if err != nil {
-				return nil, false, fmt.Errorf("secretbox: reading key file: %w", err)
-			}
-			k, err = Parse(data)
-			return k, false, err
-		} else if err != nil {
-			return nil, false, fmt.Errorf("secretbox: creating key file: %w", err)
-		}
-		k, err := Parse([]byte(key))
-		return k, true, err
+	k, _, err = Load(path)
+	if !errors.Is(err, fs.ErrNotExist) {
+		return k, false, err
 	}
+	key, err := NewKey()
 	if err != nil {
-		return nil, false, fmt.Errorf("secretbox: reading key file: %w", err)
+		return nil, false, err
 	}
-	k, err = Parse(data)
-	return k, false, err
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		return nil, false, fmt.Errorf("secretbox: creating key file: %w", err)
+	}
+	if err := privatefile.Create(path, []byte(key+"\n")); errors.Is(err, fs.ErrExist) {
+		k, _, err = Load(path) // another process created it first
+		return k, false, err
+	} else if err != nil {
+		return nil, false, fmt.Errorf("secretbox: creating key file: %w", err)
+	}
+	k, err = Parse([]byte(key))
+	return k, true, err
 }
 
 // CurrentID is the id of the key that seals.

@@ -143,3 +143,37 @@ func TestLoadOrCreateAtOnce(t *testing.T) {
 		}
 	}
 }
+
+// TestKeyFileErrorsNameTheFile: a key file that does not parse is named in
+// the error, with the line at fault, and no key of it is: an operator with
+// several key files (one per server, or one given by
+// VIBEJOBS_MASTER_KEY_FILE) was told only of "key file line 2".
+func TestKeyFileErrorsNameTheFile(t *testing.T) {
+	const key = "vjmk_AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8"
+	const bad = "vjmk_ICEiIyQlJicoKSorLC0uLzAxMjM0NTY3ODk6Ozw9Pj8x" // one character too many
+	for _, tc := range []struct{ content, what string }{
+		{key + "\n" + bad + "\n", "line 2"},
+		{"# no key\n", "no key"},
+	} {
+		path := filepath.Join(t.TempDir(), "keys", "master.key")
+		if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(path, []byte(tc.content), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		for name, load := range map[string]func() error{
+			"LoadOrCreate": func() error { _, _, err := secretbox.LoadOrCreate(path); return err },
+			"Load":         func() error { _, _, err := secretbox.Load(path); return err },
+		} {
+			err := load()
+			if err == nil || !strings.Contains(err.Error(), path) || !strings.Contains(err.Error(), tc.what) {
+				t.Errorf("%s of %q: %v, want an error naming %s and %s", name, tc.content, err, path, tc.what)
+				continue
+			}
+			if strings.Contains(err.Error(), key[5:15]) || strings.Contains(err.Error(), bad[5:15]) {
+				t.Errorf("%s: the error carries key material: %v", name, err)
+			}
+		}
+	}
+}
