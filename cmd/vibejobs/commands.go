@@ -83,8 +83,9 @@ func masterKey(ctx context.Context, args []string, getenv func(string) string, s
 		return err
 	}
 	path := c.masterKeyPath()
-	oldKeys, old, err := secretbox.Load(path)
-	if err != nil {
+	// A key file that does not read stops the rotation before the
+	// database is opened; it is read again below, once it is our turn.
+	if _, _, err := secretbox.Load(path); err != nil {
 		return err
 	}
 	if !isPostgresURL(c.Database) {
@@ -96,11 +97,33 @@ func masterKey(ctx context.Context, args []string, getenv func(string) string, s
 			return fmt.Errorf("no database to re-seal at %s (on PostgreSQL, give --database or VIBEJOBS_DATABASE): %w", db, err)
 		}
 	}
+	// Rotations take turns, on the key file and on the database (hosts
+	// with copies of the file share it): each reads the file and the
+	// database's key once the one before it has ended, so none drops the
+	// key another put first, and none re-seals under its key what another
+	// is re-sealing under its own.
+	waiting := func() { fmt.Fprintln(stderr, "waiting for another master key rotation to end") }
+	unlock, err := lockKeyFile(path, waiting)
+	if err != nil {
+		return err
+	}
+	defer unlock()
 	store, err := c.openStore(ctx, c.newLogger(stderr), time.Now)
 	if err != nil {
 		return err
 	}
 	defer store.Close()
+	if l, ok := store.(rotationLocker); ok {
+		unlock, err := l.LockMasterKeyRotation(ctx, waiting)
+		if err != nil {
+			return err
+		}
+		defer unlock()
+	}
+	oldKeys, old, err := secretbox.Load(path)
+	if err != nil {
+		return err
+	}
 	if err := checkMasterKey(ctx, store, oldKeys); err != nil {
 		return err
 	}
@@ -152,6 +175,13 @@ func masterKey(ctx context.Context, args []string, getenv func(string) string, s
 	fmt.Fprintf(stdout, "master key rotated: new key %s, %d secrets and %d stored Idempotency-Key answers re-sealed; older keys remain in %s until you remove them\n",
 		keys.CurrentID(), secrets, answers, path)
 	return nil
+}
+
+// rotationLocker is a Store whose database hosts share, each with its copy
+// of the key file: its lock makes their rotations take turns (the key
+// file's lock covers one host).
+type rotationLocker interface {
+	LockMasterKeyRotation(ctx context.Context, waiting func()) (unlock func(), err error)
 }
 
 const masterKeyUsage = `Usage: vibejobs master-key rotate [flags]

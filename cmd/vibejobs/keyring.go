@@ -2,9 +2,12 @@ package main
 
 import (
 	"errors"
+	"fmt"
 	"log/slog"
 	"os"
+	"path/filepath"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/vibejobs/vibejobs"
@@ -81,4 +84,36 @@ func (k *keyFile) Open(s vibejobs.SealedSecret, jobID string) (string, error) {
 		plain, err = k.current(true).Open(s, jobID)
 	}
 	return plain, err
+}
+
+// lockKeyFile waits for, and takes, the lock that makes the changes of the
+// key file at path take turns, calling waiting first when another process
+// holds it, and returns the function that releases it. A rotation holds it
+// from its read of the file to its end: two at once each put their new key
+// first in the file as they had read it, and the last to write dropped the
+// other's key, under which secrets were sealed. The lock is a flock of the
+// file's directory, which holds it for as long as the lock is held: the
+// file itself is replaced by a rename, and a lock file would stay behind.
+// Servers reading the file never take it.
+func lockKeyFile(path string, waiting func()) (unlock func(), err error) {
+	dir, err := os.Open(filepath.Dir(path))
+	if err != nil {
+		return nil, fmt.Errorf("locking the master key file: %w", err)
+	}
+	fd := int(dir.Fd())
+	err = syscall.Flock(fd, syscall.LOCK_EX|syscall.LOCK_NB)
+	if errors.Is(err, syscall.EWOULDBLOCK) {
+		if waiting != nil {
+			waiting()
+		}
+		for err = syscall.Flock(fd, syscall.LOCK_EX); errors.Is(err, syscall.EINTR); {
+			err = syscall.Flock(fd, syscall.LOCK_EX)
+		}
+	}
+	if err != nil {
+		dir.Close()
+		return nil, fmt.Errorf("locking the directory of the master key file %s: %w", path, err)
+	}
+	// Closing the last descriptor of the directory drops the lock.
+	return func() { dir.Close() }, nil
 }

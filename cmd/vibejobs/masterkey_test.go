@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -453,6 +454,179 @@ func TestRotationRefusesAMissingDatabase(t *testing.T) {
 			t.Errorf("rotate with %v left %d files in the data directory, want the key file alone", env, len(entries))
 		}
 	}
+}
+
+// TestConcurrentRotationsKeepEveryKey runs two "master-key rotate" at once
+// on one key file. Each read the file, put its new key first and wrote it
+// back, so the file kept one of the two new keys: the other rotation's
+// re-sealed secrets no longer opened, or the database recorded a key the
+// file lost. Rotations now take their turns: both succeed, the file keeps
+// both new keys, the database records its first, and every secret opens
+// with that key alone, as rotate says the older ones may go.
+func TestConcurrentRotationsKeepEveryKey(t *testing.T) {
+	for _, store := range []string{"sqlite", "postgres"} {
+		t.Run(store, func(t *testing.T) {
+			dataDir := t.TempDir()
+			cfg := testConfig(dataDir)
+			if store == "postgres" {
+				cfg.Database, _ = pgReplicaURL(t, "")
+			}
+			secrets := sealSomeSecrets(t, cfg, 3)
+			env := map[string]string{"VIBEJOBS_DATA_DIR": dataDir, "VIBEJOBS_DATABASE": cfg.Database}
+			const rotations = 2
+			var wg sync.WaitGroup
+			outs := make([]string, rotations)
+			codes := make([]int, rotations)
+			for i := range rotations {
+				wg.Go(func() {
+					var out bytes.Buffer
+					codes[i] = run(context.Background(), []string{"master-key", "rotate"}, func(k string) string { return env[k] }, &out, &out)
+					outs[i] = out.String()
+				})
+			}
+			wg.Wait()
+			for i := range rotations {
+				if codes[i] != 0 {
+					t.Errorf("rotation %d: exit %d: %s", i, codes[i], outs[i])
+				}
+			}
+			content, err := os.ReadFile(filepath.Join(dataDir, "master.key"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			keys, err := secretbox.Parse(content)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(keys.IDs()) != 1+rotations {
+				t.Errorf("key file after %d rotations holds %d keys, want %d", rotations, len(keys.IDs()), 1+rotations)
+			}
+			checkSecretsOpen(t, cfg, secrets, keys.CurrentID())
+		})
+	}
+}
+
+// sealSomeSecrets starts a server on cfg, creates n jobs and stops it, and
+// returns their secrets by job id.
+func sealSomeSecrets(t *testing.T, cfg Config, n int) map[string]string {
+	t.Helper()
+	m := NewMain(io.Discard, io.Discard)
+	m.Config = cfg
+	if err := m.Run(context.Background()); err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	defer m.Close()
+	api := apiClient{t: t, base: "http://" + m.Addr(), token: m.AdminToken}
+	secrets := map[string]string{}
+	for range n {
+		code, job := api.do("POST", "/v1/jobs", map[string]any{"name": "k", "schedule": "0 0 1 1 *", "url": "http://127.0.0.1:9/"})
+		if code != 201 {
+			t.Fatalf("create: %d %v", code, job)
+		}
+		secrets[job["id"].(string)] = job["secret"].(string)
+	}
+	return secrets
+}
+
+// checkSecretsOpen checks that the database of cfg records keyID as its
+// master key and that every secret in secrets opens, with the key file's
+// key keyID alone, to itself.
+func checkSecretsOpen(t *testing.T, cfg Config, secrets map[string]string, keyID string) {
+	t.Helper()
+	content, err := os.ReadFile(cfg.masterKeyPath())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var current *secretbox.Keyring
+	for line := range bytes.Lines(content) {
+		if k, err := secretbox.Parse(line); err == nil && k.CurrentID() == keyID {
+			current = k
+		}
+	}
+	if current == nil {
+		t.Fatalf("the key file holds no key %s", keyID)
+	}
+	ctx := context.Background()
+	st, err := cfg.openStore(ctx, slog.New(slog.DiscardHandler), time.Now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	if err := st.Update(ctx, func(tx vibejobs.Tx) error {
+		if id, err := tx.RecordMasterKey(ctx, "none"); err != nil || id != keyID {
+			t.Errorf("the database records master key %q (%v), want %s", id, err, keyID)
+		}
+		jobs, err := tx.SecretsNotUnder(ctx, "", 1000)
+		if err != nil {
+			return err
+		}
+		if len(jobs) != len(secrets) {
+			t.Errorf("%d jobs stored, want %d", len(jobs), len(secrets))
+		}
+		for _, j := range jobs {
+			if plain, err := current.Open(j.Secret, j.ID); err != nil || plain != secrets[j.ID] {
+				t.Errorf("the secret of %s (under key %s) does not open with the current key alone: %v", j.ID, j.Secret.KeyID, err)
+			}
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestRotationsOfOneDatabaseTakeTurns runs "master-key rotate" at once on
+// two hosts of one PostgreSQL database, each with its copy of the key file.
+// Both put their new key first in their file and re-sealed under it, each
+// failing on the secrets the other had re-sealed, and left the servers of
+// the two hosts sealing under keys the others lack. They now take turns in
+// the database: one rotates, and the other, whose file then lacks the
+// database's new key, refuses before it changes its file.
+func TestRotationsOfOneDatabaseTakeTurns(t *testing.T) {
+	database, _ := pgReplicaURL(t, "")
+	cfgs := []Config{testConfig(t.TempDir()), testConfig(t.TempDir())}
+	for i := range cfgs {
+		cfgs[i].Database = database
+	}
+	secrets := sealSomeSecrets(t, cfgs[0], 3)
+	before, err := os.ReadFile(cfgs[0].masterKeyPath())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(cfgs[1].masterKeyPath(), before, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	outs := make([]string, len(cfgs))
+	codes := make([]int, len(cfgs))
+	for i, cfg := range cfgs {
+		env := map[string]string{"VIBEJOBS_DATA_DIR": cfg.DataDir, "VIBEJOBS_DATABASE": database}
+		wg.Go(func() {
+			var out bytes.Buffer
+			codes[i] = run(context.Background(), []string{"master-key", "rotate"}, func(k string) string { return env[k] }, &out, &out)
+			outs[i] = out.String()
+		})
+	}
+	wg.Wait()
+	winner, loser := 0, 1
+	if codes[0] != 0 {
+		winner, loser = 1, 0
+	}
+	if codes[winner] != 0 || codes[loser] != 1 || !strings.Contains(outs[loser], "wrong master key") {
+		t.Fatalf("rotations at once on two hosts: exit %d (%s) and %d (%s), want one 0 and one 1 naming the wrong key",
+			codes[0], outs[0], codes[1], outs[1])
+	}
+	if after, _ := os.ReadFile(cfgs[loser].masterKeyPath()); !bytes.Equal(after, before) {
+		t.Error("the refused rotation changed its key file")
+	}
+	content, err := os.ReadFile(cfgs[winner].masterKeyPath())
+	if err != nil {
+		t.Fatal(err)
+	}
+	keys, err := secretbox.Parse(content)
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkSecretsOpen(t, cfgs[winner], secrets, keys.CurrentID())
 }
 
 // TestBadKeyFileIsNamed: serve and rotate, given a key file that does not

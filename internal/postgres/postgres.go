@@ -281,6 +281,41 @@ func (s *Store) Migrate(ctx context.Context) error {
 	return nil
 }
 
+// LockMasterKeyRotation waits for, and takes, the lock that makes the master
+// key rotations of this database (of its schema) take turns, calling waiting
+// first when another one holds it, and returns the function that releases
+// it. Rotations run from several hosts, each with its copy of the key file:
+// one that began while another re-sealed would put its own key first in its
+// file and re-seal under it what the other had just re-sealed. A rotation
+// spans many transactions, so this is a session advisory lock, held by a
+// connection taken from the pool for as long as the lock is; it does not
+// stop servers, which never take it.
+func (s *Store) LockMasterKeyRotation(ctx context.Context, waiting func()) (unlock func(), err error) {
+	h := fnv.New64a()
+	io.WriteString(h, "vibejobs master key rotation in schema "+s.schema)
+	id := int64(h.Sum64() >> 1)
+	conn, err := s.pool.Acquire(ctx)
+	if err != nil {
+		return nil, mapError(err, "locking the master key rotation")
+	}
+	// Closed, not given back: the session ends, and the lock with it,
+	// whatever became of the connection meanwhile.
+	release := func() { conn.Hijack().Close(context.Background()) }
+	var locked bool
+	err = conn.QueryRow(ctx, `SELECT pg_try_advisory_lock($1)`, id).Scan(&locked)
+	if err == nil && !locked {
+		if waiting != nil {
+			waiting()
+		}
+		_, err = conn.Exec(ctx, `SELECT pg_advisory_lock($1)`, id)
+	}
+	if err != nil {
+		release()
+		return nil, mapError(err, "locking the master key rotation")
+	}
+	return release, nil
+}
+
 // Schema returns the schema the Store was opened on: Options.Schema, else
 // the first entry of the URL's search_path ("" for the server's default).
 func (s *Store) Schema() string { return s.schema }
