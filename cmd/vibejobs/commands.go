@@ -5,12 +5,14 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"strings"
 	"time"
 
 	"github.com/vibejobs/vibejobs"
 	"github.com/vibejobs/vibejobs/internal/api"
+	"github.com/vibejobs/vibejobs/internal/postgres"
 	"github.com/vibejobs/vibejobs/internal/privatefile"
 	"github.com/vibejobs/vibejobs/internal/secretbox"
 )
@@ -88,15 +90,6 @@ func masterKey(ctx context.Context, args []string, getenv func(string) string, s
 	if _, _, err := secretbox.Load(path); err != nil {
 		return err
 	}
-	if !isPostgresURL(c.Database) {
-		// Opened, a SQLite file that is not there would be created empty,
-		// and the rotation would succeed on it: a new key first in the
-		// file, and none of the real database's secrets under it.
-		db := c.sqlitePath()
-		if _, err := os.Stat(db); err != nil {
-			return fmt.Errorf("no database to re-seal at %s (on PostgreSQL, give --database or VIBEJOBS_DATABASE): %w", db, err)
-		}
-	}
 	// Rotations take turns, on the key file and on the database (hosts
 	// with copies of the file share it): each reads the file and the
 	// database's key once the one before it has ended, so none drops the
@@ -108,7 +101,7 @@ func masterKey(ctx context.Context, args []string, getenv func(string) string, s
 		return err
 	}
 	defer unlock()
-	store, err := c.openStore(ctx, c.newLogger(stderr), time.Now)
+	store, err := c.openExistingStore(ctx, c.newLogger(stderr))
 	if err != nil {
 		return err
 	}
@@ -175,6 +168,23 @@ func masterKey(ctx context.Context, args []string, getenv func(string) string, s
 	fmt.Fprintf(stdout, "master key rotated: new key %s, %d secrets and %d stored Idempotency-Key answers re-sealed; older keys remain in %s until you remove them\n",
 		keys.CurrentID(), secrets, answers, path)
 	return nil
+}
+
+// openExistingStore opens the configured database for "master-key rotate",
+// which creates none. Opened as serve opens it, a SQLite file that is not
+// there, or a PostgreSQL schema never migrated (a mistyped database name or
+// search_path), would be made empty, and the rotation would succeed on it: a
+// new key first in the file, none of the real database's secrets under it,
+// and older keys said to be of no more use.
+func (c *Config) openExistingStore(ctx context.Context, logger *slog.Logger) (vibejobs.Store, error) {
+	if pgURL, ok := postgresURL(c.Database); ok {
+		return postgres.Open(ctx, pgURL, postgres.Options{Logger: logger, MustExist: true})
+	}
+	db := c.sqlitePath()
+	if _, err := os.Stat(db); err != nil {
+		return nil, fmt.Errorf("no database to re-seal at %s (on PostgreSQL, give --database or VIBEJOBS_DATABASE): %w", db, err)
+	}
+	return c.openStore(ctx, logger, time.Now)
 }
 
 // rotationLocker is a Store whose database hosts share, each with its copy

@@ -15,9 +15,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/vibejobs/vibejobs"
 	"github.com/vibejobs/vibejobs/contract"
 	"github.com/vibejobs/vibejobs/internal/api"
+	"github.com/vibejobs/vibejobs/internal/postgres"
 	"github.com/vibejobs/vibejobs/internal/secretbox"
 	"github.com/vibejobs/vibejobs/internal/sqlite"
 )
@@ -669,4 +671,56 @@ func TestBadKeyFileIsNamed(t *testing.T) {
 		t.Errorf("rotate with a bad key file: exit %d, want 1", code)
 	}
 	check("rotate", errb.String())
+}
+
+// TestRotationRefusesAnUnmigratedPostgresSchema: "master-key rotate" given
+// a PostgreSQL schema that holds no vibejobs database (a search_path or a
+// database name mistyped) fails, creates nothing there and leaves the key
+// file alone. It created the schema and its tables, "re-sealed" their 0
+// secrets and put a new key first in the file, as it did on a SQLite file
+// that was not there, and said the older keys, which every secret of the
+// real database needs, could go.
+func TestRotationRefusesAnUnmigratedPostgresSchema(t *testing.T) {
+	base := postgres.TestURL(t)
+	dataDir := t.TempDir()
+	key, _ := secretbox.NewKey()
+	path := filepath.Join(dataDir, "master.key")
+	if err := os.WriteFile(path, []byte(key+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, base)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	for _, exists := range []bool{false, true} {
+		schema := postgres.NewTestSchema(t)
+		if exists {
+			if _, err := conn.Exec(ctx, "CREATE SCHEMA "+pgx.Identifier{schema}.Sanitize()); err != nil {
+				t.Fatal(err)
+			}
+		}
+		env := map[string]string{"VIBEJOBS_DATA_DIR": dataDir, "VIBEJOBS_DATABASE": base + "&search_path=" + schema}
+		var out, errb bytes.Buffer
+		code := run(ctx, []string{"master-key", "rotate"}, func(k string) string { return env[k] }, &out, &errb)
+		if code != 1 || !strings.Contains(errb.String(), "never migrated") || !strings.Contains(errb.String(), schema) {
+			t.Errorf("rotate on a schema never migrated (it exists: %v): exit %d, stdout %q, stderr %q; want 1 and the schema named",
+				exists, code, out.String(), errb.String())
+		}
+		if b, _ := os.ReadFile(path); string(b) != key+"\n" {
+			t.Errorf("rotate on a schema never migrated (it exists: %v) changed the key file", exists)
+		}
+		var created bool
+		if err := conn.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_namespace WHERE nspname = $1)`, schema).Scan(&created); err != nil {
+			t.Fatal(err)
+		}
+		var tables int
+		if err := conn.QueryRow(ctx, `SELECT count(*) FROM pg_tables WHERE schemaname = $1`, schema).Scan(&tables); err != nil {
+			t.Fatal(err)
+		}
+		if created != exists || tables != 0 {
+			t.Errorf("rotate on a schema never migrated (it exists: %v) left the schema there: %v, with %d tables", exists, created, tables)
+		}
+	}
 }

@@ -76,6 +76,11 @@ type Options struct {
 	// MaxConns is the pool size; 0 keeps pgx's default (pool_max_conns in the
 	// URL, else max(4, GOMAXPROCS)).
 	MaxConns int
+	// MustExist makes Open refuse a schema that was never migrated (that
+	// holds no goose_db_version table) instead of creating the schema and
+	// its tables: for commands that act on a database that must be there
+	// already. Pending migrations of one that was migrated are applied.
+	MustExist bool
 }
 
 // Store is the PostgreSQL vibejobs.Store. It is safe for concurrent use.
@@ -147,7 +152,7 @@ func Open(ctx context.Context, url string, opts Options) (*Store, error) {
 		return nil
 	}
 	cfg.AfterRelease = writable
-	if schema != "" {
+	if schema != "" && !opts.MustExist {
 		if err := createSchema(ctx, cfg.ConnConfig, schema); err != nil {
 			return nil, err
 		}
@@ -155,6 +160,12 @@ func Open(ctx context.Context, url string, opts Options) (*Store, error) {
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return nil, mapError(err, "opening the pool")
+	}
+	if opts.MustExist {
+		if err := checkMigrated(ctx, pool, schema); err != nil {
+			pool.Close()
+			return nil, err
+		}
 	}
 	qcfg := cfg.Copy()
 	qcfg.MaxConns = queueConns
@@ -191,6 +202,24 @@ func Open(ctx context.Context, url string, opts Options) (*Store, error) {
 		return nil, err
 	}
 	return s, nil
+}
+
+// checkMigrated fails unless the search_path of pool's connections (which
+// begins with schema, when set) leads to the table in which migrations are
+// recorded.
+func checkMigrated(ctx context.Context, pool *pgxpool.Pool, schema string) error {
+	var migrated bool
+	if err := pool.QueryRow(ctx, `SELECT to_regclass('goose_db_version') IS NOT NULL`).Scan(&migrated); err != nil {
+		return mapError(err, "looking for the database")
+	}
+	if migrated {
+		return nil
+	}
+	where := "the database's search_path"
+	if schema != "" {
+		where = fmt.Sprintf("schema %q", schema)
+	}
+	return fmt.Errorf("postgres: no vibejobs database in %s: it was never migrated (check the database URL, its database and search_path; vibejobs migrate makes one)", where)
 }
 
 // urlSchema returns the schema a search_path given in the URL puts first
