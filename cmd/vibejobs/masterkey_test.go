@@ -724,3 +724,62 @@ func TestRotationRefusesAnUnmigratedPostgresSchema(t *testing.T) {
 		}
 	}
 }
+
+// TestRefusedStartKeepsTheKeyFilePutInItsPlace: a first start whose new key
+// file is refused (the database has another master key) removes that file
+// only if it still holds the key it made. It removed whatever the path held
+// by then: the database's key file, moved into place by the operator while
+// the start waited for the database (here, behind a replica's migrations),
+// was lost, and with its last copy every secret of the database.
+func TestRefusedStartKeepsTheKeyFilePutInItsPlace(t *testing.T) {
+	database, store := pgReplicaURL(t, "")
+	first := testConfig(t.TempDir())
+	first.Database = database
+	sealSomeSecrets(t, first, 1)
+	right, err := os.ReadFile(first.masterKeyPath())
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	release := postgres.HoldMigrationLock(t, store.Schema())
+	created := make(chan struct{})
+	m := NewMain(io.Discard, &lineWatch{line: "master_key.created", seen: created})
+	m.Config = testConfig(t.TempDir())
+	m.Config.Database = database
+	errc := make(chan error, 1)
+	go func() { errc <- m.Run(context.Background()) }()
+	<-created // with a key file of its own, the start waits for the migrations
+
+	// The operator moves the database's key file into place.
+	moved := filepath.Join(m.Config.DataDir, "moved.key")
+	if err := os.WriteFile(moved, right, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(moved, m.Config.masterKeyPath()); err != nil {
+		t.Fatal(err)
+	}
+	release()
+	err = <-errc
+	m.Close()
+	if !errors.Is(err, errForeignMasterKey) {
+		t.Fatalf("the start with its own new key: %v, want it refused for the wrong master key", err)
+	}
+	if got, err := os.ReadFile(m.Config.masterKeyPath()); err != nil || !bytes.Equal(got, right) {
+		t.Fatalf("the key file moved into place during the refused start is gone or changed (%v)", err)
+	}
+}
+
+// lineWatch is a log writer that closes seen once a line holding line is
+// written.
+type lineWatch struct {
+	line string
+	seen chan struct{}
+	once sync.Once
+}
+
+func (w *lineWatch) Write(p []byte) (int, error) {
+	if bytes.Contains(p, []byte(w.line)) {
+		w.once.Do(func() { close(w.seen) })
+	}
+	return len(p), nil
+}

@@ -546,8 +546,12 @@ func (m *Main) Run(ctx context.Context) error {
 	if err := checkMasterKey(ctx, store, keys); err != nil {
 		if created && errors.Is(err, errForeignMasterKey) {
 			// The key this start made is of no use to this database: leave
-			// no stray key file at a mistyped path.
-			os.Remove(cfg.masterKeyPath())
+			// no stray key file at a mistyped path. But only that key: the
+			// path may hold another file by now (the database's, moved
+			// into place by the operator), perhaps its last copy.
+			if onDisk, _, err := secretbox.Load(cfg.masterKeyPath()); err == nil && slices.Equal(onDisk.IDs(), keys.IDs()) {
+				os.Remove(cfg.masterKeyPath())
+			}
 		}
 		return err
 	}

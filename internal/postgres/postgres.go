@@ -278,14 +278,8 @@ func (s *Store) Migrate(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("postgres: embedded migrations: %w", err)
 	}
-	lockID := lock.DefaultLockID
-	if s.schema != "" {
-		h := fnv.New64a()
-		io.WriteString(h, "vibejobs migrations in schema "+s.schema)
-		lockID = int64(h.Sum64() >> 1)
-	}
 	locker, err := lock.NewPostgresSessionLocker(
-		lock.WithLockID(lockID),
+		lock.WithLockID(migrationLockID(s.schema)),
 		lock.WithLockTimeout(1, 300), // poll every second, for up to 5 minutes
 	)
 	if err != nil {
@@ -343,6 +337,17 @@ func (s *Store) LockMasterKeyRotation(ctx context.Context, waiting func()) (unlo
 		return nil, mapError(err, "locking the master key rotation")
 	}
 	return release, nil
+}
+
+// migrationLockID is the id of the session advisory lock under which Migrate
+// applies the migrations of schema.
+func migrationLockID(schema string) int64 {
+	if schema == "" {
+		return lock.DefaultLockID
+	}
+	h := fnv.New64a()
+	io.WriteString(h, "vibejobs migrations in schema "+schema)
+	return int64(h.Sum64() >> 1)
 }
 
 // Schema returns the schema the Store was opened on: Options.Schema, else

@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"os"
+	"sync"
 	"testing"
 	"time"
 
@@ -53,6 +54,28 @@ func NewTestSchema(t testing.TB) string {
 		}
 	})
 	return schema
+}
+
+// HoldMigrationLock takes the lock under which Open applies the migrations of
+// schema and returns the function that releases it (the test's end does, if
+// it did not): an Open of schema waits meanwhile, as behind a replica that
+// migrates.
+func HoldMigrationLock(t testing.TB, schema string) (release func()) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, TestURL(t))
+	if err != nil {
+		t.Fatalf("holding the migration lock of %s: %v", schema, err)
+	}
+	if _, err := conn.Exec(ctx, `SELECT pg_advisory_lock($1)`, migrationLockID(schema)); err != nil {
+		conn.Close(ctx)
+		t.Fatalf("holding the migration lock of %s: %v", schema, err)
+	}
+	var once sync.Once
+	release = func() { once.Do(func() { conn.Close(context.Background()) }) }
+	t.Cleanup(release)
+	return release
 }
 
 // MustOpenTest opens a Store on a fresh schema of the test database (see
