@@ -96,7 +96,7 @@ func masterKey(ctx context.Context, args []string, getenv func(string) string, s
 	// key another put first, and none re-seals under its key what another
 	// is re-sealing under its own.
 	waiting := func() { fmt.Fprintln(stderr, "waiting for another master key rotation to end") }
-	unlock, err := lockKeyFile(path, waiting)
+	unlock, err := lockKeyFile(ctx, path, waiting)
 	if err != nil {
 		return err
 	}

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -88,26 +89,35 @@ func (k *keyFile) Open(s vibejobs.SealedSecret, jobID string) (string, error) {
 
 // lockKeyFile waits for, and takes, the lock that makes the changes of the
 // key file at path take turns, calling waiting first when another process
-// holds it, and returns the function that releases it. A rotation holds it
-// from its read of the file to its end: two at once each put their new key
-// first in the file as they had read it, and the last to write dropped the
-// other's key, under which secrets were sealed. The lock is a flock of the
-// file's directory, which holds it for as long as the lock is held: the
-// file itself is replaced by a rename, and a lock file would stay behind.
-// Servers reading the file never take it.
-func lockKeyFile(path string, waiting func()) (unlock func(), err error) {
+// holds it, and returns the function that releases it; it stops waiting
+// when ctx ends. A rotation holds it from its read of the file to its end:
+// two at once each put their new key first in the file as they had read it,
+// and the last to write dropped the other's key, under which secrets were
+// sealed. The lock is a flock of the file's directory, which holds it for as
+// long as the lock is held: the file itself is replaced by a rename, and a
+// lock file would stay behind. Servers reading the file never take it.
+func lockKeyFile(ctx context.Context, path string, waiting func()) (unlock func(), err error) {
 	dir, err := os.Open(filepath.Dir(path))
 	if err != nil {
 		return nil, fmt.Errorf("locking the master key file: %w", err)
 	}
-	fd := int(dir.Fd())
-	err = syscall.Flock(fd, syscall.LOCK_EX|syscall.LOCK_NB)
-	if errors.Is(err, syscall.EWOULDBLOCK) {
-		if waiting != nil {
-			waiting()
+	// Tried again and again, not waited for in flock(2), which no context
+	// can interrupt.
+	lock := func() error { return syscall.Flock(int(dir.Fd()), syscall.LOCK_EX|syscall.LOCK_NB) }
+	var retry *time.Ticker
+	for err = lock(); errors.Is(err, syscall.EWOULDBLOCK) || errors.Is(err, syscall.EINTR); err = lock() {
+		if retry == nil {
+			if waiting != nil {
+				waiting()
+			}
+			retry = time.NewTicker(100 * time.Millisecond)
+			defer retry.Stop()
 		}
-		for err = syscall.Flock(fd, syscall.LOCK_EX); errors.Is(err, syscall.EINTR); {
-			err = syscall.Flock(fd, syscall.LOCK_EX)
+		select {
+		case <-retry.C:
+		case <-ctx.Done():
+			dir.Close()
+			return nil, fmt.Errorf("waiting for the lock of the master key file %s: %w", path, ctx.Err())
 		}
 	}
 	if err != nil {

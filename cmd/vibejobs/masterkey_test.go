@@ -783,3 +783,31 @@ func (w *lineWatch) Write(p []byte) (int, error) {
 	}
 	return len(p), nil
 }
+
+// TestWaitingRotationStopsWhenCanceled: a rotation waiting for another one
+// to end gives up when its context ends (the first Ctrl-C), and leaves the
+// key file alone. It waited for the lock of the key file regardless.
+func TestWaitingRotationStopsWhenCanceled(t *testing.T) {
+	dataDir := t.TempDir()
+	sealSomeSecrets(t, testConfig(dataDir), 1)
+	path := filepath.Join(dataDir, "master.key")
+	before, _ := os.ReadFile(path)
+	unlock, err := lockKeyFile(context.Background(), path, nil) // the rotation under way
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unlock()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	waiting := make(chan struct{})
+	go func() { <-waiting; cancel() }()
+	env := map[string]string{"VIBEJOBS_DATA_DIR": dataDir}
+	var out bytes.Buffer
+	if code := run(ctx, []string{"master-key", "rotate"}, func(k string) string { return env[k] }, &out,
+		&lineWatch{line: "waiting for another master key rotation", seen: waiting}); code != 1 {
+		t.Errorf("rotate canceled while it waited: exit %d (%s), want 1", code, out.String())
+	}
+	if after, _ := os.ReadFile(path); !bytes.Equal(after, before) {
+		t.Error("rotate canceled while it waited changed the key file")
+	}
+}
