@@ -582,7 +582,9 @@ func checkSecretsOpen(t *testing.T, cfg Config, secrets map[string]string, keyID
 // failing on the secrets the other had re-sealed, and left the servers of
 // the two hosts sealing under keys the others lack. They now take turns in
 // the database: one rotates, and the other, whose file then lacks the
-// database's new key, refuses before it changes its file.
+// database's new key, refuses before it changes its file. The database's
+// lock takes no connection of the pool: with pool_max_conns=1 it would
+// leave none to the rotation's transactions.
 func TestRotationsOfOneDatabaseTakeTurns(t *testing.T) {
 	database, _ := pgReplicaURL(t, "")
 	cfgs := []Config{testConfig(t.TempDir()), testConfig(t.TempDir())}
@@ -601,7 +603,7 @@ func TestRotationsOfOneDatabaseTakeTurns(t *testing.T) {
 	outs := make([]string, len(cfgs))
 	codes := make([]int, len(cfgs))
 	for i, cfg := range cfgs {
-		env := map[string]string{"VIBEJOBS_DATA_DIR": cfg.DataDir, "VIBEJOBS_DATABASE": database}
+		env := map[string]string{"VIBEJOBS_DATA_DIR": cfg.DataDir, "VIBEJOBS_DATABASE": database + "&pool_max_conns=1"}
 		wg.Go(func() {
 			var out bytes.Buffer
 			codes[i] = run(context.Background(), []string{"master-key", "rotate"}, func(k string) string { return env[k] }, &out, &out)

@@ -311,19 +311,23 @@ func (s *Store) Migrate(ctx context.Context) error {
 // one that began while another re-sealed would put its own key first in its
 // file and re-seal under it what the other had just re-sealed. A rotation
 // spans many transactions, so this is a session advisory lock, held by a
-// connection taken from the pool for as long as the lock is; it does not
+// connection of its own for as long as the lock is (one of the pool would
+// leave the rotation's transactions none with pool_max_conns=1); it does not
 // stop servers, which never take it.
 func (s *Store) LockMasterKeyRotation(ctx context.Context, waiting func()) (unlock func(), err error) {
 	h := fnv.New64a()
 	io.WriteString(h, "vibejobs master key rotation in schema "+s.schema)
 	id := int64(h.Sum64() >> 1)
-	conn, err := s.pool.Acquire(ctx)
+	cc := s.connConfig.Copy()
+	if cc.RuntimeParams["application_name"] == "" {
+		cc.RuntimeParams["application_name"] = strings.TrimSpace("vibejobs master key rotation " + s.schema)
+	}
+	conn, err := pgx.ConnectConfig(ctx, cc)
 	if err != nil {
 		return nil, mapError(err, "locking the master key rotation")
 	}
-	// Closed, not given back: the session ends, and the lock with it,
-	// whatever became of the connection meanwhile.
-	release := func() { conn.Hijack().Close(context.Background()) }
+	// The session ends, and the lock with it.
+	release := func() { conn.Close(context.Background()) }
 	var locked bool
 	err = conn.QueryRow(ctx, `SELECT pg_try_advisory_lock($1)`, id).Scan(&locked)
 	if err == nil && !locked {
