@@ -68,11 +68,11 @@ func Parse(data []byte) (*Keyring, error) {
 func Load(path string) (*Keyring, []byte, error) {
 	data, err := os.ReadFile(path)
 	if err != nil {
-		return nil, nil, fmt.Errorf("secretbox: reading key file: %w", err)
+		return nil, nil, fmt.Errorf("secretbox: reading master key file: %w", err)
 	}
 	k, err := parse(data)
 	if err != nil {
-		return nil, nil, fmt.Errorf("secretbox: key file %s %w", path, err)
+		return nil, nil, fmt.Errorf("secretbox: master key file %s %w", path, err)
 	}
 	return k, data, nil
 }
