@@ -93,9 +93,9 @@ func (k *keyFile) Open(s vibejobs.SealedSecret, jobID string) (string, error) {
 // when ctx ends. A rotation holds it from its read of the file to its end:
 // two at once each put their new key first in the file as they had read it,
 // and the last to write dropped the other's key, under which secrets were
-// sealed. The lock is a flock of the file's directory, which holds it for as
-// long as the lock is held: the file itself is replaced by a rename, and a
-// lock file would stay behind. Servers reading the file never take it.
+// sealed. The lock is a flock of the file's directory, kept open until the
+// lock is released: the file itself is replaced by a rename, and a lock
+// file would stay behind. Servers reading the file never take it.
 func lockKeyFile(ctx context.Context, path string, waiting func()) (unlock func(), err error) {
 	dir, err := os.Open(filepath.Dir(path))
 	if err != nil {
