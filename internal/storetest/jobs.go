@@ -416,11 +416,7 @@ func testDeleteJob(t *testing.T, f *fixture) {
 	if err := f.s.ReleaseClaims(f.ctx, "w1", []*vibejobs.Claim{unsent}, rel, rel); err != nil {
 		t.Fatalf("ReleaseClaims: %v", err)
 	}
-	if got := f.getRun(projectA, unsent.Run.ID); got.State != vibejobs.RunCancelled || got.FailureReason != vibejobs.ReasonJobDeleted ||
-		got.FinishedAt == nil || !got.FinishedAt.Equal(rel) || got.NextAttemptAt != nil {
-		t.Errorf("released claim of a deleted job: state %s reason %q finished %v next %v; want cancelled job_deleted at %s",
-			got.State, got.FailureReason, got.FinishedAt, got.NextAttemptAt, rel)
-	}
+	f.wantEnded("released claim of a deleted job", f.getRun(projectA, unsent.Run.ID), vibejobs.RunCancelled, vibejobs.ReasonJobDeleted, rel)
 
 	// The attempt in flight finishes; no further attempt follows.
 	fin := T0.Add(40 * time.Second)
@@ -604,11 +600,7 @@ func testRecoverWithdrawnRunOfDeletedJob(t *testing.T, f *fixture) {
 		t.Fatalf("RecoverExpiredLeases = %d, %v; want 1", n, err)
 	}
 	got := f.getRun(projectA, r.ID)
-	if got.State != vibejobs.RunCancelled || got.FailureReason != vibejobs.ReasonJobDeleted ||
-		got.FinishedAt == nil || !got.FinishedAt.Equal(now) || got.NextAttemptAt != nil {
-		t.Errorf("recovered withdrawn run of a deleted job: state %s reason %q finished %v next %v; want cancelled job_deleted at %s",
-			got.State, got.FailureReason, got.FinishedAt, got.NextAttemptAt, now)
-	}
+	f.wantEnded("recovered withdrawn run of a deleted job", got, vibejobs.RunCancelled, vibejobs.ReasonJobDeleted, now)
 	f.wantAttempts("recovered withdrawn run of a deleted job", got, "1:interrupted")
 	if cs := f.claim("w2", now.Add(time.Hour), 10); len(cs) != 0 {
 		t.Errorf("claim after recovery: %v, want none", claimedIDs(cs))

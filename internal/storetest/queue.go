@@ -47,6 +47,16 @@ func (f *fixture) wantAttempts(what string, r *vibejobs.Run, want string) {
 	}
 }
 
+// wantEnded fails the test unless r ended in state for reason at at, with
+// no next attempt.
+func (f *fixture) wantEnded(what string, r *vibejobs.Run, state vibejobs.RunState, reason string, at time.Time) {
+	f.t.Helper()
+	if r.State != state || r.FailureReason != reason || r.FinishedAt == nil || !r.FinishedAt.Equal(at) || r.NextAttemptAt != nil {
+		f.t.Errorf("%s: state %s reason %q finished %v next %v; want %s %s at %s",
+			what, r.State, r.FailureReason, r.FinishedAt, r.NextAttemptAt, state, reason, at)
+	}
+}
+
 func testClaimOrderAndLimit(t *testing.T, f *fixture) {
 	f.projects()
 	j := f.job(projectA, func(j *vibejobs.Job) {
@@ -530,18 +540,10 @@ func testRecoverExpiredLeasesEnds(t *testing.T, f *fixture) {
 		t.Fatalf("RecoverExpiredLeases = %d, %v; want 2", n, err)
 	}
 	got := f.getRun(projectA, expiring.ID)
-	if got.State != vibejobs.RunFailed || got.FailureReason != vibejobs.ReasonDeadlineExceeded ||
-		got.FinishedAt == nil || !got.FinishedAt.Equal(now) || got.NextAttemptAt != nil {
-		t.Errorf("recovered run past its deadline: state %s reason %q finished %v next %v; want failed deadline_exceeded at %s",
-			got.State, got.FailureReason, got.FinishedAt, got.NextAttemptAt, now)
-	}
+	f.wantEnded("recovered run past its deadline", got, vibejobs.RunFailed, vibejobs.ReasonDeadlineExceeded, now)
 	f.wantAttempts("recovered run past its deadline", got, "1:interrupted")
 	got = f.getRun(projectA, orphan.ID)
-	if got.State != vibejobs.RunCancelled || got.FailureReason != vibejobs.ReasonJobDeleted ||
-		got.FinishedAt == nil || !got.FinishedAt.Equal(now) || got.NextAttemptAt != nil {
-		t.Errorf("recovered run of a deleted job: state %s reason %q finished %v next %v; want cancelled job_deleted at %s",
-			got.State, got.FailureReason, got.FinishedAt, got.NextAttemptAt, now)
-	}
+	f.wantEnded("recovered run of a deleted job", got, vibejobs.RunCancelled, vibejobs.ReasonJobDeleted, now)
 	f.wantAttempts("recovered run of a deleted job", got, "1:interrupted")
 	f.claimIDs("w2", now, 10)
 }
@@ -677,11 +679,7 @@ func testReleaseWithALaterDue(t *testing.T, f *fixture) {
 		t.Fatalf("ReleaseClaims: %v", err)
 	}
 	got := f.getRun(projectA, gone.ID)
-	if got.State != vibejobs.RunCancelled || got.FailureReason != vibejobs.ReasonJobDeleted ||
-		got.FinishedAt == nil || !got.FinishedAt.Equal(now) || got.NextAttemptAt != nil {
-		t.Errorf("released claim of a deleted job, due later: state %s reason %q finished %v next %v; want cancelled job_deleted at %s",
-			got.State, got.FailureReason, got.FinishedAt, got.NextAttemptAt, now)
-	}
+	f.wantEnded("released claim of a deleted job, due later", got, vibejobs.RunCancelled, vibejobs.ReasonJobDeleted, now)
 	events := f.events(projectA, head)
 	wantEqual(t, "events of the release", eventLines(events), []string{"run.cancelled " + gone.ID + " 0 cancelled job_deleted"})
 	if len(events) == 1 && !events[0].OccurredAt.Equal(now) {
@@ -858,11 +856,7 @@ func testFailExpiredRuns(t *testing.T, f *fixture) {
 	}
 	for _, r := range []*vibejobs.Run{e1, e2, rel} {
 		got := f.getRun(projectA, r.ID)
-		if got.State != vibejobs.RunFailed || got.FailureReason != vibejobs.ReasonDeadlineExceeded ||
-			got.FinishedAt == nil || !got.FinishedAt.Equal(T0) || got.NextAttemptAt != nil {
-			t.Errorf("expired run: state %s reason %q finished %v next %v; want failed deadline_exceeded at T0",
-				got.State, got.FailureReason, got.FinishedAt, got.NextAttemptAt)
-		}
+		f.wantEnded("expired run", got, vibejobs.RunFailed, vibejobs.ReasonDeadlineExceeded, T0)
 	}
 	f.wantRun("delivering run past its deadline", d.ID, vibejobs.RunDelivering, 1, nil)
 	f.wantRun("run at its deadline", edge.ID, vibejobs.RunScheduled, 0, nil)
