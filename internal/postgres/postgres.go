@@ -315,9 +315,7 @@ func (s *Store) Migrate(ctx context.Context) error {
 // leave the rotation's transactions none with pool_max_conns=1); it does not
 // stop servers, which never take it.
 func (s *Store) LockMasterKeyRotation(ctx context.Context, waiting func()) (unlock func(), err error) {
-	h := fnv.New64a()
-	io.WriteString(h, "vibejobs master key rotation in schema "+s.schema)
-	id := int64(h.Sum64() >> 1)
+	id := lockID("vibejobs master key rotation in schema " + s.schema)
 	cc := s.connConfig.Copy()
 	if cc.RuntimeParams["application_name"] == "" {
 		cc.RuntimeParams["application_name"] = strings.TrimSpace("vibejobs master key rotation " + s.schema)
@@ -349,8 +347,14 @@ func migrationLockID(schema string) int64 {
 	if schema == "" {
 		return lock.DefaultLockID
 	}
+	return lockID("vibejobs migrations in schema " + schema)
+}
+
+// lockID is the id of the advisory lock named name: a hash, so that the
+// locks of different schemas (and purposes) of one database differ.
+func lockID(name string) int64 {
 	h := fnv.New64a()
-	io.WriteString(h, "vibejobs migrations in schema "+schema)
+	io.WriteString(h, name)
 	return int64(h.Sum64() >> 1)
 }
 
