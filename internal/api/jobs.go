@@ -259,6 +259,9 @@ func (s *Server) listJobs(ctx context.Context, c *call) (*response, error) {
 func (s *Server) changeJob(ctx context.Context, c *call, tx vibejobs.Tx, change func(j *vibejobs.Job) (changed bool, e *vibejobs.Error)) (*vibejobs.Job, error) {
 	id := c.r.PathValue("id")
 	c.info.job = loggedID(id, "job_")
+	// What an attempt rolled back and run again (a PATCH's transaction
+	// retried by the store) skipped is not this attempt's to count.
+	c.skipped = 0
 	j, err := tx.GetJob(ctx, c.projectID(), id)
 	if err != nil {
 		return nil, err

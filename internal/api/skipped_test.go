@@ -1,11 +1,14 @@
 package api_test
 
 import (
+	"context"
+	"log/slog"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/vibejobs/vibejobs/internal/api"
+	"github.com/vibejobs/vibejobs/internal/scheduler"
 )
 
 // TestChangeBehindTheSchedulerCountsItsOccurrences: a pause or a schedule
@@ -60,4 +63,39 @@ func TestChangeBehindTheSchedulerCountsItsOccurrences(t *testing.T) {
 // apiTimeString is t as the API writes it.
 func apiTimeString(t time.Time) string {
 	return t.UTC().Format("2006-01-02T15:04:05.000Z")
+}
+
+// TestRetriedChangeCountsWhatItsRetrySkipped: a PATCH whose transaction
+// the store runs again (PostgreSQL, after a deadlock or a serialization
+// failure) counts in the metric what the attempt that committed skipped,
+// as the job's skippedRuns does. Its first attempt, rolled back, found the
+// scheduler behind; the scheduler then caught the job up (a run for each
+// occurrence), and the retry skipped nothing: the metric still counted the
+// first attempt's 7.
+func TestRetriedChangeCountsWhatItsRetrySkipped(t *testing.T) {
+	var metric atomic.Int64
+	var rs *retryingStore
+	e := newEnv(t, func(c *api.Config) {
+		rs = &retryingStore{Store: c.Store}
+		c.Store = rs
+		c.OccurrencesSkipped = func(n int64) { metric.Add(n) }
+	})
+	j := e.createJob(e.admin, map[string]any{"schedule": "@every 10s"})["id"].(string)
+	e.clock.Advance(70 * time.Second) // the occurrences at +10 s … +70 s have no run
+
+	sched := scheduler.New(scheduler.Config{Store: e.store, Now: e.clock.Now, Logger: slog.New(slog.DiscardHandler)})
+	rs.mu.Lock()
+	rs.calls, rs.at = 0, 1 // the PATCH's one transaction
+	rs.between = func() {
+		if n, err := sched.RunOnce(context.Background()); err != nil || n != 7 {
+			t.Errorf("the scheduler catching up between the attempts: %d runs, %v; want 7", n, err)
+		}
+	}
+	rs.mu.Unlock()
+
+	checkFields(t, "schedule changed, retried", e.must(200, "PATCH", "/v1/jobs/"+j, e.admin, map[string]any{"schedule": "@every 7s"}),
+		map[string]any{"skippedRuns": float64(0)})
+	if got := metric.Load(); got != 0 {
+		t.Errorf("skipped occurrences metric = %d, want 0, as the job's skippedRuns: its runs exist", got)
+	}
 }
