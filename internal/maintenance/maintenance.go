@@ -7,7 +7,9 @@ package maintenance
 import (
 	"cmp"
 	"context"
+	"errors"
 	"log/slog"
+	"sync"
 	"time"
 
 	"github.com/vibejobs/vibejobs"
@@ -31,6 +33,11 @@ const (
 	DefaultVacuumInterval   = 10 * time.Second
 	// DefaultStoreTimeout bounds each store call (see Config.StoreTimeout).
 	DefaultStoreTimeout = 30 * time.Second
+	// DefaultOutageGrace is how long lease recovery waits once the
+	// database answers again after its passes failed (see
+	// Config.OutageGrace): the dispatcher's lease margin, the time a lease
+	// gives an attempt's outcome to be recorded after the attempt ended.
+	DefaultOutageGrace = 5 * time.Second
 )
 
 // QueueVacuumer is a store whose queue tables need vacuuming from here,
@@ -71,6 +78,14 @@ type Config struct {
 	// silent without a reset would otherwise hang the loops until TCP
 	// gives up.
 	StoreTimeout time.Duration
+	// OutageGrace is how long, once the database answers again after
+	// lease recovery found it unreachable, recovery still waits
+	// (DefaultOutageGrace). The leases that ended while the database was
+	// gone are mostly those of live processes whose attempts were
+	// answered meanwhile, and that record the outcomes they kept as soon
+	// as it is back (see dispatcher's record loop); recovered at once,
+	// their runs went out a second time, although no process crashed.
+	OutageGrace time.Duration
 }
 
 // Maintainer runs the upkeep loops.
@@ -79,6 +94,14 @@ type Maintainer struct {
 	// recovering and expiring are the failing streaks of lease recovery
 	// and of the deadline check (see FailingSince).
 	recovering, expiring health.Streak
+
+	// recoverMu serializes RecoverOnce, which keeps the outage state:
+	// unreached says a recovery pass found the database unreachable and
+	// none reached it since; graceEnd is when recovery resumes after the
+	// database was reached again (see Config.OutageGrace).
+	recoverMu sync.Mutex
+	unreached bool
+	graceEnd  time.Time
 }
 
 // FailingSince returns when lease recovery or the deadline check, the
@@ -106,6 +129,7 @@ func New(cfg Config) *Maintainer {
 	cfg.StatsInterval = cmp.Or(cfg.StatsInterval, DefaultStatsInterval)
 	cfg.VacuumInterval = cmp.Or(cfg.VacuumInterval, DefaultVacuumInterval)
 	cfg.StoreTimeout = cmp.Or(cfg.StoreTimeout, DefaultStoreTimeout)
+	cfg.OutageGrace = cmp.Or(cfg.OutageGrace, DefaultOutageGrace)
 	cfg.RetentionDays = min(max(cmp.Or(cfg.RetentionDays, DefaultRetentionDays), MinRetentionDays), MaxRetentionDays)
 	cfg.Batch = cmp.Or(cfg.Batch, DefaultBatch)
 	return &Maintainer{cfg: cfg}
@@ -165,9 +189,29 @@ func (m *Maintainer) pruneLoop(ctx context.Context) {
 	}
 }
 
-// RecoverOnce recovers expired leases.
+// RecoverOnce recovers expired leases. After a pass found the database
+// unreachable, the next passes only ping it, until it answers, and then
+// recover nothing for Config.OutageGrace: the owners of the leases that
+// ended meanwhile record their outcomes first.
 func (m *Maintainer) RecoverOnce(ctx context.Context) {
+	m.recoverMu.Lock()
+	defer m.recoverMu.Unlock()
 	now := m.cfg.Now()
+	if m.unreached {
+		sctx, cancel := m.storeCtx(ctx)
+		err := m.cfg.Store.Ping(sctx)
+		cancel()
+		m.recovering.Pass(now, err, ctx.Err())
+		if err != nil {
+			m.logErr(ctx, "maintenance.recover_failed", err)
+			return
+		}
+		m.unreached = false
+		m.graceEnd = now.Add(m.cfg.OutageGrace)
+	}
+	if now.Before(m.graceEnd) {
+		return
+	}
 	total := 0
 	for {
 		sctx, cancel := m.storeCtx(ctx)
@@ -175,6 +219,10 @@ func (m *Maintainer) RecoverOnce(ctx context.Context) {
 		cancel()
 		m.recovering.Pass(now, err, ctx.Err())
 		if err != nil {
+			// Unreachable, not refusing (as the dispatcher's record loop
+			// tells them apart): only then were the owners cut off too.
+			m.unreached = ctx.Err() == nil &&
+				(vibejobs.ErrorKind(err) == vibejobs.EUNAVAILABLE || errors.Is(err, context.DeadlineExceeded))
 			m.logErr(ctx, "maintenance.recover_failed", err)
 			break
 		}

@@ -80,16 +80,21 @@ func line(text, prefix string) string {
 	return ""
 }
 
-// recoveryStore fails lease recovery or the deadline check while the
-// matching error is set.
+// recoveryStore fails lease recovery (and Ping) or the deadline check
+// while the matching error is set, and keeps the times lease recovery was
+// called with.
 type recoveryStore struct {
 	vibejobs.Store
 	recoverErr, expireErr error
+	recovered             []time.Time
 }
 
 func (s *recoveryStore) RecoverExpiredLeases(ctx context.Context, now time.Time, limit int) (int, error) {
+	s.recovered = append(s.recovered, now)
 	return 0, s.recoverErr
 }
+
+func (s *recoveryStore) Ping(ctx context.Context) error { return s.recoverErr }
 
 func (s *recoveryStore) FailExpiredRuns(ctx context.Context, now time.Time, limit int) (int, error) {
 	return 0, s.expireErr
@@ -133,8 +138,53 @@ func TestFailingSince(t *testing.T) {
 	want("both succeed again", time.Time{})
 
 	s.recoverErr = errors.New("database unavailable")
+	step(maintenance.DefaultOutageGrace) // recovery resumed
 	canceled, cancel := context.WithCancel(ctx)
 	cancel()
 	m.RecoverOnce(canceled)
 	want("a pass cut short by shutdown", time.Time{})
+}
+
+// TestRecoveryWaitsOutAnOutage: once lease recovery found the database
+// unreachable, it recovers nothing until OutageGrace after the database
+// answers again (its passes meanwhile only ping it): the leases that ended
+// while it was gone are mostly those of live replicas, whose attempts were
+// answered during the outage and whose outcomes wait to be recorded.
+// Recovered by the first pass that reached the database, their runs were
+// sent a second time although no process had crashed.
+func TestRecoveryWaitsOutAnOutage(t *testing.T) {
+	ctx := context.Background()
+	now := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
+	s := &recoveryStore{}
+	m := maintenance.New(maintenance.Config{Store: s, Now: func() time.Time { return now },
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	pass := func(what string, want ...time.Time) {
+		t.Helper()
+		s.recovered = nil
+		m.RecoverOnce(ctx)
+		if len(s.recovered) != len(want) || len(want) == 1 && !s.recovered[0].Equal(want[0]) {
+			t.Errorf("%s: recovery called at %v, want %v", what, s.recovered, want)
+		}
+		now = now.Add(time.Second)
+	}
+	pass("database up", now)
+	// Refused, not unreachable: the owners were not cut off.
+	s.recoverErr = errors.New("deadlock detected")
+	pass("a pass refused", now)
+	s.recoverErr = nil
+	pass("the next pass", now)
+	s.recoverErr = vibejobs.Errorf(vibejobs.EUNAVAILABLE, "database_unavailable", "database unavailable")
+	pass("the outage begins", now)
+	pass("database still gone")
+	s.recoverErr = nil
+	back := now
+	pass("database back")
+	if !m.FailingSince().IsZero() {
+		t.Errorf("failing since %v once the database answered again", m.FailingSince())
+	}
+	for now.Before(back.Add(maintenance.DefaultOutageGrace)) {
+		pass("within the grace")
+	}
+	pass("the grace over", now)
+	pass("as usual", now)
 }
