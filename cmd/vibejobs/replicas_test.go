@@ -658,7 +658,7 @@ func waitStatus(t *testing.T, base string, want int, within time.Duration) {
 
 // TestReplicasRideOutDatabaseOutage: every connection to PostgreSQL is cut
 // and refused for a while under load: /readyz says not ready meanwhile, the
-// replicas reconnect afterwards, and nothing is lost.
+// replicas reconnect afterwards, and nothing is lost or sent twice.
 func TestReplicasRideOutDatabaseOutage(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts server processes")
@@ -702,6 +702,30 @@ func TestReplicasRideOutDatabaseOutage(t *testing.T) {
 	all := waitAllFinished(t, st, project, ids, 60*time.Second)
 	for _, id := range ids {
 		checkEverySecond(t, st, project, id, all[id])
+		checkSentOnce(t, st, project, rc, all[id])
+	}
+}
+
+// checkSentOnce asserts that, no process having crashed, each of the runs
+// reached the receiver once per attempt, none of them interrupted: no run
+// was sent twice.
+func checkSentOnce(t *testing.T, st vibejobs.Store, projectID string, rc *slowReceiver, runs []*vibejobs.Run) {
+	t.Helper()
+	rc.mu.Lock()
+	defer rc.mu.Unlock()
+	for _, r := range runs {
+		full, err := st.GetRun(context.Background(), projectID, r.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, a := range full.Attempts {
+			if a.ErrorCode == vibejobs.ErrorCodeInterrupted {
+				t.Errorf("run %s: attempt %d interrupted, with no process crashed", r.ID, a.Number)
+			}
+		}
+		if n := rc.byRun[r.ID]; n != len(full.Attempts) {
+			t.Errorf("run %s received %d times for %d attempts", r.ID, n, len(full.Attempts))
+		}
 	}
 }
 
@@ -771,5 +795,119 @@ func TestRetriesWhileReceiverDown(t *testing.T) {
 		if gap < want*8/10 || gap > want*12/10+time.Second {
 			t.Errorf("gap before attempt %d = %v, want %v ±20%%", i+2, gap, want)
 		}
+	}
+}
+
+// TestReplicasRideOutAnOutageLongerThanTheirLeases: three replicas on one
+// PostgreSQL, each with attempts in flight when every connection is cut
+// and refused; the attempts are answered during the outage, which lasts
+// until their leases have ended. Once the database is back, each replica
+// records the outcomes it kept: every run delivered once, with its one
+// attempt. Recovered as interrupted by the first lease recovery pass
+// after the outage, on any replica (their owners alive, their outcomes on
+// the way), the runs went out a second time with no crash.
+func TestReplicasRideOutAnOutageLongerThanTheirLeases(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts server processes")
+	}
+	proxy := newTCPProxy(t, "127.0.0.1:5432")
+	url, st := pgReplicaURL(t, proxy.ln.Addr().String())
+	dataDir := t.TempDir()
+	rc := newSlowReceiver(t, 0)
+	rs := []*replica{startReplica(t, dataDir, url), startReplica(t, dataDir, url), startReplica(t, dataDir, url)}
+	const timeout, perReplica = 4 * time.Second, 3
+	code, job := rs[0].api.do("POST", "/v1/jobs", map[string]any{
+		"name": "held", "schedule": "0 0 1 1 *", "url": rc.URL, "timeout": timeout.String(),
+	})
+	if code != 201 {
+		t.Fatalf("create: %d %v", code, job)
+	}
+	// The receiver holds every delivery until the database is gone.
+	gate := make(chan struct{})
+	var (
+		arrivedMu   sync.Mutex
+		lastArrival time.Time
+	)
+	held := make(chan struct{}, len(rs)*perReplica)
+	rc.watch(func(*http.Request) {
+		arrivedMu.Lock()
+		lastArrival = time.Now()
+		arrivedMu.Unlock()
+		held <- struct{}{}
+		<-gate
+	})
+	t.Cleanup(func() {
+		select {
+		case <-gate:
+		default:
+			close(gate)
+		}
+	})
+	var runs []string
+	for _, r := range rs {
+		// Each replica's API wakes its own dispatcher: the runs spread.
+		for range perReplica {
+			runs = append(runs, manualRun(t, r.api, job["id"].(string)))
+		}
+	}
+	for range runs {
+		select {
+		case <-held:
+		case <-time.After(20 * time.Second):
+			t.Fatal("not every run reached the receiver within 20 s")
+		}
+	}
+	proxy.cut()
+	close(gate)
+	rc.watch(nil)
+	// Every lease ends during the outage: a claim's lease runs from
+	// before its attempt was sent, for the job's timeout and the lease
+	// margin. Every replica's lease recovery fails meanwhile.
+	arrivedMu.Lock()
+	leasesEnd := lastArrival.Add(timeout + dispatcher.DefaultLeaseMargin)
+	arrivedMu.Unlock()
+	for _, r := range rs {
+		waitMetric(t, r.api.base, `vibejobs_loop_failing_seconds{loop="maintenance"}`, func(v float64) bool { return v > 0 }, 15*time.Second)
+	}
+	time.Sleep(time.Until(leasesEnd) + 100*time.Millisecond)
+	proxy.restore()
+
+	project := projectOf(t, st)
+	deadline := time.Now().Add(60 * time.Second)
+	for _, id := range runs {
+		for {
+			got, err := st.GetRun(context.Background(), project, id)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got.State.Finished() {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("run %s still %s 60 s after the database came back", id, got.State)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+	rc.mu.Lock()
+	defer rc.mu.Unlock()
+	twice := 0
+	for _, id := range runs {
+		got, err := st.GetRun(context.Background(), project, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n := rc.byRun[id]; n != 1 || got.State != vibejobs.RunSucceeded || len(got.Attempts) != 1 || got.Attempts[0].StatusCode != 200 {
+			twice++
+			var atts []string
+			for _, a := range got.Attempts {
+				atts = append(atts, fmt.Sprintf("#%d %d %s", a.Number, a.StatusCode, a.ErrorCode))
+			}
+			t.Errorf("run %s: %s, received %d times, attempts %v; want succeeded, received once, its one attempt answered 200",
+				id, got.State, n, atts)
+		}
+	}
+	if twice > 0 {
+		t.Logf("%d of %d runs delivered again after the outage", twice, len(runs))
 	}
 }
