@@ -363,9 +363,10 @@ func projectOf(t *testing.T, st vibejobs.Store) string {
 	return ps[0].ID
 }
 
-// TestReplicasSurviveSIGKILL: three replicas on one PostgreSQL, one killed
-// with SIGKILL under load: no occurrence lost, none doubled, and the killed
-// replica's attempts in flight are redelivered by the others.
+// TestReplicasSurviveSIGKILL: three replicas on one PostgreSQL share the
+// load, each sending some of it; one killed with SIGKILL under load: no
+// occurrence lost, none doubled, and the killed replica's attempts in
+// flight are redelivered by the others.
 func TestReplicasSurviveSIGKILL(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts server processes")
@@ -376,9 +377,37 @@ func TestReplicasSurviveSIGKILL(t *testing.T) {
 	r1 := startReplica(t, dataDir, url)
 	r2 := startReplica(t, dataDir, url)
 	r3 := startReplica(t, dataDir, url)
+	// Which replica sent each delivery, told by the socket it came from.
+	var (
+		senderMu sync.Mutex
+		bySender = map[int]int{} // pid: deliveries; 0: untold
+	)
+	rc.watch(func(r *http.Request) {
+		ap, err := netip.ParseAddrPort(r.RemoteAddr)
+		sender := 0
+		for _, x := range []*replica{r1, r2, r3} {
+			if owns, _ := ownsLocalPort(x.cmd.Process.Pid, int(ap.Port())); err == nil && owns {
+				sender = x.cmd.Process.Pid
+			}
+		}
+		senderMu.Lock()
+		bySender[sender]++
+		senderMu.Unlock()
+	})
 	_, ids := createEveryJobs(t, r1.api, 20, rc.URL)
 	project := projectOf(t, st)
 	time.Sleep(4 * time.Second) // load runs on all three
+	// The work spreads: every replica sent some of it (unless /proc could
+	// tell none of the senders).
+	senderMu.Lock()
+	for _, x := range []*replica{r1, r2, r3} {
+		if len(bySender) > 1 || bySender[0] == 0 {
+			if bySender[x.cmd.Process.Pid] == 0 {
+				t.Errorf("replica %d sent none of the %v deliveries of the first 4 s (by sender pid)", x.cmd.Process.Pid, bySender)
+			}
+		}
+	}
+	senderMu.Unlock()
 	// Killed while the receiver holds one of its deliveries: with the
 	// runs due at one instant a second, another replica may claim them all
 	// at times, and a kill at a set time could find the replica idle.
