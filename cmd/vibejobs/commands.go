@@ -17,14 +17,14 @@ import (
 	"github.com/vibejobs/vibejobs/internal/secretbox"
 )
 
-// storeFlags parses the flags of a command that opens the database and
-// does nothing else with the server's settings: where the database is, how
-// to log and, with masterKey, the master key file. Their environment
-// variables are read; serve's other variables, which an environment shared
-// with serve holds, are neither read nor checked. A serve flag the command
-// would ignore is refused.
-func storeFlags(name string, args []string, getenv func(string) string, stderr io.Writer, masterKey bool) (*Config, error) {
-	var c Config
+// parseStoreFlags parses into c the flags of a command that opens the
+// database and does nothing else with the server's settings: where the
+// database is, how to log and, with masterKey, the master key file. Their
+// environment variables are read; serve's other variables, which an
+// environment shared with serve holds, are neither read nor checked. A
+// serve flag the command would ignore is refused. On an error, c holds
+// what was read up to it (see inLogFormat).
+func (c *Config) parseStoreFlags(name string, args []string, getenv func(string) string, stderr io.Writer, masterKey bool) error {
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	c.storeFlagSet(fs, getenv)
@@ -33,17 +33,14 @@ func storeFlags(name string, args []string, getenv func(string) string, stderr i
 	}
 	if err := fs.Parse(args); err != nil {
 		if f, ok := strings.CutPrefix(err.Error(), "flag provided but not defined: -"); ok && isServeFlag(f) {
-			return nil, fmt.Errorf("%w: %s does not use --%s: it is a setting of vibejobs serve", errUsage, name, f)
+			return fmt.Errorf("%w: %s does not use --%s: it is a setting of vibejobs serve", errUsage, name, f)
 		}
-		return nil, fmt.Errorf("%w: %w", errUsage, err)
+		return fmt.Errorf("%w: %w", errUsage, err)
 	}
 	if fs.NArg() > 0 {
-		return nil, fmt.Errorf("%w: unexpected argument %q", errUsage, fs.Arg(0))
+		return fmt.Errorf("%w: unexpected argument %q", errUsage, fs.Arg(0))
 	}
-	if err := c.validateStore(); err != nil {
-		return nil, badInput(err)
-	}
-	return &c, nil
+	return badInput(c.validateStore())
 }
 
 // isServeFlag reports whether name is a flag of vibejobs serve.
@@ -54,9 +51,10 @@ func isServeFlag(name string) bool {
 }
 
 // migrate runs the migrations of the configured database and exits.
-func migrate(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
-	c, err := storeFlags("vibejobs migrate", args, getenv, stderr, false)
-	if err != nil {
+func migrate(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) (err error) {
+	c := new(Config)
+	defer func() { err = inLogFormat(c, err) }()
+	if err := c.parseStoreFlags("vibejobs migrate", args, getenv, stderr, false); err != nil {
 		return err
 	}
 	store, err := c.openStore(ctx, c.newLogger(stderr), time.Now)
@@ -71,7 +69,11 @@ func migrate(ctx context.Context, args []string, getenv func(string) string, std
 // of the key file (older keys stay, so running servers and secrets not yet
 // re-sealed keep working), then every secret is re-sealed under it in small
 // transactions. Servers pick the new key up when they next read the file.
-func masterKey(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
+//
+// With JSON logs, what it says on stderr as it works, and its failure, are
+// JSON records (master_key.rotation_waiting,
+// master_key.previous_secret_dropped); its summary stays on stdout.
+func masterKey(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) (err error) {
 	if len(args) > 0 && isHelp(args[0]) {
 		fmt.Fprint(stdout, masterKeyUsage)
 		return nil
@@ -80,10 +82,12 @@ func masterKey(ctx context.Context, args []string, getenv func(string) string, s
 		fmt.Fprint(stderr, masterKeyUsage)
 		return fmt.Errorf("%w: master-key rotate [flags]", errUsage)
 	}
-	c, err := storeFlags("vibejobs master-key rotate", args[1:], getenv, stderr, true)
-	if err != nil {
+	c := new(Config)
+	defer func() { err = inLogFormat(c, err) }()
+	if err := c.parseStoreFlags("vibejobs master-key rotate", args[1:], getenv, stderr, true); err != nil {
 		return err
 	}
+	logger := c.newLogger(stderr)
 	path := c.masterKeyPath()
 	// A key file that does not read stops the rotation before the
 	// database is opened; it is read again below, once it is our turn.
@@ -95,13 +99,19 @@ func masterKey(ctx context.Context, args []string, getenv func(string) string, s
 	// database's key once the one before it has ended, so none drops the
 	// key another put first, and none re-seals under its key what another
 	// is re-sealing under its own.
-	waiting := func() { fmt.Fprintln(stderr, "waiting for another master key rotation to end") }
+	waiting := func() {
+		if c.jsonLogs() {
+			logger.Info("master_key.rotation_waiting")
+			return
+		}
+		fmt.Fprintln(stderr, "waiting for another master key rotation to end")
+	}
 	unlock, err := lockKeyFile(ctx, path, waiting)
 	if err != nil {
 		return err
 	}
 	defer unlock()
-	store, err := c.openExistingStore(ctx, c.newLogger(stderr))
+	store, err := c.openExistingStore(ctx, logger)
 	if err != nil {
 		return err
 	}
@@ -149,6 +159,10 @@ func masterKey(ctx context.Context, args []string, getenv func(string) string, s
 		}
 		n, dropped, err := resealAll(ctx, store, keys, time.Now)
 		for _, id := range dropped {
+			if c.jsonLogs() {
+				logger.Warn("master_key.previous_secret_dropped", "subscription", id)
+				continue
+			}
 			fmt.Fprintf(stderr, "subscription %s: its previous secret does not open with the key file and was dropped; requests are signed with its current secret alone, as they already were\n", id)
 		}
 		if err != nil {

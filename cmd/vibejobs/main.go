@@ -14,6 +14,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"os/signal"
 	"sync"
@@ -74,12 +75,45 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	if err == nil || errors.Is(err, flag.ErrHelp) {
 		return 0 // -h: the flag set printed the usage
 	}
-	fmt.Fprintln(stderr, "error:", err)
+	printFailure(stderr, args[0], err)
 	var ue *cli.UsageError
 	if errors.As(err, &ue) || errors.Is(err, errUsage) {
 		return 2
 	}
 	return 1
+}
+
+// printFailure prints err, the failure of command, on stderr: the line
+// "error: …", or, for a command whose settings ask for JSON logs (see
+// inLogFormat), a JSON record of level ERROR, message command.failed, with
+// the command's name and the same text, so that a pipeline that reads the
+// command's stderr as JSON reads why it stopped too.
+func printFailure(stderr io.Writer, command string, err error) {
+	var je jsonLogsError
+	if errors.As(err, &je) {
+		slog.New(slog.NewJSONHandler(stderr, nil)).Error("command.failed", "command", command, "error", err.Error())
+		return
+	}
+	fmt.Fprintln(stderr, "error:", err)
+}
+
+// jsonLogsError is the failure of a command whose settings ask for JSON
+// logs (see inLogFormat).
+type jsonLogsError struct{ err error }
+
+func (e jsonLogsError) Error() string { return e.err.Error() }
+func (e jsonLogsError) Unwrap() error { return e.err }
+
+// inLogFormat marks err, the failure of a command configured by c, for run
+// to print as a JSON record when c asks for JSON logs: by its flag or its
+// variable, in any case, as far as the command line was read (a flag that
+// does not parse ends the reading; the flag package's own message about it
+// is plain text). nil stays nil.
+func inLogFormat(c *Config, err error) error {
+	if err == nil || !c.jsonLogs() {
+		return err
+	}
+	return jsonLogsError{err}
 }
 
 // errUsage marks the errors of a command line or an environment that is
@@ -105,8 +139,9 @@ func badInput(err error) error {
 	return inputError{err}
 }
 
-func serve(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
+func serve(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) (err error) {
 	m := NewMain(stdout, stderr)
+	defer func() { err = inLogFormat(&m.Config, err) }()
 	if err := m.ParseFlags(args, getenv); err != nil {
 		return err
 	}

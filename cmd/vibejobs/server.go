@@ -391,10 +391,14 @@ func (c *Config) masterKeyPath() string {
 	return cmp.Or(c.MasterKeyFile, filepath.Join(c.DataDir, "master.key"))
 }
 
+// jsonLogs reports whether c asks for JSON logs. validateStore makes the
+// format lower case; before it, any case counts.
+func (c *Config) jsonLogs() bool { return strings.EqualFold(c.LogFormat, "json") }
+
 func (c *Config) newLogger(w io.Writer) *slog.Logger {
 	lvl, _ := logLevel(c.LogLevel)
 	opts := &slog.HandlerOptions{Level: lvl}
-	if c.LogFormat == "json" {
+	if c.jsonLogs() {
 		return slog.New(slog.NewJSONHandler(w, opts))
 	}
 	return slog.New(slog.NewTextHandler(w, opts))
