@@ -186,3 +186,39 @@ func addSubscriptionWithLostPrevious(t *testing.T, dataDir, id string) string {
 	}
 	return previous
 }
+
+// TestDatabaseErrorsHideThePassword: a PostgreSQL database that refuses
+// the connection fails serve, migrate and master-key rotate with an error
+// that names no part of the URL's password, wherever the URL holds it, in
+// either log format. pgx's connect errors name the user, the database and
+// the address, which is all an operator needs.
+func TestDatabaseErrorsHideThePassword(t *testing.T) {
+	dataDir := t.TempDir()
+	if _, _, err := secretbox.LoadOrCreate(filepath.Join(dataDir, "master.key")); err != nil {
+		t.Fatal(err)
+	}
+	for _, database := range []string{
+		"postgres://app:Hunter2pw@127.0.0.1:1/jobs?connect_timeout=5",
+		"postgres://app:Hunter2pw%40x@127.0.0.1:1,[::1]:1/jobs?connect_timeout=5",
+		"postgresql://app@127.0.0.1:1/jobs?password=Hunter2pw&connect_timeout=5",
+	} {
+		for _, args := range [][]string{
+			{"serve", "--listen", "127.0.0.1:0"},
+			{"migrate"},
+			{"master-key", "rotate"},
+		} {
+			for _, format := range []string{"text", "json"} {
+				env := map[string]string{"VIBEJOBS_DATABASE": database, "VIBEJOBS_DATA_DIR": dataDir, "VIBEJOBS_LOG_FORMAT": format}
+				var out, errb bytes.Buffer
+				code := run(context.Background(), args, func(k string) string { return env[k] }, &out, &errb)
+				all := out.String() + errb.String()
+				if code != 1 || !strings.Contains(all, "127.0.0.1:1") {
+					t.Errorf("%s (%s): exit %d, %q; want 1 and the address refused", args[0], format, code, all)
+				}
+				if strings.Contains(all, "Hunter2") {
+					t.Errorf("%s (%s) printed the password: %q", args[0], format, all)
+				}
+			}
+		}
+	}
+}
