@@ -149,19 +149,7 @@ func TestRotateSpeaksJSON(t *testing.T) {
 func addSubscriptionWithLostPrevious(t *testing.T, dataDir, id string) string {
 	t.Helper()
 	ctx := context.Background()
-	content, err := os.ReadFile(filepath.Join(dataDir, "master.key"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	fileKeys, err := secretbox.Parse(content)
-	if err != nil {
-		t.Fatal(err)
-	}
-	lostKey, _ := secretbox.NewKey()
-	lostKeys, err := secretbox.Parse([]byte(lostKey))
-	if err != nil {
-		t.Fatal(err)
-	}
+	fileKeys, lostKeys := fileAndLostKeys(t, dataDir)
 	st, err := sqlite.Open(ctx, filepath.Join(dataDir, "vibejobs.db"), sqlite.Options{Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		t.Fatal(err)

@@ -320,19 +320,7 @@ func TestRotationDropsPreviousSubscriptionSecretsItCannotUse(t *testing.T) {
 	m, _ := startMain(t, dataDir)
 	m.Close()
 	ctx := context.Background()
-	content, err := os.ReadFile(filepath.Join(dataDir, "master.key"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	fileKeys, err := secretbox.Parse(content)
-	if err != nil {
-		t.Fatal(err)
-	}
-	lostKey, _ := secretbox.NewKey()
-	lostKeys, err := secretbox.Parse([]byte(lostKey))
-	if err != nil {
-		t.Fatal(err)
-	}
+	fileKeys, lostKeys := fileAndLostKeys(t, dataDir)
 	st, err := sqlite.Open(ctx, filepath.Join(dataDir, "vibejobs.db"), sqlite.Options{Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		t.Fatal(err)
@@ -397,7 +385,7 @@ func TestRotationDropsPreviousSubscriptionSecretsItCannotUse(t *testing.T) {
 
 	// With only the new key in the file, every secret kept opens.
 	dropOlderKeys(t, dataDir)
-	content, _ = os.ReadFile(filepath.Join(dataDir, "master.key"))
+	content, _ := os.ReadFile(filepath.Join(dataDir, "master.key"))
 	newKeys, err := secretbox.Parse(content)
 	if err != nil {
 		t.Fatal(err)
@@ -812,4 +800,22 @@ func TestWaitingRotationStopsWhenCanceled(t *testing.T) {
 	if after, _ := os.ReadFile(path); !bytes.Equal(after, before) {
 		t.Error("rotate canceled while it waited changed the key file")
 	}
+}
+
+// fileAndLostKeys returns the keys of dataDir's key file, and a keyring of
+// a key that file lacks (one lost, or of another installation).
+func fileAndLostKeys(t *testing.T, dataDir string) (file, lost *secretbox.Keyring) {
+	t.Helper()
+	content, err := os.ReadFile(filepath.Join(dataDir, "master.key"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if file, err = secretbox.Parse(content); err != nil {
+		t.Fatal(err)
+	}
+	lostKey, _ := secretbox.NewKey()
+	if lost, err = secretbox.Parse([]byte(lostKey)); err != nil {
+		t.Fatal(err)
+	}
+	return file, lost
 }
