@@ -167,7 +167,8 @@ func (s *Server) idempotent(ctx context.Context, c *call, effect func(context.Co
 	var resp *response
 	var userErr *vibejobs.Error
 	err = s.update(ctx, func(tx vibejobs.Tx) error {
-		resp, userErr, c.wake, c.changedJob, c.runCreated, c.skipped = nil, nil, false, "", false, 0
+		resp, userErr = nil, nil
+		c.dropEffects()
 		r, err := effect(ctx, c, tx)
 		if err != nil {
 			if e := userError(err); e != nil {
@@ -190,7 +191,7 @@ func (s *Server) idempotent(ctx context.Context, c *call, effect func(context.Co
 		// The effect was refused: nothing of it committed. The refusal is the
 		// answer to this key from now on.
 		resp = errorResponse(userErr)
-		c.wake, c.changedJob, c.runCreated, c.skipped = false, "", false, 0
+		c.dropEffects()
 		err = s.update(ctx, func(tx vibejobs.Tx) error {
 			rec, err := s.completedRecord(project, key, hash, resp, c.now)
 			if err != nil {
@@ -203,7 +204,7 @@ func (s *Server) idempotent(ctx context.Context, c *call, effect func(context.Co
 		// Nothing of this request committed, and the key is the taker's:
 		// there is no claim of ours to free.
 		done = true
-		c.wake, c.changedJob, c.runCreated, c.skipped = false, "", false, 0
+		c.dropEffects()
 		s.log.Warn("api: a request's idempotency key was taken over while it ran", "project", project,
 			"ran", s.now().Sub(c.now).Round(time.Millisecond).String())
 		return takenOver()

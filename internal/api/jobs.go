@@ -259,9 +259,6 @@ func (s *Server) listJobs(ctx context.Context, c *call) (*response, error) {
 func (s *Server) changeJob(ctx context.Context, c *call, tx vibejobs.Tx, change func(j *vibejobs.Job) (changed bool, e *vibejobs.Error)) (*vibejobs.Job, error) {
 	id := c.r.PathValue("id")
 	c.info.job = loggedID(id, "job_")
-	// What an attempt rolled back and run again (a PATCH's transaction
-	// retried by the store) skipped is not this attempt's to count.
-	c.skipped = 0
 	j, err := tx.GetJob(ctx, c.projectID(), id)
 	if err != nil {
 		return nil, err
@@ -337,6 +334,9 @@ func (s *Server) patchJob(ctx context.Context, c *call) (*response, error) {
 	}
 	var out *vibejobs.Job
 	err := s.update(ctx, func(tx vibejobs.Tx) error {
+		// What an attempt rolled back and run again noted is not this
+		// attempt's (as idempotent does for the other effects).
+		c.dropEffects()
 		j, err := s.changeJob(ctx, c, tx, func(j *vibejobs.Job) (bool, *vibejobs.Error) {
 			wasCompleted := j.State == vibejobs.JobCompleted
 			changed, e := s.applyJobInput(j, in, c.now, false)

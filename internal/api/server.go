@@ -331,6 +331,13 @@ type call struct {
 
 func (c *call) projectID() string { return c.token.ProjectID }
 
+// dropEffects forgets what an effect noted for after its commit (wake,
+// runCreated, skipped, changedJob): at the start of each attempt of a
+// transaction the store may run again, and when nothing of it committed.
+func (c *call) dropEffects() {
+	c.wake, c.runCreated, c.skipped, c.changedJob = false, false, 0, ""
+}
+
 // logInfo collects what the request log line says about a request.
 type logInfo struct {
 	route, project, tokenID, job, run string
@@ -617,6 +624,7 @@ func (s *Server) serveRoute(r *http.Request, rt route, info *logInfo) *response 
 		// Only benchmarks get here, to measure what the idempotency layer costs.
 		var resp *response
 		err := s.update(ctx, func(tx vibejobs.Tx) error {
+			c.dropEffects()
 			var err error
 			resp, err = rt.effect(ctx, c, tx)
 			return err
