@@ -45,11 +45,7 @@ func (k *keyFile) current(force bool) *secretbox.Keyring {
 	if force || time.Since(k.loaded) > k.reloadEvery {
 		k.loaded = time.Now()
 		info, _ := os.Stat(k.path) // before the read: a change after it is seen next time
-		data, err := os.ReadFile(k.path)
-		var keys *secretbox.Keyring
-		if err == nil {
-			keys, err = secretbox.Parse(data)
-		}
+		keys, _, err := secretbox.Load(k.path)
 		if err != nil {
 			// The keys in hand go on sealing and opening: say so, as
 			// secrets the file's new key sealed elsewhere will not open.
