@@ -51,7 +51,8 @@ type Outbox interface {
 	// ClaimOutbox leases up to limit unprocessed items that are due at now (no
 	// retry pending after now) and not leased by a live lease (locked_until
 	// after now) to worker until leaseUntil, and counts the attempt. An item is
-	// never handed to two callers for overlapping leases.
+	// never handed to two callers for overlapping leases. A limit below 1 is
+	// refused with an error, and nothing is claimed.
 	ClaimOutbox(ctx context.Context, worker string, now, leaseUntil time.Time, limit int) ([]OutboxItem, error)
 	// CompleteOutbox marks the item and its acceptance record processed at at.
 	// Completing an already processed item is a no-op.
@@ -68,7 +69,8 @@ type Outbox interface {
 	ReleaseOutbox(ctx context.Context, runID, worker string) error
 }
 
-// RetentionStore deletes processed records.
+// RetentionStore deletes processed records. A limit below 1 is refused with
+// an error, and nothing is deleted.
 type RetentionStore interface {
 	// DeleteProcessedOutbox deletes up to limit outbox items processed before
 	// before and returns how many it deleted.

@@ -261,6 +261,9 @@ func (s *Store) execReadCommitted(ctx context.Context, sql string, args ...any) 
 // skipped, so workers never wait for each other; rows a concurrent claim took
 // after this one began are re-read and skipped, never an error.
 func (s *Store) ClaimOutbox(ctx context.Context, worker string, now, leaseUntil time.Time, limit int) ([]receiver.OutboxItem, error) {
+	if limit < 1 {
+		return nil, fmt.Errorf("pgstore: claiming outbox items: limit %d is not positive", limit)
+	}
 	var items []receiver.OutboxItem
 	err := s.readCommitted(ctx, func(b *pgx.Batch) {
 		b.Queue(`UPDATE job_outbox AS o
@@ -335,6 +338,9 @@ func (s *Store) ReleaseOutbox(ctx context.Context, runID, worker string) error {
 
 // DeleteProcessedOutbox implements receiver.RetentionStore.
 func (s *Store) DeleteProcessedOutbox(ctx context.Context, before time.Time, limit int) (int, error) {
+	if limit < 1 {
+		return 0, fmt.Errorf("pgstore: deleting processed outbox items: limit %d is not positive", limit)
+	}
 	tag, err := s.execReadCommitted(ctx, `DELETE FROM job_outbox WHERE run_id IN (
 		SELECT run_id FROM job_outbox
 		WHERE processed_at < $1
@@ -349,6 +355,9 @@ func (s *Store) DeleteProcessedOutbox(ctx context.Context, before time.Time, lim
 
 // DeleteProcessedRuns implements receiver.RetentionStore.
 func (s *Store) DeleteProcessedRuns(ctx context.Context, before time.Time, limit int) (int, error) {
+	if limit < 1 {
+		return 0, fmt.Errorf("pgstore: deleting processed acceptance records: limit %d is not positive", limit)
+	}
 	tag, err := s.execReadCommitted(ctx, `DELETE FROM accepted_runs WHERE run_id IN (
 		SELECT a.run_id FROM accepted_runs AS a
 		WHERE a.processed_at < $1

@@ -264,6 +264,10 @@ func (s *Store) Accept(ctx context.Context, runID string, payload []byte) (statu
 // ClaimOutbox implements receiver.Outbox. The write lock serializes claims, so
 // a plain UPDATE … RETURNING cannot hand an item to two workers.
 func (s *Store) ClaimOutbox(ctx context.Context, worker string, now, leaseUntil time.Time, limit int) ([]receiver.OutboxItem, error) {
+	if limit < 1 {
+		// SQLite reads a negative LIMIT as none: every due item.
+		return nil, fmt.Errorf("sqlitestore: claiming outbox items: limit %d is not positive", limit)
+	}
 	var items []receiver.OutboxItem
 	err := s.inTx(ctx, func(tx *sql.Tx) error {
 		rows, err := tx.QueryContext(ctx, `UPDATE job_outbox
@@ -375,6 +379,10 @@ func (s *Store) DeleteProcessedRuns(ctx context.Context, before time.Time, limit
 }
 
 func (s *Store) deleteBatch(ctx context.Context, query string, before time.Time, limit int) (int, error) {
+	if limit < 1 {
+		// SQLite reads a negative LIMIT as none.
+		return 0, fmt.Errorf("limit %d is not positive", limit)
+	}
 	var n int64
 	err := s.inTx(ctx, func(tx *sql.Tx) error {
 		res, err := tx.ExecContext(ctx, query, ts(before), limit)

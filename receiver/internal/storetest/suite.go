@@ -49,6 +49,7 @@ func Run(t *testing.T, h Harness) {
 	t.Run("ConcurrentDeliveries", func(t *testing.T) { testConcurrentDeliveries(t, h) })
 	t.Run("RedeliveryAfterProcessing", func(t *testing.T) { testRedeliveryAfterProcessing(t, h) })
 	t.Run("ClaimLeaseCompleteFail", func(t *testing.T) { testClaimLease(t, h) })
+	t.Run("ClaimLimitNotPositive", func(t *testing.T) { testClaimLimitNotPositive(t, h) })
 	t.Run("LeaseEndsNoEarlier", func(t *testing.T) { testLeaseEndsNoEarlier(t, h) })
 	t.Run("RetryComesNoEarlier", func(t *testing.T) { testRetryComesNoEarlier(t, h) })
 	t.Run("LateCompletionStands", func(t *testing.T) { testLateCompletionStands(t, h) })
@@ -57,6 +58,7 @@ func Run(t *testing.T, h Harness) {
 	t.Run("WorkerRetriesWithBackoff", func(t *testing.T) { testWorkerRetries(t, h) })
 	t.Run("ConcurrentWorkers", func(t *testing.T) { testConcurrentWorkers(t, h) })
 	t.Run("Retention", func(t *testing.T) { testRetention(t, h) })
+	t.Run("RetentionLimitNotPositive", func(t *testing.T) { testRetentionLimitNotPositive(t, h) })
 	t.Run("CrashAfterCommitBeforeResponse", func(t *testing.T) { testCrashAfterCommit(t, h) })
 	t.Run("WorkerKilledMidItem", func(t *testing.T) { testWorkerKilled(t, h) })
 }
@@ -300,6 +302,36 @@ func testClaimLease(t *testing.T, h Harness) {
 		if err := s.CompleteOutbox(ctx, a[0].RunID, now.Add(time.Hour)); err != nil {
 			t.Fatal(err)
 		}
+	}
+}
+
+// testClaimLimitNotPositive: a claim of fewer than one item is refused with
+// an error and claims nothing, on every store alike. (SQLite reads a
+// negative LIMIT as no limit, and would lease every due item; PostgreSQL
+// refuses it; both return nothing for LIMIT 0.)
+func testClaimLimitNotPositive(t *testing.T, h Harness) {
+	s, _ := h.New(t)
+	ctx := context.Background()
+	for _, id := range []string{"run_1", "run_2"} {
+		mustAccept(t, s, id)
+	}
+	t0 := time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
+	for _, limit := range []int{0, -1, -1 << 62} {
+		got, err := s.ClaimOutbox(ctx, "a", t0, t0.Add(time.Minute), limit)
+		if err == nil || len(got) != 0 {
+			t.Fatalf("ClaimOutbox(limit %d) = %d items, %v; want an error and none", limit, len(got), err)
+		}
+		if !strings.Contains(err.Error(), "limit") {
+			t.Fatalf("ClaimOutbox(limit %d) error %q does not name the limit", limit, err)
+		}
+	}
+	for _, id := range []string{"run_1", "run_2"} {
+		if st := h.Inspect(t, s, id); st.LockedBy != "" || st.Attempts != 0 {
+			t.Fatalf("%s after claims of no items: %+v", id, st)
+		}
+	}
+	if got, err := s.ClaimOutbox(ctx, "b", t0, t0.Add(time.Minute), 2); err != nil || len(got) != 2 || got[0].Attempt != 1 {
+		t.Fatalf("claim after the refused ones: %v, %v; want both items at attempt 1", got, err)
 	}
 }
 
@@ -673,6 +705,51 @@ func testRetention(t *testing.T, h Harness) {
 	}
 	if outbox, runs, err := r.RunOnce(ctx); err != nil || outbox+runs != 0 {
 		t.Fatalf("second RunOnce = %d, %d, %v", outbox, runs, err)
+	}
+}
+
+// testRetentionLimitNotPositive: a delete of fewer than one row is refused
+// with an error and deletes nothing, on every store alike (SQLite reads a
+// negative LIMIT as no limit).
+func testRetentionLimitNotPositive(t *testing.T, h Harness) {
+	s, _ := h.New(t)
+	ctx := context.Background()
+	now := time.Date(2030, 6, 1, 0, 0, 0, 0, time.UTC)
+	for _, id := range []string{"run_1", "run_2"} {
+		mustAccept(t, s, id)
+		if err := s.CompleteOutbox(ctx, id, now.Add(-time.Hour)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	deletes := []struct {
+		name string
+		del  func(context.Context, time.Time, int) (int, error)
+	}{{"DeleteProcessedOutbox", s.DeleteProcessedOutbox}, {"DeleteProcessedRuns", s.DeleteProcessedRuns}}
+	for i, d := range deletes {
+		if i == 1 {
+			// The runs pass deletes only runs without an item: leave none.
+			if n, err := s.DeleteProcessedOutbox(ctx, now, 10); err != nil || n != 2 {
+				t.Fatalf("DeleteProcessedOutbox(limit 10) = %d, %v; want 2", n, err)
+			}
+		}
+		before := map[string]ItemState{}
+		for _, id := range []string{"run_1", "run_2"} {
+			before[id] = h.Inspect(t, s, id)
+		}
+		for _, limit := range []int{0, -1, -1 << 62} {
+			n, err := d.del(ctx, now, limit)
+			if err == nil || n != 0 || !strings.Contains(err.Error(), "limit") {
+				t.Fatalf("%s(limit %d) = %d, %v; want 0 and an error that names the limit", d.name, limit, n, err)
+			}
+			for id, want := range before {
+				if st := h.Inspect(t, s, id); st != want {
+					t.Fatalf("%s after %s(limit %d): %+v, was %+v", id, d.name, limit, st, want)
+				}
+			}
+		}
+	}
+	if n, err := s.DeleteProcessedRuns(ctx, now, 10); err != nil || n != 2 {
+		t.Fatalf("DeleteProcessedRuns(limit 10) = %d, %v; want 2", n, err)
 	}
 }
 
