@@ -46,7 +46,20 @@ var (
 // have any default isolation: the Store begins its own transactions at READ
 // COMMITTED and changes no session setting of pool's connections. The pool
 // may use any pgx query exec mode, including "exec" and "simple_protocol".
+// A Store without a pool (New(nil), a zero or nil Store) answers every call
+// with an error.
 func New(pool *pgxpool.Pool) *Store { return &Store{pool: pool} }
+
+// errNoPool answers the calls of a Store that has no pool.
+var errNoPool = errors.New("no pool: make the Store with New(pool) or Open")
+
+// poolOf returns s's pool, or errNoPool.
+func (s *Store) poolOf() (*pgxpool.Pool, error) {
+	if s == nil || s.pool == nil {
+		return nil, errNoPool
+	}
+	return s.pool, nil
+}
 
 // Open connects a pool to the PostgreSQL URL (or keyword/value DSN) and
 // returns a Store that owns it; Close closes it. Open does not migrate. A
@@ -64,12 +77,17 @@ func Open(ctx context.Context, url string) (*Store, error) {
 	return &Store{pool: pool, owned: true}, nil
 }
 
-// Pool returns the store's pool.
-func (s *Store) Pool() *pgxpool.Pool { return s.pool }
+// Pool returns the store's pool, nil for a Store without one.
+func (s *Store) Pool() *pgxpool.Pool {
+	if s == nil {
+		return nil
+	}
+	return s.pool
+}
 
 // Close closes the pool if Open created it.
 func (s *Store) Close() {
-	if s.owned {
+	if s != nil && s.owned {
 		s.pool.Close()
 	}
 }
@@ -110,7 +128,11 @@ var migrations = []string{
 // the one that waited for the lock reads the versions the other recorded; a
 // REPEATABLE READ or SERIALIZABLE snapshot, taken before the wait, would not.
 func (s *Store) Migrate(ctx context.Context) error {
-	err := pgx.BeginTxFunc(ctx, s.pool, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, func(tx pgx.Tx) error {
+	pool, err := s.poolOf()
+	if err != nil {
+		return fmt.Errorf("pgstore: migrating: %w", err)
+	}
+	err = pgx.BeginTxFunc(ctx, pool, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtext('vibejobs.receiver.migrate.' || current_schema()))`); err != nil {
 			return err
 		}
@@ -199,7 +221,11 @@ func (s *Store) Accept(ctx context.Context, runID string, payload []byte) (statu
 // does not scan), since the COMMIT went with the statements, or a connection
 // lost before the COMMIT's answer came back.
 func (s *Store) readCommitted(ctx context.Context, queue func(*pgx.Batch), read func(pgx.BatchResults) error) error {
-	conn, err := s.pool.Acquire(ctx)
+	pool, err := s.poolOf()
+	if err != nil {
+		return err
+	}
+	conn, err := pool.Acquire(ctx)
 	if err != nil {
 		return err
 	}
