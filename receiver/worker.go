@@ -15,6 +15,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unicode/utf8"
 
 	"github.com/vibejobs/vibejobs/contract"
 )
@@ -66,7 +67,9 @@ type WorkerConfig struct {
 	// other's leases. Each claim holds its items as ID followed by "#" and
 	// the claim's sequence number in this Worker, so that an item whose
 	// lease ran out and which this Worker claimed again is held by the new
-	// claim alone. Default: host name, process id and random bytes.
+	// claim alone. It must be valid UTF-8 without NUL bytes, which
+	// PostgreSQL's text columns refuse. Default: host name, process id and
+	// random bytes.
 	ID string
 	// Lease is how long a claimed item stays reserved for this worker; after it
 	// any worker may claim the item again. Process must finish within it.
@@ -110,6 +113,9 @@ func NewWorker(cfg WorkerConfig) (*Worker, error) {
 	}
 	if cfg.Lease < 0 || cfg.Concurrency < 0 || cfg.PollInterval < 0 {
 		return nil, errors.New("receiver: negative WorkerConfig value")
+	}
+	if !utf8.ValidString(cfg.ID) || strings.Contains(cfg.ID, "\x00") {
+		return nil, errors.New("receiver: WorkerConfig.ID is not UTF-8 text without NUL bytes")
 	}
 	id := cfg.ID
 	if id == "" {

@@ -311,6 +311,33 @@ func TestWorkerClaimsHoldItemsApart(t *testing.T) {
 	}
 }
 
+// TestNewWorkerRefusesBadConfig: a config the Worker cannot run with is
+// refused by NewWorker with an error, not met later at every claim. An ID
+// that is not valid UTF-8, or holds a NUL byte, is one: PostgreSQL's text
+// columns refuse it, so on pgstore every claim would fail, while sqlitestore
+// took it.
+func TestNewWorkerRefusesBadConfig(t *testing.T) {
+	process := func(context.Context, string, []byte) error { return nil }
+	for name, cfg := range map[string]receiver.WorkerConfig{
+		"no outbox":            {Process: process},
+		"no process":           {Outbox: &fakeOutbox{}},
+		"negative lease":       {Outbox: &fakeOutbox{}, Process: process, Lease: -time.Second},
+		"negative concurrency": {Outbox: &fakeOutbox{}, Process: process, Concurrency: -1},
+		"negative poll":        {Outbox: &fakeOutbox{}, Process: process, PollInterval: -time.Second},
+		"ID with a NUL byte":   {Outbox: &fakeOutbox{}, Process: process, ID: "worker\x00a"},
+		"ID not UTF-8":         {Outbox: &fakeOutbox{}, Process: process, ID: "worker\xffa"},
+		"ID cut inside a rune": {Outbox: &fakeOutbox{}, Process: process, ID: "worker-\xc3"},
+	} {
+		if _, err := receiver.NewWorker(cfg); err == nil {
+			t.Errorf("%s: NewWorker accepted it; want an error", name)
+		}
+	}
+	w, err := receiver.NewWorker(receiver.WorkerConfig{Outbox: &fakeOutbox{}, Process: process, ID: "wörker-1"})
+	if err != nil || w.ID() != "wörker-1" {
+		t.Fatalf("NewWorker with a UTF-8 ID: %v", err)
+	}
+}
+
 func TestDefaultBackoff(t *testing.T) {
 	want := map[int]time.Duration{0: 5 * time.Second, 1: 5 * time.Second, 2: 10 * time.Second, 3: 20 * time.Second, 10: 2560 * time.Second, 11: time.Hour, 1000: time.Hour}
 	for attempt, d := range want {
