@@ -45,10 +45,11 @@ type Config struct {
 	// nothing to set it on: the handler then logs a warning, once, and the
 	// server's ReadTimeout alone bounds the body (a read cannot be cut
 	// otherwise, and the handler must not leave one running after it
-	// returns). Give such wrappers Unwrap. When zero, the server's ReadTimeout alone
-	// governs slow bodies, and a server without one waits for a stalled client
-	// for as long as the connection stays open: set ReadHeaderTimeout and
-	// ReadTimeout on the http.Server in any case.
+	// returns). Give such wrappers Unwrap. When zero, the server's
+	// ReadTimeout alone governs slow bodies, and a server without one waits
+	// for a stalled client for as long as the connection stays open: set
+	// ReadHeaderTimeout and ReadTimeout on the http.Server in any case.
+	// Negative is an error.
 	BodyReadTimeout time.Duration
 	// AcceptTimeout (NewHandler only) bounds the store's acceptance of one
 	// verified delivery: waiting for a connection, the transaction and its
@@ -88,6 +89,9 @@ func newHandler(cfg Config) (*Handler, error) {
 	}
 	if cfg.AcceptTimeout < 0 {
 		return nil, errors.New("receiver: Config.AcceptTimeout is negative")
+	}
+	if cfg.BodyReadTimeout < 0 {
+		return nil, errors.New("receiver: Config.BodyReadTimeout is negative")
 	}
 	h := &Handler{
 		verifier:      cfg.Verifier,

@@ -710,6 +710,19 @@ func TestHandlerAcceptContext(t *testing.T) {
 	}
 }
 
+// TestHandlerRefusesNegativeBodyReadTimeout: a negative BodyReadTimeout (a
+// duration computed the wrong way round) is refused like a negative
+// AcceptTimeout, not taken for no bound at all.
+func TestHandlerRefusesNegativeBodyReadTimeout(t *testing.T) {
+	cfg := receiver.Config{Verifier: mustVerifier(t, receiver.Secrets{Current: vectorSecret}, nil), BodyReadTimeout: -time.Second}
+	if _, err := receiver.NewHandler(cfg, &memStore{}); err == nil {
+		t.Error("NewHandler accepted a negative BodyReadTimeout")
+	}
+	if _, err := receiver.NewMiddleware(cfg, http.NotFoundHandler()); err == nil {
+		t.Error("NewMiddleware accepted a negative BodyReadTimeout")
+	}
+}
+
 // Whatever happens, the logs hold neither the secret, nor the signature, nor
 // the body.
 func TestHandlerNeverLogsSecretSignatureOrBody(t *testing.T) {
