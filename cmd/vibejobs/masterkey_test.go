@@ -669,9 +669,12 @@ func TestBadKeyFileIsNamed(t *testing.T) {
 // file alone. It created the schema and its tables, "re-sealed" their 0
 // secrets and put a new key first in the file, as it did on a SQLite file
 // that was not there, and said the older keys, which every secret of the
-// real database needs, could go.
+// real database needs, could go. So it does when the search_path names a
+// migrated schema after it: it took that one's migrations table for the
+// named schema's, and re-sealed the wrong schema or migrated the named one.
 func TestRotationRefusesAnUnmigratedPostgresSchema(t *testing.T) {
 	base := postgres.TestURL(t)
+	_, migrated := pgReplicaURL(t, "")
 	dataDir := t.TempDir()
 	key, _ := secretbox.NewKey()
 	path := filepath.Join(dataDir, "master.key")
@@ -684,22 +687,26 @@ func TestRotationRefusesAnUnmigratedPostgresSchema(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer conn.Close(ctx)
-	for _, exists := range []bool{false, true} {
+	for _, tc := range []struct {
+		exists bool
+		then   string
+	}{{false, ""}, {true, ""}, {false, "," + migrated.Schema()}, {true, "," + migrated.Schema()}} {
+		exists := tc.exists
 		schema := postgres.NewTestSchema(t)
 		if exists {
 			if _, err := conn.Exec(ctx, "CREATE SCHEMA "+pgx.Identifier{schema}.Sanitize()); err != nil {
 				t.Fatal(err)
 			}
 		}
-		env := map[string]string{"VIBEJOBS_DATA_DIR": dataDir, "VIBEJOBS_DATABASE": base + "&search_path=" + schema}
+		env := map[string]string{"VIBEJOBS_DATA_DIR": dataDir, "VIBEJOBS_DATABASE": base + "&search_path=" + schema + tc.then}
 		var out, errb bytes.Buffer
 		code := run(ctx, []string{"master-key", "rotate"}, func(k string) string { return env[k] }, &out, &errb)
 		if code != 1 || !strings.Contains(errb.String(), "never migrated") || !strings.Contains(errb.String(), schema) {
-			t.Errorf("rotate on a schema never migrated (it exists: %v): exit %d, stdout %q, stderr %q; want 1 and the schema named",
-				exists, code, out.String(), errb.String())
+			t.Errorf("rotate on a schema never migrated (it exists: %v; search_path %s%s): exit %d, stdout %q, stderr %q; want 1 and the schema named",
+				exists, schema, tc.then, code, out.String(), errb.String())
 		}
 		if b, _ := os.ReadFile(path); string(b) != key+"\n" {
-			t.Errorf("rotate on a schema never migrated (it exists: %v) changed the key file", exists)
+			t.Errorf("rotate on a schema never migrated (it exists: %v; search_path %s%s) changed the key file", exists, schema, tc.then)
 		}
 		var created bool
 		if err := conn.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_namespace WHERE nspname = $1)`, schema).Scan(&created); err != nil {
@@ -710,7 +717,7 @@ func TestRotationRefusesAnUnmigratedPostgresSchema(t *testing.T) {
 			t.Fatal(err)
 		}
 		if created != exists || tables != 0 {
-			t.Errorf("rotate on a schema never migrated (it exists: %v) left the schema there: %v, with %d tables", exists, created, tables)
+			t.Errorf("rotate on a schema never migrated (it exists: %v; search_path %s%s) left the schema there: %v, with %d tables", exists, schema, tc.then, created, tables)
 		}
 	}
 }

@@ -204,12 +204,22 @@ func Open(ctx context.Context, url string, opts Options) (*Store, error) {
 	return s, nil
 }
 
-// checkMigrated fails unless the search_path of pool's connections (which
-// begins with schema, when set) leads to the table in which migrations are
-// recorded.
+// checkMigrated fails unless schema, when set, holds the table in which
+// migrations are recorded; when "", unless the search_path of pool's
+// connections leads to it. A named schema is looked in alone: through a
+// search_path that names others after it, a schema missing or never
+// migrated would pass on a later one's table, and the work meant for it
+// go to that one (or, the schema being there, to tables Migrate makes in
+// it).
 func checkMigrated(ctx context.Context, pool *pgxpool.Pool, schema string) error {
 	var migrated bool
-	if err := pool.QueryRow(ctx, `SELECT to_regclass('goose_db_version') IS NOT NULL`).Scan(&migrated); err != nil {
+	q, args := `SELECT to_regclass('goose_db_version') IS NOT NULL`, []any{}
+	if schema != "" {
+		q = `SELECT EXISTS (SELECT FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+			WHERE n.nspname = $1 AND c.relname = 'goose_db_version')`
+		args = []any{schema}
+	}
+	if err := pool.QueryRow(ctx, q, args...).Scan(&migrated); err != nil {
 		return mapError(err, "looking for the database")
 	}
 	if migrated {

@@ -1,0 +1,121 @@
+package postgres_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/vibejobs/vibejobs/internal/postgres"
+)
+
+// withParam returns url with the query parameter kv (key=value) added.
+func withParam(url, kv string) string {
+	if strings.Contains(url, "?") {
+		return url + "&" + kv
+	}
+	return url + "?" + kv
+}
+
+// tablesIn returns how many tables schema holds, and whether it exists.
+func tablesIn(t *testing.T, conn *pgx.Conn, schema string) (n int, exists bool) {
+	t.Helper()
+	err := conn.QueryRow(context.Background(), `SELECT (SELECT count(*) FROM pg_tables WHERE schemaname = $1),
+		EXISTS (SELECT FROM pg_namespace WHERE nspname = $1)`, schema).Scan(&n, &exists)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n, exists
+}
+
+// TestMustExistLooksInTheNamedSchema: Open with MustExist (master-key
+// rotate) on a URL whose search_path names a schema never migrated, before
+// a schema that was, refuses it and names it, creating nothing. It looked
+// for the migrations table through the whole search_path, found the second
+// schema's and accepted: the rotation then worked on that schema's tables
+// while the user had named the first.
+func TestMustExistLooksInTheNamedSchema(t *testing.T) {
+	ctx := context.Background()
+	url := postgres.TestURL(t)
+	migrated := postgres.NewTestSchema(t)
+	open(t, migrated)
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	for _, exists := range []bool{false, true} {
+		named := postgres.NewTestSchema(t)
+		if exists {
+			if _, err := conn.Exec(ctx, "CREATE SCHEMA "+pgx.Identifier{named}.Sanitize()); err != nil {
+				t.Fatal(err)
+			}
+		}
+		s, err := postgres.Open(ctx, withParam(url, "search_path="+named+","+migrated), postgres.Options{Logger: quiet, MustExist: true})
+		if err == nil {
+			s.Close()
+			t.Errorf("MustExist on search_path %s,%s (the first exists: %v) accepted it, want it refused", named, migrated, exists)
+		} else if !strings.Contains(err.Error(), "never migrated") || !strings.Contains(err.Error(), named) {
+			t.Errorf("MustExist on search_path %s,%s (the first exists: %v): %v; want the first named as never migrated", named, migrated, exists, err)
+		}
+		if n, ok := tablesIn(t, conn, named); ok != exists || n != 0 {
+			t.Errorf("MustExist on search_path %s,%s (the first exists: %v) left it existing: %v, with %d tables", named, migrated, exists, ok, n)
+		}
+	}
+
+	// The migrated schema named first is accepted, whatever follows it.
+	s, err := postgres.Open(ctx, withParam(url, "search_path="+migrated+",pg_catalog"), postgres.Options{Logger: quiet, MustExist: true})
+	if err != nil {
+		t.Fatalf("MustExist on a migrated schema named first: %v", err)
+	}
+	s.Close()
+}
+
+// TestURLSchemaIsMigratedFirstInTheSearchPath: Open (serve and migrate) on
+// a URL whose search_path names a missing schema before a migrated one
+// creates the first and migrates it, leaving the second as it was.
+func TestURLSchemaIsMigratedFirstInTheSearchPath(t *testing.T) {
+	ctx := context.Background()
+	url := postgres.TestURL(t)
+	migrated := postgres.NewTestSchema(t)
+	open(t, migrated)
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	before, _ := tablesIn(t, conn, migrated)
+	var versionsBefore int
+	if err := conn.QueryRow(ctx, "SELECT count(*) FROM "+pgx.Identifier{migrated, "goose_db_version"}.Sanitize()).Scan(&versionsBefore); err != nil {
+		t.Fatal(err)
+	}
+
+	named := postgres.NewTestSchema(t)
+	s, err := postgres.Open(ctx, withParam(url, "search_path="+named+","+migrated), postgres.Options{Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if s.Schema() != named {
+		t.Errorf("Schema() = %q, want %q", s.Schema(), named)
+	}
+	if n, _ := tablesIn(t, conn, named); n != before {
+		t.Errorf("%d tables in the named schema, want %d as in a migrated one", n, before)
+	}
+	var versions int
+	if err := conn.QueryRow(ctx, "SELECT count(*) FROM "+pgx.Identifier{migrated, "goose_db_version"}.Sanitize()).Scan(&versions); err != nil {
+		t.Fatal(err)
+	}
+	if n, _ := tablesIn(t, conn, migrated); n != before || versions != versionsBefore {
+		t.Errorf("the second schema of the search_path changed: %d tables (was %d), %d migrations recorded (was %d)", n, before, versions, versionsBefore)
+	}
+	// The store's statements reach the named schema's tables.
+	var where string
+	if err := s.Pool().QueryRow(ctx, `SELECT relnamespace::regnamespace::text FROM pg_class WHERE oid = 'runs'::regclass`).Scan(&where); err != nil {
+		t.Fatal(err)
+	}
+	if where != named {
+		t.Errorf("the store's runs table is in %s, want %s", where, named)
+	}
+}
