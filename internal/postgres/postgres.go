@@ -70,8 +70,10 @@ type Options struct {
 	Now func() time.Time
 	// Schema, when set, is created if missing and is the search_path of every
 	// connection: the tables live there. When "", a search_path in the URL
-	// (search_path=name) names the schema instead, else the server's
-	// search_path applies.
+	// (search_path=name, its first entry) names the schema instead, else
+	// the server's search_path applies. Open refuses a URL whose options (or
+	// PGOPTIONS) set search_path: a schema chosen there would get none of
+	// this.
 	Schema string
 	// MaxConns is the pool size; 0 keeps pgx's default (pool_max_conns in the
 	// URL, else max(4, GOMAXPROCS)).
@@ -141,6 +143,9 @@ func Open(ctx context.Context, url string, opts Options) (*Store, error) {
 		cfg.MaxConns = int32(opts.MaxConns)
 	}
 	cfg.ConnConfig.DialFunc = dialer(cfg.ConnConfig.ConnectTimeout).DialContext
+	if optionsSetSearchPath(cfg.ConnConfig.RuntimeParams["options"]) {
+		return nil, errOptionsSearchPath
+	}
 	schema := opts.Schema
 	if schema != "" {
 		cfg.ConnConfig.RuntimeParams["search_path"] = pgx.Identifier{schema}.Sanitize()
@@ -246,6 +251,67 @@ func urlSchema(searchPath string) string {
 		return ""
 	}
 	return first
+}
+
+// errOptionsSearchPath refuses a schema chosen through the server options
+// of the URL (or PGOPTIONS), which the Store cannot see: see
+// optionsSetSearchPath.
+var errOptionsSearchPath = errors.New("postgres: the database URL's options (or PGOPTIONS) set search_path: " +
+	"give the schema as search_path=<schema> in the URL instead, so that vibejobs knows it " +
+	"(it creates it if missing and keeps the migration lock and notifications of its installation apart)")
+
+// optionsSetSearchPath reports whether options, the command-line options
+// the server applies at the start of each session (the URL's options=, else
+// PGOPTIONS), set search_path: as -c search_path=…, -csearch_path=… or
+// --search_path=… (a name case-insensitive, its - read as _). Open refuses
+// them rather than read the schema there: only search_path= (and
+// Options.Schema) name the Store's schema, which keys its migration lock,
+// its master key rotation lock and its notifications, and is created if
+// missing. Arguments are split as the server splits them: at spaces not
+// escaped with a backslash.
+func optionsSetSearchPath(options string) bool {
+	var args []string
+	var arg strings.Builder
+	escaped, in := false, false
+	for _, c := range options {
+		switch {
+		case escaped:
+			arg.WriteRune(c)
+			escaped = false
+		case c == '\\':
+			escaped, in = true, true
+		case c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v':
+			if in {
+				args = append(args, arg.String())
+				arg.Reset()
+				in = false
+			}
+		default:
+			arg.WriteRune(c)
+			in = true
+		}
+	}
+	if in {
+		args = append(args, arg.String())
+	}
+	for i, a := range args {
+		var setting string
+		switch {
+		case a == "-c" && i+1 < len(args):
+			setting = args[i+1]
+		case strings.HasPrefix(a, "--"):
+			setting = a[2:]
+		case strings.HasPrefix(a, "-c"):
+			setting = a[2:]
+		default:
+			continue
+		}
+		name, _, _ := strings.Cut(setting, "=")
+		if strings.ReplaceAll(strings.ToLower(name), "-", "_") == "search_path" {
+			return true
+		}
+	}
+	return false
 }
 
 // registerUTC makes timestamptz values scan in UTC (the domain's promise),

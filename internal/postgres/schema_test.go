@@ -119,3 +119,55 @@ func TestURLSchemaIsMigratedFirstInTheSearchPath(t *testing.T) {
 		t.Errorf("the store's runs table is in %s, want %s", where, named)
 	}
 }
+
+// TestOptionsSearchPathIsRefused: a URL whose options (or PGOPTIONS) set
+// search_path, libpq's -c search_path=name, is refused with an error that
+// says to write search_path=name instead. Open read the schema from
+// search_path= alone: a schema chosen through options was the connections'
+// schema, but the Store's was "", so two installations in two schemas of
+// one database, each chosen so, shared the migration lock, the master key
+// rotation lock and their notifications, and a missing schema was not
+// created. Options that set no search_path are taken.
+func TestOptionsSearchPathIsRefused(t *testing.T) {
+	ctx := context.Background()
+	url := postgres.TestURL(t)
+	migrated := postgres.NewTestSchema(t)
+	open(t, migrated)
+	refused := func(t *testing.T, what, url string) {
+		t.Helper()
+		s, err := postgres.Open(ctx, url, postgres.Options{Logger: quiet})
+		if err == nil {
+			t.Errorf("%s: Open took it (schema %q), want it refused", what, s.Schema())
+			s.Close()
+			return
+		}
+		if msg := err.Error(); !strings.Contains(msg, "options") || !strings.Contains(msg, "search_path=") {
+			t.Errorf("%s: %v; want an error that says to give search_path= instead", what, err)
+		}
+	}
+	for _, options := range []string{
+		"-csearch_path%3D" + migrated,
+		"-c%20search_path%3D" + migrated,
+		"--search_path%3D" + migrated,
+		"--search-path%3D" + migrated,
+		"-c%20statement_timeout%3D5s%20-c%20SEARCH_PATH%3D" + migrated + ",public",
+	} {
+		refused(t, "options="+options, withParam(url, "options="+options))
+	}
+	t.Run("PGOPTIONS", func(t *testing.T) {
+		t.Setenv("PGOPTIONS", "-c search_path="+migrated)
+		refused(t, "PGOPTIONS", url)
+	})
+
+	schema := postgres.NewTestSchema(t)
+	s, err := postgres.Open(ctx, withParam(withParam(url, "options=-c%20statement_timeout%3D5s%20-c%20application_name%3Dsearch_path"), "search_path="+schema),
+		postgres.Options{Logger: quiet})
+	if err != nil {
+		t.Fatalf("options that set no search_path: %v", err)
+	}
+	defer s.Close()
+	var timeout string
+	if err := s.Pool().QueryRow(ctx, `SHOW statement_timeout`).Scan(&timeout); err != nil || timeout != "5s" || s.Schema() != schema {
+		t.Errorf("options that set no search_path: statement_timeout %q (%v), Schema() %q; want 5s and %s", timeout, err, s.Schema(), schema)
+	}
+}
