@@ -240,17 +240,23 @@ func checkMigrated(ctx context.Context, pool *pgxpool.Pool, schema string) error
 // urlSchema returns the schema a search_path given in the URL puts first
 // ("" for none or "$user"), so a schema chosen in the URL gets the same
 // treatment as Options.Schema: created if missing, its own migration lock
-// and its own notifications.
+// and its own notifications. It reads the name as the server does: in
+// double quotes as written, else with its ASCII letters in lower case.
 func urlSchema(searchPath string) string {
 	first, _, _ := strings.Cut(searchPath, ",")
 	first = strings.TrimSpace(first)
 	if len(first) >= 2 && first[0] == '"' && first[len(first)-1] == '"' {
-		first = strings.ReplaceAll(first[1:len(first)-1], `""`, `"`)
+		return strings.ReplaceAll(first[1:len(first)-1], `""`, `"`)
 	}
 	if first == "$user" {
 		return ""
 	}
-	return first
+	return strings.Map(func(r rune) rune {
+		if 'A' <= r && r <= 'Z' {
+			return r + 'a' - 'A'
+		}
+		return r
+	}, first)
 }
 
 // errOptionsSearchPath refuses a schema chosen through the server options

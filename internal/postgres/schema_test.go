@@ -171,3 +171,47 @@ func TestOptionsSearchPathIsRefused(t *testing.T) {
 		t.Errorf("options that set no search_path: statement_timeout %q (%v), Schema() %q; want 5s and %s", timeout, err, s.Schema(), schema)
 	}
 }
+
+// TestURLSchemaFoldsCaseAsTheServerDoes: a search_path entry written
+// without quotes names the schema in lower case, as the server reads it,
+// and one in double quotes names it as written. Open created the schema
+// with the letters as written ("Vjtest_…"), while the server looked for
+// vjtest_…: no schema, so the migrations failed ("no schema has been
+// selected to create in") and left the stray schema behind.
+func TestURLSchemaFoldsCaseAsTheServerDoes(t *testing.T) {
+	ctx := context.Background()
+	url := postgres.TestURL(t)
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close(context.Background()) }) // after the drops below
+	for _, quoted := range []bool{false, true} {
+		lower := postgres.NewTestSchema(t)
+		mixed := "Vj" + strings.TrimPrefix(lower, "vj")
+		t.Cleanup(func() {
+			if _, err := conn.Exec(context.Background(), "DROP SCHEMA IF EXISTS "+pgx.Identifier{mixed}.Sanitize()+" CASCADE"); err != nil {
+				t.Errorf("dropping test schema %s: %v", mixed, err)
+			}
+		})
+		entry, want, other := mixed, lower, mixed
+		if quoted {
+			entry, want, other = "%22"+mixed+"%22", mixed, lower
+		}
+		s, err := postgres.Open(ctx, withParam(url, "search_path="+entry), postgres.Options{Logger: quiet})
+		if err != nil {
+			t.Errorf("search_path=%s: %v", entry, err)
+			continue
+		}
+		s.Close()
+		if s.Schema() != want {
+			t.Errorf("search_path=%s: Schema() = %q, want %q", entry, s.Schema(), want)
+		}
+		if n, _ := tablesIn(t, conn, want); n == 0 {
+			t.Errorf("search_path=%s: no tables in %s", entry, want)
+		}
+		if _, exists := tablesIn(t, conn, other); exists {
+			t.Errorf("search_path=%s: schema %s was made", entry, other)
+		}
+	}
+}
