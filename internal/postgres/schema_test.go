@@ -29,6 +29,22 @@ func tablesIn(t *testing.T, conn *pgx.Conn, schema string) (n int, exists bool) 
 	return n, exists
 }
 
+// migratedSchema returns the test server's URL, a schema Open migrated and
+// a connection of its own, closed when t ends.
+func migratedSchema(t *testing.T) (url, migrated string, conn *pgx.Conn) {
+	t.Helper()
+	ctx := context.Background()
+	url = postgres.TestURL(t)
+	migrated = postgres.NewTestSchema(t)
+	open(t, migrated)
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close(ctx) })
+	return url, migrated, conn
+}
+
 // TestMustExistLooksInTheNamedSchema: Open with MustExist (master-key
 // rotate) on a URL whose search_path names a schema never migrated, before
 // a schema that was, refuses it and names it, creating nothing. It looked
@@ -37,14 +53,7 @@ func tablesIn(t *testing.T, conn *pgx.Conn, schema string) (n int, exists bool) 
 // while the user had named the first.
 func TestMustExistLooksInTheNamedSchema(t *testing.T) {
 	ctx := context.Background()
-	url := postgres.TestURL(t)
-	migrated := postgres.NewTestSchema(t)
-	open(t, migrated)
-	conn, err := pgx.Connect(ctx, url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(ctx)
+	url, migrated, conn := migratedSchema(t)
 	for _, exists := range []bool{false, true} {
 		named := postgres.NewTestSchema(t)
 		if exists {
@@ -77,14 +86,7 @@ func TestMustExistLooksInTheNamedSchema(t *testing.T) {
 // creates the first and migrates it, leaving the second as it was.
 func TestURLSchemaIsMigratedFirstInTheSearchPath(t *testing.T) {
 	ctx := context.Background()
-	url := postgres.TestURL(t)
-	migrated := postgres.NewTestSchema(t)
-	open(t, migrated)
-	conn, err := pgx.Connect(ctx, url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(ctx)
+	url, migrated, conn := migratedSchema(t)
 	before, _ := tablesIn(t, conn, migrated)
 	var versionsBefore int
 	if err := conn.QueryRow(ctx, "SELECT count(*) FROM "+pgx.Identifier{migrated, "goose_db_version"}.Sanitize()).Scan(&versionsBefore); err != nil {
