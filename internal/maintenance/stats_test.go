@@ -100,15 +100,21 @@ func (s *recoveryStore) FailExpiredRuns(ctx context.Context, now time.Time, limi
 	return 0, s.expireErr
 }
 
+// newRecoveryMaintainer returns a recoveryStore and a Maintainer of it
+// whose clock reads *now.
+func newRecoveryMaintainer(now *time.Time) (*recoveryStore, *maintenance.Maintainer) {
+	s := &recoveryStore{}
+	return s, maintenance.New(maintenance.Config{Store: s, Now: func() time.Time { return *now },
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+}
+
 // TestFailingSince: maintenance reports when lease recovery or the
 // deadline check began to fail, the earlier of the two, until each
 // succeeds again; a pass cut short by shutdown counts as neither.
 func TestFailingSince(t *testing.T) {
 	ctx := context.Background()
 	now := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
-	s := &recoveryStore{}
-	m := maintenance.New(maintenance.Config{Store: s, Now: func() time.Time { return now },
-		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	s, m := newRecoveryMaintainer(&now)
 	step := func(d time.Duration) { now = now.Add(d) }
 	want := func(what string, at time.Time) {
 		t.Helper()
@@ -155,9 +161,7 @@ func TestFailingSince(t *testing.T) {
 func TestRecoveryWaitsOutAnOutage(t *testing.T) {
 	ctx := context.Background()
 	now := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
-	s := &recoveryStore{}
-	m := maintenance.New(maintenance.Config{Store: s, Now: func() time.Time { return now },
-		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	s, m := newRecoveryMaintainer(&now)
 	pass := func(what string, want ...time.Time) {
 		t.Helper()
 		s.recovered = nil
