@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"slices"
-	"strconv"
 	"time"
 	"unicode/utf8"
 
@@ -265,59 +264,48 @@ func (s *Store) applyPlansArgs(plans []vibejobs.RunPlan, resentIDs []string) []a
 		NotifyChannel, s.schema, anchors, resentIDs}
 }
 
-// claimSQL moves due runs to delivering: it leases them. It walks run_queue
-// in due order and locks each run it names (see queuedRunSQL); SKIP LOCKED
-// lets replicas claim at once without waiting for each other or taking the
-// same run. The job's delivery settings are read at claim time. The claim
-// writes only lease columns of the run (state and next_attempt_at keep the
-// waiting state and the due time: see migration 00005), which no index of
-// runs covers, so PostgreSQL updates the run in place (HOT); the run's
-// queue row moves to the lease expiry. Locked runs are updated by ctid
-// (see applyPlansSQL): joined by id, the planner hashed the whole runs
-// table for every claim once it held a few thousand rows.
+// claimSQL leases due runs: it walks run_queue in due order and locks each
+// waiting row (SKIP LOCKED lets replicas claim at once without waiting for
+// each other or taking the same run), and moves the rows it locked to their
+// lease key (leased, the claim time, the run) with the lease's owner and
+// expiry, now + the job's timeout + the margin (see migration 00015). The
+// run itself is not written: the claim sends attempt + 1, or attempt again
+// for a redelivery, and decides Late from the claim time unless an earlier
+// attempt decided it; the outcome writes both. The job's delivery settings
+// are read at claim time.
 //
-// The queue row is found by the key the walk read from its snapshot: had
-// another transaction moved the row since, its update chain leads from that
-// version to the row as it is now, which the lock on the run (rechecked
-// against the run's latest version) guarantees still has that key.
+// The runs are read from the statement's snapshot, unlocked, and that is
+// safe: the rows are updated by the ctid their lock returned, which is the
+// row's latest version, and should a transaction that committed after the
+// snapshot have made that version, the UPDATE finds no row and the run is
+// not claimed (see applyPlansSQL). So a run is claimed only with the queue
+// row its snapshot saw, and every statement that changes a run's attempt
+// number or lateness changes its queue row in the same transaction.
+//
+// The runs and jobs are probed by key from each locked row (a lateral
+// subquery with OFFSET 0 is never flattened): joined by the planner, the
+// generic plan might hash a whole table for every claim.
 const claimSQL = `WITH due AS (
-	SELECT l.tid, l.late_decided, q.due_at AS next_attempt_at FROM run_queue q CROSS JOIN LATERAL (
-		SELECT r.ctid AS tid, r.late_decided FROM runs r
-		WHERE ` + queuedRunSQL + ` AND r.lease_owner IS NULL AND r.deadline_at >= $1
-		FOR UPDATE SKIP LOCKED) l
+	SELECT q.ctid AS tid, q.run_id, q.due_at FROM run_queue q
 	WHERE q.leased = false AND q.due_at <= $1 AND q.deadline_at >= $1
 	ORDER BY q.due_at, q.run_id
 	LIMIT $3
-), claimed AS (
-UPDATE runs r SET
-	attempt = CASE WHEN r.redeliver THEN r.attempt ELSE r.attempt + 1 END,
-	redeliver = false,
-	late = CASE WHEN r.late_decided THEN r.late ELSE r.scheduled_for + interval '60 seconds' < $1 END,
-	late_decided = true,
-	attempt_started_at = $1,
-	lease_owner = $2,
-	lease_expires_at = $1::timestamptz + ((j.timeout_ns + $4::bigint) / 1000) * interval '1 microsecond'
-FROM due, jobs j
-WHERE r.ctid = due.tid AND r.ctid = ANY(ARRAY(SELECT tid FROM due)) AND j.id = r.job_id
-RETURNING ` + runColumns + `, due.next_attempt_at,
-	j.url, j.secret_key_id, j.secret_ciphertext, j.timeout_ns, j.max_attempts, j.min_backoff_ns, j.max_backoff_ns,
-	r.lease_expires_at AS lease_key, r.attempt_started_at, due.late_decided AS decided_before
-), queue_keys AS (
-	-- Each claimed run's queue row, probed by its whole key (see
-	-- requeueSQL): joined to claimed directly, the generic plan, made with
-	-- statistics that saw few waiting runs (an analyze during a burst),
-	-- walked every waiting row of the queue for each claim.
-	SELECT k.tid, c.lease_key FROM claimed c CROSS JOIN LATERAL (
-		SELECT q.ctid AS tid FROM run_queue q
-		WHERE q.leased = false AND q.due_at = c.next_attempt_at AND q.run_id = c.id
-		LIMIT 1) k
+	FOR UPDATE SKIP LOCKED
 ), leased AS (
-	-- The queue row moves to the lease expiry: walks for due runs pass no
-	-- run in flight, and lease recovery finds the expired leases first.
-	UPDATE run_queue q SET due_at = k.lease_key, leased = true FROM queue_keys k
-	WHERE q.ctid = k.tid AND q.ctid = ANY(ARRAY(SELECT tid FROM queue_keys))
+	UPDATE run_queue q SET leased = true, due_at = $1, owner = $2,
+		lease_expires_at = $1::timestamptz + ((j.timeout_ns + $4::bigint) / 1000) * interval '1 microsecond'
+	FROM due
+	CROSS JOIN LATERAL (SELECT * FROM runs r WHERE r.id = due.run_id OFFSET 0) r
+	CROSS JOIN LATERAL (SELECT * FROM jobs j WHERE j.id = r.job_id OFFSET 0) j
+	WHERE q.ctid = due.tid AND q.ctid = ANY(ARRAY(SELECT tid FROM due))
+	RETURNING r.id, r.job_id, r.project_id, r.trigger, r.scheduled_for, r.deadline_at,
+		CASE WHEN r.late_decided THEN r.late ELSE r.scheduled_for + interval '60 seconds' < $1 END,
+		'delivering', CASE WHEN r.redeliver THEN r.attempt ELSE r.attempt + 1 END, NULL::timestamptz,
+		r.failure_reason, r.created_at, r.finished_at, due.due_at,
+		j.url, j.secret_key_id, j.secret_ciphertext, j.timeout_ns, j.max_attempts, j.min_backoff_ns,
+		j.max_backoff_ns, r.late_decided
 )
-SELECT * FROM claimed`
+SELECT * FROM leased`
 
 // ClaimDueRuns moves up to limit due runs (scheduled or retrying, NextAttemptAt
 // ≤ now ≤ DeadlineAt) to delivering, leased to owner until now + the job's
@@ -329,6 +317,9 @@ func (s *Store) ClaimDueRuns(ctx context.Context, owner string, now time.Time, l
 	if limit <= 0 {
 		return nil, nil
 	}
+	// The claim time as the store keeps it, to the microsecond: outcomes
+	// find their claim's queue row by it.
+	now = now.Truncate(time.Microsecond)
 	// On the queue pool: see Store.queue.
 	rows, err := s.queue.Query(ctx, claimSQL, now, owner, limit, int64(leaseMargin))
 	if err != nil {
@@ -337,15 +328,15 @@ func (s *Store) ClaimDueRuns(ctx context.Context, owner string, now time.Time, l
 	claims, err := collect(rows, func(row rowScanner) (*vibejobs.Claim, error) {
 		var (
 			c                               vibejobs.Claim
-			leaseKey                        time.Time
 			timeout, minBackoff, maxBackoff int64
 		)
 		run, err := scanRun(row, &c.DueAt, &c.URL, &c.Secret.KeyID, &c.Secret.Ciphertext, &timeout,
-			&c.Retry.MaxAttempts, &minBackoff, &maxBackoff, &leaseKey, &c.ClaimedAt, &c.LateDecided)
+			&c.Retry.MaxAttempts, &minBackoff, &maxBackoff, &c.LateDecided)
 		if err != nil {
 			return nil, err
 		}
 		c.Run = run
+		c.ClaimedAt = now
 		c.DueAt = c.DueAt.UTC()
 		c.Timeout = time.Duration(timeout)
 		c.Retry.MinBackoff = time.Duration(minBackoff)
@@ -379,13 +370,20 @@ func cmpString(a, b string) int {
 const nextDueSQL = `SELECT due_at FROM run_queue WHERE leased = false AND deadline_at >= $1
 	ORDER BY due_at, run_id LIMIT 1`
 
-// queuedRunSQL matches the run r that run_queue's row q names, while the
-// row still has the run's queue key: its lease expiry while it is leased,
-// its due time otherwise (see migration 00008). A statement walking the
-// queue reads q from its snapshot, and a row lock on r rechecks this
-// against the run's latest version.
-const queuedRunSQL = `r.id = q.run_id AND r.state IN ('scheduled', 'retrying')
-	AND q.due_at = COALESCE(r.lease_expires_at, r.next_attempt_at)`
+// lockQueueRowSQL returns a lateral subquery that locks the run_queue row
+// the walk's row q (read from the statement's snapshot) is, with SKIP
+// LOCKED, when that version is still the latest: a row another transaction
+// changed since the snapshot is passed over, as is one locked now. The
+// locked row's ctid is tid, and a statement may delete or update the row by
+// it (see requeueSQL). and, when not empty, is a further condition, one
+// that names an earlier lateral subquery, say, so that the row is locked
+// after what that one locks.
+func lockQueueRowSQL(tid, and string) string {
+	if and != "" {
+		and = " AND " + and
+	}
+	return `SELECT lq.ctid AS ` + tid + ` FROM run_queue lq WHERE lq.ctid = q.ctid` + and + ` FOR UPDATE SKIP LOCKED`
+}
 
 // enqueueSQL returns the CTE that gives each run just inserted, of those
 // rows (a CTE with columns id, state, next_attempt_at and deadline_at)
@@ -400,39 +398,36 @@ func enqueueSQL(rows string) string {
 }
 
 // requeueSQL returns the CTEs that keep run_queue in step with the runs a
-// statement moved. rows (a CTE) holds a row per moved run with its id in
-// column id, its queue key before the move in old_due (with wasLeased, the
-// rest of the key: whether the runs were leased), and in column due its due
-// time after the move, NULL once it left scheduled and retrying. A run that
-// left the queue loses its row; a run still waiting has its row moved to
-// the new due time, not leased. The runs must be locked by the statement, and
-// their queue rows changed by no transaction since the statement's
-// snapshot: every statement changes a queue row only under its run's lock
-// and together with the run, so a run locked with its expected lease or
-// state has kept its queue row. A run whose due time changed after the
-// snapshot needs a later statement (see tx.dequeue).
+// statement moved. rows (a CTE) holds a row per moved run with the ctid of
+// its queue row in column qtid, which the statement locked, and in column
+// due its due time after the move, NULL once it left scheduled and
+// retrying. A run that left the queue loses its row; a run still waiting
+// has its row moved to the new due time, not leased.
 //
-// Each moved run's queue row is found by its whole key, one probe of
-// run_queue_pkey per run (the LIMIT keeps the lateral subquery a nested
-// loop driven by rows), and then deleted or moved by that ctid (see
-// applyPlansSQL). Joined to rows directly, the generic plan of the
-// record statement, which the statistics gave one leased queue row and
-// one moved run, walked every leased row of the queue and, for each,
-// every moved run: a batch of outcomes cost in proportion to the runs in
-// flight, and in a burst that was most of the database's work.
-func requeueSQL(rows, id, due string, wasLeased bool) string {
-	return `, queue_keys AS (
-	SELECT k.tid, m.` + due + ` AS due FROM ` + rows + ` m CROSS JOIN LATERAL (
-		SELECT q.ctid AS tid FROM run_queue q
-		WHERE q.leased = ` + strconv.FormatBool(wasLeased) + ` AND q.due_at = m.old_due AND q.run_id = m.` + id + `
-		LIMIT 1) k
-), dequeued AS (
-	DELETE FROM run_queue q WHERE q.ctid = ANY(ARRAY(SELECT tid FROM queue_keys WHERE due IS NULL))
+// The rows are deleted or moved by their ctids (see applyPlansSQL): every
+// statement locks the queue row of a run it moves (see migration 00015),
+// and the version it locked is one its snapshot sees, so the ctid finds it
+// (see lockQueueRowSQL; an outcome's or a release's leased row was made by
+// its claim, which committed before).
+func requeueSQL(rows, due string) string {
+	return `, dequeued AS (
+	DELETE FROM run_queue q WHERE q.ctid = ANY(ARRAY(SELECT qtid FROM ` + rows + ` WHERE ` + due + ` IS NULL))
 ), requeued AS (
-	UPDATE run_queue q SET due_at = k.due, leased = false FROM queue_keys k
-	WHERE k.due IS NOT NULL AND q.ctid = k.tid
-		AND q.ctid = ANY(ARRAY(SELECT tid FROM queue_keys WHERE due IS NOT NULL))
+	UPDATE run_queue q SET due_at = m.` + due + `, leased = false, owner = NULL, lease_expires_at = NULL
+	FROM ` + rows + ` m
+	WHERE m.` + due + ` IS NOT NULL AND q.ctid = m.qtid
+		AND q.ctid = ANY(ARRAY(SELECT qtid FROM ` + rows + ` WHERE ` + due + ` IS NOT NULL))
 )`
+}
+
+// leaseRowSQL returns a lateral subquery that locks the leased run_queue row
+// of the claim at claimedAt by owner ($1) of the run runID, which the
+// statement locked before: its ctid is qtid. It finds none once that lease
+// is gone (recovered, or released).
+func leaseRowSQL(runID, claimedAt string) string {
+	return `SELECT lq.ctid AS qtid FROM run_queue lq
+		WHERE lq.leased = true AND lq.due_at = ` + claimedAt + ` AND lq.run_id = ` + runID + ` AND lq.owner = $1
+		FOR UPDATE`
 }
 
 // NextDueAt returns the earliest NextAttemptAt of a run waiting in scheduled
@@ -465,22 +460,26 @@ var recordSQL = `WITH o AS NOT MATERIALIZED (
 			response_snippet, step_state, step_reason, step_next, claimed_at, ord)
 ), held AS (
 	-- The outcomes whose run is still delivering under the lease of their
-	-- claim (owner, attempt number and claim time), locked. A run has a
-	-- lease owner exactly while it is delivering. A retrying step ends the
-	-- run instead (end_state) when its job is deleted, or when its next
-	-- attempt falls after the run's deadline. The job is read under a share
-	-- lock (see tx.DeleteJob).
+	-- claim (owner and claim time: its leased queue row) with the attempt
+	-- number that claim sent, locked: the run, then its queue row, the
+	-- order every statement that waits for both takes. A retrying step
+	-- ends the run instead (end_state) when its job is deleted, or when its
+	-- next attempt falls after the run's deadline. The job is read under a
+	-- share lock (see tx.DeleteJob). The lateness is decided from the claim
+	-- time unless an earlier attempt decided it (see claimSQL).
 	SELECT o.*, CASE WHEN o.step_state <> 'retrying' THEN NULL WHEN l.job_deleted THEN 'cancelled'
 			WHEN COALESCE(o.step_next, o.finished_at) > l.deadline_at THEN 'failed' END AS end_state,
-		l.tid, l.old_due
+		l.late, lq.qtid
 	FROM o CROSS JOIN LATERAL (
-		SELECT r.ctid AS tid, r.lease_expires_at AS old_due, r.deadline_at,
+		SELECT r.id, r.deadline_at,
+			CASE WHEN r.late_decided THEN r.late ELSE r.scheduled_for + interval '60 seconds' < o.claimed_at END AS late,
 			o.step_state = 'retrying'
 				AND (SELECT j.deleted_at IS NOT NULL FROM jobs j WHERE j.id = r.job_id FOR SHARE) AS job_deleted
 		FROM runs r
-		WHERE r.id = o.run_id AND r.lease_owner = $1 AND r.attempt = o.number
-			AND r.attempt_started_at = o.claimed_at
+		WHERE r.id = o.run_id AND r.state IN ('scheduled', 'retrying')
+			AND o.number = CASE WHEN r.redeliver THEN r.attempt ELSE r.attempt + 1 END
 		FOR UPDATE) l
+	CROSS JOIN LATERAL (` + leaseRowSQL("l.id", "o.claimed_at") + `) lq
 ), moved AS (
 	UPDATE runs r SET
 		state = COALESCE(c.end_state, c.step_state),
@@ -488,9 +487,10 @@ var recordSQL = `WITH o AS NOT MATERIALIZED (
 		next_attempt_at = CASE WHEN c.step_state = 'retrying' AND c.end_state IS NULL
 			THEN COALESCE(c.step_next, c.finished_at) END,
 		finished_at = CASE WHEN c.step_state = 'retrying' AND c.end_state IS NULL THEN NULL ELSE c.finished_at END,
-		attempt_started_at = NULL,
-		lease_owner = NULL,
-		lease_expires_at = NULL
+		attempt = c.number,
+		redeliver = false,
+		late = c.late,
+		late_decided = true
 	FROM held c
 	-- By id, not by the locked ctid: a pause that marked the run withdrawn
 	-- (see tx.DeleteFutureRuns) and committed after this statement's
@@ -501,8 +501,8 @@ var recordSQL = `WITH o AS NOT MATERIALIZED (
 	WHERE r.id = c.run_id AND r.id = ANY(ARRAY(SELECT run_id FROM held))
 	RETURNING c.run_id, c.number, c.started_at, c.finished_at, c.status_code, c.error_code,
 		c.signature_timestamp, c.response_snippet, c.ord, r.project_id, r.job_id, r.state, r.failure_reason,
-		r.next_attempt_at, c.old_due
-)` + requeueSQL("moved", "run_id", "next_attempt_at", true) + `, recorded AS (
+		r.next_attempt_at, c.qtid
+)` + requeueSQL("moved", "next_attempt_at") + `, recorded AS (
 	INSERT INTO attempts (run_id, number, started_at, finished_at, status_code, error_code, signature_timestamp,
 		response_snippet)
 	SELECT run_id, number, started_at, finished_at, status_code, error_code, signature_timestamp, response_snippet
@@ -665,17 +665,14 @@ func recordArgs(owner string, outcomes []vibejobs.Outcome) ([]any, error) {
 // deadline (now, if that passed), so that FailExpiredRuns finds it once the
 // deadline passes; otherwise at once, in its place in line (from the due
 // time its claim took it at, Claim.DueAt, or now if that is later). No
-// attempt is recorded since none was sent: the attempt number goes back to
-// the last one started, unless the claim was a redelivery (an attempt under
-// its number went out and was interrupted), which keeps it; and a first
-// attempt never sent before (no attempt recorded, not even an interrupted
-// one) decides Late again. A released run of a deleted job is
-// cancelled (job_deleted) at now instead, whatever due says, its job read
-// under a share lock (see tx.DeleteJob). A released run whose attempt number
-// is beyond its job's maxAttempts, lowered since its last attempt, fails
-// (attempts_exhausted) at now, its number back to its last attempt recorded.
-// A run never sent whose occurrence was withdrawn while it was held is
-// deleted (see tx.DeleteFutureRuns).
+// attempt is recorded since none was sent, and the run keeps its attempt
+// number and lateness: the claim wrote neither (see migration 00015). A
+// released run of a deleted job is cancelled (job_deleted) at now instead,
+// whatever due says, its job read under a share lock (see tx.DeleteJob). A
+// released run whose claim's attempt number is beyond its job's
+// maxAttempts, lowered since its last attempt, fails (attempts_exhausted)
+// at now. A run never sent whose occurrence was withdrawn while it was
+// held is deleted (see tx.DeleteFutureRuns).
 func (s *Store) ReleaseClaims(ctx context.Context, owner string, claims []*vibejobs.Claim, now, due time.Time) error {
 	if len(claims) == 0 {
 		return nil
@@ -696,8 +693,8 @@ func (s *Store) ReleaseClaims(ctx context.Context, owner string, claims []*vibej
 		-- locked after it, a release holding the run waited for the job
 		-- that a pause held while the pause waited for the run, a
 		-- deadlock. The run's lateral subquery names the job's, so it is
-		-- evaluated after it.
-		SELECT r.id, r.old_due, c.claim_due, j.deleted_at AS job_deleted_at, r.unsent, r.redelivery, r.withdrawn,
+		-- evaluated after it; the queue row's names the run's.
+		SELECT r.id, c.claim_due, j.deleted_at AS job_deleted_at, r.unsent, r.withdrawn, lq.qtid,
 			CASE WHEN j.deleted_at IS NOT NULL THEN 'cancelled' WHEN r.used_up THEN 'failed' END AS end_state
 		FROM unnest($2::text[], $7::timestamptz[], $10::timestamptz[]) AS c(run_id, claimed_at, claim_due)
 		CROSS JOIN LATERAL (
@@ -705,13 +702,12 @@ func (s *Store) ReleaseClaims(ctx context.Context, owner string, claims []*vibej
 			WHERE j.id = (SELECT job_id FROM runs WHERE id = c.run_id)
 			FOR SHARE) j
 		CROSS JOIN LATERAL (
-			SELECT r.id, r.lease_expires_at AS old_due,
-				r.attempt <= 1 AND NOT EXISTS (SELECT 1 FROM attempts a WHERE a.run_id = r.id) AS unsent,
-				EXISTS (SELECT 1 FROM attempts a WHERE a.run_id = r.id AND a.number = r.attempt) AS redelivery,
-				r.withdrawn, r.attempt > j.max_attempts AS used_up
+			SELECT r.id, NOT EXISTS (SELECT 1 FROM attempts a WHERE a.run_id = r.id) AS unsent,
+				r.withdrawn, CASE WHEN r.redeliver THEN r.attempt ELSE r.attempt + 1 END > j.max_attempts AS used_up
 			FROM runs r
-			WHERE r.id = c.run_id AND r.job_id = j.id AND r.lease_owner = $1 AND r.attempt_started_at = c.claimed_at
+			WHERE r.id = c.run_id AND r.job_id = j.id AND r.state IN ('scheduled', 'retrying')
 			FOR UPDATE) r
+		CROSS JOIN LATERAL (`+leaseRowSQL("r.id", "c.claimed_at")+`) lq
 	), withdrawn AS (
 		-- Never sent, its occurrence withdrawn while it was held (see
 		-- tx.DeleteFutureRuns): deleted, as an unheld one was.
@@ -724,41 +720,34 @@ func (s *Store) ReleaseClaims(ctx context.Context, owner string, claims []*vibej
 		DELETE FROM runs r USING held c
 		WHERE r.id = c.id AND r.id = ANY(ARRAY(SELECT id FROM held))
 			AND c.withdrawn AND c.unsent AND c.job_deleted_at IS NULL
-		RETURNING c.id, c.old_due
+		RETURNING c.id
 	), unqueued AS (
-		DELETE FROM run_queue q USING withdrawn w WHERE q.leased = true AND q.due_at = w.old_due AND q.run_id = w.id
+		DELETE FROM run_queue q
+		WHERE q.ctid = ANY(ARRAY(SELECT qtid FROM held WHERE id IN (SELECT id FROM withdrawn)))
 	), kept AS (
 		SELECT * FROM held WHERE NOT (withdrawn AND unsent AND job_deleted_at IS NULL)
 	), released AS (
-		-- A run of a deleted job is cancelled; one whose attempt number is
-		-- beyond its job's maxAttempts, lowered since its last attempt,
-		-- fails, its number back to the last attempt recorded.
+		-- A run of a deleted job is cancelled; one whose claim's attempt
+		-- number is beyond its job's maxAttempts, lowered since its last
+		-- attempt, fails.
 		UPDATE runs r SET
-			state = COALESCE(kept.end_state, CASE WHEN r.attempt <= 1 THEN 'scheduled' ELSE 'retrying' END),
+			state = COALESCE(kept.end_state, r.state),
 			failure_reason = CASE kept.end_state WHEN 'cancelled' THEN $4 WHEN 'failed' THEN $9
 				ELSE r.failure_reason END,
-			attempt = CASE WHEN kept.end_state = 'failed'
-				THEN (SELECT COALESCE(max(a.number), 0) FROM attempts a WHERE a.run_id = r.id)
-				WHEN kept.redelivery THEN r.attempt ELSE r.attempt - 1 END,
 			finished_at = CASE WHEN kept.end_state IS NOT NULL THEN $3::timestamptz END,
+			redeliver = kept.end_state IS NULL AND r.redeliver,
 			-- Due again now: in its place in line, at the due time the
 			-- claim took it at, so that a run given back is not overtaken
 			-- by the runs due after it (caught-up occurrences go out in
 			-- order).
 			next_attempt_at = CASE WHEN kept.end_state IS NOT NULL THEN NULL
 				WHEN $8::timestamptz > $3::timestamptz THEN GREATEST($3::timestamptz, LEAST($8::timestamptz, r.deadline_at))
-				ELSE LEAST(kept.claim_due, $3::timestamptz) END,
-			redeliver = kept.end_state IS NULL AND kept.redelivery,
-			late = CASE WHEN kept.unsent THEN false ELSE r.late END,
-			late_decided = CASE WHEN kept.unsent THEN false ELSE r.late_decided END,
-			attempt_started_at = NULL,
-			lease_owner = NULL,
-			lease_expires_at = NULL
+				ELSE LEAST(kept.claim_due, $3::timestamptz) END
 		FROM kept
 		WHERE r.id = kept.id AND r.id = ANY(ARRAY(SELECT id FROM kept))
 		RETURNING kept.end_state IS NULL AS claimable, r.id, r.project_id, r.job_id, r.state, r.failure_reason,
-			r.attempt, kept.old_due, r.next_attempt_at
-	)`+requeueSQL("released", "id", "next_attempt_at", true)+`, ev AS (
+			r.attempt, kept.qtid, r.next_attempt_at
+	)`+requeueSQL("released", "next_attempt_at")+`, ev AS (
 		SELECT project_id, id AS ord, `+runEventType+` AS type, $3::timestamptz AS occurred_at, job_id,
 			id AS run_id, state, failure_reason AS reason, attempt, '' AS error_code, 0 AS status_code,
 			NULL::timestamptz AS next_at
@@ -791,7 +780,8 @@ func (s *Store) endedBy(value []byte) error {
 // a deleted job is cancelled (job_deleted), its job read under a share lock
 // (see tx.DeleteJob). Replicas running it at once skip each other's rows.
 // The runs in flight are found in run_queue, where a leased run is keyed at
-// its lease expiry.
+// its claim time (see migration 00015): the walk passes, in claim order,
+// the leases not yet expired that were taken before now.
 func (s *Store) RecoverExpiredLeases(ctx context.Context, now time.Time, limit int) (int, error) {
 	if limit <= 0 {
 		return 0, nil
@@ -805,34 +795,38 @@ func (s *Store) RecoverExpiredLeases(ctx context.Context, now time.Time, limit i
 		-- (tx.UpdateJob, then tx.DeleteFutureRuns locking the job's
 		-- runs): locked after it, recovery holding the run waited for the
 		-- job that a pause held while the pause waited for the run, a
-		-- deadlock. The run's lateral subquery names the job's, so it is
-		-- evaluated after it.
-		SELECT l.id, l.attempt_started_at, j.deleted_at IS NOT NULL AS job_deleted, q.due_at AS old_due
+		-- deadlock. The queue row and the run are locked with SKIP LOCKED,
+		-- so recovery waits for nothing after the job; each lateral
+		-- subquery names the one before, so they are evaluated in order.
+		SELECT l.id, l.qtid, q.due_at AS claimed_at, j.deleted_at IS NOT NULL AS job_deleted
 		FROM run_queue q
 		CROSS JOIN LATERAL (
 			SELECT j.id, j.deleted_at FROM jobs j
 			WHERE j.id = (SELECT job_id FROM runs WHERE id = q.run_id)
 			FOR SHARE) j
+		CROSS JOIN LATERAL (`+lockQueueRowSQL("qtid", "j.id IS NOT NULL")+`) lq
 		CROSS JOIN LATERAL (
-			SELECT r.id, r.attempt_started_at FROM runs r
-			WHERE `+queuedRunSQL+` AND r.job_id = j.id AND r.lease_owner IS NOT NULL AND r.lease_expires_at < $1
+			SELECT r.id, lq.qtid FROM runs r
+			WHERE r.id = q.run_id AND r.job_id = j.id AND r.state IN ('scheduled', 'retrying')
 			FOR UPDATE SKIP LOCKED) l
-		WHERE q.leased = true AND q.due_at < $1
+		WHERE q.leased = true AND q.due_at < $1 AND q.lease_expires_at < $1
 		ORDER BY q.due_at, q.run_id
 		LIMIT $2
 	), recovered AS (
 		UPDATE runs r SET
 			state = CASE WHEN expired.job_deleted THEN 'cancelled'
 				WHEN $1 > r.deadline_at THEN 'failed'
-				WHEN r.attempt <= 1 THEN 'scheduled' ELSE 'retrying' END,
+				WHEN CASE WHEN r.redeliver THEN r.attempt ELSE r.attempt + 1 END <= 1 THEN 'scheduled'
+				ELSE 'retrying' END,
 			failure_reason = CASE WHEN expired.job_deleted THEN $3
 				WHEN $1 > r.deadline_at THEN $4 ELSE '' END,
 			finished_at = CASE WHEN expired.job_deleted OR $1 > r.deadline_at THEN $1::timestamptz END,
 			next_attempt_at = CASE WHEN NOT expired.job_deleted AND $1 <= r.deadline_at THEN $1::timestamptz END,
+			attempt = CASE WHEN r.redeliver THEN r.attempt ELSE r.attempt + 1 END,
 			redeliver = NOT expired.job_deleted AND $1 <= r.deadline_at,
-			attempt_started_at = NULL,
-			lease_owner = NULL,
-			lease_expires_at = NULL
+			late = CASE WHEN r.late_decided THEN r.late
+				ELSE r.scheduled_for + interval '60 seconds' < expired.claimed_at END,
+			late_decided = true
 		FROM expired
 		-- By id, not by the locked ctid: a pause that marked the run
 		-- withdrawn (see tx.DeleteFutureRuns) and committed after this
@@ -842,9 +836,9 @@ func (s *Store) RecoverExpiredLeases(ctx context.Context, now time.Time, limit i
 		-- row visible to the snapshot leads to its latest version, which
 		-- the lock above holds.
 		WHERE r.id = expired.id AND r.id = ANY(ARRAY(SELECT id FROM expired))
-		RETURNING r.id, r.attempt, COALESCE(expired.attempt_started_at, $1) AS started_at, r.redeliver AS claimable,
-			r.project_id, r.job_id, r.state, r.failure_reason, r.next_attempt_at, expired.old_due
-	)`+requeueSQL("recovered", "id", "next_attempt_at", true)+`, interrupted AS (
+		RETURNING r.id, r.attempt, expired.claimed_at AS started_at, r.redeliver AS claimable,
+			r.project_id, r.job_id, r.state, r.failure_reason, r.next_attempt_at, expired.qtid
+	)`+requeueSQL("recovered", "next_attempt_at")+`, interrupted AS (
 		INSERT INTO attempts (run_id, number, started_at, finished_at, status_code, error_code, signature_timestamp)
 		SELECT id, attempt, started_at, $1, 0, $5, 0 FROM recovered
 	), ev AS (
@@ -885,9 +879,14 @@ func (s *Store) FailExpiredRuns(ctx context.Context, now time.Time, limit int) (
 
 // failExpiredSQL is the statement of FailExpiredRuns.
 var failExpiredSQL = `WITH expired AS (
-	SELECT l.tid, q.due_at AS old_due FROM run_queue q CROSS JOIN LATERAL (
-		SELECT r.ctid AS tid FROM runs r
-		WHERE ` + queuedRunSQL + ` AND r.lease_owner IS NULL AND r.deadline_at < $1
+	-- The queue row, then the run, both with SKIP LOCKED: a claim holding
+	-- the row is passed over, as is a run another statement holds.
+	SELECT l.tid, l.qtid FROM run_queue q
+	CROSS JOIN LATERAL (` + lockQueueRowSQL("qtid", "") + `) lq
+	CROSS JOIN LATERAL (
+		SELECT r.ctid AS tid, lq.qtid FROM runs r
+		WHERE r.id = q.run_id AND r.state IN ('scheduled', 'retrying') AND r.next_attempt_at = q.due_at
+			AND r.deadline_at < $1
 		FOR UPDATE SKIP LOCKED) l
 	WHERE q.leased = false AND q.due_at <= $1 AND q.deadline_at < $1
 	ORDER BY q.due_at, q.run_id
@@ -896,8 +895,8 @@ var failExpiredSQL = `WITH expired AS (
 	UPDATE runs r SET state = 'failed', failure_reason = $3, finished_at = $1, next_attempt_at = NULL,
 		redeliver = false
 	FROM expired WHERE r.ctid = expired.tid AND r.ctid = ANY(ARRAY(SELECT tid FROM expired))
-	RETURNING r.id, r.project_id, r.job_id, r.attempt, expired.old_due, r.next_attempt_at
-)` + requeueSQL("failed", "id", "next_attempt_at", false) + `, ev AS (
+	RETURNING r.id, r.project_id, r.job_id, r.attempt, expired.qtid, r.next_attempt_at
+)` + requeueSQL("failed", "next_attempt_at") + `, ev AS (
 	SELECT project_id, id AS ord, 'run.failed' AS type, $1::timestamptz AS occurred_at, job_id, id AS run_id,
 		'failed' AS state, $3::text AS reason, attempt, '' AS error_code, 0 AS status_code,
 		NULL::timestamptz AS next_at

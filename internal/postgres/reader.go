@@ -123,7 +123,7 @@ const jobColumns = `j.id, j.project_id, j.name, j.schedule, j.at, j.timezone, j.
 // lastRunJoin reads the job's last run (see the package doc).
 const lastRunJoin = ` LEFT JOIN LATERAL (
 	SELECT r.id, ` + runState + ` AS state, r.scheduled_for FROM runs r
-	WHERE r.job_id = j.id AND (r.attempt > 0 OR r.finished_at IS NOT NULL)
+	WHERE r.job_id = j.id AND (r.attempt > 0 OR r.finished_at IS NOT NULL OR ` + runHeld + `)
 	ORDER BY r.scheduled_for DESC, r.id DESC
 	LIMIT 1) lr ON true`
 
@@ -195,15 +195,25 @@ func (r reader) CountJobs(ctx context.Context, projectID string) (int, error) {
 	return n, mapError(err, "counting jobs")
 }
 
+// runHeld says run r is delivering: it waits in scheduled or retrying with
+// a due time, and its queue row is leased (see migration 00015), so the
+// row it would have while waiting, keyed (false, next_attempt_at, id), is
+// not there.
+const runHeld = `(r.state IN ('scheduled', 'retrying') AND r.next_attempt_at IS NOT NULL
+	AND NOT EXISTS (SELECT 1 FROM run_queue q
+		WHERE q.leased = false AND q.due_at = r.next_attempt_at AND q.run_id = r.id))`
+
 // runState is the state of run r as readers see it: a run under a lease is
 // delivering, though its state column keeps the waiting state it was
 // claimed from (see migration 00005).
-const runState = `CASE WHEN r.lease_owner IS NOT NULL THEN 'delivering' ELSE r.state END`
+const runState = `CASE WHEN ` + runHeld + ` THEN 'delivering' ELSE r.state END`
 
-// runColumns are read from runs r; a delivering run has no NextAttemptAt.
+// runColumns are read from runs r; a delivering run has no NextAttemptAt,
+// and its attempt is the one in flight (see claimSQL).
 const runColumns = `r.id, r.job_id, r.project_id, r.trigger, r.scheduled_for, r.deadline_at, r.late,
 	` + runState + `,
-	r.attempt, CASE WHEN r.lease_owner IS NULL THEN r.next_attempt_at END, r.failure_reason, r.created_at,
+	CASE WHEN NOT r.redeliver AND ` + runHeld + ` THEN r.attempt + 1 ELSE r.attempt END,
+	CASE WHEN NOT ` + runHeld + ` THEN r.next_attempt_at END, r.failure_reason, r.created_at,
 	r.finished_at`
 
 func scanRun(row rowScanner, extra ...any) (*vibejobs.Run, error) {
@@ -272,10 +282,10 @@ func (r reader) ListRuns(ctx context.Context, projectID string, f vibejobs.RunFi
 	switch f.State {
 	case "":
 	case vibejobs.RunDelivering:
-		sb.WriteString(` AND r.lease_owner IS NOT NULL`)
+		sb.WriteString(` AND ` + runHeld)
 	case vibejobs.RunScheduled, vibejobs.RunRetrying:
 		args = append(args, string(f.State))
-		sb.WriteString(` AND r.state = $` + strconv.Itoa(len(args)) + ` AND r.lease_owner IS NULL`)
+		sb.WriteString(` AND r.state = $` + strconv.Itoa(len(args)) + ` AND NOT ` + runHeld)
 	default:
 		args = append(args, string(f.State))
 		sb.WriteString(` AND r.state = $` + strconv.Itoa(len(args)))

@@ -264,46 +264,54 @@ func (t *tx) DeleteJob(ctx context.Context, projectID, id string, at time.Time) 
 		return vibejobs.ErrNotFound("job")
 	}
 	t.addJobs(projectID, -1)
-	var (
-		ids  []string
-		dues []*time.Time
-	)
+	var n int
 	// The runs to cancel are those whose deadline is not past: scheduled at
 	// most DeliveryLifetime ago ($6), a range of runs_job_occurrence_idx,
 	// not the whole history of the job (see vibejobs.Store.DeleteJob).
+	// Each is locked, then its waiting queue row: a run whose row a claim
+	// leased (or holds now, and then leases) is in flight, and left to the
+	// statement that ends its attempt. The locked queue row is the version
+	// this snapshot sees: another one would have needed the run's lock, or
+	// the job's, to move it back to waiting (see requeueSQL).
 	err = t.q.QueryRow(ctx, `WITH waiting AS (
-		SELECT ctid AS tid, next_attempt_at AS old_due FROM runs
-		WHERE job_id = $1 AND scheduled_for >= $6 AND state IN ('scheduled', 'retrying') AND lease_owner IS NULL
-		FOR UPDATE
+		SELECT l.tid, lq.qtid FROM runs w
+		CROSS JOIN LATERAL (
+			SELECT r.ctid AS tid, r.id, r.next_attempt_at FROM runs r
+			WHERE r.id = w.id AND r.state IN ('scheduled', 'retrying')
+			FOR UPDATE) l
+		CROSS JOIN LATERAL (
+			SELECT q.ctid AS qtid FROM run_queue q
+			WHERE q.leased = false AND q.due_at = l.next_attempt_at AND q.run_id = l.id
+			FOR UPDATE) lq
+		WHERE w.job_id = $1 AND w.scheduled_for >= $6 AND w.state IN ('scheduled', 'retrying')
 	), cancelled AS (
 		UPDATE runs r SET state = 'cancelled', failure_reason = $2, finished_at = $3,
 			next_attempt_at = NULL, redeliver = false
 		FROM waiting w WHERE r.ctid = w.tid AND r.ctid = ANY(ARRAY(SELECT tid FROM waiting))
-		RETURNING r.id, r.project_id, r.job_id, r.attempt, w.old_due
-	), ev AS (
+		RETURNING r.id, r.project_id, r.job_id, r.attempt, w.qtid, r.next_attempt_at
+	)`+requeueSQL("cancelled", "next_attempt_at")+`, ev AS (
 		SELECT project_id, id AS ord, 'run.cancelled' AS type, $3::timestamptz AS occurred_at, job_id,
 			id AS run_id, 'cancelled' AS state, $2::text AS reason, attempt, '' AS error_code, 0 AS status_code,
 			NULL::timestamptz AS next_at
 		FROM cancelled
 	)`+appendEventsTail+`
-	SELECT array_agg(id), array_agg(old_due), pg_notify($4, $5) FROM cancelled`,
-		id, vibejobs.ReasonJobDeleted, at, JobsChannel, t.s.jobPayload(id), at.Add(-vibejobs.DeliveryLifetime)).Scan(&ids, &dues, nil)
+	SELECT count(*), pg_notify($4, $5) FROM cancelled`,
+		id, vibejobs.ReasonJobDeleted, at, JobsChannel, t.s.jobPayload(id), at.Add(-vibejobs.DeliveryLifetime)).Scan(&n, nil)
 	if err != nil {
 		return mapError(err, "cancelling the runs of a deleted job")
 	}
 	if t.ended == nil {
 		t.ended = vibejobs.RunsEnded{}
 	}
-	t.ended.Add(vibejobs.RunCancelled, vibejobs.ReasonJobDeleted, len(ids))
-	return t.dequeue(ctx, ids, dues)
+	t.ended.Add(vibejobs.RunCancelled, vibejobs.ReasonJobDeleted, n)
+	return nil
 }
 
-// dequeue deletes the run_queue rows of the runs ids, which this
-// transaction has locked and taken out of the queue; dues are their queue
-// keys (their due times before, nil for a run without one). It is a
-// statement of its own: its snapshot, taken after the locks, sees a queue
-// row that a transaction holding a run's lock before this one moved (see
-// requeueSQL).
+// dequeue deletes the waiting run_queue rows of the runs ids, which this
+// transaction has locked, with their queue rows, and taken out of the
+// queue; dues are their queue keys (their due times before, nil for a run
+// without one). It is a statement of its own: its snapshot, taken after
+// the locks, sees the queue rows as they were locked.
 func (t *tx) dequeue(ctx context.Context, ids []string, dues []*time.Time) error {
 	if len(ids) == 0 {
 		return nil
@@ -324,32 +332,44 @@ const futureRunSQL = `job_id = $1 AND trigger = $2 AND scheduled_for > $3 AND st
 // DeleteFutureRuns deletes the job's schedule-triggered runs in scheduled,
 // scheduled after after, that have no recorded attempt (never claimed, or
 // claimed and released without being sent). Those some process holds
-// (leased: their state column stays scheduled, see migration 00005) are
+// (leased: their state column stays scheduled, see migration 00015) are
 // marked withdrawn instead (see migration 00011), and JobsChannel is
 // notified at commit so that every replica gives back its held ones.
 //
-// The runs are locked first, in a statement of their own: the marking and
-// the deletion each take a snapshot, and a run claimed between the two was
-// unheld for the one and held for the other, neither marked nor deleted,
-// and went out while its job was paused. Locked, a run is claimed before
-// the lock (and marked) or not at all (claims skip locked runs).
+// The runs are locked first, then the waiting queue rows of those not
+// held, each in a statement of its own: a claim takes a run by its queue
+// row alone, so the rows this transaction holds are the runs no claim can
+// take before it ends, and the others are held. The marking and the
+// deletion then go by that one list: each taking its own look at the
+// queue, a run claimed between the two was unheld for the one and held
+// for the other, neither marked nor deleted, and went out while its job
+// was paused.
 func (t *tx) DeleteFutureRuns(ctx context.Context, jobID string, after time.Time) (int, error) {
 	if _, err := t.q.Exec(ctx, `SELECT 1 FROM runs WHERE `+futureRunSQL+` FOR UPDATE`,
 		jobID, vibejobs.TriggerSchedule, after); err != nil {
 		return 0, mapError(err, "locking future runs")
 	}
+	var unheld []string
+	if err := t.q.QueryRow(ctx, `SELECT COALESCE(array_agg(runs.id), '{}') FROM runs CROSS JOIN LATERAL (
+			SELECT 1 FROM run_queue q
+			WHERE q.leased = false AND q.due_at = runs.next_attempt_at AND q.run_id = runs.id
+			FOR UPDATE) lq
+		WHERE `+futureRunSQL, jobID, vibejobs.TriggerSchedule, after).Scan(&unheld); err != nil {
+		return 0, mapError(err, "locking the queue rows of future runs")
+	}
 	if _, err := t.q.Exec(ctx, `WITH marked AS (
 			UPDATE runs SET withdrawn = true
-			WHERE `+futureRunSQL+` AND lease_owner IS NOT NULL AND attempt <= 1 AND NOT withdrawn
+			WHERE `+futureRunSQL+` AND NOT (id = ANY($6::text[])) AND NOT withdrawn
 			RETURNING 1
 		)
 		SELECT CASE WHEN count(*) > 0 THEN pg_notify($4, $5) END FROM marked`,
-		jobID, vibejobs.TriggerSchedule, after, JobsChannel, t.s.jobPayload(jobID)); err != nil {
+		jobID, vibejobs.TriggerSchedule, after, JobsChannel, t.s.jobPayload(jobID), unheld); err != nil {
 		return 0, mapError(err, "withdrawing held future runs")
 	}
-	rows, err := t.q.Query(ctx, `DELETE FROM runs WHERE `+futureRunSQL+` AND lease_owner IS NULL
-		RETURNING id, next_attempt_at`,
-		jobID, vibejobs.TriggerSchedule, after)
+	if len(unheld) == 0 {
+		return 0, nil
+	}
+	rows, err := t.q.Query(ctx, `DELETE FROM runs WHERE id = ANY($1::text[]) RETURNING id, next_attempt_at`, unheld)
 	if err != nil {
 		return 0, mapError(err, "deleting future runs")
 	}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io/fs"
 	"log/slog"
+	"slices"
 	"testing"
 	"time"
 
@@ -149,14 +150,18 @@ func seedUpgrade(t *testing.T, pool *pgxpool.Pool, v int64, u *storetest.Upgrade
 		if r.LeaseOwner != "" {
 			owner = &r.LeaseOwner
 		}
-		exec(`INSERT INTO runs (id, job_id, project_id, trigger, scheduled_for, occurrence_at, deadline_at, late,
-				late_decided, state, attempt, next_attempt_at, attempt_started_at, lease_owner, lease_expires_at,
-				failure_reason, created_at, finished_at)
-			VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18)`,
-			r.ID, r.JobID, r.ProjectID, r.Trigger, r.ScheduledFor, occurrence, r.DeadlineAt, r.Late,
-			r.LateDecided, state, r.Attempt, next, r.AttemptStartedAt, owner, r.LeaseExpiresAt,
-			r.FailureReason, r.CreatedAt, r.FinishedAt)
-		if v >= 8 && next != nil && (state == "scheduled" || state == "retrying") {
+		if v >= 15 {
+			seedRun15(t, exec, r, state, next, occurrence)
+		} else {
+			exec(`INSERT INTO runs (id, job_id, project_id, trigger, scheduled_for, occurrence_at, deadline_at, late,
+					late_decided, state, attempt, next_attempt_at, attempt_started_at, lease_owner, lease_expires_at,
+					failure_reason, created_at, finished_at)
+				VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18)`,
+				r.ID, r.JobID, r.ProjectID, r.Trigger, r.ScheduledFor, occurrence, r.DeadlineAt, r.Late,
+				r.LateDecided, state, r.Attempt, next, r.AttemptStartedAt, owner, r.LeaseExpiresAt,
+				r.FailureReason, r.CreatedAt, r.FinishedAt)
+		}
+		if v >= 8 && v < 15 && next != nil && (state == "scheduled" || state == "retrying") {
 			due := *next
 			if r.LeaseExpiresAt != nil {
 				due = *r.LeaseExpiresAt
@@ -202,4 +207,35 @@ func seedUpgrade(t *testing.T, pool *pgxpool.Pool, v int64, u *storetest.Upgrade
 		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)`,
 		rec.ProjectID, rec.Key, rec.RequestHash, rec.Done, rec.ResponseStatus, headers, rec.ResponseBody,
 		rec.CreatedAt, rec.ExpiresAt)
+}
+
+// seedRun15 writes run r as a vibejobs from 00015 on leaves it (state and
+// next are its waiting state and due time): a leased run keeps the attempt
+// number and lateness it had before its claim, and its run_queue row
+// carries the lease at its claim time.
+func seedRun15(t *testing.T, exec func(string, ...any), r storetest.UpgradeRun, state string, next, occurrence *time.Time) {
+	t.Helper()
+	attempt, redeliver, late, decided := r.Attempt, false, r.Late, r.LateDecided
+	if r.LeaseOwner != "" {
+		redeliver = slices.ContainsFunc(r.Attempts, func(a vibejobs.Attempt) bool { return a.Number == r.Attempt })
+		if !redeliver {
+			attempt--
+		}
+		decided = len(r.Attempts) > 0
+		late = late && decided
+	}
+	exec(`INSERT INTO runs (id, job_id, project_id, trigger, scheduled_for, occurrence_at, deadline_at, late,
+			late_decided, state, attempt, redeliver, next_attempt_at, failure_reason, created_at, finished_at)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16)`,
+		r.ID, r.JobID, r.ProjectID, r.Trigger, r.ScheduledFor, occurrence, r.DeadlineAt, late,
+		decided, state, attempt, redeliver, next, r.FailureReason, r.CreatedAt, r.FinishedAt)
+	if next == nil || (state != "scheduled" && state != "retrying") {
+		return
+	}
+	if r.LeaseOwner == "" {
+		exec(`INSERT INTO run_queue (due_at, run_id, deadline_at) VALUES ($1, $2, $3)`, *next, r.ID, r.DeadlineAt)
+		return
+	}
+	exec(`INSERT INTO run_queue (due_at, run_id, deadline_at, leased, owner, lease_expires_at)
+		VALUES ($1, $2, $3, true, $4, $5)`, r.AttemptStartedAt, r.ID, r.DeadlineAt, r.LeaseOwner, r.LeaseExpiresAt)
 }
