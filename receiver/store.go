@@ -25,7 +25,10 @@ type Store interface {
 	// was sent leaves the outcome unknown, and pgstore may report a failure
 	// to read its answer after the COMMIT. Either way the acceptance is
 	// whole or absent, never half done, and a later delivery of the run
-	// finds the receipt if there is one.
+	// finds the receipt if there is one. A runID that is not a contract run
+	// id (contract.ValidID with the prefix "run_", the rule by which
+	// ValidatePayload, and so the Handler, checks a delivery's runId) is
+	// refused with an error, and nothing is stored.
 	Accept(ctx context.Context, runID string, payload []byte) (status int, body []byte, err error)
 }
 
@@ -47,6 +50,13 @@ type OutboxItem struct {
 
 // Outbox is the work queue side of a store. Times come from the caller's clock,
 // so every process sharing a database must keep its clock synchronized.
+//
+// CompleteOutbox, FailOutbox and ReleaseOutbox take a run id that ClaimOutbox
+// returned. They do not hold it to the contract's rule as Accept does: they
+// store no new id, one that names no item changes nothing, and an item
+// accepted under an id that Accept now refuses (stored before it checked)
+// must still be completed, failed or given back, not run again at the end of
+// every lease.
 type Outbox interface {
 	// ClaimOutbox leases up to limit unprocessed items that are due at now (no
 	// retry pending after now) and not leased by a live lease (locked_until

@@ -24,6 +24,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/vibejobs/vibejobs/contract"
 	"github.com/vibejobs/vibejobs/internal/pgurl"
 	"github.com/vibejobs/vibejobs/receiver"
 	"github.com/vibejobs/vibejobs/receiver/internal/lease"
@@ -49,6 +50,10 @@ var (
 // A Store without a pool (New(nil), a zero or nil Store) answers every call
 // with an error.
 func New(pool *pgxpool.Pool) *Store { return &Store{pool: pool} }
+
+// errInvalidRunID refuses an acceptance of an id that no delivery carries.
+// It quotes no part of the id, which may be anything.
+var errInvalidRunID = errors.New(`run id is not a contract run id ("run_" and then letters, digits, '_' or '-', 128 bytes at most)`)
 
 // errNoPool answers the calls of a Store that has no pool.
 var errNoPool = errors.New("no pool: make the Store with New(pool) or Open")
@@ -183,8 +188,12 @@ const (
 // COMMITTED matters here beyond the package's rule: a repeat that waited for a
 // concurrent winner's receipt must read it, not fail, or the platform would
 // get an error for a run already accepted. On any error no response is
-// returned.
+// returned. A runID that is not a contract run id is refused before the
+// database is asked.
 func (s *Store) Accept(ctx context.Context, runID string, payload []byte) (status int, body []byte, err error) {
+	if !contract.ValidID(runID, "run_") {
+		return 0, nil, fmt.Errorf("pgstore: accepting run: %w", errInvalidRunID)
+	}
 	err = s.readCommitted(ctx, func(b *pgx.Batch) {
 		// A string, not the []byte: without a described statement (the
 		// "exec" and "simple_protocol" modes a pooler may require) pgx

@@ -31,6 +31,8 @@ import (
 const BusyTimeout = 10 * time.Second
 
 // Store implements receiver.Store, receiver.Outbox and receiver.RetentionStore.
+// Make it with Open: a Store without a database (a zero or nil Store) answers
+// every call with an error.
 type Store struct {
 	db    *sql.DB // the store's own single connection
 	appDB *sql.DB // returned by DB, never used by the store
@@ -41,6 +43,9 @@ var (
 	_ receiver.Outbox         = (*Store)(nil)
 	_ receiver.RetentionStore = (*Store)(nil)
 )
+
+// errNoDB answers the calls of a Store that Open did not make.
+var errNoDB = errors.New("no database: make the Store with Open")
 
 // Open opens (creating if needed) the database file at path and migrates it.
 // Several processes may open the same new file at once. path is a file name,
@@ -142,11 +147,23 @@ func isBusy(err error) bool {
 // (an acceptance, a claim) waits for it at most BusyTimeout and then fails,
 // which the handler answers 503 and the platform retries. Keep write
 // transactions short, read in ReadOnly transactions or outside one, and never
-// wait for the store inside a write transaction. Close closes it.
-func (s *Store) DB() *sql.DB { return s.appDB }
+// wait for the store inside a write transaction. Close closes it. A Store
+// without a database returns nil.
+func (s *Store) DB() *sql.DB {
+	if s == nil {
+		return nil
+	}
+	return s.appDB
+}
 
-// Close closes the store's connection and the pool returned by DB.
-func (s *Store) Close() error { return errors.Join(s.db.Close(), s.appDB.Close()) }
+// Close closes the store's connection and the pool returned by DB. A Store
+// without a database has nothing to close and returns nil.
+func (s *Store) Close() error {
+	if s == nil || s.db == nil {
+		return nil
+	}
+	return errors.Join(s.db.Close(), s.appDB.Close())
+}
 
 // now is SQLite's current time in the store's layout.
 const nowSQL = `(strftime('%Y-%m-%dT%H:%M:%fZ', 'now'))`
@@ -214,8 +231,12 @@ func (s *Store) Migrate(ctx context.Context) error {
 }
 
 // inTx runs fn in a BEGIN IMMEDIATE transaction and commits, or rolls back
-// when fn or the commit fails.
+// when fn or the commit fails. Every call of the store goes through it, and
+// a Store without a database gets errNoDB here.
 func (s *Store) inTx(ctx context.Context, fn func(*sql.Tx) error) error {
+	if s == nil || s.db == nil {
+		return errNoDB
+	}
 	tx, err := s.db.BeginTx(ctx, nil)
 	if err != nil {
 		return err
@@ -227,12 +248,20 @@ func (s *Store) inTx(ctx context.Context, fn func(*sql.Tx) error) error {
 	return tx.Commit()
 }
 
+// errInvalidRunID refuses an acceptance of an id that no delivery carries.
+// It quotes no part of the id, which may be anything.
+var errInvalidRunID = errors.New(`run id is not a contract run id ("run_" and then letters, digits, '_' or '-', 128 bytes at most)`)
+
 func ts(t time.Time) string { return t.UTC().Format(contract.ScheduledForLayout) }
 
 // Accept implements receiver.Store. The write lock taken by BEGIN IMMEDIATE
 // makes the insert of the receipt and of the outbox item one atomic step for
-// every process; the response is returned only after COMMIT.
+// every process; the response is returned only after COMMIT. A runID that is
+// not a contract run id is refused before the database is asked.
 func (s *Store) Accept(ctx context.Context, runID string, payload []byte) (status int, body []byte, err error) {
+	if !contract.ValidID(runID, "run_") {
+		return 0, nil, fmt.Errorf("sqlitestore: accepting run: %w", errInvalidRunID)
+	}
 	err = s.inTx(ctx, func(tx *sql.Tx) error {
 		res, err := tx.ExecContext(ctx, `INSERT INTO accepted_runs (run_id, response_status, response_body)
 			VALUES (?, 202, '{"accepted":true}')

@@ -14,6 +14,7 @@ import (
 	"syscall"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/vibejobs/vibejobs/contract"
 	"github.com/vibejobs/vibejobs/receiver"
@@ -45,6 +46,7 @@ func Run(t *testing.T, h Harness) {
 	t.Run("AcceptNewThenRepeat", func(t *testing.T) { testAcceptNewThenRepeat(t, h) })
 	t.Run("AcceptRollsBackOnError", func(t *testing.T) { testAcceptRollsBack(t, h) })
 	t.Run("AcceptCancelled", func(t *testing.T) { testAcceptCancelled(t, h) })
+	t.Run("AcceptInvalidRunID", func(t *testing.T) { testAcceptInvalidRunID(t, h) })
 	t.Run("HandlerCommitsAfterRequestCancelled", func(t *testing.T) { testHandlerCommitsAfterRequestCancelled(t, h) })
 	t.Run("ConcurrentDeliveries", func(t *testing.T) { testConcurrentDeliveries(t, h) })
 	t.Run("RedeliveryAfterProcessing", func(t *testing.T) { testRedeliveryAfterProcessing(t, h) })
@@ -104,6 +106,54 @@ func testAcceptCancelled(t *testing.T, h Harness) {
 		t.Fatalf("Accept(cancelled) = %d %v, want an error", status, err)
 	}
 	mustAccept(t, s, "run_c")
+}
+
+// testAcceptInvalidRunID: Accept refuses a run id that the Handler would
+// not pass it (contract.ValidID with the prefix "run_", as ValidatePayload
+// checks a delivery's runId) with an error that says so, stores neither a
+// receipt nor an item, and keeps working for valid ids. Both stores held
+// the empty id, and SQLite every other string too, where PostgreSQL
+// refused only what its text type cannot hold (NUL, bytes that are not
+// UTF-8).
+func testAcceptInvalidRunID(t *testing.T, h Harness) {
+	s, _ := h.New(t)
+	ctx := context.Background()
+	for _, id := range []string{
+		"",
+		"run_",                            // the prefix alone
+		"job_1",                           // another prefix
+		"RUN_1",                           // the prefix is case-sensitive
+		"1",                               // no prefix
+		"run_a b",                         // a space
+		"run_a/b",                         // a character outside [A-Za-z0-9_-]
+		"run_é",                           // not ASCII
+		"run_\xff",                        // not UTF-8
+		"run_\x00",                        // NUL
+		"run_a\n",                         // a trailing newline
+		"run_" + strings.Repeat("a", 125), // 129 bytes, one over the bound
+	} {
+		status, body, err := s.Accept(ctx, id, Body("run_1"))
+		if err == nil || status != 0 || body != nil {
+			t.Fatalf("Accept(%q) = %d %q %v; want an error and no response", id, status, body, err)
+		}
+		if !strings.Contains(err.Error(), "run id") {
+			t.Fatalf("Accept(%q) error %q does not say the run id is at fault", id, err)
+		}
+		if strings.ContainsRune(id, 0) || !utf8.ValidString(id) {
+			continue // PostgreSQL's text cannot hold it, so Inspect cannot look it up
+		}
+		if st := h.Inspect(t, s, id); st.Accepted || st.Items != 0 {
+			t.Fatalf("Accept(%q) was refused but left rows: %+v", id, st)
+		}
+	}
+	if n := h.CountItems(t, s); n != 0 {
+		t.Fatalf("outbox has %d items after refused acceptances, want 0", n)
+	}
+	mustAccept(t, s, "run_"+strings.Repeat("a", 124)) // 128 bytes: the longest valid id
+	mustAccept(t, s, "run_A-z_0")
+	if n := h.CountItems(t, s); n != 2 {
+		t.Fatalf("outbox has %d items after two valid acceptances, want 2", n)
+	}
 }
 
 // cancelOnAccept cancels the request's context as the handler hands a
