@@ -70,7 +70,11 @@ type Config struct {
 // unavailable (503), and the platform retries.
 const DefaultAcceptTimeout = 30 * time.Second
 
-// Handler answers deliveries. See [NewHandler] and [NewMiddleware].
+// Handler answers deliveries. Make it with [NewHandler] or [NewMiddleware].
+// A Handler made otherwise (a zero Handler, a nil *Handler) has nothing to
+// verify against and nowhere to pass a delivery: it answers every request 500
+// {"error":"handler_not_configured"}, which the platform retries, before
+// reading the body, and logs why through slog.Default().
 type Handler struct {
 	verifier      *Verifier
 	jobIDs        map[string]struct{}
@@ -194,10 +198,31 @@ var (
 	errNoSecret        = errors.New("receiver: no secret configured: the Verifier has none yet (SetSecrets)")
 	errContentType     = errors.New("receiver: Content-Type is not a single application/json header")
 	errContentEncoding = errors.New("receiver: Content-Encoding names a coding other than identity")
+	errNotConfigured   = errors.New("receiver: the Handler was not made by NewHandler or NewMiddleware")
 )
+
+// configured reports whether h was made by NewHandler or NewMiddleware, which
+// set its Verifier, its logger, and its store or next handler.
+func (h *Handler) configured() bool {
+	return h != nil && h.verifier != nil && h.log != nil && (h.store != nil || h.next != nil)
+}
 
 // ServeHTTP implements http.Handler.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if !h.configured() {
+		// A programming fault, not this delivery's: 500, which the platform
+		// retries, where a panic would cost a dropped connection per
+		// delivery. Not 503, which this handler keeps for a receiver that
+		// becomes able to accept without a new build (a Verifier awaiting
+		// SetSecrets, a store that comes back). Nothing of the request is
+		// read or trusted.
+		closeUnreadBody(w, r)
+		slog.Default().LogAttrs(r.Context(), slog.LevelError, "delivery rejected",
+			slog.Int("status", http.StatusInternalServerError), slog.String("reason", "handler_not_configured"),
+			slog.String("remote", r.RemoteAddr), slog.String("error", errNotConfigured.Error()))
+		writeJSON(w, http.StatusInternalServerError, `{"error":"handler_not_configured"}`)
+		return
+	}
 	if r.Method != http.MethodPost {
 		w.Header().Set("Allow", http.MethodPost)
 		h.reject(w, r, http.StatusMethodNotAllowed, "method_not_allowed", "", nil)

@@ -1079,3 +1079,80 @@ func TestHandlerWarnsWhenBodyReadTimeoutCannotBeSet(t *testing.T) {
 		t.Errorf("warnings that BodyReadTimeout was not applied: %d, want 1; log:\n%s", n, logs.String())
 	}
 }
+
+// readSpy is a request body that records whether it was read.
+type readSpy struct {
+	r    io.Reader
+	read atomic.Bool
+}
+
+func (s *readSpy) Read(p []byte) (int, error) {
+	s.read.Store(true)
+	return s.r.Read(p)
+}
+
+// TestHandlerNotMadeByItsConstructors: a Handler made without NewHandler or
+// NewMiddleware (a zero Handler, a nil *Handler) has no Verifier, no store
+// and no next handler. It answers every request, a validly signed delivery
+// included, 500 {"error":"handler_not_configured"}, which the platform
+// retries (a 401 or 403 would fail the run for good), without reading the
+// body, and logs why through slog.Default(); it does not panic, which
+// net/http would turn into a dropped connection per delivery.
+func TestHandlerNotMadeByItsConstructors(t *testing.T) {
+	var logs syncbuf.Buffer
+	prev := slog.Default()
+	slog.SetDefault(slog.New(slog.NewJSONHandler(&logs, nil)))
+	t.Cleanup(func() { slog.SetDefault(prev) })
+
+	var zero receiver.Handler
+	handlers := map[string]*receiver.Handler{"zero": &zero, "new(Handler)": new(receiver.Handler), "nil": nil}
+	requests := map[string]func(io.Reader) *http.Request{
+		"signed delivery": func(body io.Reader) *http.Request {
+			r := httptest.NewRequest(http.MethodPost, "/", body)
+			r.Header.Set(contract.HeaderCallerKind, contract.CallerKindSchedule)
+			r.Header.Set("Content-Type", contract.ContentType)
+			r.Header.Set(contract.HeaderSignature, contract.Sign(vectorSecret, time.Now().Unix(), []byte(vectorBody)))
+			return r
+		},
+		"GET":          func(body io.Reader) *http.Request { return httptest.NewRequest(http.MethodGet, "/", body) },
+		"no signature": func(body io.Reader) *http.Request { return httptest.NewRequest(http.MethodPost, "/", body) },
+		"nil body (direct call)": func(io.Reader) *http.Request {
+			r, _ := http.NewRequest(http.MethodPost, "/", nil)
+			r.Header.Set("Content-Type", contract.ContentType)
+			return r
+		},
+	}
+	for hname, h := range handlers {
+		for rname, req := range requests {
+			body := &readSpy{r: strings.NewReader(vectorBody)}
+			rec := httptest.NewRecorder()
+			func() {
+				defer func() {
+					if p := recover(); p != nil {
+						t.Errorf("%s handler, %s: panicked: %v", hname, rname, p)
+					}
+				}()
+				h.ServeHTTP(rec, req(body))
+			}()
+			if rec.Code != http.StatusInternalServerError || rec.Body.String() != `{"error":"handler_not_configured"}` {
+				t.Errorf("%s handler, %s: %d %s, want 500 {\"error\":\"handler_not_configured\"}", hname, rname, rec.Code, rec.Body)
+			}
+			if ct := rec.Header().Get("Content-Type"); ct != "application/json" {
+				t.Errorf("%s handler, %s: Content-Type %q", hname, rname, ct)
+			}
+			if body.read.Load() {
+				t.Errorf("%s handler, %s: the body was read", hname, rname)
+			}
+			if c := rec.Header().Get("Connection"); c != "close" {
+				t.Errorf("%s handler, %s: Connection %q, want close: the body is left unread", hname, rname, c)
+			}
+		}
+	}
+	out := logs.String()
+	if !strings.Contains(out, "handler_not_configured") || !strings.Contains(out, "NewHandler") {
+		t.Errorf("the default logger did not say why:\n%s", out)
+	}
+	if strings.Contains(out, vectorBody) || strings.Contains(out, "v1=") {
+		t.Errorf("the log holds the body or the signature:\n%s", out)
+	}
+}
