@@ -57,8 +57,8 @@ func New() *Metrics {
 			Name: "vibejobs_delivery_duration_seconds", Help: "Duration of delivery attempts.",
 			Buckets: []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30}}),
 		lateness: prometheus.NewHistogram(prometheus.HistogramOpts{
-			Name: "vibejobs_first_attempt_lateness_seconds", Help: "Start of first attempts minus scheduledFor.",
-			Buckets: []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 5, 60, 600}}),
+			Name: "vibejobs_first_attempt_lateness_seconds", Help: "Start of first attempts minus scheduledFor, up to the 96 h delivery lifetime.",
+			Buckets: latenessBuckets}),
 		queue: newLastKnown(vibejobs.QueueStats{}, func(s vibejobs.QueueStats, ch chan<- prometheus.Metric) {
 			ch <- prometheus.MustNewConstMetric(runsDueDesc, prometheus.GaugeValue, float64(s.Due))
 			ch <- prometheus.MustNewConstMetric(oldestDueDesc, prometheus.GaugeValue, s.OldestDueAge.Seconds())
@@ -78,6 +78,18 @@ func New() *Metrics {
 		m.queue, m.leases, m.skipped, m.secrets, m.unplannable,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
+}
+
+// latenessBuckets are the upper bounds, in seconds, of the first-attempt
+// lateness histogram: fine ones for a platform that keeps up (the lateness
+// of a busy second is tens of milliseconds), then minutes, hours and days
+// up to the delivery lifetime, after which no attempt starts, so that an
+// outage's backlog (a run can be sent up to 96 h late) tells 11 minutes
+// late from 3 days late rather than put both in +Inf.
+var latenessBuckets = []float64{
+	.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 5, 60, 600,
+	30 * 60, 3600, 3 * 3600, 6 * 3600, 12 * 3600, 24 * 3600, 48 * 3600, 72 * 3600,
+	vibejobs.DeliveryLifetime.Seconds(),
 }
 
 // attemptErrorCodes are the error codes of an attempt sent whose outcome

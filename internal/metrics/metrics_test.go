@@ -204,3 +204,56 @@ func TestLoopFailing(t *testing.T) {
 		}
 	}
 }
+
+// lowestBucket returns the upper bound (the le label) of the lowest bucket
+// of the histogram name that counts an observation in the scrape out of a
+// histogram holding one: "+Inf" when no finite bucket does.
+func lowestBucket(t *testing.T, out, name string) string {
+	t.Helper()
+	for _, line := range strings.Split(out, "\n") {
+		rest, ok := strings.CutPrefix(line, name+`_bucket{le="`)
+		if !ok {
+			continue
+		}
+		le, count, _ := strings.Cut(rest, `"} `)
+		if count == "1" {
+			return le
+		}
+	}
+	t.Fatalf("no bucket of %s counts the observation in\n%s", name, out)
+	return ""
+}
+
+// TestLatenessBucketsReachTheDeliveryLifetime: a first attempt may start
+// up to 96 h (the delivery lifetime) after its scheduledFor, as after an
+// outage, and the lateness histogram tells minutes, hours and days apart
+// up to there, within its finite buckets; the fine buckets stay for the
+// lateness of a platform that keeps up. A top bucket at 600 s put 11
+// minutes late and 3 days late in +Inf together.
+func TestLatenessBucketsReachTheDeliveryLifetime(t *testing.T) {
+	first := func(late time.Duration) string {
+		m := metrics.New()
+		m.AttemptFinished("", vibejobs.Step{State: vibejobs.RunSucceeded}, late, true, 10*time.Millisecond)
+		return lowestBucket(t, scrape(t, m), "vibejobs_first_attempt_lateness_seconds")
+	}
+	seen := map[string]time.Duration{}
+	for _, late := range []time.Duration{
+		3 * time.Millisecond, 11 * time.Minute, 2 * time.Hour, 50 * time.Hour, 75 * time.Hour,
+	} {
+		le := first(late)
+		if le == "+Inf" {
+			t.Errorf("lateness %v: only in +Inf", late)
+			continue
+		}
+		if other, ok := seen[le]; ok {
+			t.Errorf("lateness %v and %v: both first in the bucket le=%s", other, late, le)
+		}
+		seen[le] = late
+	}
+	if le := first(3 * time.Millisecond); le != "0.005" {
+		t.Errorf("lateness 3ms: first in le=%s, want the fine bucket 0.005", le)
+	}
+	if le := first(vibejobs.DeliveryLifetime); le == "+Inf" {
+		t.Errorf("lateness of the whole delivery lifetime: only in +Inf")
+	}
+}
