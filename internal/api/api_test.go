@@ -435,8 +435,9 @@ func TestNextOfAOneOffRunAhead(t *testing.T) {
 		t.Fatalf("RunOnce = %d, %v; want the one-off's run", n, err)
 	}
 	checkFields(t, "run created ahead", e.must(200, "GET", "/v1/jobs/"+id, e.admin, nil), map[string]any{"state": "completed"})
-	if n := e.must(200, "GET", "/v1/jobs/"+id+"/next", e.admin, nil); !slices.Equal(n["times"].([]any), []any{"2026-10-09T08:00:30.000Z"}) {
-		t.Errorf("next of a one-off whose run waits for its instant: %v, want [2026-10-09T08:00:30.000Z]", n["times"])
+	if n := e.must(200, "GET", "/v1/jobs/"+id+"/next", e.admin, nil); !slices.Equal(n["times"].([]any), []any{"2026-10-09T08:00:30.000Z"}) ||
+		n["state"] != "completed" || n["willRun"] != true {
+		t.Errorf("next of a one-off whose run waits for its instant: %v, want [2026-10-09T08:00:30.000Z], completed, willRun", n)
 	}
 	e.clock.Advance(time.Second)
 	claims, err := e.store.ClaimDueRuns(ctx, "test", e.clock.Now(), 10, time.Second)

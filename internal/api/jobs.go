@@ -89,9 +89,15 @@ type jobListJSON struct {
 	NextCursor *string   `json:"nextCursor"`
 }
 
+// nextJSON is the preview of a job's next fire times. Times are its
+// schedule's, whatever its state; State is the job's, and WillRun is false
+// while it is paused: none of the times runs then, and those that pass
+// before a resume are skipped for good.
 type nextJSON struct {
-	JobID string    `json:"jobId"`
-	Times []apiTime `json:"times"`
+	JobID   string    `json:"jobId"`
+	State   string    `json:"state"`
+	WillRun bool      `json:"willRun"`
+	Times   []apiTime `json:"times"`
 }
 
 func errJobCompleted() *vibejobs.Error {
@@ -449,7 +455,9 @@ func (s *Server) nextFireTimes(ctx context.Context, c *call) (*response, error) 
 	if err != nil {
 		return nil, err
 	}
-	out := nextJSON{JobID: j.ID, Times: []apiTime{}}
+	// A paused job's times are listed still: they are the ones a resume
+	// before them would run.
+	out := nextJSON{JobID: j.ID, State: string(j.State), WillRun: j.State != vibejobs.JobPaused, Times: []apiTime{}}
 	for _, t := range schedule.NextN(sch, c.now, n) {
 		out.Times = append(out.Times, apiTime(t))
 	}
