@@ -213,6 +213,22 @@ func TestJobCommands(t *testing.T) {
 	}
 }
 
+// TestNextOfAPausedJob: jobs next on a paused job lists its schedule's
+// times, as the API does, and says on stderr that none of them runs while
+// the job stays paused; an active job's gets no such note.
+func TestNextOfAPausedJob(t *testing.T) {
+	a := startAPI(t, nil)
+	id := a.okJSON(t, "jobs", "create", "--name", "paused", "--schedule", "*/5 * * * *", "--url", "https://example.test/", "--paused")["id"].(string)
+	out, errOut, err := a.cli(t, "jobs", "next", id, "--count", "2")
+	if err != nil || !strings.Contains(out, "2026-10-09T08:05:00.000Z") || !strings.Contains(errOut, "paused") {
+		t.Errorf("next of a paused job: %v\nstdout: %s\nstderr: %s", err, out, errOut)
+	}
+	a.ok(t, "jobs", "resume", id)
+	if out, errOut, err := a.cli(t, "jobs", "next", id, "--count", "2"); err != nil || !strings.Contains(out, "2026-10-09T08:05:00.000Z") || errOut != "" {
+		t.Errorf("next of an active job: %v\nstdout: %s\nstderr: %s", err, out, errOut)
+	}
+}
+
 func TestAPIErrorText(t *testing.T) {
 	a := startAPI(t, nil)
 	_, _, err := a.cli(t, "jobs", "create", "--name", "x", "--schedule", "@every 1ms", "--url", "https://example.test/")

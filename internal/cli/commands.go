@@ -226,9 +226,14 @@ func jobNext(fs *flag.FlagSet) func(*call) error {
 		var n struct {
 			JobID string   `json:"jobId"`
 			Times []string `json:"times"`
+			// WillRun is nil from a server that predates it.
+			WillRun *bool `json:"willRun"`
 		}
 		if err := decode(rep, &n); err != nil {
 			return err
+		}
+		if n.WillRun != nil && !*n.WillRun {
+			fmt.Fprintln(c.stderr, "the job is paused: none of these times runs while it is, and those that pass before a resume are skipped")
 		}
 		t := c.table("#", "FIRE TIME (UTC)")
 		for i, tm := range n.Times {
