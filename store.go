@@ -42,6 +42,11 @@ type Store interface {
 	// every connection pool the Store works with (readiness). It is asked
 	// every few seconds: it must stay cheap.
 	Ping(ctx context.Context) error
+	// Close releases the database. Calls that began before it finish;
+	// every call after it fails at once with an EUNAVAILABLE error, code
+	// database_unavailable, as when the database does not answer: a server
+	// that stops closes its store under the requests that outlasted the
+	// drain, and they answer 503. Closing twice does no harm.
 	Close() error
 }
 

@@ -66,3 +66,25 @@ func newOutageEnv(t *testing.T) (*env, *storetest.Outage) {
 	})
 	return e, outage
 }
+
+// TestClosedStoreIs503: requests that reach the API after its store was
+// closed (a server stopping closes it under the handlers that outlasted
+// the drain) answer 503 database_unavailable, as for a database that does
+// not answer, not 500 internal: the client retries, elsewhere.
+func TestClosedStoreIs503(t *testing.T) {
+	e := newEnv(t)
+	id := e.createJob(e.admin, nil)["id"].(string)
+	if err := e.store.Close(); err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range []req{
+		{method: "GET", path: "/v1/jobs", token: e.admin},
+		{method: "GET", path: "/v1/jobs/" + id, token: e.admin},
+		{method: "POST", path: "/v1/jobs", token: e.admin, key: keyAuto, body: jobBody(nil)},
+	} {
+		res := e.send(r)
+		if code, _ := res.errorCode(t); res.status != 503 || code != "database_unavailable" || res.header.Get("Retry-After") != "2" {
+			t.Errorf("%s %s on a closed store: %s (Retry-After %q), want 503 database_unavailable", r.method, r.path, res, res.header.Get("Retry-After"))
+		}
+	}
+}

@@ -2,6 +2,7 @@ package sqlite
 
 import (
 	"context"
+	"database/sql"
 	"fmt"
 	"path/filepath"
 	"strings"
@@ -80,7 +81,7 @@ func freshSchemas(t *testing.T, latest int64) [][]string {
 // space), each table's kind, columns, indexes with their columns, and
 // foreign keys. The statistics tables ANALYZE and PRAGMA optimize write
 // are left out.
-func schemaOf(t *testing.T, db querier) []string {
+func schemaOf(t *testing.T, db *sql.DB) []string {
 	t.Helper()
 	const tables = `sqlite_schema m JOIN pragma_table_list(m.name) l
 		WHERE m.type = 'table' AND l.schema = 'main' AND m.name NOT LIKE 'sqlite_stat%'`

@@ -63,8 +63,10 @@ type Store struct {
 	// before the first and after a write the database could not take
 	// (see noteWrite). Ping trusts a recent one instead of writing.
 	committed atomic.Int64
-	logger    *slog.Logger
-	now       func() time.Time
+	// closed is set when Close begins; the reader pool shares it.
+	closed atomic.Bool
+	logger *slog.Logger
+	now    func() time.Time
 	// checkpoints copies the WAL into the database in the background, so no
 	// commit pays for a checkpoint (see checkpointLoop).
 	ckpt     *sql.DB
@@ -134,7 +136,7 @@ func Open(ctx context.Context, path string, opts Options) (*Store, error) {
 	s.r.SetMaxIdleConns(n)
 	s.r.SetConnMaxLifetime(0)
 	s.r.SetConnMaxIdleTime(0)
-	s.reader = reader{q: &cachedDB{db: s.r, stmts: map[string]*sql.Stmt{}}}
+	s.reader = reader{q: &cachedDB{db: s.r, closed: &s.closed, stmts: map[string]*sql.Stmt{}}}
 
 	s.ckpt, err = sql.Open("sqlite", path+"?"+fmt.Sprintf("_pragma=busy_timeout(%d)", busyTimeout.Milliseconds()))
 	if err != nil {
@@ -241,11 +243,11 @@ const probeSQL = `INSERT INTO write_probe (singleton, probed_at) VALUES (1, ?)
 // connection as long as ctx allows.
 func (s *Store) Ping(ctx context.Context) error {
 	if err := s.r.PingContext(ctx); err != nil {
-		return fmt.Errorf("sqlite: ping: %w", err)
+		return s.closedOr(fmt.Errorf("sqlite: ping: %w", err))
 	}
 	var one int
 	if err := s.r.QueryRowContext(ctx, "SELECT 1").Scan(&one); err != nil {
-		return fmt.Errorf("sqlite: ping: %w", err)
+		return s.closedOr(fmt.Errorf("sqlite: ping: %w", err))
 	}
 	if last := s.committed.Load(); last != 0 {
 		// A commit ahead of now (the wall clock was set back since) was
@@ -265,8 +267,13 @@ func (s *Store) Ping(ctx context.Context) error {
 }
 
 // Close closes both pools. It checkpoints the WAL when it is the last
-// connection to the database.
+// connection to the database. Calls that began before Close finish; every
+// call after it fails at once with the error of a database that does not
+// answer (see closedError). A second Close does nothing.
 func (s *Store) Close() error {
+	if s.closed.Swap(true) {
+		return nil
+	}
 	var errs []error
 	for _, st := range s.prepared {
 		errs = append(errs, st.Close())
@@ -308,7 +315,7 @@ func (s *Store) write(ctx context.Context, fn func(wtx) error) (err error) {
 	defer func() { s.noteWrite(err) }()
 	t, err := s.w.BeginTx(ctx, nil)
 	if err != nil {
-		return unavailable(fmt.Errorf("sqlite: beginning transaction: %w", err))
+		return s.closedOr(unavailable(fmt.Errorf("sqlite: beginning transaction: %w", err)))
 	}
 	ended, attempts := vibejobs.RunsEnded{}, vibejobs.AttemptsRecorded{}
 	if err := fn(wtx{Tx: t, prepared: s.prepared, ended: ended, attempts: attempts}); err != nil {
@@ -373,7 +380,7 @@ func (t wtx) QueryContext(ctx context.Context, query string, args ...any) (*sql.
 	return t.Tx.QueryContext(ctx, query, args...)
 }
 
-func (t wtx) QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row {
+func (t wtx) QueryRowContext(ctx context.Context, query string, args ...any) scanner {
 	if st, ok := t.prepared[query]; ok {
 		return t.Tx.StmtContext(ctx, st).QueryRowContext(ctx, args...)
 	}
@@ -382,11 +389,14 @@ func (t wtx) QueryRowContext(ctx context.Context, query string, args ...any) *sq
 
 // cachedDB runs reads on the reader pool, each SQL text prepared once (per
 // connection, by database/sql). Only constant texts and the few variants
-// ListRuns builds reach it, so the cache stays small.
+// ListRuns builds reach it, so the cache stays small. Once the Store is
+// closed, its errors are closedError's.
 type cachedDB struct {
-	db    *sql.DB
-	mu    sync.Mutex
-	stmts map[string]*sql.Stmt
+	db *sql.DB
+	// closed is the Store's: set when Close begins.
+	closed *atomic.Bool
+	mu     sync.Mutex
+	stmts  map[string]*sql.Stmt
 }
 
 func (c *cachedDB) stmt(ctx context.Context, query string) (*sql.Stmt, error) {
@@ -397,10 +407,20 @@ func (c *cachedDB) stmt(ctx context.Context, query string) (*sql.Stmt, error) {
 	}
 	st, err := c.db.PrepareContext(ctx, query)
 	if err != nil {
-		return nil, err
+		return nil, c.closedOr(err)
 	}
 	c.stmts[query] = st
 	return st, nil
+}
+
+// closedOr returns err, or closedError's for it when the Store was closed
+// meanwhile (its statements and pool closed under the call). A read that
+// found no row found none, closed or not.
+func (c *cachedDB) closedOr(err error) error {
+	if err == nil || errors.Is(err, sql.ErrNoRows) || !c.closed.Load() {
+		return err
+	}
+	return closedError(err)
 }
 
 func (c *cachedDB) ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error) {
@@ -408,7 +428,8 @@ func (c *cachedDB) ExecContext(ctx context.Context, query string, args ...any) (
 	if err != nil {
 		return nil, err
 	}
-	return st.ExecContext(ctx, args...)
+	res, err := st.ExecContext(ctx, args...)
+	return res, c.closedOr(err)
 }
 
 func (c *cachedDB) QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error) {
@@ -416,22 +437,38 @@ func (c *cachedDB) QueryContext(ctx context.Context, query string, args ...any) 
 	if err != nil {
 		return nil, err
 	}
-	return st.QueryContext(ctx, args...)
+	rows, err := st.QueryContext(ctx, args...)
+	return rows, c.closedOr(err)
 }
 
-func (c *cachedDB) QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row {
+func (c *cachedDB) QueryRowContext(ctx context.Context, query string, args ...any) scanner {
 	st, err := c.stmt(ctx, query)
 	if err != nil {
-		return c.db.QueryRowContext(ctx, query, args...) // reports the same error through Scan
+		return errRow{err}
 	}
-	return st.QueryRowContext(ctx, args...)
+	return cachedRow{st.QueryRowContext(ctx, args...), c}
 }
 
-// querier is what reads need: the reader pool or a transaction.
+// cachedRow is a row of the reader pool: its Scan reports a Store closed
+// under it as closedError.
+type cachedRow struct {
+	row *sql.Row
+	c   *cachedDB
+}
+
+func (r cachedRow) Scan(dest ...any) error { return r.c.closedOr(r.row.Scan(dest...)) }
+
+// errRow is a row whose query could not start: its Scan returns err.
+type errRow struct{ err error }
+
+func (r errRow) Scan(...any) error { return r.err }
+
+// querier is what reads need: the reader pool or a transaction. A row's
+// error, sql.ErrNoRows included, comes from its Scan.
 type querier interface {
 	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
 	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
-	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
+	QueryRowContext(ctx context.Context, query string, args ...any) scanner
 }
 
 // unavailable marks err EUNAVAILABLE (wrapping it still) when it says the
@@ -446,8 +483,36 @@ func unavailable(err error) error {
 	if !cannotWrite(err) {
 		return err
 	}
-	return fmt.Errorf("%w: %w", vibejobs.Errorf(vibejobs.EUNAVAILABLE, "database_unavailable",
-		"database unavailable"), err)
+	return fmt.Errorf("%w: %w", errDatabaseUnavailable(), err)
+}
+
+// errDatabaseUnavailable is the error of a database that cannot do the
+// work for now, the PostgreSQL store's too: the API answers it 503
+// database_unavailable.
+func errDatabaseUnavailable() *vibejobs.Error {
+	return vibejobs.Errorf(vibejobs.EUNAVAILABLE, "database_unavailable", "database unavailable")
+}
+
+// errClosed is the cause of the errors of a closed Store.
+var errClosed = errors.New("sqlite: the store is closed")
+
+// closedError is the error of a call on a closed Store, wrapping cause
+// (database/sql's "database is closed" or "statement is closed", which it
+// returns at once, never waiting for a lock): the error of a database that
+// does not answer, as the PostgreSQL store gives once its pool is closed.
+// So a request that outlasted a server's stop, its store closed under it,
+// is answered 503, not 500 internal.
+func closedError(cause error) error {
+	return fmt.Errorf("%w: %w: %w", errDatabaseUnavailable(), errClosed, cause)
+}
+
+// closedOr returns err, or closedError's for it when the Store was closed
+// under the call.
+func (s *Store) closedOr(err error) error {
+	if err == nil || !s.closed.Load() {
+		return err
+	}
+	return closedError(err)
 }
 
 // cannotWrite reports whether err says that the database cannot take

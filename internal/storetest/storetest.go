@@ -34,6 +34,7 @@ func Run(t *testing.T, open func(t *testing.T) vibejobs.Store) {
 		fn   func(t *testing.T, f *fixture)
 	}{
 		{"Ping", testPing},
+		{"Closed", testClosed},
 		{"Projects", testProjects},
 		{"ListProjectsPagination", testListProjectsPagination},
 		{"Tokens", testTokens},
