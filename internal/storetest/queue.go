@@ -6,6 +6,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 	"unicode/utf8"
@@ -186,6 +187,122 @@ func testClaimConcurrent(t *testing.T, f *fixture) {
 	runs, _, err := f.s.ListRuns(f.ctx, projectA, vibejobs.RunFilter{State: vibejobs.RunDelivering}, vibejobs.Page{Limit: 100})
 	if err != nil || len(runs) != 100 {
 		t.Fatalf("ListRuns delivering: %d, %v", len(runs), err)
+	}
+}
+
+// testClaimRecordConcurrent: dispatchers claim, record and give back at
+// once, each run going round the queue attempt after attempt: no claim ever
+// takes a run another claim still holds, no outcome of a held claim is
+// dropped, and lease recovery running beside them finds no lease to take.
+func testClaimRecordConcurrent(t *testing.T, f *fixture) {
+	f.projects()
+	j := f.job(projectA)
+	const n = 100 // one page
+	f.update(func(tx vibejobs.Tx) error {
+		for i := range n {
+			if err := tx.CreateRun(f.ctx, f.newRun(j, T0.Add(-time.Hour+time.Duration(i)*time.Millisecond))); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	// Each call takes the next microsecond: claims, outcomes and releases
+	// follow one clock, and a run given back or retrying is due again at
+	// once.
+	var tick atomic.Int64
+	now := func() time.Time { return T0.Add(time.Duration(tick.Add(1)) * time.Microsecond) }
+	var (
+		mu       sync.Mutex
+		held     = map[string]string{} // run: its claim's owner
+		finished int
+	)
+	maxAttempts := j.Retry.MaxAttempts
+	var wg sync.WaitGroup
+	for w := range 6 {
+		owner := fmt.Sprintf("w%d", w)
+		wg.Go(func() {
+			for round := 0; ; round++ {
+				mu.Lock()
+				done := finished == n
+				mu.Unlock()
+				if done || t.Failed() {
+					return
+				}
+				if round > 50*n {
+					t.Errorf("%s: the runs did not finish in %d rounds (%d finished)", owner, round, finished)
+					return
+				}
+				cs, err := f.s.ClaimDueRuns(f.ctx, owner, now(), 3, Margin)
+				if err != nil {
+					t.Errorf("ClaimDueRuns: %v", err)
+					return
+				}
+				mu.Lock()
+				for _, c := range cs {
+					if prev, ok := held[c.Run.ID]; ok {
+						t.Errorf("run %s claimed by %s while %s holds it", c.Run.ID, owner, prev)
+					}
+					held[c.Run.ID] = owner
+				}
+				mu.Unlock()
+				for i, c := range cs {
+					// Given back before any other process may claim it.
+					mu.Lock()
+					delete(held, c.Run.ID)
+					mu.Unlock()
+					at := now()
+					switch {
+					case c.Run.Attempt == maxAttempts:
+						if err := f.s.RecordOutcomes(f.ctx, owner, []vibejobs.Outcome{succeeded(c, at, at)}); err != nil {
+							t.Errorf("RecordOutcomes: %v", err)
+						}
+						mu.Lock()
+						finished++
+						mu.Unlock()
+					case (round+i)%3 == 0:
+						if err := f.s.ReleaseClaims(f.ctx, owner, []*vibejobs.Claim{c}, at, at); err != nil {
+							t.Errorf("ReleaseClaims: %v", err)
+						}
+					default:
+						if err := f.s.RecordOutcomes(f.ctx, owner, []vibejobs.Outcome{retrying(c, at, at, at)}); err != nil {
+							t.Errorf("RecordOutcomes: %v", err)
+						}
+					}
+				}
+			}
+		})
+	}
+	wg.Go(func() {
+		for {
+			mu.Lock()
+			done := finished == n
+			mu.Unlock()
+			if done || t.Failed() {
+				return
+			}
+			if k, err := f.s.RecoverExpiredLeases(f.ctx, now(), 10); err != nil || k != 0 {
+				t.Errorf("RecoverExpiredLeases before any lease ended = %d, %v; want 0", k, err)
+				return
+			}
+		}
+	})
+	wg.Wait()
+	if t.Failed() {
+		return
+	}
+	runs, _, err := f.s.ListRuns(f.ctx, projectA, vibejobs.RunFilter{State: vibejobs.RunSucceeded}, vibejobs.Page{Limit: n})
+	if err != nil || len(runs) != n {
+		t.Fatalf("ListRuns succeeded: %d runs, %v; want %d", len(runs), err, n)
+	}
+	for _, r := range runs {
+		got := f.getRun(projectA, r.ID)
+		var numbers []int
+		for _, a := range got.Attempts {
+			numbers = append(numbers, a.Number)
+		}
+		if want := []int{1, 2, 3, 4}[:maxAttempts]; !slices.Equal(numbers, want) {
+			t.Errorf("run %s: attempts %v, want %v (an outcome dropped or recorded twice)", r.ID, numbers, want)
+		}
 	}
 }
 

@@ -78,6 +78,7 @@ func Run(t *testing.T, open func(t *testing.T) vibejobs.Store) {
 		{"ClaimDeadline", testClaimDeadline},
 		{"ClaimUsesCurrentJobSettings", testClaimUsesCurrentJobSettings},
 		{"ClaimConcurrent", testClaimConcurrent},
+		{"ClaimRecordConcurrent", testClaimRecordConcurrent},
 		{"AttemptNumberingAcrossRetries", testAttemptNumberingAcrossRetries},
 		{"ClaimCarriesDueTime", testClaimCarriesDueTime},
 		{"LateDecidedOnceAtFirstAttempt", testLateDecidedOnce},
