@@ -73,9 +73,25 @@ func NewRetention(cfg RetentionConfig) (*Retention, error) {
 	}, nil
 }
 
+// errRetentionNotConfigured is the error of a Retention not made with
+// NewRetention (a zero Retention, a nil *Retention): it has no store.
+var errRetentionNotConfigured = errors.New("receiver: the Retention was not made with NewRetention: it has no store")
+
+// configured returns errRetentionNotConfigured unless NewRetention made r.
+func (r *Retention) configured() error {
+	if r == nil || r.store == nil {
+		return errRetentionNotConfigured
+	}
+	return nil
+}
+
 // RunOnce deletes every record processed before now − Period: all such outbox
-// items first, then the acceptance records left without an item.
+// items first, then the acceptance records left without an item. A Retention
+// not made with [NewRetention] deletes nothing and returns an error.
 func (r *Retention) RunOnce(ctx context.Context) (outbox, runs int, err error) {
+	if err := r.configured(); err != nil {
+		return 0, 0, err
+	}
 	cutoff := r.now().Add(-r.period)
 	for {
 		n, err := r.store.DeleteProcessedOutbox(ctx, cutoff, r.batch)
@@ -100,8 +116,12 @@ func (r *Retention) RunOnce(ctx context.Context) (outbox, runs int, err error) {
 	return outbox, runs, nil
 }
 
-// Run calls RunOnce every Interval until ctx ends, then returns nil.
+// Run calls RunOnce every Interval until ctx ends, then returns nil. A
+// Retention not made with [NewRetention] returns an error at once.
 func (r *Retention) Run(ctx context.Context) error {
+	if err := r.configured(); err != nil {
+		return err
+	}
 	timer := time.NewTimer(0)
 	defer timer.Stop()
 	for {

@@ -3,6 +3,7 @@ package receiver_test
 import (
 	"context"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -57,6 +58,20 @@ func TestRetentionPeriodBounds(t *testing.T) {
 		_, err := receiver.NewRetention(receiver.RetentionConfig{Store: f, Period: c.period})
 		if (err == nil) != c.ok {
 			t.Errorf("period %v: err %v", c.period, err)
+		}
+	}
+}
+
+// A Retention not made with NewRetention answers an error, never a nil
+// pointer panic, and Run returns it at once rather than logging it forever.
+func TestZeroRetentionErrors(t *testing.T) {
+	for name, r := range map[string]*receiver.Retention{"zero": {}, "nil": nil} {
+		if o, n, err := r.RunOnce(context.Background()); err == nil || o != 0 || n != 0 ||
+			!strings.Contains(err.Error(), "NewRetention") {
+			t.Errorf("%s Retention: RunOnce = %d, %d, %v; want an error naming NewRetention", name, o, n, err)
+		}
+		if err := r.Run(context.Background()); err == nil || !strings.Contains(err.Error(), "NewRetention") {
+			t.Errorf("%s Retention: Run = %v; want an error naming NewRetention", name, err)
 		}
 	}
 }

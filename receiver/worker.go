@@ -144,8 +144,27 @@ func NewWorker(cfg WorkerConfig) (*Worker, error) {
 }
 
 // ID returns the worker's id, which the lease columns record followed by
-// "#" and the number of the claim (see WorkerConfig.ID).
-func (w *Worker) ID() string { return w.id }
+// "#" and the number of the claim (see WorkerConfig.ID); "" for a Worker
+// not made with [NewWorker].
+func (w *Worker) ID() string {
+	if w == nil {
+		return ""
+	}
+	return w.id
+}
+
+// errWorkerNotConfigured is the error of a Worker not made with NewWorker
+// (a zero Worker, a nil *Worker): it has no outbox to claim from and no
+// function to run.
+var errWorkerNotConfigured = errors.New("receiver: the Worker was not made with NewWorker: it has no Outbox or ProcessFunc")
+
+// configured returns errWorkerNotConfigured unless NewWorker made w.
+func (w *Worker) configured() error {
+	if w == nil || w.outbox == nil || w.process == nil {
+		return errWorkerNotConfigured
+	}
+	return nil
+}
 
 // ProcessBatch claims up to Concurrency due items, runs them in parallel and
 // records each outcome: processed on success (even one that returned after
@@ -157,8 +176,12 @@ func (w *Worker) ID() string { return w.id }
 // returns once every item it claimed is recorded, with how many it claimed and
 // the errors of claiming or recording (not the app's errors, which are
 // recorded on the item and logged). Calls must not overlap, nor run beside
-// Run: Concurrency bounds the items a Worker runs at once.
+// Run: Concurrency bounds the items a Worker runs at once. A Worker not made
+// with [NewWorker] claims nothing and returns an error.
 func (w *Worker) ProcessBatch(ctx context.Context) (int, error) {
+	if err := w.configured(); err != nil {
+		return 0, err
+	}
 	items, holder, left, err := w.claim(ctx, w.concurrency)
 	if err != nil || len(items) == 0 {
 		return len(items), err
@@ -273,8 +296,12 @@ func (w *Worker) call(ctx context.Context, runID string, payload []byte) (err er
 // for at the last claim, and after PollInterval otherwise, so one slow item
 // never holds up the others. Errors of the store are logged and retried
 // after PollInterval. One Run per Worker, and no ProcessBatch beside it: for
-// more parallelism raise Concurrency, or start more Workers.
+// more parallelism raise Concurrency, or start more Workers. A Worker not
+// made with [NewWorker] returns an error at once.
 func (w *Worker) Run(ctx context.Context) error {
+	if err := w.configured(); err != nil {
+		return err
+	}
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	finished := make(chan struct{}, w.concurrency)

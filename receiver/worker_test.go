@@ -5,6 +5,7 @@ import (
 	"errors"
 	"log/slog"
 	"reflect"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -415,5 +416,22 @@ func TestWorkerRunIsNotHeldUpBySlowItem(t *testing.T) {
 	defer o.mu.Unlock()
 	if len(o.completed)+len(o.failed) != 5 {
 		t.Fatalf("completed %v, failed %v: want all 5 recorded", o.completed, o.failed)
+	}
+}
+
+// A Worker not made with NewWorker answers an error, never a nil pointer
+// panic, and Run returns it at once rather than polling nothing forever.
+func TestZeroWorkerErrors(t *testing.T) {
+	for name, w := range map[string]*receiver.Worker{"zero": {}, "nil": nil} {
+		if n, err := w.ProcessBatch(context.Background()); err == nil || n != 0 ||
+			!strings.Contains(err.Error(), "NewWorker") {
+			t.Errorf("%s Worker: ProcessBatch = %d, %v; want an error naming NewWorker", name, n, err)
+		}
+		if err := w.Run(context.Background()); err == nil || !strings.Contains(err.Error(), "NewWorker") {
+			t.Errorf("%s Worker: Run = %v; want an error naming NewWorker", name, err)
+		}
+		if id := w.ID(); id != "" {
+			t.Errorf("%s Worker: ID = %q, want empty", name, id)
+		}
 	}
 }
