@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"strings"
 	"testing"
 	"time"
 
@@ -379,43 +378,8 @@ func TestOpenUsesTheFileNamed(t *testing.T) {
 // would turn into a dropped connection and the Worker into a crashed app).
 // DB returns nil and Close has nothing to close.
 func TestStoreWithoutDatabase(t *testing.T) {
-	ctx := context.Background()
-	now := time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
 	for name, s := range map[string]*sqlitestore.Store{"zero": {}, "nil": nil} {
-		calls := map[string]func() error{
-			"Migrate": func() error { return s.Migrate(ctx) },
-			"Accept": func() error {
-				_, _, err := s.Accept(ctx, "run_1", storetest.Body("run_1"))
-				return err
-			},
-			"ClaimOutbox": func() error {
-				_, err := s.ClaimOutbox(ctx, "a", now, now.Add(time.Minute), 1)
-				return err
-			},
-			"CompleteOutbox": func() error { return s.CompleteOutbox(ctx, "run_1", now) },
-			"FailOutbox":     func() error { return s.FailOutbox(ctx, "run_1", "a", now, "boom") },
-			"ReleaseOutbox":  func() error { return s.ReleaseOutbox(ctx, "run_1", "a") },
-			"DeleteProcessedOutbox": func() error {
-				_, err := s.DeleteProcessedOutbox(ctx, now, 1)
-				return err
-			},
-			"DeleteProcessedRuns": func() error {
-				_, err := s.DeleteProcessedRuns(ctx, now, 1)
-				return err
-			},
-		}
-		for call, f := range calls {
-			func() {
-				defer func() {
-					if r := recover(); r != nil {
-						t.Errorf("%s store: %s panicked: %v", name, call, r)
-					}
-				}()
-				if err := f(); err == nil || !strings.Contains(err.Error(), "no database") {
-					t.Errorf("%s store: %s = %v; want an error that says there is no database", name, call, err)
-				}
-			}()
-		}
+		storetest.CheckUnconfigured(t, name, s, "no database")
 		noPanic := func(call string, f func()) {
 			defer func() {
 				if r := recover(); r != nil {

@@ -29,6 +29,54 @@ type Store interface {
 	receiver.RetentionStore
 }
 
+// CheckUnconfigured calls every method of s, a store made without its
+// database (a zero Store, a nil *Store), and fails t unless each answers an
+// error that contains want, never a nil pointer panic (which the Handler
+// would turn into a dropped connection and the Worker into a crashed app).
+// name tells which store it is in the messages.
+func CheckUnconfigured(t *testing.T, name string, s interface {
+	Store
+	Migrate(context.Context) error
+}, want string) {
+	t.Helper()
+	ctx := context.Background()
+	now := time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
+	calls := map[string]func() error{
+		"Migrate": func() error { return s.Migrate(ctx) },
+		"Accept": func() error {
+			_, _, err := s.Accept(ctx, "run_1", Body("run_1"))
+			return err
+		},
+		"ClaimOutbox": func() error {
+			_, err := s.ClaimOutbox(ctx, "a", now, now.Add(time.Minute), 1)
+			return err
+		},
+		"CompleteOutbox": func() error { return s.CompleteOutbox(ctx, "run_1", now) },
+		"FailOutbox":     func() error { return s.FailOutbox(ctx, "run_1", "a", now, "boom") },
+		"ReleaseOutbox":  func() error { return s.ReleaseOutbox(ctx, "run_1", "a") },
+		"DeleteProcessedOutbox": func() error {
+			_, err := s.DeleteProcessedOutbox(ctx, now, 1)
+			return err
+		},
+		"DeleteProcessedRuns": func() error {
+			_, err := s.DeleteProcessedRuns(ctx, now, 1)
+			return err
+		},
+	}
+	for call, f := range calls {
+		func() {
+			defer func() {
+				if r := recover(); r != nil {
+					t.Errorf("%s store: %s panicked: %v", name, call, r)
+				}
+			}()
+			if err := f(); err == nil || !strings.Contains(err.Error(), want) {
+				t.Errorf("%s store: %s = %v; want an error that says %q", name, call, err, want)
+			}
+		}()
+	}
+}
+
 // ItemState is what the suite reads of a run's rows.
 type ItemState struct {
 	Accepted     bool // an accepted_runs row exists
