@@ -191,3 +191,27 @@ func TestRunQueueMigrationKeepsTheQueue(t *testing.T) {
 	}
 	checkQueue(t, s)
 }
+
+// TestOpenRefusesANewerSchema: a schema that a newer build migrated further
+// (here: to a version 9999 this build does not have) is refused at Open,
+// as by `vibejobs migrate`, not run with this build's statements: a claim
+// of this build beside one of the newer could send a run twice. goose
+// alone applies nothing and says nothing.
+func TestOpenRefusesANewerSchema(t *testing.T) {
+	ctx := context.Background()
+	schema, pool, p := gooseTestSchema(t)
+	if _, err := p.Up(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, `INSERT INTO goose_db_version (version_id, is_applied) VALUES (9999, true)`); err != nil {
+		t.Fatal(err)
+	}
+	s, err := Open(ctx, TestURL(t), Options{Schema: schema, Logger: slog.New(slog.DiscardHandler)})
+	if err == nil {
+		s.Close()
+		t.Fatal("Open of a schema at version 9999 succeeded")
+	}
+	if want := fmt.Sprintf("at version 9999, newer than this build of vibejobs knows (%d)", latestVersion(t)); !strings.Contains(err.Error(), want) {
+		t.Fatalf("Open of a schema at version 9999: %v; want an error saying %q", err, want)
+	}
+}

@@ -354,7 +354,8 @@ func createSchema(ctx context.Context, cc *pgx.ConnConfig, schema string) error 
 
 // Migrate applies the pending embedded migrations. It holds a PostgreSQL
 // session advisory lock (one per schema) while it runs, so replicas that
-// start together apply each migration once; the others wait for it.
+// start together apply each migration once; the others wait for it. A
+// schema that a newer build migrated further is refused with an error.
 func (s *Store) Migrate(ctx context.Context) error {
 	fsys, err := fs.Sub(migrations, "migrations")
 	if err != nil {
@@ -383,7 +384,24 @@ func (s *Store) Migrate(ctx context.Context) error {
 	for _, r := range results {
 		s.logger.Info("postgres.migrated", "version", r.Source.Version, "duration", r.Duration)
 	}
+	current, known, err := p.GetVersions(ctx)
+	if err != nil {
+		return mapError(err, "reading the schema version")
+	}
+	if current > known {
+		return fmt.Errorf("postgres: %w", errNewerSchema(current, known))
+	}
 	return nil
+}
+
+// errNewerSchema is the error of a database that a newer vibejobs migrated
+// to version current, beyond the known of this build: this build's
+// statements would break the promises of the newer schema (a claim of
+// this build and one of the newer could send a run twice), so it refuses
+// to run on it. goose alone applies nothing and says nothing.
+func errNewerSchema(current, known int64) error {
+	return fmt.Errorf("the database schema is at version %d, newer than this build of vibejobs knows (%d): "+
+		"a newer vibejobs migrated it; run that version or a later one", current, known)
 }
 
 // LockMasterKeyRotation waits for, and takes, the lock that makes the master

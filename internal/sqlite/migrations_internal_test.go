@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
+	"log/slog"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -123,4 +124,29 @@ func schemaOf(t *testing.T, db *sql.DB) []string {
 		}
 	}
 	return lines
+}
+
+// TestOpenRefusesANewerSchema: a database that a newer build migrated
+// further (here: to a version 9999 this build does not have) is refused at
+// Open, not run with this build's statements, which could break the newer
+// schema's promises. goose alone applies nothing and says nothing.
+func TestOpenRefusesANewerSchema(t *testing.T) {
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "vibejobs.db")
+	db, p := gooseOn(t, path)
+	if _, err := p.Up(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.ExecContext(ctx, `INSERT INTO goose_db_version (version_id, is_applied) VALUES (9999, 1)`); err != nil {
+		t.Fatal(err)
+	}
+	s, err := Open(ctx, path, Options{Logger: slog.New(slog.DiscardHandler)})
+	if err == nil {
+		s.Close()
+		t.Fatal("Open of a database at schema version 9999 succeeded")
+	}
+	latest := storetest.LatestMigration(t, migrationsFS(t))
+	if want := fmt.Sprintf("at version 9999, newer than this build of vibejobs knows (%d)", latest); !strings.Contains(err.Error(), want) {
+		t.Fatalf("Open of a database at schema version 9999: %v; want an error saying %q", err, want)
+	}
 }

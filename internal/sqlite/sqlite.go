@@ -197,7 +197,8 @@ func readerDSN(path string) string {
 }
 
 // Migrate applies the embedded migrations not yet applied. Open calls it; it
-// is safe to call again.
+// is safe to call again. A database that a newer build migrated further is
+// refused with an error.
 func (s *Store) Migrate(ctx context.Context) error {
 	sub, err := fs.Sub(migrations, "migrations")
 	if err != nil {
@@ -221,6 +222,16 @@ func (s *Store) Migrate(ctx context.Context) error {
 	}
 	for _, r := range results {
 		s.logger.Info("sqlite: applied migration", "version", r.Source.Version, "file", r.Source.Path, "duration", r.Duration)
+	}
+	current, known, err := p.GetVersions(ctx)
+	if err != nil {
+		return fmt.Errorf("sqlite: reading the schema version of %s: %w", s.path, err)
+	}
+	if current > known {
+		// This build's statements could break the promises of the newer
+		// schema; goose alone applies nothing and says nothing.
+		return fmt.Errorf("sqlite: the schema of %s is at version %d, newer than this build of vibejobs knows (%d): "+
+			"a newer vibejobs migrated it; run that version or a later one", s.path, current, known)
 	}
 	return nil
 }
