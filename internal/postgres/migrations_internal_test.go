@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/vibejobs/vibejobs"
 	"github.com/vibejobs/vibejobs/internal/storetest"
 )
 
@@ -213,5 +214,53 @@ func TestOpenRefusesANewerSchema(t *testing.T) {
 	}
 	if want := fmt.Sprintf("at version 9999, newer than this build of vibejobs knows (%d)", latestVersion(t)); !strings.Contains(err.Error(), want) {
 		t.Fatalf("Open of a schema at version 9999: %v; want an error saying %q", err, want)
+	}
+}
+
+// TestStoreStandsDownWhenANewerBuildMigrates: a newer build that migrates
+// the schema under an open Store (a rolling upgrade, this replica still
+// running) stands it down once the Store reads the version: every call
+// fails EUNAVAILABLE, saying why, so that no claim of this build runs
+// beside one of the newer build's. Before that, the Store answers as ever.
+func TestStoreStandsDownWhenANewerBuildMigrates(t *testing.T) {
+	ctx := context.Background()
+	schema, pool, p := gooseTestSchema(t)
+	if _, err := p.Up(ctx); err != nil {
+		t.Fatal(err)
+	}
+	s, err := Open(ctx, TestURL(t), Options{Schema: schema, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if ahead, err := s.checkSchema(ctx); ahead || err != nil {
+		t.Fatalf("checkSchema of the schema this build migrated = %v, %v; want false, nil", ahead, err)
+	}
+	if err := s.Ping(ctx); err != nil {
+		t.Fatalf("Ping before a newer build migrated: %v", err)
+	}
+	if _, err := pool.Exec(ctx, `INSERT INTO goose_db_version (version_id, is_applied) VALUES (9999, true)`); err != nil {
+		t.Fatal(err)
+	}
+	if ahead, err := s.checkSchema(ctx); !ahead || err != nil {
+		t.Fatalf("checkSchema of a schema at version 9999 = %v, %v; want true, nil", ahead, err)
+	}
+	want := fmt.Sprintf("at version 9999, newer than this build of vibejobs knows (%d)", latestVersion(t))
+	calls := map[string]func() error{
+		"Ping": func() error { return s.Ping(ctx) },
+		"ClaimDueRuns": func() error {
+			_, err := s.ClaimDueRuns(ctx, "w1", time.Now(), 10, time.Second)
+			return err
+		},
+		"Update": func() error { return s.Update(ctx, func(vibejobs.Tx) error { return nil }) },
+		"ListProjects": func() error {
+			_, _, err := s.ListProjects(ctx, vibejobs.Page{})
+			return err
+		},
+	}
+	for name, call := range calls {
+		if err := call(); vibejobs.ErrorKind(err) != vibejobs.EUNAVAILABLE || !strings.Contains(err.Error(), want) {
+			t.Errorf("%s on a Store stood down: %v; want EUNAVAILABLE saying %q", name, err, want)
+		}
 	}
 }

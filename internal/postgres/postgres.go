@@ -118,7 +118,13 @@ type Store struct {
 	// connConfig makes the dedicated connections of Notifications.
 	connConfig *pgx.ConnConfig
 
-	// closing stops the Notifications listeners when Close is called.
+	// known is the newest migration of this build, and ahead the version
+	// a newer build migrated the database to beyond it, once watchSchema
+	// saw it (0 before): from then on every call fails (see schemaGuard).
+	known, ahead *atomic.Int64
+
+	// closing stops the Notifications listeners and watchSchema when Close
+	// is called; listeners waits for them.
 	closing   context.Context
 	stop      context.CancelFunc
 	listeners sync.WaitGroup
@@ -157,6 +163,9 @@ func Open(ctx context.Context, url string, opts Options) (*Store, error) {
 		return nil
 	}
 	cfg.AfterRelease = writable
+	ahead := new(atomic.Int64)
+	known := new(atomic.Int64)
+	cfg.PrepareConn = schemaGuard(ahead, known)
 	if schema != "" && !opts.MustExist {
 		if err := createSchema(ctx, cfg.ConnConfig, schema); err != nil {
 			return nil, err
@@ -197,6 +206,8 @@ func Open(ctx context.Context, url string, opts Options) (*Store, error) {
 		connConfig: cfg.ConnConfig.Copy(),
 		closing:    closing,
 		stop:       stop,
+		known:      known,
+		ahead:      ahead,
 	}
 	if s.now == nil {
 		s.now = time.Now
@@ -206,7 +217,69 @@ func Open(ctx context.Context, url string, opts Options) (*Store, error) {
 		s.Close()
 		return nil, err
 	}
+	s.listeners.Add(1)
+	go s.watchSchema()
 	return s, nil
+}
+
+// schemaCheckInterval is how often watchSchema reads the schema version.
+const schemaCheckInterval = 5 * time.Second
+
+// schemaGuard refuses the connections of a pool once ahead is set: a newer
+// build (known is this one's newest migration) migrated the database under
+// this running process, as in a rolling upgrade, and this build's
+// statements could break the newer schema's promises (a claim of each
+// could send one run twice). Every call then fails EUNAVAILABLE: the API
+// answers 503, /readyz turns not ready, the dispatcher claims nothing, and
+// the runs this process held are recovered by the newer replicas once
+// their leases end, as if it had died.
+func schemaGuard(ahead, known *atomic.Int64) func(context.Context, *pgx.Conn) (bool, error) {
+	return func(context.Context, *pgx.Conn) (bool, error) {
+		if v := ahead.Load(); v != 0 {
+			return true, fmt.Errorf("%w: postgres: %w", errUnavailable(), errNewerSchema(v, known.Load()))
+		}
+		return true, nil
+	}
+}
+
+// watchSchema runs checkSchema every schemaCheckInterval until the Store is
+// closed, or until it stood the Store down.
+func (s *Store) watchSchema() {
+	defer s.listeners.Done()
+	t := time.NewTicker(schemaCheckInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-s.closing.Done():
+			return
+		case <-t.C:
+		}
+		ctx, cancel := context.WithTimeout(s.closing, schemaCheckInterval)
+		ahead, _ := s.checkSchema(ctx) // a read that failed tells nothing: the next one is due soon
+		cancel()
+		if ahead {
+			return
+		}
+	}
+}
+
+// checkSchema reads the newest migration recorded in the database and
+// reports whether a newer build made it; the first time, it stands the
+// Store down (see schemaGuard) and logs why.
+func (s *Store) checkSchema(ctx context.Context) (ahead bool, err error) {
+	var v int64
+	if err := s.pool.QueryRow(ctx, `SELECT COALESCE(max(version_id), 0) FROM goose_db_version`).Scan(&v); err != nil {
+		return false, mapError(err, "reading the schema version")
+	}
+	known := s.known.Load()
+	if v <= known {
+		return false, nil
+	}
+	if s.ahead.CompareAndSwap(0, v) {
+		s.logger.Error("postgres.schema_newer", "version", v, "known", known,
+			"effect", "every call fails from now on: stop this process and run the newer vibejobs")
+	}
+	return true, nil
 }
 
 // checkMigrated fails unless schema, when set, holds the table in which
@@ -355,7 +428,9 @@ func createSchema(ctx context.Context, cc *pgx.ConnConfig, schema string) error 
 // Migrate applies the pending embedded migrations. It holds a PostgreSQL
 // session advisory lock (one per schema) while it runs, so replicas that
 // start together apply each migration once; the others wait for it. A
-// schema that a newer build migrated further is refused with an error.
+// schema that a newer build migrated further is refused with an error; one
+// that a newer build migrates while the Store is open stands it down (see
+// schemaGuard).
 func (s *Store) Migrate(ctx context.Context) error {
 	fsys, err := fs.Sub(migrations, "migrations")
 	if err != nil {
@@ -391,6 +466,7 @@ func (s *Store) Migrate(ctx context.Context) error {
 	if current > known {
 		return fmt.Errorf("postgres: %w", errNewerSchema(current, known))
 	}
+	s.known.Store(known)
 	return nil
 }
 
