@@ -132,6 +132,8 @@ var migrations = []string{
 // lock per schema serializes them. The transaction is READ COMMITTED so that
 // the one that waited for the lock reads the versions the other recorded; a
 // REPEATABLE READ or SERIALIZABLE snapshot, taken before the wait, would not.
+// Tables that a newer build of the SDK migrated further are refused with an
+// error.
 func (s *Store) Migrate(ctx context.Context) error {
 	pool, err := s.poolOf()
 	if err != nil {
@@ -150,6 +152,12 @@ func (s *Store) Migrate(ctx context.Context) error {
 		var have int
 		if err := tx.QueryRow(ctx, `SELECT coalesce(max(version), 0) FROM receiver_migrations`).Scan(&have); err != nil {
 			return err
+		}
+		if have > len(migrations) {
+			// This build's statements could break the newer schema's
+			// promises: it refuses to run on it.
+			return fmt.Errorf("the receiver schema is at version %d, newer than this build of the SDK knows (%d): "+
+				"a newer build migrated it; use that version or a later one", have, len(migrations))
 		}
 		for i := have; i < len(migrations); i++ {
 			if _, err := tx.Exec(ctx, migrations[i]); err != nil {

@@ -28,6 +28,12 @@ var harness = storetest.Harness{
 	Open:       openStore,
 	Inspect:    inspect,
 	CountItems: countItems,
+	Exec: func(t *testing.T, s storetest.Store, statement string) {
+		t.Helper()
+		if _, err := s.(*pgstore.Store).Pool().Exec(context.Background(), statement); err != nil {
+			t.Fatal(err)
+		}
+	},
 }
 
 func TestMain(m *testing.M) {

@@ -201,7 +201,8 @@ var migrations = []string{
 
 // Migrate creates or upgrades the store's tables; Open calls it. Concurrent
 // calls from several processes are serialized by the write lock. It leaves
-// PRAGMA user_version, the app's, as it is.
+// PRAGMA user_version, the app's, as it is. Tables that a newer build of the
+// SDK migrated further are refused with an error.
 func (s *Store) Migrate(ctx context.Context) error {
 	err := s.inTx(ctx, func(tx *sql.Tx) error {
 		if _, err := tx.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS receiver_migrations (
@@ -213,6 +214,12 @@ func (s *Store) Migrate(ctx context.Context) error {
 		var have int
 		if err := tx.QueryRowContext(ctx, `SELECT coalesce(max(version), 0) FROM receiver_migrations`).Scan(&have); err != nil {
 			return err
+		}
+		if have > len(migrations) {
+			// This build's statements could break the newer schema's
+			// promises: it refuses to run on it.
+			return fmt.Errorf("the receiver schema is at version %d, newer than this build of the SDK knows (%d): "+
+				"a newer build migrated it; use that version or a later one", have, len(migrations))
 		}
 		for i := have; i < len(migrations); i++ {
 			if _, err := tx.ExecContext(ctx, migrations[i]); err != nil {

@@ -18,6 +18,12 @@ var harness = storetest.Harness{
 	Open:       openStore,
 	Inspect:    inspect,
 	CountItems: countItems,
+	Exec: func(t *testing.T, s storetest.Store, statement string) {
+		t.Helper()
+		if _, err := s.(*sqlitestore.Store).DB().ExecContext(context.Background(), statement); err != nil {
+			t.Fatal(err)
+		}
+	},
 }
 
 func TestMain(m *testing.M) {

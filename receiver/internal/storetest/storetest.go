@@ -99,6 +99,8 @@ type Harness struct {
 	Inspect func(t *testing.T, s Store, runID string) ItemState
 	// CountItems returns the number of job_outbox rows.
 	CountItems func(t *testing.T, s Store) int
+	// Exec runs a statement on the store's database.
+	Exec func(t *testing.T, s Store, statement string)
 }
 
 // Secret is the suite's job secret (the contract's public test value).

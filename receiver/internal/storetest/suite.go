@@ -63,6 +63,19 @@ func Run(t *testing.T, h Harness) {
 	t.Run("RetentionLimitNotPositive", func(t *testing.T) { testRetentionLimitNotPositive(t, h) })
 	t.Run("CrashAfterCommitBeforeResponse", func(t *testing.T) { testCrashAfterCommit(t, h) })
 	t.Run("WorkerKilledMidItem", func(t *testing.T) { testWorkerKilled(t, h) })
+	t.Run("MigrateRefusesNewerSchema", func(t *testing.T) { testMigrateRefusesNewerSchema(t, h) })
+}
+
+// testMigrateRefusesNewerSchema: a database that a newer build of the SDK
+// migrated further (here: to version 99) is refused, not run with this
+// build's statements, and Migrate says why.
+func testMigrateRefusesNewerSchema(t *testing.T, h Harness) {
+	s, _ := h.New(t)
+	h.Exec(t, s, `INSERT INTO receiver_migrations (version) VALUES (99)`)
+	err := s.(interface{ Migrate(context.Context) error }).Migrate(context.Background())
+	if err == nil || !strings.Contains(err.Error(), "schema is at version 99, newer than this build of the SDK knows") {
+		t.Fatalf("Migrate of a database at receiver schema version 99: %v; want an error saying it is newer", err)
+	}
 }
 
 func testAcceptNewThenRepeat(t *testing.T, h Harness) {
