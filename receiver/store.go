@@ -2,8 +2,14 @@ package receiver
 
 import (
 	"context"
+	"errors"
 	"time"
 )
+
+// ErrInvalidRunID is the error, wrapped, with which a Store's Accept
+// refuses a run id that no delivery carries (see [Store]). It quotes no part
+// of the id, which may be anything.
+var ErrInvalidRunID = errors.New(`run id is not a contract run id ("run_" and then letters, digits, '_' or '-', 128 bytes at most)`)
 
 // AcceptedStatus and AcceptedBody are the response a store records for a newly
 // accepted run and returns for every repeat of it.
@@ -28,7 +34,7 @@ type Store interface {
 	// finds the receipt if there is one. A runID that is not a contract run
 	// id (contract.ValidID with the prefix "run_", the rule by which
 	// ValidatePayload, and so the Handler, checks a delivery's runId) is
-	// refused with an error, and nothing is stored.
+	// refused with an error wrapping ErrInvalidRunID, and nothing is stored.
 	Accept(ctx context.Context, runID string, payload []byte) (status int, body []byte, err error)
 }
 

@@ -51,10 +51,6 @@ var (
 // with an error.
 func New(pool *pgxpool.Pool) *Store { return &Store{pool: pool} }
 
-// errInvalidRunID refuses an acceptance of an id that no delivery carries.
-// It quotes no part of the id, which may be anything.
-var errInvalidRunID = errors.New(`run id is not a contract run id ("run_" and then letters, digits, '_' or '-', 128 bytes at most)`)
-
 // errNoPool answers the calls of a Store that has no pool.
 var errNoPool = errors.New("no pool: make the Store with New(pool) or Open")
 
@@ -200,7 +196,7 @@ const (
 // database is asked.
 func (s *Store) Accept(ctx context.Context, runID string, payload []byte) (status int, body []byte, err error) {
 	if !contract.ValidID(runID, "run_") {
-		return 0, nil, fmt.Errorf("pgstore: accepting run: %w", errInvalidRunID)
+		return 0, nil, fmt.Errorf("pgstore: accepting run: %w", receiver.ErrInvalidRunID)
 	}
 	err = s.readCommitted(ctx, func(b *pgx.Batch) {
 		// A string, not the []byte: without a described statement (the

@@ -255,10 +255,6 @@ func (s *Store) inTx(ctx context.Context, fn func(*sql.Tx) error) error {
 	return tx.Commit()
 }
 
-// errInvalidRunID refuses an acceptance of an id that no delivery carries.
-// It quotes no part of the id, which may be anything.
-var errInvalidRunID = errors.New(`run id is not a contract run id ("run_" and then letters, digits, '_' or '-', 128 bytes at most)`)
-
 func ts(t time.Time) string { return t.UTC().Format(contract.ScheduledForLayout) }
 
 // Accept implements receiver.Store. The write lock taken by BEGIN IMMEDIATE
@@ -267,7 +263,7 @@ func ts(t time.Time) string { return t.UTC().Format(contract.ScheduledForLayout)
 // not a contract run id is refused before the database is asked.
 func (s *Store) Accept(ctx context.Context, runID string, payload []byte) (status int, body []byte, err error) {
 	if !contract.ValidID(runID, "run_") {
-		return 0, nil, fmt.Errorf("sqlitestore: accepting run: %w", errInvalidRunID)
+		return 0, nil, fmt.Errorf("sqlitestore: accepting run: %w", receiver.ErrInvalidRunID)
 	}
 	err = s.inTx(ctx, func(tx *sql.Tx) error {
 		res, err := tx.ExecContext(ctx, `INSERT INTO accepted_runs (run_id, response_status, response_body)

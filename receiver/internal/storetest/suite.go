@@ -149,7 +149,7 @@ func testAcceptInvalidRunID(t *testing.T, h Harness) {
 		if err == nil || status != 0 || body != nil {
 			t.Fatalf("Accept(%q) = %d %q %v; want an error and no response", id, status, body, err)
 		}
-		if !strings.Contains(err.Error(), "run id") {
+		if !errors.Is(err, receiver.ErrInvalidRunID) {
 			t.Fatalf("Accept(%q) error %q does not say the run id is at fault", id, err)
 		}
 		if strings.ContainsRune(id, 0) || !utf8.ValidString(id) {
