@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"slices"
+	"strconv"
 	"time"
 	"unicode/utf8"
 
@@ -264,6 +265,20 @@ func (s *Store) applyPlansArgs(plans []vibejobs.RunPlan, resentIDs []string) []a
 		NotifyChannel, s.schema, anchors, resentIDs}
 }
 
+// sentAttemptSQL is the number of the attempt a claim of run r sends (and
+// the one in flight while r is leased): the attempt after the last one
+// recorded, or that one again for a redelivery of an interrupted attempt.
+// runs.attempt is the last attempt recorded (see migration 00015).
+const sentAttemptSQL = `CASE WHEN r.redeliver THEN r.attempt ELSE r.attempt + 1 END`
+
+// lateSQL is run r's lateness for an attempt claimed at claimedAt (an SQL
+// expression): the lateness an earlier attempt decided, or else whether
+// the claim came more than vibejobs.LateThreshold after its scheduledFor.
+func lateSQL(claimedAt string) string {
+	return `CASE WHEN r.late_decided THEN r.late ELSE r.scheduled_for + interval '` +
+		strconv.Itoa(int(vibejobs.LateThreshold/time.Second)) + ` seconds' < ` + claimedAt + ` END`
+}
+
 // claimSQL leases due runs: it walks run_queue in due order and locks each
 // waiting row (SKIP LOCKED lets replicas claim at once without waiting for
 // each other or taking the same run), and moves the rows it locked to their
@@ -285,7 +300,7 @@ func (s *Store) applyPlansArgs(plans []vibejobs.RunPlan, resentIDs []string) []a
 // The runs and jobs are probed by key from each locked row (a lateral
 // subquery with OFFSET 0 is never flattened): joined by the planner, the
 // generic plan might hash a whole table for every claim.
-const claimSQL = `WITH due AS (
+var claimSQL = `WITH due AS (
 	SELECT q.ctid AS tid, q.run_id, q.due_at FROM run_queue q
 	WHERE q.leased = false AND q.due_at <= $1 AND q.deadline_at >= $1
 	ORDER BY q.due_at, q.run_id
@@ -299,8 +314,8 @@ const claimSQL = `WITH due AS (
 	CROSS JOIN LATERAL (SELECT * FROM jobs j WHERE j.id = r.job_id OFFSET 0) j
 	WHERE q.ctid = due.tid AND q.ctid = ANY(ARRAY(SELECT tid FROM due))
 	RETURNING r.id, r.job_id, r.project_id, r.trigger, r.scheduled_for, r.deadline_at,
-		CASE WHEN r.late_decided THEN r.late ELSE r.scheduled_for + interval '60 seconds' < $1 END,
-		'delivering', CASE WHEN r.redeliver THEN r.attempt ELSE r.attempt + 1 END, NULL::timestamptz,
+		` + lateSQL("$1") + `,
+		'delivering', ` + sentAttemptSQL + `, NULL::timestamptz,
 		r.failure_reason, r.created_at, r.finished_at, due.due_at,
 		j.url, j.secret_key_id, j.secret_ciphertext, j.timeout_ns, j.max_attempts, j.min_backoff_ns,
 		j.max_backoff_ns, r.late_decided
@@ -472,12 +487,12 @@ var recordSQL = `WITH o AS NOT MATERIALIZED (
 		l.late, lq.qtid
 	FROM o CROSS JOIN LATERAL (
 		SELECT r.id, r.deadline_at,
-			CASE WHEN r.late_decided THEN r.late ELSE r.scheduled_for + interval '60 seconds' < o.claimed_at END AS late,
+			` + lateSQL("o.claimed_at") + ` AS late,
 			o.step_state = 'retrying'
 				AND (SELECT j.deleted_at IS NOT NULL FROM jobs j WHERE j.id = r.job_id FOR SHARE) AS job_deleted
 		FROM runs r
 		WHERE r.id = o.run_id AND r.state IN ('scheduled', 'retrying')
-			AND o.number = CASE WHEN r.redeliver THEN r.attempt ELSE r.attempt + 1 END
+			AND o.number = ` + sentAttemptSQL + `
 		FOR UPDATE) l
 	CROSS JOIN LATERAL (` + leaseRowSQL("l.id", "o.claimed_at") + `) lq
 ), moved AS (
@@ -703,7 +718,7 @@ func (s *Store) ReleaseClaims(ctx context.Context, owner string, claims []*vibej
 			FOR SHARE) j
 		CROSS JOIN LATERAL (
 			SELECT r.id, NOT EXISTS (SELECT 1 FROM attempts a WHERE a.run_id = r.id) AS unsent,
-				r.withdrawn, CASE WHEN r.redeliver THEN r.attempt ELSE r.attempt + 1 END > j.max_attempts AS used_up
+				r.withdrawn, `+sentAttemptSQL+` > j.max_attempts AS used_up
 			FROM runs r
 			WHERE r.id = c.run_id AND r.job_id = j.id AND r.state IN ('scheduled', 'retrying')
 			FOR UPDATE) r
@@ -816,16 +831,15 @@ func (s *Store) RecoverExpiredLeases(ctx context.Context, now time.Time, limit i
 		UPDATE runs r SET
 			state = CASE WHEN expired.job_deleted THEN 'cancelled'
 				WHEN $1 > r.deadline_at THEN 'failed'
-				WHEN CASE WHEN r.redeliver THEN r.attempt ELSE r.attempt + 1 END <= 1 THEN 'scheduled'
+				WHEN `+sentAttemptSQL+` <= 1 THEN 'scheduled'
 				ELSE 'retrying' END,
 			failure_reason = CASE WHEN expired.job_deleted THEN $3
 				WHEN $1 > r.deadline_at THEN $4 ELSE '' END,
 			finished_at = CASE WHEN expired.job_deleted OR $1 > r.deadline_at THEN $1::timestamptz END,
 			next_attempt_at = CASE WHEN NOT expired.job_deleted AND $1 <= r.deadline_at THEN $1::timestamptz END,
-			attempt = CASE WHEN r.redeliver THEN r.attempt ELSE r.attempt + 1 END,
+			attempt = `+sentAttemptSQL+`,
 			redeliver = NOT expired.job_deleted AND $1 <= r.deadline_at,
-			late = CASE WHEN r.late_decided THEN r.late
-				ELSE r.scheduled_for + interval '60 seconds' < expired.claimed_at END,
+			late = `+lateSQL("expired.claimed_at")+`,
 			late_decided = true
 		FROM expired
 		-- By id, not by the locked ctid: a pause that marked the run

@@ -212,7 +212,7 @@ const runState = `CASE WHEN ` + runHeld + ` THEN 'delivering' ELSE r.state END`
 // and its attempt is the one in flight (see claimSQL).
 const runColumns = `r.id, r.job_id, r.project_id, r.trigger, r.scheduled_for, r.deadline_at, r.late,
 	` + runState + `,
-	CASE WHEN NOT r.redeliver AND ` + runHeld + ` THEN r.attempt + 1 ELSE r.attempt END,
+	CASE WHEN ` + runHeld + ` THEN ` + sentAttemptSQL + ` ELSE r.attempt END,
 	CASE WHEN NOT ` + runHeld + ` THEN r.next_attempt_at END, r.failure_reason, r.created_at,
 	r.finished_at`
 
