@@ -254,11 +254,11 @@ const probeSQL = `INSERT INTO write_probe (singleton, probed_at) VALUES (1, ?)
 // connection as long as ctx allows.
 func (s *Store) Ping(ctx context.Context) error {
 	if err := s.r.PingContext(ctx); err != nil {
-		return s.closedOr(fmt.Errorf("sqlite: ping: %w", err))
+		return closedOr(&s.closed, fmt.Errorf("sqlite: ping: %w", err))
 	}
 	var one int
 	if err := s.r.QueryRowContext(ctx, "SELECT 1").Scan(&one); err != nil {
-		return s.closedOr(fmt.Errorf("sqlite: ping: %w", err))
+		return closedOr(&s.closed, fmt.Errorf("sqlite: ping: %w", err))
 	}
 	if last := s.committed.Load(); last != 0 {
 		// A commit ahead of now (the wall clock was set back since) was
@@ -326,7 +326,7 @@ func (s *Store) write(ctx context.Context, fn func(wtx) error) (err error) {
 	defer func() { s.noteWrite(err) }()
 	t, err := s.w.BeginTx(ctx, nil)
 	if err != nil {
-		return s.closedOr(unavailable(fmt.Errorf("sqlite: beginning transaction: %w", err)))
+		return closedOr(&s.closed, unavailable(fmt.Errorf("sqlite: beginning transaction: %w", err)))
 	}
 	ended, attempts := vibejobs.RunsEnded{}, vibejobs.AttemptsRecorded{}
 	if err := fn(wtx{Tx: t, prepared: s.prepared, ended: ended, attempts: attempts}); err != nil {
@@ -418,20 +418,10 @@ func (c *cachedDB) stmt(ctx context.Context, query string) (*sql.Stmt, error) {
 	}
 	st, err := c.db.PrepareContext(ctx, query)
 	if err != nil {
-		return nil, c.closedOr(err)
+		return nil, closedOr(c.closed, err)
 	}
 	c.stmts[query] = st
 	return st, nil
-}
-
-// closedOr returns err, or closedError's for it when the Store was closed
-// meanwhile (its statements and pool closed under the call). A read that
-// found no row found none, closed or not.
-func (c *cachedDB) closedOr(err error) error {
-	if err == nil || errors.Is(err, sql.ErrNoRows) || !c.closed.Load() {
-		return err
-	}
-	return closedError(err)
 }
 
 func (c *cachedDB) ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error) {
@@ -440,7 +430,7 @@ func (c *cachedDB) ExecContext(ctx context.Context, query string, args ...any) (
 		return nil, err
 	}
 	res, err := st.ExecContext(ctx, args...)
-	return res, c.closedOr(err)
+	return res, closedOr(c.closed, err)
 }
 
 func (c *cachedDB) QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error) {
@@ -449,7 +439,7 @@ func (c *cachedDB) QueryContext(ctx context.Context, query string, args ...any) 
 		return nil, err
 	}
 	rows, err := st.QueryContext(ctx, args...)
-	return rows, c.closedOr(err)
+	return rows, closedOr(c.closed, err)
 }
 
 func (c *cachedDB) QueryRowContext(ctx context.Context, query string, args ...any) scanner {
@@ -467,7 +457,7 @@ type cachedRow struct {
 	c   *cachedDB
 }
 
-func (r cachedRow) Scan(dest ...any) error { return r.c.closedOr(r.row.Scan(dest...)) }
+func (r cachedRow) Scan(dest ...any) error { return closedOr(r.c.closed, r.row.Scan(dest...)) }
 
 // errRow is a row whose query could not start: its Scan returns err.
 type errRow struct{ err error }
@@ -517,10 +507,11 @@ func closedError(cause error) error {
 	return fmt.Errorf("%w: %w: %w", errDatabaseUnavailable(), errClosed, cause)
 }
 
-// closedOr returns err, or closedError's for it when the Store was closed
-// under the call.
-func (s *Store) closedOr(err error) error {
-	if err == nil || !s.closed.Load() {
+// closedOr returns err, or closedError's for it when closed, the Store's
+// flag, says the Store was closed under the call (its statements and pools
+// closed). A read that found no row found none, closed or not.
+func closedOr(closed *atomic.Bool, err error) error {
+	if err == nil || errors.Is(err, sql.ErrNoRows) || !closed.Load() {
 		return err
 	}
 	return closedError(err)
