@@ -42,6 +42,7 @@ import (
 
 	"github.com/vibejobs/vibejobs"
 	"github.com/vibejobs/vibejobs/internal/pgurl"
+	"github.com/vibejobs/vibejobs/internal/schemaversion"
 )
 
 //go:embed migrations/*.sql
@@ -236,7 +237,8 @@ const schemaCheckInterval = 5 * time.Second
 func schemaGuard(ahead, known *atomic.Int64) func(context.Context, *pgx.Conn) (bool, error) {
 	return func(context.Context, *pgx.Conn) (bool, error) {
 		if v := ahead.Load(); v != 0 {
-			return true, fmt.Errorf("%w: postgres: %w", errUnavailable(), errNewerSchema(v, known.Load()))
+			return true, fmt.Errorf("%w: postgres: %w", errUnavailable(),
+				schemaversion.NewerError(schemaSubject, v, known.Load(), "vibejobs"))
 		}
 		return true, nil
 	}
@@ -459,26 +461,16 @@ func (s *Store) Migrate(ctx context.Context) error {
 	for _, r := range results {
 		s.logger.Info("postgres.migrated", "version", r.Source.Version, "duration", r.Duration)
 	}
-	current, known, err := p.GetVersions(ctx)
+	known, err := schemaversion.Check(ctx, p, schemaSubject)
 	if err != nil {
-		return mapError(err, "reading the schema version")
-	}
-	if current > known {
-		return fmt.Errorf("postgres: %w", errNewerSchema(current, known))
+		return mapError(err, "migrating")
 	}
 	s.known.Store(known)
 	return nil
 }
 
-// errNewerSchema is the error of a database that a newer vibejobs migrated
-// to version current, beyond the known of this build: this build's
-// statements would break the promises of the newer schema (a claim of
-// this build and one of the newer could send a run twice), so it refuses
-// to run on it. goose alone applies nothing and says nothing.
-func errNewerSchema(current, known int64) error {
-	return fmt.Errorf("the database schema is at version %d, newer than this build of vibejobs knows (%d): "+
-		"a newer vibejobs migrated it; run that version or a later one", current, known)
-}
+// schemaSubject names the schema in schemaversion's errors.
+const schemaSubject = "the database schema"
 
 // LockMasterKeyRotation waits for, and takes, the lock that makes the master
 // key rotations of this database (of its schema) take turns, calling waiting

@@ -29,6 +29,7 @@ import (
 	sqlite3 "modernc.org/sqlite/lib"
 
 	"github.com/vibejobs/vibejobs"
+	"github.com/vibejobs/vibejobs/internal/schemaversion"
 )
 
 //go:embed migrations/*.sql
@@ -223,15 +224,8 @@ func (s *Store) Migrate(ctx context.Context) error {
 	for _, r := range results {
 		s.logger.Info("sqlite: applied migration", "version", r.Source.Version, "file", r.Source.Path, "duration", r.Duration)
 	}
-	current, known, err := p.GetVersions(ctx)
-	if err != nil {
-		return fmt.Errorf("sqlite: reading the schema version of %s: %w", s.path, err)
-	}
-	if current > known {
-		// This build's statements could break the promises of the newer
-		// schema; goose alone applies nothing and says nothing.
-		return fmt.Errorf("sqlite: the schema of %s is at version %d, newer than this build of vibejobs knows (%d): "+
-			"a newer vibejobs migrated it; run that version or a later one", s.path, current, known)
+	if _, err := schemaversion.Check(ctx, p, "the schema of "+s.path); err != nil {
+		return fmt.Errorf("sqlite: %w", err)
 	}
 	return nil
 }

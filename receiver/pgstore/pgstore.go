@@ -26,6 +26,7 @@ import (
 
 	"github.com/vibejobs/vibejobs/contract"
 	"github.com/vibejobs/vibejobs/internal/pgurl"
+	"github.com/vibejobs/vibejobs/internal/schemaversion"
 	"github.com/vibejobs/vibejobs/receiver"
 	"github.com/vibejobs/vibejobs/receiver/internal/lease"
 )
@@ -150,10 +151,7 @@ func (s *Store) Migrate(ctx context.Context) error {
 			return err
 		}
 		if have > len(migrations) {
-			// This build's statements could break the newer schema's
-			// promises: it refuses to run on it.
-			return fmt.Errorf("the receiver schema is at version %d, newer than this build of the SDK knows (%d): "+
-				"a newer build migrated it; use that version or a later one", have, len(migrations))
+			return schemaversion.NewerError("the receiver schema", int64(have), int64(len(migrations)), "the SDK")
 		}
 		for i := have; i < len(migrations); i++ {
 			if _, err := tx.Exec(ctx, migrations[i]); err != nil {
