@@ -3,13 +3,45 @@ package receiver
 import (
 	"context"
 	"errors"
+	"fmt"
+	"strings"
 	"time"
+	"unicode/utf8"
 )
 
 // ErrInvalidRunID is the error, wrapped, with which a Store's Accept
 // refuses a run id that no delivery carries (see [Store]). It quotes no part
 // of the id, which may be anything.
 var ErrInvalidRunID = errors.New(`run id is not a contract run id ("run_" and then letters, digits, '_' or '-', 128 bytes at most)`)
+
+// ErrInvalidWorker is the error, wrapped, with which an Outbox's ClaimOutbox
+// refuses a worker name that cannot hold a lease: an empty one, which would
+// hold items under no name, or one that is not UTF-8 text without NUL bytes,
+// which PostgreSQL's text columns refuse. It quotes no part of the name.
+var ErrInvalidWorker = errors.New("worker name is empty, or not UTF-8 text without NUL bytes")
+
+// CheckClaim returns the error with which an Outbox refuses a claim (see
+// [Outbox]), nil for one it may take: a worker name that wraps
+// ErrInvalidWorker, a lease that does not end after now, or a limit below
+// one. A store calls it before it asks its database, so that every store
+// refuses alike.
+func CheckClaim(worker string, now, leaseUntil time.Time, limit int) error {
+	switch {
+	case worker == "" || !isText(worker):
+		return ErrInvalidWorker
+	case !leaseUntil.After(now):
+		return errors.New("the lease does not end after now")
+	case limit < 1:
+		return fmt.Errorf("limit %d is not positive", limit)
+	}
+	return nil
+}
+
+// isText reports whether s is UTF-8 text without NUL bytes, as a name that
+// PostgreSQL's text columns store must be.
+func isText(s string) bool {
+	return utf8.ValidString(s) && !strings.Contains(s, "\x00")
+}
 
 // AcceptedStatus and AcceptedBody are the response a store records for a newly
 // accepted run and returns for every repeat of it.
@@ -67,8 +99,10 @@ type Outbox interface {
 	// ClaimOutbox leases up to limit unprocessed items that are due at now (no
 	// retry pending after now) and not leased by a live lease (locked_until
 	// after now) to worker until leaseUntil, and counts the attempt. An item is
-	// never handed to two callers for overlapping leases. A limit below 1 is
-	// refused with an error, and nothing is claimed.
+	// never handed to two callers for overlapping leases. A claim that
+	// CheckClaim refuses (an empty or non-text worker name, a lease that ends
+	// no later than now, a limit below 1) is refused with its error, and
+	// nothing is claimed.
 	ClaimOutbox(ctx context.Context, worker string, now, leaseUntil time.Time, limit int) ([]OutboxItem, error)
 	// CompleteOutbox marks the item and its acceptance record processed at at.
 	// Completing an already processed item is a no-op.

@@ -15,7 +15,6 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
-	"unicode/utf8"
 
 	"github.com/vibejobs/vibejobs/contract"
 )
@@ -114,7 +113,7 @@ func NewWorker(cfg WorkerConfig) (*Worker, error) {
 	if cfg.Lease < 0 || cfg.Concurrency < 0 || cfg.PollInterval < 0 {
 		return nil, errors.New("receiver: negative WorkerConfig value")
 	}
-	if !utf8.ValidString(cfg.ID) || strings.Contains(cfg.ID, "\x00") {
+	if !isText(cfg.ID) {
 		return nil, errors.New("receiver: WorkerConfig.ID is not UTF-8 text without NUL bytes")
 	}
 	id := cfg.ID

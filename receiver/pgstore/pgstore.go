@@ -298,8 +298,8 @@ func (s *Store) execReadCommitted(ctx context.Context, sql string, args ...any) 
 // skipped, so workers never wait for each other; rows a concurrent claim took
 // after this one began are re-read and skipped, never an error.
 func (s *Store) ClaimOutbox(ctx context.Context, worker string, now, leaseUntil time.Time, limit int) ([]receiver.OutboxItem, error) {
-	if limit < 1 {
-		return nil, fmt.Errorf("pgstore: claiming outbox items: limit %d is not positive", limit)
+	if err := receiver.CheckClaim(worker, now, leaseUntil, limit); err != nil {
+		return nil, fmt.Errorf("pgstore: claiming outbox items: %w", err)
 	}
 	var items []receiver.OutboxItem
 	err := s.readCommitted(ctx, func(b *pgx.Batch) {

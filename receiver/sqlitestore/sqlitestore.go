@@ -294,9 +294,10 @@ func (s *Store) Accept(ctx context.Context, runID string, payload []byte) (statu
 // ClaimOutbox implements receiver.Outbox. The write lock serializes claims, so
 // a plain UPDATE … RETURNING cannot hand an item to two workers.
 func (s *Store) ClaimOutbox(ctx context.Context, worker string, now, leaseUntil time.Time, limit int) ([]receiver.OutboxItem, error) {
-	if limit < 1 {
-		// SQLite reads a negative LIMIT as none: every due item.
-		return nil, fmt.Errorf("sqlitestore: claiming outbox items: limit %d is not positive", limit)
+	// Before the database: SQLite would read a negative LIMIT as none, and
+	// lease every due item.
+	if err := receiver.CheckClaim(worker, now, leaseUntil, limit); err != nil {
+		return nil, fmt.Errorf("sqlitestore: claiming outbox items: %w", err)
 	}
 	var items []receiver.OutboxItem
 	err := s.inTx(ctx, func(tx *sql.Tx) error {

@@ -51,7 +51,7 @@ func Run(t *testing.T, h Harness) {
 	t.Run("ConcurrentDeliveries", func(t *testing.T) { testConcurrentDeliveries(t, h) })
 	t.Run("RedeliveryAfterProcessing", func(t *testing.T) { testRedeliveryAfterProcessing(t, h) })
 	t.Run("ClaimLeaseCompleteFail", func(t *testing.T) { testClaimLease(t, h) })
-	t.Run("ClaimLimitNotPositive", func(t *testing.T) { testClaimLimitNotPositive(t, h) })
+	t.Run("ClaimRefusesBadInput", func(t *testing.T) { testClaimRefusesBadInput(t, h) })
 	t.Run("LeaseEndsNoEarlier", func(t *testing.T) { testLeaseEndsNoEarlier(t, h) })
 	t.Run("RetryComesNoEarlier", func(t *testing.T) { testRetryComesNoEarlier(t, h) })
 	t.Run("LateCompletionStands", func(t *testing.T) { testLateCompletionStands(t, h) })
@@ -368,29 +368,48 @@ func testClaimLease(t *testing.T, h Harness) {
 	}
 }
 
-// testClaimLimitNotPositive: a claim of fewer than one item is refused with
-// an error and claims nothing, on every store alike. (SQLite reads a
-// negative LIMIT as no limit, and would lease every due item; PostgreSQL
-// refuses it; both return nothing for LIMIT 0.)
-func testClaimLimitNotPositive(t *testing.T, h Harness) {
+// testClaimRefusesBadInput: a claim that receiver.CheckClaim refuses (a
+// limit below one, a worker name that cannot hold a lease, a lease that
+// ends no later than now) is refused with an error and claims nothing, on
+// every store alike. (SQLite reads a negative LIMIT as no limit, and would
+// lease every due item; PostgreSQL refuses it and a NUL byte; both would
+// lease items to the empty name, or for a lease already over, which any
+// other worker could claim again at once.)
+func testClaimRefusesBadInput(t *testing.T, h Harness) {
 	s, _ := h.New(t)
 	ctx := context.Background()
 	for _, id := range []string{"run_1", "run_2"} {
 		mustAccept(t, s, id)
 	}
 	t0 := time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
-	for _, limit := range []int{0, -1, -1 << 62} {
-		got, err := s.ClaimOutbox(ctx, "a", t0, t0.Add(time.Minute), limit)
+	for _, c := range []struct {
+		name       string
+		worker     string
+		leaseUntil time.Time
+		limit      int
+		want       string // in the error
+		is         error  // wrapped by the error, when not nil
+	}{
+		{"limit 0", "a", t0.Add(time.Minute), 0, "limit", nil},
+		{"limit -1", "a", t0.Add(time.Minute), -1, "limit", nil},
+		{"limit -2^62", "a", t0.Add(time.Minute), -1 << 62, "limit", nil},
+		{"empty worker", "", t0.Add(time.Minute), 2, "worker", receiver.ErrInvalidWorker},
+		{"worker with NUL", "a\x00b", t0.Add(time.Minute), 2, "worker", receiver.ErrInvalidWorker},
+		{"worker not UTF-8", "a\xffb", t0.Add(time.Minute), 2, "worker", receiver.ErrInvalidWorker},
+		{"lease ends at now", "a", t0, 2, "lease", nil},
+		{"lease ended before now", "a", t0.Add(-time.Second), 2, "lease", nil},
+	} {
+		got, err := s.ClaimOutbox(ctx, c.worker, t0, c.leaseUntil, c.limit)
 		if err == nil || len(got) != 0 {
-			t.Fatalf("ClaimOutbox(limit %d) = %d items, %v; want an error and none", limit, len(got), err)
+			t.Fatalf("%s: ClaimOutbox = %d items, %v; want an error and none", c.name, len(got), err)
 		}
-		if !strings.Contains(err.Error(), "limit") {
-			t.Fatalf("ClaimOutbox(limit %d) error %q does not name the limit", limit, err)
+		if !strings.Contains(err.Error(), c.want) || (c.is != nil && !errors.Is(err, c.is)) {
+			t.Fatalf("%s: ClaimOutbox error %q does not name the %s", c.name, err, c.want)
 		}
 	}
 	for _, id := range []string{"run_1", "run_2"} {
 		if st := h.Inspect(t, s, id); st.LockedBy != "" || st.Attempts != 0 {
-			t.Fatalf("%s after claims of no items: %+v", id, st)
+			t.Fatalf("%s after refused claims: %+v", id, st)
 		}
 	}
 	if got, err := s.ClaimOutbox(ctx, "b", t0, t0.Add(time.Minute), 2); err != nil || len(got) != 2 || got[0].Attempt != 1 {
