@@ -208,9 +208,19 @@ const runHeld = `(r.state IN ('scheduled', 'retrying') AND r.next_attempt_at IS 
 // claimed from (see migration 00005).
 const runState = `CASE WHEN ` + runHeld + ` THEN 'delivering' ELSE r.state END`
 
+// runLate is run r's lateness as readers see it: while a first attempt is
+// in flight, the claim decided it (see claimSQL) but only the outcome writes
+// it, so it is decided again here from the claim time, which the leased
+// queue row keeps (see migration 00015). The lookup walks the leases (the
+// key leads with leased), as many as attempts are in flight, and only for a
+// run held before its lateness was decided.
+var runLate = `CASE WHEN ` + runHeld + ` THEN COALESCE(` +
+	lateSQL(`(SELECT q.due_at FROM run_queue q WHERE q.leased = true AND q.run_id = r.id)`) +
+	`, false) ELSE r.late END`
+
 // runColumns are read from runs r; a delivering run has no NextAttemptAt,
-// and its attempt is the one in flight (see claimSQL).
-const runColumns = `r.id, r.job_id, r.project_id, r.trigger, r.scheduled_for, r.deadline_at, r.late,
+// and its attempt and lateness are the ones in flight (see claimSQL).
+var runColumns = `r.id, r.job_id, r.project_id, r.trigger, r.scheduled_for, r.deadline_at, ` + runLate + `,
 	` + runState + `,
 	CASE WHEN ` + runHeld + ` THEN ` + sentAttemptSQL + ` ELSE r.attempt END,
 	CASE WHEN NOT ` + runHeld + ` THEN r.next_attempt_at END, r.failure_reason, r.created_at,

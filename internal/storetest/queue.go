@@ -388,6 +388,10 @@ func testLateDecidedOnce(t *testing.T, f *fixture) {
 	if !c.Run.Late {
 		t.Errorf("first attempt three hours after scheduledFor: not late")
 	}
+	// Readers see what the attempt in flight sent.
+	if got := f.getRun(projectA, late.ID); got.State != vibejobs.RunDelivering || !got.Late {
+		t.Errorf("run during its late first attempt: %s, late %v; want delivering, late", got.State, got.Late)
+	}
 	f.record("w1", retrying(c, T0.Add(3*time.Hour), T0.Add(3*time.Hour+time.Second), T0.Add(3*time.Hour+2*time.Second)))
 	c = f.claimIDs("w1", T0.Add(3*time.Hour+2*time.Second), 1, late)[0]
 	if c.Run.Attempt != 2 || !c.Run.Late {
