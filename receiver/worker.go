@@ -181,22 +181,24 @@ func (w *Worker) ProcessBatch(ctx context.Context) (int, error) {
 	if err := w.configured(); err != nil {
 		return 0, err
 	}
-	items, holder, left, err := w.claim(ctx, w.concurrency)
+	items, holder, end, err := w.claim(ctx, w.concurrency)
 	if err != nil || len(items) == 0 {
 		return len(items), err
 	}
 	errs := make([]error, len(items))
 	var wg sync.WaitGroup
 	for i, it := range items {
-		wg.Go(func() { errs[i] = w.runItem(ctx, it, holder, left) })
+		wg.Go(func() { errs[i] = w.runItem(ctx, it, holder, end) })
 	}
 	wg.Wait()
 	return len(items), errors.Join(errs...)
 }
 
 // claim leases up to limit due items and returns them with their holder,
-// the name of this claim in the lease columns, and what is left of their
-// lease once the claim returned. A claim that outlasted the lease returns
+// the name of this claim in the lease columns, and the time on this
+// process's clock at which their lease ends: the app's context ends then, so
+// that a function that starts late (its goroutine waited for a core) still
+// stops with the lease, not that long after it. A claim that outlasted the lease returns
 // the items it claimed (for the count) with an error, and they must not be
 // run: it gives them back (ReleaseOutbox), without the attempts it counted,
 // unless another claim holds them since.
@@ -205,18 +207,25 @@ func (w *Worker) ProcessBatch(ctx context.Context) (int, error) {
 // ignored its context) could otherwise, on failing, end the lease of this
 // Worker's next claim of the same item, and let a third claim run it beside
 // the second.
-func (w *Worker) claim(ctx context.Context, limit int) ([]OutboxItem, string, time.Duration, error) {
+func (w *Worker) claim(ctx context.Context, limit int) ([]OutboxItem, string, time.Time, error) {
 	holder := w.id + "#" + strconv.FormatUint(w.claims.Add(1), 10)
+	// Read before the lease's clock: with the default clock (time.Now) the
+	// lease ends no earlier than end.
+	start := time.Now()
 	now := w.now()
 	leaseUntil := now.Add(w.lease)
 	items, err := w.outbox.ClaimOutbox(ctx, holder, now, leaseUntil, limit)
 	if err != nil {
-		return nil, "", 0, fmt.Errorf("claiming outbox items: %w", err)
+		return nil, "", time.Time{}, fmt.Errorf("claiming outbox items: %w", err)
 	}
 	// The app's context ends with the lease, which began before the claim:
-	// after it another worker may claim the item, so what is left of it is
-	// measured now, once the claim returned.
+	// after it another worker may claim the item. By both clocks, for
+	// WorkerConfig.Now may be another than the one contexts run on.
 	left := leaseUntil.Sub(w.now())
+	end := start.Add(w.lease)
+	if e := time.Now().Add(left); e.Before(end) {
+		end = e
+	}
 	if left <= 0 && len(items) > 0 {
 		// The claim outlasted the lease: the items are another worker's to
 		// claim already, and are left to it. Those no worker has claimed
@@ -229,18 +238,18 @@ func (w *Worker) claim(ctx context.Context, limit int) ([]OutboxItem, string, ti
 				errs = append(errs, fmt.Errorf("giving back run %s: %w", it.RunID, err))
 			}
 		}
-		return items, holder, 0, errors.Join(errs...)
+		return items, holder, time.Time{}, errors.Join(errs...)
 	}
-	return items, holder, left, nil
+	return items, holder, end, nil
 }
 
-// runItem runs one item, which holder's claim holds, for at most left, the
-// rest of its lease, and records its outcome (see ProcessBatch).
-func (w *Worker) runItem(ctx context.Context, it OutboxItem, holder string, left time.Duration) error {
+// runItem runs one item, which holder's claim holds, until end, when its
+// lease ends, at the latest, and records its outcome (see ProcessBatch).
+func (w *Worker) runItem(ctx context.Context, it OutboxItem, holder string, end time.Time) error {
 	var err error
 	ran := ctx.Err() == nil
 	if ran {
-		pctx, cancel := context.WithTimeout(ctx, left)
+		pctx, cancel := context.WithDeadline(ctx, end)
 		err = w.call(pctx, it.RunID, canonicalPayload(it.RunID, it.Payload))
 		cancel()
 	}
@@ -334,7 +343,7 @@ func (w *Worker) Run(ctx context.Context) error {
 		if free == 0 {
 			continue // the first item to finish claims again
 		}
-		items, holder, left, err := w.claim(ctx, free)
+		items, holder, end, err := w.claim(ctx, free)
 		if err != nil {
 			if ctx.Err() == nil {
 				w.log.LogAttrs(ctx, slog.LevelError, "outbox worker", slog.String("error", err.Error()))
@@ -345,7 +354,7 @@ func (w *Worker) Run(ctx context.Context) error {
 			running++
 			wg.Go(func() {
 				defer func() { finished <- struct{}{} }()
-				if err := w.runItem(ctx, it, holder, left); err != nil {
+				if err := w.runItem(ctx, it, holder, end); err != nil {
 					w.log.LogAttrs(ctx, slog.LevelError, "outbox worker", slog.String("error", err.Error()))
 				}
 			})

@@ -3,6 +3,7 @@ package receiver_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"reflect"
 	"strings"
@@ -264,6 +265,61 @@ func TestWorkerContextEndsWithTheLease(t *testing.T) {
 	}
 	if len(o.released) != 1 || o.released[0] != "run_late" {
 		t.Fatalf("given back %v after a claim as long as the lease, want run_late", o.released)
+	}
+}
+
+// leaseRecorder is a fakeOutbox that keeps the lease end of the last claim.
+type leaseRecorder struct {
+	*fakeOutbox
+	until time.Time
+}
+
+func (o *leaseRecorder) ClaimOutbox(ctx context.Context, holder string, now, leaseUntil time.Time, limit int) ([]receiver.OutboxItem, error) {
+	o.until = leaseUntil
+	return o.fakeOutbox.ClaimOutbox(ctx, holder, now, leaseUntil, limit)
+}
+
+// TestWorkerContextEndsNoLaterThanTheLease: on the default clock, every
+// item's context ends no later than the lease its claim asked for, however
+// late the item's goroutine started after the claim (a deadline measured
+// from there ran past the lease by that delay, while another worker could
+// claim the item).
+func TestWorkerContextEndsNoLaterThanTheLease(t *testing.T) {
+	o := &leaseRecorder{fakeOutbox: &fakeOutbox{}}
+	var mu sync.Mutex
+	var deadlines []time.Time
+	w, err := receiver.NewWorker(receiver.WorkerConfig{
+		Outbox:      o,
+		Lease:       time.Minute,
+		Concurrency: 16,
+		Logger:      slog.New(slog.DiscardHandler),
+		Process: func(ctx context.Context, _ string, _ []byte) error {
+			d, ok := ctx.Deadline()
+			if !ok {
+				return errors.New("no deadline")
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			deadlines = append(deadlines, d)
+			return nil
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 16 {
+		o.items = append(o.items, receiver.OutboxItem{RunID: fmt.Sprintf("run_%d", i), Payload: []byte(vectorBody), Attempt: 1})
+	}
+	if n, err := w.ProcessBatch(context.Background()); n != 16 || err != nil {
+		t.Fatalf("ProcessBatch = %d, %v", n, err)
+	}
+	if len(deadlines) != 16 || len(o.completed) != 16 {
+		t.Fatalf("%d items ran, %d completed; want 16", len(deadlines), len(o.completed))
+	}
+	for _, d := range deadlines {
+		if d.After(o.until) {
+			t.Fatalf("an item's context ends %v after its lease", d.Sub(o.until))
+		}
 	}
 }
 
