@@ -21,10 +21,10 @@ var ErrInvalidRunID = errors.New(`run id is not a contract run id ("run_" and th
 var ErrInvalidWorker = errors.New("worker name is empty, or not UTF-8 text without NUL bytes")
 
 // CheckClaim returns the error with which an Outbox refuses a claim (see
-// [Outbox]), nil for one it may take: a worker name that wraps
-// ErrInvalidWorker, a lease that does not end after now, or a limit below
-// one. A store calls it before it asks its database, so that every store
-// refuses alike.
+// [Outbox]), or nil for one it may take: ErrInvalidWorker for a worker name
+// that cannot hold a lease, and an error for a lease that does not end
+// after now or a limit below one. A store calls it before it asks its
+// database, so that every store refuses alike.
 func CheckClaim(worker string, now, leaseUntil time.Time, limit int) error {
 	switch {
 	case worker == "" || !isText(worker):

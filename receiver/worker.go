@@ -196,12 +196,12 @@ func (w *Worker) ProcessBatch(ctx context.Context) (int, error) {
 
 // claim leases up to limit due items and returns them with their holder,
 // the name of this claim in the lease columns, and the time on this
-// process's clock at which their lease ends: the app's context ends then, so
-// that a function that starts late (its goroutine waited for a core) still
-// stops with the lease, not that long after it. A claim that outlasted the lease returns
-// the items it claimed (for the count) with an error, and they must not be
-// run: it gives them back (ReleaseOutbox), without the attempts it counted,
-// unless another claim holds them since.
+// process's clock at which their lease ends: the app's context ends then,
+// so that a function whose goroutine started late (it waited for a core)
+// still stops with the lease, not that long after it. A claim that
+// outlasted the lease returns the items it claimed (for the count) with an
+// error, and they must not be run: it gives them back (ReleaseOutbox),
+// without the attempts it counted, unless another claim holds them since.
 //
 // Each claim has its own holder: a function that outlives its lease (it
 // ignored its context) could otherwise, on failing, end the lease of this
@@ -226,7 +226,7 @@ func (w *Worker) claim(ctx context.Context, limit int) ([]OutboxItem, string, ti
 	if e := time.Now().Add(left); e.Before(end) {
 		end = e
 	}
-	if left <= 0 && len(items) > 0 {
+	if !time.Now().Before(end) && len(items) > 0 {
 		// The claim outlasted the lease: the items are another worker's to
 		// claim already, and are left to it. Those no worker has claimed
 		// since go back uncharged: their attempt never ran.
