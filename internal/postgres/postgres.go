@@ -84,6 +84,10 @@ type Options struct {
 	// its tables: for commands that act on a database that must be there
 	// already. Pending migrations of one that was migrated are applied.
 	MustExist bool
+
+	// clock, when set, stands for this process's clock in checkClock
+	// (tests); time.Now when nil.
+	clock func() time.Time
 }
 
 // Store is the PostgreSQL vibejobs.Store. It is safe for concurrent use.
@@ -123,6 +127,15 @@ type Store struct {
 	// a newer build migrated the database to beyond it, once watchSchema
 	// saw it (0 before): from then on every call fails (see schemaGuard).
 	known, ahead *atomic.Int64
+
+	// clock is this process's clock as checkClock compares it with the
+	// database's: time.Now (Options.Now is a clock for the store's reads,
+	// which tests set anywhere). skew is the database's clock minus it at
+	// the last check, in nanoseconds, when skewKnown; skewOff is set while
+	// the skew is beyond clockSkewLimit (see checkClock).
+	clock              func() time.Time
+	skew               atomic.Int64
+	skewKnown, skewOff atomic.Bool
 
 	// closing stops the Notifications listeners and watchSchema when Close
 	// is called; listeners waits for them.
@@ -209,21 +222,27 @@ func Open(ctx context.Context, url string, opts Options) (*Store, error) {
 		stop:       stop,
 		known:      known,
 		ahead:      ahead,
+		clock:      opts.clock,
 	}
 	if s.now == nil {
 		s.now = time.Now
+	}
+	if s.clock == nil {
+		s.clock = time.Now
 	}
 	s.reader.now = s.now
 	if err := s.Migrate(ctx); err != nil {
 		s.Close()
 		return nil, err
 	}
+	s.checkClock(ctx) // warns at once of a clock far off; a failed read tells nothing
 	s.listeners.Add(1)
 	go s.watchSchema()
 	return s, nil
 }
 
-// schemaCheckInterval is how often watchSchema reads the schema version.
+// schemaCheckInterval is how often watchSchema reads the schema version
+// and the database's clock.
 const schemaCheckInterval = 5 * time.Second
 
 // schemaGuard refuses the connections of a pool once ahead is set: a newer
@@ -244,8 +263,8 @@ func schemaGuard(ahead, known *atomic.Int64) func(context.Context, *pgx.Conn) (b
 	}
 }
 
-// watchSchema runs checkSchema every schemaCheckInterval until the Store is
-// closed, or until it stood the Store down.
+// watchSchema runs checkSchema and checkClock every schemaCheckInterval
+// until the Store is closed, or until it stood the Store down.
 func (s *Store) watchSchema() {
 	defer s.listeners.Done()
 	t := time.NewTicker(schemaCheckInterval)
@@ -258,6 +277,9 @@ func (s *Store) watchSchema() {
 		}
 		ctx, cancel := context.WithTimeout(s.closing, schemaCheckInterval)
 		ahead, _ := s.checkSchema(ctx) // a read that failed tells nothing: the next one is due soon
+		if !ahead {
+			s.checkClock(ctx)
+		}
 		cancel()
 		if ahead {
 			return
