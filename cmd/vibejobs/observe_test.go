@@ -3,6 +3,7 @@ package main
 import (
 	"cmp"
 	"context"
+	"math"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -104,6 +105,14 @@ func TestDeliveriesMeasuredAndLoggedSafelyOnBothStores(t *testing.T) {
 				`vibejobs_runs_due`:                                                  0,
 			} {
 				waitMetric(t, api.base, series, is(want), 15*time.Second)
+			}
+			// The database's clock, against the process's on the same host:
+			// PostgreSQL only, and in step.
+			if store == "postgres" {
+				waitMetric(t, api.base, "vibejobs_database_clock_skew_seconds",
+					func(v float64) bool { return math.Abs(v) < 1 }, 15*time.Second)
+			} else if strings.Contains(get(t, api.base+"/metrics", ""), "vibejobs_database_clock_skew_seconds") {
+				t.Fatal("a clock skew on SQLite, whose clock is the process's own")
 			}
 			// The webhook failed at least once (its step is recorded, then
 			// logged): Close waits for the log.

@@ -569,6 +569,9 @@ func (m *Main) Run(ctx context.Context) error {
 	if n, ok := store.(vibejobs.RunsEndedNotifier); ok {
 		n.OnRunsEnded(met.RunsEnded)
 	}
+	if c, ok := store.(interface{ ClockSkew() (time.Duration, bool) }); ok {
+		met.WatchClockSkew(c.ClockSkew) // PostgreSQL: replicas share its clock
+	}
 	owner := newOwnerID()
 	var dispStore vibejobs.DispatchStore = store
 	if m.WrapDispatchStore != nil {

@@ -300,6 +300,32 @@ func (m *Metrics) WatchLoops(now func() time.Time, loops ...Loop) {
 	m.reg.MustRegister(loopCollector{now: now, loops: loops})
 }
 
+var clockSkewDesc = prometheus.NewDesc("vibejobs_database_clock_skew_seconds",
+	"The database's clock minus this process's, measured every 5 s (PostgreSQL only; absent while the database does not answer). "+
+		"Replicas claim runs and take over leases by their own clocks: keep this within ±1 s, past which the process logs postgres.clock_skew.",
+	nil, nil)
+
+// clockSkewCollector reports vibejobs_database_clock_skew_seconds at every
+// scrape, while skew knows it.
+type clockSkewCollector struct {
+	skew func() (time.Duration, bool)
+}
+
+func (c clockSkewCollector) Describe(ch chan<- *prometheus.Desc) { ch <- clockSkewDesc }
+
+func (c clockSkewCollector) Collect(ch chan<- prometheus.Metric) {
+	if d, ok := c.skew(); ok {
+		ch <- prometheus.MustNewConstMetric(clockSkewDesc, prometheus.GaugeValue, d.Seconds())
+	}
+}
+
+// WatchClockSkew registers vibejobs_database_clock_skew_seconds, read from
+// skew (the database's clock minus this process's, and whether it is
+// known) at every scrape.
+func (m *Metrics) WatchClockSkew(skew func() (time.Duration, bool)) {
+	m.reg.MustRegister(clockSkewCollector{skew: skew})
+}
+
 // Subscription metrics, read from the store at every scrape so every
 // replica reports the same values and a deleted subscription's series
 // disappears with it. A project has at most 16 subscriptions, which bounds

@@ -205,6 +205,21 @@ func TestLoopFailing(t *testing.T) {
 	}
 }
 
+// TestClockSkew: the gauge gives the skew the store measured, and is
+// absent while it is unknown.
+func TestClockSkew(t *testing.T) {
+	m := metrics.New()
+	skew, known := -1500*time.Millisecond, true
+	m.WatchClockSkew(func() (time.Duration, bool) { return skew, known })
+	if out := scrape(t, m); !strings.Contains(out, "\nvibejobs_database_clock_skew_seconds -1.5\n") {
+		t.Fatalf("a skew of -1.5 s: no vibejobs_database_clock_skew_seconds -1.5 in\n%s", out)
+	}
+	known = false
+	if out := scrape(t, m); strings.Contains(out, "vibejobs_database_clock_skew_seconds") || !strings.Contains(out, "vibejobs_runs_due") {
+		t.Fatalf("skew unknown: want the gauge absent, the rest present, in\n%s", out)
+	}
+}
+
 // lowestBucket returns the upper bound (the le label) of the lowest bucket
 // of the histogram name that counts an observation in the scrape out of a
 // histogram holding one: "+Inf" when no finite bucket does.

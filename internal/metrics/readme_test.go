@@ -99,6 +99,7 @@ func TestReadmeMetricsTable(t *testing.T) {
 	m.WatchSubscriptions(func(context.Context) ([]*vibejobs.Subscription, error) {
 		return []*vibejobs.Subscription{{ID: "sub_a", ProjectID: "prj_1", LastSuccessAt: &ok}}, nil
 	})
+	m.WatchClockSkew(func() (time.Duration, bool) { return 0, true })
 	served := servedMetrics(t, scrape(t, m))
 	docs := readmeMetrics(t)
 	for name, labels := range docs {
