@@ -132,7 +132,7 @@ type Store struct {
 	// database's: time.Now (Options.Now is a clock for the store's reads,
 	// which tests set anywhere). skew is the database's clock minus it at
 	// the last check, in nanoseconds, when skewKnown; skewOff is set while
-	// the skew is beyond clockSkewLimit (see checkClock).
+	// the skew is beyond ClockSkewLimit (see checkClock).
 	clock              func() time.Time
 	skew               atomic.Int64
 	skewKnown, skewOff atomic.Bool
