@@ -394,6 +394,23 @@ type Outcome struct {
 	Step      Step
 }
 
+// ClaimReader is a DispatchStore that can read back a claim whose answer was
+// lost. ClaimDueRuns may fail after its statement committed (a connection
+// cut, a timeout on the way back): its runs are then leased to an owner that
+// does not know of them, and would wait for lease recovery (the attempt's
+// timeout and the lease margin) to be sent, with an interrupted attempt
+// recorded that never went out. A dispatcher whose claim failed reads them
+// back instead and sends them as the claim would have.
+type ClaimReader interface {
+	// ReadClaims returns the claims that owner's ClaimDueRuns at now made
+	// and that still hold their lease, as ClaimDueRuns returned them (the
+	// attempt number and lateness the claim decided, its DueAt and
+	// LateDecided), with the job's delivery settings as they are now, in
+	// DueAt order; none when that claim did not commit, or when its leases
+	// ended since. now is the time given to ClaimDueRuns.
+	ReadClaims(ctx context.Context, owner string, now time.Time) ([]*Claim, error)
+}
+
 // DispatchStore is the runs table used as the queue.
 type DispatchStore interface {
 	// ClaimDueRuns moves up to limit runs in scheduled or retrying with

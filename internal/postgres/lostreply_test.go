@@ -334,3 +334,71 @@ func TestSkipsToldOfOnceWhenTheAnswerIsLost(t *testing.T) {
 		t.Errorf("skipped occurrences told of: %d, want the 4 the lost call applied", n)
 	}
 }
+
+// TestLostClaimReadBack: ClaimDueRuns whose statement committed but whose
+// answer was lost fails, and its runs stay leased to the owner. ReadClaims
+// with the owner and the claim's time gives them back as the claim would
+// have (attempt number, lateness decided at the claim time, due time, the
+// job's settings), in due order; with another owner or time, none. The
+// outcomes of the claims read back are recorded under the claim's lease,
+// after which nothing is left to read back.
+func TestLostClaimReadBack(t *testing.T) {
+	ctx := context.Background()
+	schema := postgres.NewTestSchema(t)
+	direct := open(t, schema)
+	s, proxy := openThroughCutProxy(t, schema)
+
+	prj := newProject(t, direct)
+	j := newJobs(t, direct, prj, 1)[0]
+	dues := []time.Time{t0, t0.Add(time.Second), t0.Add(2 * time.Second)}
+	if n, _, err := direct.ApplyRunPlans(ctx, []vibejobs.RunPlan{planFor(j, dues...)}, t0); err != nil || n != 3 {
+		t.Fatalf("ApplyRunPlans = %d, %v", n, err)
+	}
+	// 61 s after the first: late; the second at exactly 60 s, once the
+	// claim time is kept to the microsecond, is not.
+	now := t0.Add(61*time.Second + 500*time.Nanosecond)
+	proxy.armed.Store(true)
+	if claims, err := s.ClaimDueRuns(ctx, "w", now, 10, 5*time.Second); err == nil {
+		t.Fatalf("ClaimDueRuns whose answer was lost = %d claims, no error", len(claims))
+	}
+	if proxy.armed.Load() {
+		t.Fatal("the statement never went out: the test proved nothing")
+	}
+
+	for _, other := range []struct {
+		owner string
+		at    time.Time
+	}{{"w2", now}, {"w", now.Add(time.Microsecond)}, {"w", now.Add(-time.Microsecond)}} {
+		if got, err := direct.ReadClaims(ctx, other.owner, other.at); err != nil || len(got) != 0 {
+			t.Fatalf("ReadClaims(%s, %v) = %d, %v; want none", other.owner, other.at, len(got), err)
+		}
+	}
+	got, err := direct.ReadClaims(ctx, "w", now)
+	if err != nil || len(got) != 3 {
+		t.Fatalf("ReadClaims = %d, %v; want the 3 claims", len(got), err)
+	}
+	late := []bool{true, false, false}
+	outcomes := make([]vibejobs.Outcome, len(got))
+	for i, c := range got {
+		if !c.DueAt.Equal(dues[i]) || !c.ClaimedAt.Equal(now.Truncate(time.Microsecond)) || c.LateDecided ||
+			c.Run.State != vibejobs.RunDelivering || c.Run.Attempt != 1 || c.Run.Late != late[i] || c.Run.NextAttemptAt != nil ||
+			c.URL != j.URL || c.Timeout != j.Timeout || c.Retry != j.Retry || c.Secret.KeyID != j.Secret.KeyID {
+			t.Fatalf("claim %d read back: %+v, run %+v; want due %v, claimed at %v, attempt 1, late %v, the job's settings",
+				i, c, c.Run, dues[i], now, late[i])
+		}
+		outcomes[i] = vibejobs.Outcome{RunID: c.Run.ID, ClaimedAt: c.ClaimedAt, Step: vibejobs.Step{State: vibejobs.RunSucceeded},
+			Attempt: vibejobs.Attempt{Number: 1, StartedAt: now, FinishedAt: now, StatusCode: 200, SignatureTimestamp: now.Unix()}}
+	}
+	if err := direct.RecordOutcomes(ctx, "w", outcomes); err != nil {
+		t.Fatal(err)
+	}
+	for i, c := range got {
+		r, err := direct.GetRun(ctx, prj, c.Run.ID)
+		if err != nil || r.State != vibejobs.RunSucceeded || len(r.Attempts) != 1 || r.Late != late[i] {
+			t.Fatalf("run %d after its outcome: %+v, %v; want succeeded with its one attempt, late %v", i, r, err, late[i])
+		}
+	}
+	if got, err := direct.ReadClaims(ctx, "w", now); err != nil || len(got) != 0 {
+		t.Fatalf("ReadClaims after the outcomes = %d, %v; want none", len(got), err)
+	}
+}

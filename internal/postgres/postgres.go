@@ -144,7 +144,10 @@ type Store struct {
 	listeners sync.WaitGroup
 }
 
-var _ vibejobs.Store = (*Store)(nil)
+var (
+	_ vibejobs.Store       = (*Store)(nil)
+	_ vibejobs.ClaimReader = (*Store)(nil)
+)
 
 // queueConns is the size of Store.queue: a dispatcher claims, and records
 // outcomes, one statement at a time.

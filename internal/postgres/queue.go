@@ -313,14 +313,31 @@ var claimSQL = `WITH due AS (
 	CROSS JOIN LATERAL (SELECT * FROM runs r WHERE r.id = due.run_id OFFSET 0) r
 	CROSS JOIN LATERAL (SELECT * FROM jobs j WHERE j.id = r.job_id OFFSET 0) j
 	WHERE q.ctid = due.tid AND q.ctid = ANY(ARRAY(SELECT tid FROM due))
-	RETURNING r.id, r.job_id, r.project_id, r.trigger, r.scheduled_for, r.deadline_at,
-		` + lateSQL("$1") + `,
-		'delivering', ` + sentAttemptSQL + `, NULL::timestamptz,
-		r.failure_reason, r.created_at, r.finished_at, due.due_at,
-		j.url, j.secret_key_id, j.secret_ciphertext, j.timeout_ns, j.max_attempts, j.min_backoff_ns,
-		j.max_backoff_ns, r.late_decided
+	RETURNING ` + claimColumns("$1", "due.due_at") + `
 )
 SELECT * FROM leased`
+
+// claimColumns are the columns of a claim (see ClaimDueRuns) of run r and
+// job j, made at claimedAt of the run due at due (SQL expressions).
+func claimColumns(claimedAt, due string) string {
+	return `r.id, r.job_id, r.project_id, r.trigger, r.scheduled_for, r.deadline_at,
+		` + lateSQL(claimedAt) + `,
+		'delivering', ` + sentAttemptSQL + `, NULL::timestamptz,
+		r.failure_reason, r.created_at, r.finished_at, ` + due + `,
+		j.url, j.secret_key_id, j.secret_ciphertext, j.timeout_ns, j.max_attempts, j.min_backoff_ns,
+		j.max_backoff_ns, r.late_decided`
+}
+
+// readClaimsSQL reads back the claims an owner ($2) made at a claim time
+// ($1): the queue rows still leased under it, keyed (true, claim time, run),
+// with their runs, which the claim did not write, and their jobs (see
+// migration 00015). A waiting run's due time is its next_attempt_at (its
+// waiting queue row's key), which the claim leaves in the run.
+var readClaimsSQL = `SELECT ` + claimColumns("$1", "r.next_attempt_at") + `
+	FROM run_queue q
+	CROSS JOIN LATERAL (SELECT * FROM runs r WHERE r.id = q.run_id OFFSET 0) r
+	CROSS JOIN LATERAL (SELECT * FROM jobs j WHERE j.id = r.job_id OFFSET 0) j
+	WHERE q.leased = true AND q.due_at = $1 AND q.owner = $2`
 
 // ClaimDueRuns moves up to limit due runs (scheduled or retrying, NextAttemptAt
 // ≤ now ≤ DeadlineAt) to delivering, leased to owner until now + the job's
@@ -340,6 +357,30 @@ func (s *Store) ClaimDueRuns(ctx context.Context, owner string, now time.Time, l
 	if err != nil {
 		return nil, mapError(err, "claiming runs")
 	}
+	claims, err := collectClaims(rows, now)
+	if err != nil {
+		return nil, mapError(err, "claiming runs")
+	}
+	return claims, nil
+}
+
+// ReadClaims implements vibejobs.ClaimReader.
+func (s *Store) ReadClaims(ctx context.Context, owner string, now time.Time) ([]*vibejobs.Claim, error) {
+	now = now.Truncate(time.Microsecond) // as ClaimDueRuns keeps it
+	rows, err := s.queue.Query(ctx, readClaimsSQL, now, owner)
+	if err != nil {
+		return nil, mapError(err, "reading claims back")
+	}
+	claims, err := collectClaims(rows, now)
+	if err != nil {
+		return nil, mapError(err, "reading claims back")
+	}
+	return claims, nil
+}
+
+// collectClaims reads the claims made at now from rows of claimColumns, in
+// DueAt order.
+func collectClaims(rows pgx.Rows, now time.Time) ([]*vibejobs.Claim, error) {
 	claims, err := collect(rows, func(row rowScanner) (*vibejobs.Claim, error) {
 		var (
 			c                               vibejobs.Claim
@@ -359,7 +400,7 @@ func (s *Store) ClaimDueRuns(ctx context.Context, owner string, now time.Time, l
 		return &c, nil
 	})
 	if err != nil {
-		return nil, mapError(err, "claiming runs")
+		return nil, err
 	}
 	slices.SortFunc(claims, func(a, b *vibejobs.Claim) int {
 		if c := a.DueAt.Compare(b.DueAt); c != 0 {
