@@ -970,6 +970,16 @@ func (w wakeAfterRecord) RecordOutcomes(ctx context.Context, owner string, outco
 	return err
 }
 
+// ReadClaims passes vibejobs.ClaimReader on, which the embedded interface
+// would hide: none when the store cannot read claims back (SQLite, whose
+// claims cannot lose their answer on the way).
+func (w wakeAfterRecord) ReadClaims(ctx context.Context, owner string, now time.Time) ([]*vibejobs.Claim, error) {
+	if r, ok := w.DispatchStore.(vibejobs.ClaimReader); ok {
+		return r.ReadClaims(ctx, owner, now)
+	}
+	return nil, nil
+}
+
 // observers fans dispatcher events out to several observers.
 type observers []dispatcher.Observer
 

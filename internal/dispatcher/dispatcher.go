@@ -170,6 +170,14 @@ type Dispatcher struct {
 	// backlog says the last claim for runs due now came back full; only
 	// the claim loop uses it.
 	backlog bool
+	// claimTimes holds the times of this dispatcher's claims of the last
+	// claimTimesKept (in microseconds, as stores keep them; claimOrder in
+	// the order made, to forget them by), so that a claim is read back
+	// (see readBack) only when no other claim of this owner, whose leases
+	// could still hold, was made at the same time. Only the claim loop
+	// uses them.
+	claimTimes map[int64]bool
+	claimOrder []int64
 
 	outcomes chan vibejobs.Outcome
 	// wg counts the tasks of workers, each until its worker has handed
@@ -438,13 +446,70 @@ func (d *Dispatcher) claim(ctx context.Context, at time.Time, limit int) ([]*vib
 	// of them, until the lease ended and another process recorded an
 	// interrupted attempt never sent. Claimed, they are sent and recorded
 	// before Run returns; the store's timeout still bounds the wait.
+	alone := d.noteClaimTime(at)
 	sctx, cancel := d.storeCtx(context.WithoutCancel(ctx))
 	claims, err := d.cfg.Store.ClaimDueRuns(sctx, d.cfg.Owner, at, limit, d.cfg.LeaseMargin)
 	cancel()
 	if err != nil {
+		if alone {
+			if got := d.readBack(ctx, at); len(got) > 0 {
+				return got, nil
+			}
+		}
 		d.endClaim()
 	}
 	return claims, err
+}
+
+// claimTimesKept is how long noteClaimTime remembers a claim's time:
+// longer than any lease (the longest job timeout, 30 s, and the lease
+// margin), after which no run is leased under it any more.
+const claimTimesKept = 2 * time.Minute
+
+// noteClaimTime records a claim at at and reports whether it is the only
+// recent claim of this dispatcher at that time (to the microsecond). Two
+// claims a pass (one for the runs due now, one ahead of it) and clocks
+// that read the same twice (a clock of tests) can meet; a real one seldom
+// does, but a claim read back by its time alone would then take the other
+// claim's runs too, and send them twice.
+func (d *Dispatcher) noteClaimTime(at time.Time) bool {
+	us := at.UnixMicro()
+	for len(d.claimOrder) > 0 && d.claimOrder[0] < us-claimTimesKept.Microseconds() {
+		delete(d.claimTimes, d.claimOrder[0])
+		d.claimOrder = d.claimOrder[1:]
+	}
+	if d.claimTimes[us] {
+		return false
+	}
+	if d.claimTimes == nil {
+		d.claimTimes = map[int64]bool{}
+	}
+	d.claimTimes[us] = true
+	d.claimOrder = append(d.claimOrder, us)
+	return true
+}
+
+// readBack returns the claims that a failed claim at at made all the same
+// (its statement committed and its answer was lost), when the store can
+// read them back (vibejobs.ClaimReader): they are sent as the claim's,
+// rather than left leased to no one who knows of them until lease recovery
+// sends them again with an interrupted attempt that never went out. None
+// when the claim did not commit, or when the store cannot tell (the read
+// failed too; lease recovery then takes them as before).
+func (d *Dispatcher) readBack(ctx context.Context, at time.Time) []*vibejobs.Claim {
+	r, ok := d.cfg.Store.(vibejobs.ClaimReader)
+	if !ok {
+		return nil
+	}
+	sctx, cancel := d.storeCtx(context.WithoutCancel(ctx))
+	defer cancel()
+	claims, err := r.ReadClaims(sctx, d.cfg.Owner, at)
+	if err != nil || len(claims) == 0 {
+		return nil
+	}
+	d.cfg.Logger.Warn("dispatcher.claim_read_back", "runs", len(claims),
+		"effect", "a claim failed after it committed; its runs are sent as claimed")
+	return claims
 }
 
 // endClaim ends what claim began, once its claims are held or waiting.

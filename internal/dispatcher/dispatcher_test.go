@@ -1756,6 +1756,149 @@ func TestStopDuringAClaimLosesNoClaim(t *testing.T) {
 	}
 }
 
+// lostClaimAnswer is a store whose first claim that takes run loseRun
+// commits and then fails, as a claim whose answer a cut connection lost;
+// ReadClaims gives back every claim of the owner made at the time asked
+// that it took, as the PostgreSQL store reads the leases held under that
+// claim time from the queue (SQLite's claims cannot lose their answer, and
+// it reads none back). after, when set, receives each look for due runs
+// (NextDueAt) after the lost claim, without blocking: the dispatcher is
+// done with the lost one.
+type lostClaimAnswer struct {
+	vibejobs.DispatchStore
+	loseRun string
+	after   chan struct{}
+	mu      sync.Mutex
+	made    map[time.Time][]*vibejobs.Claim // by claim time, what each took
+	lost    bool
+	reads   int
+}
+
+func (s *lostClaimAnswer) ClaimDueRuns(ctx context.Context, owner string, now time.Time, limit int, margin time.Duration) ([]*vibejobs.Claim, error) {
+	claims, err := s.DispatchStore.ClaimDueRuns(ctx, owner, now, limit, margin)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err != nil || len(claims) == 0 {
+		return claims, err
+	}
+	if s.made == nil {
+		s.made = map[time.Time][]*vibejobs.Claim{}
+	}
+	s.made[now] = append(s.made[now], claims...)
+	if !s.lost && slices.ContainsFunc(claims, func(c *vibejobs.Claim) bool { return c.Run.ID == s.loseRun }) {
+		s.lost = true
+		return nil, errors.New("connection reset by peer: the claim's answer was lost")
+	}
+	return claims, nil
+}
+
+func (s *lostClaimAnswer) NextDueAt(ctx context.Context) (time.Time, bool, error) {
+	s.mu.Lock()
+	if s.lost && s.after != nil {
+		select {
+		case s.after <- struct{}{}:
+		default:
+		}
+	}
+	s.mu.Unlock()
+	return s.DispatchStore.NextDueAt(ctx)
+}
+
+func (s *lostClaimAnswer) ReadClaims(_ context.Context, owner string, now time.Time) ([]*vibejobs.Claim, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.reads++
+	if owner != "test-owner" {
+		return nil, nil
+	}
+	return s.made[now], nil
+}
+
+// TestLostClaimAnswerReadBack: a claim that committed but failed on the way
+// back left its runs leased to a process that did not know of them, until
+// the lease ended and lease recovery recorded an interrupted attempt that
+// never went out and sent the run again. The dispatcher now reads the
+// claim back (vibejobs.ClaimReader) and sends its runs at once, as
+// claimed: one attempt, recorded under the claim's lease. (Without the read
+// back the run is never sent here: no lease recovery runs.)
+func TestLostClaimAnswerReadBack(t *testing.T) {
+	e := newEnv(t)
+	j := e.job(t, "job_a", "https://a.example/")
+	r := e.run(t, j, "run_a", e.clock.Now())
+	store := &lostClaimAnswer{DispatchStore: e.store, loseRun: r.ID}
+	d := dispatcher.New(dispatcher.Config{
+		Store: store, Sender: e.sender, Opener: plainOpener{}, Owner: "test-owner",
+		Now: e.clock.Now, Rand: func() float64 { return 0.5 }, Concurrency: 8,
+		PollInterval: 20 * time.Millisecond,
+	})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { d.Run(ctx); close(done) }()
+	t.Cleanup(func() { cancel(); <-done })
+
+	if x := e.sender.next(t); x.payload["runId"] != r.ID || x.payload["attempt"] != 1.0 {
+		t.Fatalf("sent %v attempt %v, want %s attempt 1", x.payload["runId"], x.payload["attempt"], r.ID)
+	}
+	got := e.waitRun(t, r.ID, func(r *vibejobs.Run) bool { return r.State == vibejobs.RunSucceeded })
+	if len(got.Attempts) != 1 || got.Attempts[0].ErrorCode != "" {
+		t.Fatalf("attempts %+v, want the one sent", got.Attempts)
+	}
+	cancel()
+	<-done
+	store.mu.Lock()
+	defer store.mu.Unlock()
+	if store.reads != 1 {
+		t.Fatalf("%d reads back, want 1 (the one failed claim)", store.reads)
+	}
+}
+
+// TestLostClaimNotReadBackAtAReusedTime: a claim is read back by its owner
+// and time alone, so one made at the time of an earlier claim of the same
+// dispatcher (a clock that reads the same twice, as this test's does)
+// would take the earlier claim's runs too, still in flight, and send them
+// twice. Such a claim is not read back: its runs wait for lease recovery,
+// as before reading back, and the earlier claim's run goes out once.
+func TestLostClaimNotReadBackAtAReusedTime(t *testing.T) {
+	e := newEnv(t)
+	ja, jb := e.job(t, "job_a", "https://a.example/"), e.job(t, "job_b", "https://b.example/")
+	unblock := e.blockHost("https://a.example/")
+	a := e.run(t, ja, "run_a", e.clock.Now())
+	store := &lostClaimAnswer{DispatchStore: e.store, loseRun: "run_b", after: make(chan struct{}, 1)}
+	d := dispatcher.New(dispatcher.Config{
+		Store: store, Sender: e.sender, Opener: plainOpener{}, Owner: "test-owner",
+		Now: e.clock.Now, Rand: func() float64 { return 0.5 }, Concurrency: 8,
+		PollInterval: 20 * time.Millisecond,
+	})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { d.Run(ctx); close(done) }()
+	t.Cleanup(func() { unblock(); cancel(); <-done })
+
+	// run_a is in flight, its host blocked, when run_b is claimed at the
+	// same time and the claim's answer is lost.
+	e.waitRun(t, a.ID, func(r *vibejobs.Run) bool { return r.State == vibejobs.RunDelivering })
+	e.run(t, jb, "run_b", e.clock.Now())
+	select {
+	case <-store.after:
+	case <-time.After(10 * time.Second):
+		t.Fatal("run_b was never claimed")
+	}
+	store.mu.Lock()
+	reads := store.reads
+	store.mu.Unlock()
+	if reads != 0 {
+		t.Fatalf("%d reads back of a claim at a time an earlier claim had, want none", reads)
+	}
+	unblock()
+	if x := e.sender.next(t); x.payload["runId"] != a.ID {
+		t.Fatalf("sent %v, want run_a", x.payload["runId"])
+	}
+	e.waitRun(t, a.ID, func(r *vibejobs.Run) bool { return r.State == vibejobs.RunSucceeded })
+	cancel()
+	<-done
+	e.wantNothingSent(t, "after run_a")
+}
+
 // stallingRecords fails RecordOutcomes while fail is set, as a database
 // that is down does, or, while silent is set, makes it wait until its
 // context ends, as one gone silent without a reset does (or until
