@@ -458,21 +458,7 @@ func (r *releaseCounter) ReleaseClaims(ctx context.Context, owner string, claims
 func (e *env) startWith(t *testing.T, perHost int, claimAhead time.Duration) (d *dispatcher.Dispatcher, rc *releaseCounter, cancel context.CancelFunc, done chan struct{}) {
 	t.Helper()
 	rc = &releaseCounter{DispatchStore: e.store}
-	d = dispatcher.New(dispatcher.Config{
-		Store: rc, Sender: e.sender, Opener: plainOpener{}, Owner: "test-owner",
-		Now: e.clock.Now, Rand: func() float64 { return 0.5 }, Concurrency: 8, PerHost: perHost,
-		PollInterval: 20 * time.Millisecond, ClaimAhead: claimAhead,
-	})
-	ctx, cancel := context.WithCancel(context.Background())
-	done = make(chan struct{})
-	go func() { d.Run(ctx); close(done) }()
-	t.Cleanup(func() {
-		for _, unblock := range e.unblocks {
-			unblock()
-		}
-		cancel()
-		<-done
-	})
+	d, cancel, done = e.startOn(t, rc, func(c *dispatcher.Config) { c.PerHost, c.ClaimAhead = perHost, claimAhead })
 	return d, rc, cancel, done
 }
 
@@ -1756,6 +1742,34 @@ func TestStopDuringAClaimLosesNoClaim(t *testing.T) {
 	}
 }
 
+// startOn starts a dispatcher (fake clock, concurrency 8, as tune sets
+// further) on store, e's store wrapped. cancel stops it and done closes
+// when Run returned; the test's cleanup ends the blocks of blockHost, then
+// does both.
+func (e *env) startOn(t *testing.T, store vibejobs.DispatchStore, tune ...func(*dispatcher.Config)) (*dispatcher.Dispatcher, context.CancelFunc, chan struct{}) {
+	t.Helper()
+	cfg := dispatcher.Config{
+		Store: store, Sender: e.sender, Opener: plainOpener{}, Owner: "test-owner",
+		Now: e.clock.Now, Rand: func() float64 { return 0.5 }, Concurrency: 8,
+		PollInterval: 20 * time.Millisecond,
+	}
+	for _, f := range tune {
+		f(&cfg)
+	}
+	d := dispatcher.New(cfg)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { d.Run(ctx); close(done) }()
+	t.Cleanup(func() {
+		for _, unblock := range e.unblocks {
+			unblock()
+		}
+		cancel()
+		<-done
+	})
+	return d, cancel, done
+}
+
 // lostClaimAnswer is a store whose first claim that takes run loseRun
 // commits and then fails, as a claim whose answer a cut connection lost;
 // ReadClaims gives back every claim of the owner made at the time asked
@@ -1826,15 +1840,7 @@ func TestLostClaimAnswerReadBack(t *testing.T) {
 	j := e.job(t, "job_a", "https://a.example/")
 	r := e.run(t, j, "run_a", e.clock.Now())
 	store := &lostClaimAnswer{DispatchStore: e.store, loseRun: r.ID}
-	d := dispatcher.New(dispatcher.Config{
-		Store: store, Sender: e.sender, Opener: plainOpener{}, Owner: "test-owner",
-		Now: e.clock.Now, Rand: func() float64 { return 0.5 }, Concurrency: 8,
-		PollInterval: 20 * time.Millisecond,
-	})
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { d.Run(ctx); close(done) }()
-	t.Cleanup(func() { cancel(); <-done })
+	_, cancel, done := e.startOn(t, store)
 
 	if x := e.sender.next(t); x.payload["runId"] != r.ID || x.payload["attempt"] != 1.0 {
 		t.Fatalf("sent %v attempt %v, want %s attempt 1", x.payload["runId"], x.payload["attempt"], r.ID)
@@ -1864,15 +1870,7 @@ func TestLostClaimNotReadBackAtAReusedTime(t *testing.T) {
 	unblock := e.blockHost("https://a.example/")
 	a := e.run(t, ja, "run_a", e.clock.Now())
 	store := &lostClaimAnswer{DispatchStore: e.store, loseRun: "run_b", after: make(chan struct{}, 1)}
-	d := dispatcher.New(dispatcher.Config{
-		Store: store, Sender: e.sender, Opener: plainOpener{}, Owner: "test-owner",
-		Now: e.clock.Now, Rand: func() float64 { return 0.5 }, Concurrency: 8,
-		PollInterval: 20 * time.Millisecond,
-	})
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { d.Run(ctx); close(done) }()
-	t.Cleanup(func() { unblock(); cancel(); <-done })
+	_, cancel, done := e.startOn(t, store)
 
 	// run_a is in flight, its host blocked, when run_b is claimed at the
 	// same time and the claim's answer is lost.

@@ -352,28 +352,26 @@ func (s *Store) ClaimDueRuns(ctx context.Context, owner string, now time.Time, l
 	// The claim time as the store keeps it, to the microsecond: outcomes
 	// find their claim's queue row by it.
 	now = now.Truncate(time.Microsecond)
-	// On the queue pool: see Store.queue.
-	rows, err := s.queue.Query(ctx, claimSQL, now, owner, limit, int64(leaseMargin))
-	if err != nil {
-		return nil, mapError(err, "claiming runs")
-	}
-	claims, err := collectClaims(rows, now)
-	if err != nil {
-		return nil, mapError(err, "claiming runs")
-	}
-	return claims, nil
+	return s.queryClaims(ctx, "claiming runs", now, claimSQL, now, owner, limit, int64(leaseMargin))
 }
 
 // ReadClaims implements vibejobs.ClaimReader.
 func (s *Store) ReadClaims(ctx context.Context, owner string, now time.Time) ([]*vibejobs.Claim, error) {
 	now = now.Truncate(time.Microsecond) // as ClaimDueRuns keeps it
-	rows, err := s.queue.Query(ctx, readClaimsSQL, now, owner)
+	return s.queryClaims(ctx, "reading claims back", now, readClaimsSQL, now, owner)
+}
+
+// queryClaims runs sql, whose rows are the claimColumns of claims made at
+// now, and returns the claims in DueAt order; what names the call in its
+// errors. On the queue pool: see Store.queue.
+func (s *Store) queryClaims(ctx context.Context, what string, now time.Time, sql string, args ...any) ([]*vibejobs.Claim, error) {
+	rows, err := s.queue.Query(ctx, sql, args...)
 	if err != nil {
-		return nil, mapError(err, "reading claims back")
+		return nil, mapError(err, what)
 	}
 	claims, err := collectClaims(rows, now)
 	if err != nil {
-		return nil, mapError(err, "reading claims back")
+		return nil, mapError(err, what)
 	}
 	return claims, nil
 }
