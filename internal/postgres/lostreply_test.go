@@ -29,22 +29,24 @@ type cutProxy struct {
 	wg     sync.WaitGroup
 }
 
-// openThroughCutProxy opens a store on schema whose connections go through
-// a cutProxy.
-func openThroughCutProxy(t *testing.T, schema string) (*postgres.Store, *cutProxy) {
+// openThroughCutProxy opens two stores on a fresh schema: direct, and s,
+// whose connections go through proxy, a cutProxy.
+func openThroughCutProxy(t *testing.T) (direct, s *postgres.Store, proxy *cutProxy) {
 	t.Helper()
+	schema := postgres.NewTestSchema(t)
+	direct = open(t, schema)
 	u, err := url.Parse(postgres.TestURL(t))
 	if err != nil {
 		t.Fatal(err)
 	}
-	proxy := newCutProxy(t, u.Host)
+	proxy = newCutProxy(t, u.Host)
 	u.Host = proxy.ln.Addr().String()
-	s, err := postgres.Open(context.Background(), u.String(), postgres.Options{Schema: schema, Logger: quiet, Now: func() time.Time { return t0 }})
+	s, err = postgres.Open(context.Background(), u.String(), postgres.Options{Schema: schema, Logger: quiet, Now: func() time.Time { return t0 }})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { s.Close() })
-	return s, proxy
+	return direct, s, proxy
 }
 
 func newCutProxy(t *testing.T, target string) *cutProxy {
@@ -125,9 +127,7 @@ func (p *cutProxy) accept() {
 // them. The retry tells of them, once.
 func TestRecordedOutcomesToldOfOnceWhenTheAnswerIsLost(t *testing.T) {
 	ctx := context.Background()
-	schema := postgres.NewTestSchema(t)
-	direct := open(t, schema)
-	s, proxy := openThroughCutProxy(t, schema)
+	direct, s, proxy := openThroughCutProxy(t)
 
 	var mu sync.Mutex
 	ended, recorded := vibejobs.RunsEnded{}, vibejobs.AttemptsRecorded{}
@@ -249,9 +249,7 @@ func (s *cutApplyStore) ApplyRunPlans(ctx context.Context, plans []vibejobs.RunP
 // runs they name that exist: once, and not those of another replica.
 func TestRunsCreatedToldOfOnceWhenTheAnswerIsLost(t *testing.T) {
 	ctx := context.Background()
-	schema := postgres.NewTestSchema(t)
-	direct := open(t, schema)
-	s, proxy := openThroughCutProxy(t, schema)
+	direct, s, proxy := openThroughCutProxy(t)
 	prj := newProject(t, direct)
 	j := newJobs(t, direct, prj, 1)[0] // every second from t0
 
@@ -301,9 +299,7 @@ func TestRunsCreatedToldOfOnceWhenTheAnswerIsLost(t *testing.T) {
 // the lost call applied it, and tells of its skips: once.
 func TestSkipsToldOfOnceWhenTheAnswerIsLost(t *testing.T) {
 	ctx := context.Background()
-	schema := postgres.NewTestSchema(t)
-	direct := open(t, schema)
-	s, proxy := openThroughCutProxy(t, schema)
+	direct, s, proxy := openThroughCutProxy(t)
 	prj := newProject(t, direct)
 	j := jobFor(prj) // every second
 	j.CatchUp, j.ScheduleAnchor = vibejobs.CatchUpLatest, t0.Add(-time.Hour)
@@ -344,9 +340,7 @@ func TestSkipsToldOfOnceWhenTheAnswerIsLost(t *testing.T) {
 // after which nothing is left to read back.
 func TestLostClaimReadBack(t *testing.T) {
 	ctx := context.Background()
-	schema := postgres.NewTestSchema(t)
-	direct := open(t, schema)
-	s, proxy := openThroughCutProxy(t, schema)
+	direct, s, proxy := openThroughCutProxy(t)
 
 	prj := newProject(t, direct)
 	j := newJobs(t, direct, prj, 1)[0]
