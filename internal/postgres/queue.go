@@ -424,6 +424,15 @@ func cmpString(a, b string) int {
 const nextDueSQL = `SELECT due_at FROM run_queue WHERE leased = false AND deadline_at >= $1
 	ORDER BY due_at, run_id LIMIT 1`
 
+// waitingRowOf is the condition that run_queue row q is the waiting row of
+// run (an alias of runs, or a row with its id and next_attempt_at): the key
+// (false, next_attempt_at, id) that a run waiting in scheduled or retrying
+// has its row at, and that readers and writers probe (see migrations 00008
+// and 00015).
+func waitingRowOf(run string) string {
+	return `q.leased = false AND q.due_at = ` + run + `.next_attempt_at AND q.run_id = ` + run + `.id`
+}
+
 // lockQueueRowSQL returns a lateral subquery that locks the run_queue row
 // the walk's row q (read from the statement's snapshot) is, with SKIP
 // LOCKED, when that version is still the latest: a row another transaction

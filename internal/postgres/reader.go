@@ -121,7 +121,7 @@ const jobColumns = `j.id, j.project_id, j.name, j.schedule, j.at, j.timezone, j.
 	lr.id, lr.state, lr.scheduled_for`
 
 // lastRunJoin reads the job's last run (see the package doc).
-const lastRunJoin = ` LEFT JOIN LATERAL (
+var lastRunJoin = ` LEFT JOIN LATERAL (
 	SELECT r.id, ` + runState + ` AS state, r.scheduled_for FROM runs r
 	WHERE r.job_id = j.id AND (r.attempt > 0 OR r.finished_at IS NOT NULL OR ` + runHeld + `)
 	ORDER BY r.scheduled_for DESC, r.id DESC
@@ -199,14 +199,13 @@ func (r reader) CountJobs(ctx context.Context, projectID string) (int, error) {
 // a due time, and its queue row is leased (see migration 00015), so the
 // row it would have while waiting, keyed (false, next_attempt_at, id), is
 // not there.
-const runHeld = `(r.state IN ('scheduled', 'retrying') AND r.next_attempt_at IS NOT NULL
-	AND NOT EXISTS (SELECT 1 FROM run_queue q
-		WHERE q.leased = false AND q.due_at = r.next_attempt_at AND q.run_id = r.id))`
+var runHeld = `(r.state IN ('scheduled', 'retrying') AND r.next_attempt_at IS NOT NULL
+	AND NOT EXISTS (SELECT 1 FROM run_queue q WHERE ` + waitingRowOf("r") + `))`
 
 // runState is the state of run r as readers see it: a run under a lease is
 // delivering, though its state column keeps the waiting state it was
 // claimed from (see migration 00005).
-const runState = `CASE WHEN ` + runHeld + ` THEN 'delivering' ELSE r.state END`
+var runState = `CASE WHEN ` + runHeld + ` THEN 'delivering' ELSE r.state END`
 
 // runLate is run r's lateness as readers see it: while a first attempt is
 // in flight, the claim decided it (see claimSQL) but only the outcome writes

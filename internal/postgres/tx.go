@@ -280,8 +280,7 @@ func (t *tx) DeleteJob(ctx context.Context, projectID, id string, at time.Time) 
 			WHERE r.id = w.id AND r.state IN ('scheduled', 'retrying')
 			FOR UPDATE) l
 		CROSS JOIN LATERAL (
-			SELECT q.ctid AS qtid FROM run_queue q
-			WHERE q.leased = false AND q.due_at = l.next_attempt_at AND q.run_id = l.id
+			SELECT q.ctid AS qtid FROM run_queue q WHERE `+waitingRowOf("l")+`
 			FOR UPDATE) lq
 		WHERE w.job_id = $1 AND w.scheduled_for >= $6 AND w.state IN ('scheduled', 'retrying')
 	), cancelled AS (
@@ -351,8 +350,7 @@ func (t *tx) DeleteFutureRuns(ctx context.Context, jobID string, after time.Time
 	}
 	var unheld []string
 	if err := t.q.QueryRow(ctx, `SELECT COALESCE(array_agg(runs.id), '{}') FROM runs CROSS JOIN LATERAL (
-			SELECT 1 FROM run_queue q
-			WHERE q.leased = false AND q.due_at = runs.next_attempt_at AND q.run_id = runs.id
+			SELECT 1 FROM run_queue q WHERE `+waitingRowOf("runs")+`
 			FOR UPDATE) lq
 		WHERE `+futureRunSQL, jobID, vibejobs.TriggerSchedule, after).Scan(&unheld); err != nil {
 		return 0, mapError(err, "locking the queue rows of future runs")
