@@ -124,7 +124,7 @@ type Store struct {
 	connConfig *pgx.ConnConfig
 
 	// known is the newest migration of this build, and ahead the version
-	// a newer build migrated the database to beyond it, once watchSchema
+	// a newer build migrated the database to beyond it, once watchDatabase
 	// saw it (0 before): from then on every call fails (see schemaGuard).
 	known, ahead *atomic.Int64
 
@@ -137,7 +137,7 @@ type Store struct {
 	skew               atomic.Int64
 	skewKnown, skewOff atomic.Bool
 
-	// closing stops the Notifications listeners and watchSchema when Close
+	// closing stops the Notifications listeners and watchDatabase when Close
 	// is called; listeners waits for them.
 	closing   context.Context
 	stop      context.CancelFunc
@@ -240,13 +240,13 @@ func Open(ctx context.Context, url string, opts Options) (*Store, error) {
 	}
 	s.checkClock(ctx) // warns at once of a clock far off; a failed read tells nothing
 	s.listeners.Add(1)
-	go s.watchSchema()
+	go s.watchDatabase()
 	return s, nil
 }
 
-// schemaCheckInterval is how often watchSchema reads the schema version
+// watchInterval is how often watchDatabase reads the schema version
 // and the database's clock.
-const schemaCheckInterval = 5 * time.Second
+const watchInterval = 5 * time.Second
 
 // schemaGuard refuses the connections of a pool once ahead is set: a newer
 // build (known is this one's newest migration) migrated the database under
@@ -266,11 +266,11 @@ func schemaGuard(ahead, known *atomic.Int64) func(context.Context, *pgx.Conn) (b
 	}
 }
 
-// watchSchema runs checkSchema and checkClock every schemaCheckInterval
+// watchDatabase runs checkSchema and checkClock every watchInterval
 // until the Store is closed, or until it stood the Store down.
-func (s *Store) watchSchema() {
+func (s *Store) watchDatabase() {
 	defer s.listeners.Done()
-	t := time.NewTicker(schemaCheckInterval)
+	t := time.NewTicker(watchInterval)
 	defer t.Stop()
 	for {
 		select {
@@ -278,14 +278,14 @@ func (s *Store) watchSchema() {
 			return
 		case <-t.C:
 		}
-		ctx, cancel := context.WithTimeout(s.closing, schemaCheckInterval)
+		ctx, cancel := context.WithTimeout(s.closing, watchInterval)
 		ahead, _ := s.checkSchema(ctx) // a read that failed tells nothing: the next one is due soon
 		if !ahead {
 			s.checkClock(ctx)
 		}
 		cancel()
 		if ahead {
-			return
+			return // stood down: every call fails from now on
 		}
 	}
 }
