@@ -207,18 +207,10 @@ func (e *env) waitGone(t *testing.T, id string) {
 	}
 }
 
+// start starts a dispatcher on e's store (see startOn).
 func (e *env) start(t *testing.T, perHost int) (*dispatcher.Dispatcher, context.CancelFunc, chan struct{}) {
 	t.Helper()
-	d := dispatcher.New(dispatcher.Config{
-		Store: e.store, Sender: e.sender, Opener: plainOpener{}, Owner: "test-owner",
-		Now: e.clock.Now, Rand: func() float64 { return 0.5 }, Concurrency: 8, PerHost: perHost,
-		PollInterval: 20 * time.Millisecond,
-	})
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { d.Run(ctx); close(done) }()
-	t.Cleanup(func() { cancel(); <-done })
-	return d, cancel, done
+	return e.startOn(t, e.store, func(c *dispatcher.Config) { c.PerHost = perHost })
 }
 
 // waitRun polls the store (the dispatcher records asynchronously) until cond holds.
